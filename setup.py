@@ -1,0 +1,41 @@
+"""grpo_jax: GRPO-family reinforcement learning for language models in JAX."""
+
+import setuptools
+
+setuptools.setup(
+    name="grpo_jax",
+    version="0.1.0",
+    description="GRPO, Dr. GRPO, DAPO, GSPO, CISPO, SAPO, RLOO, REINFORCE++, GDPO in JAX.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["grpo_jax", "grpo_jax.*"]),
+    install_requires=[
+        "jax>=0.10.0,<0.12",
+        "flax>=0.12.0,<0.14",
+        "optax>=0.2.5,<0.3",
+        "orbax-checkpoint>=0.11.0,<0.13",
+        "ml-collections>=1.0,<2",
+        "transformers>=5.0,<6",
+        "tokenizers>=0.21,<0.25",
+        "safetensors>=0.5,<0.9",
+        "tensorflow-datasets>=4.9.9,<5",
+        "importlib_resources>=6.0",
+        "grain>=0.2.12,<0.3",
+        "array_record>=0.8,<0.9",
+        "numpy>=1.26,<3",
+        "absl-py>=2.1,<3",
+        "tensorboardX>=2.6,<3",
+        "math-verify>=0.8,<0.10",
+        "latex2sympy2_extended>=1.10,<2",
+        "reasoning-gym>=0.1.23,<0.2",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8,<10",
+            "hypothesis>=6.100,<7",
+            "pytest-xdist>=3.6,<4",
+        ],
+        "tpu": ["jax[tpu]>=0.10.0,<0.12"],
+    },
+)
