@@ -1,0 +1,34 @@
+"""GRPO-family objectives: pure functions of arrays, importable into any JAX model.
+
+Nothing here sees a model, a config object or an RNG, except the composer
+(`policy_objective`), which reads an ml_collections section once and returns a pure
+function. See DESIGN.md, "Objectives", for the exact semantics.
+"""
+
+from grpo_jax.objectives._advantages import gae
+from grpo_jax.objectives._advantages import gdpo_advantages
+from grpo_jax.objectives._advantages import group_advantages
+from grpo_jax.objectives._advantages import length_adaptive_lambda
+from grpo_jax.objectives._advantages import masked_whiten
+from grpo_jax.objectives._advantages import reinforce_pp_advantages
+from grpo_jax.objectives._advantages import rloo_advantages
+from grpo_jax.objectives._aggregation import AGGREGATION_MODES
+from grpo_jax.objectives._aggregation import aggregate
+from grpo_jax.objectives._compose import ADVANTAGE_ESTIMATORS
+from grpo_jax.objectives._compose import POLICY_LOSSES
+from grpo_jax.objectives._compose import PolicyObjective
+from grpo_jax.objectives._compose import policy_objective
+from grpo_jax.objectives._compose import register_advantage_estimator
+from grpo_jax.objectives._compose import register_policy_loss
+from grpo_jax.objectives._compose import validate_objective_config
+from grpo_jax.objectives._kl import kl_penalty
+from grpo_jax.objectives._logits import entropy_from_logits
+from grpo_jax.objectives._logits import token_logprobs
+from grpo_jax.objectives._policy_losses import cispo_loss
+from grpo_jax.objectives._policy_losses import gspo_loss
+from grpo_jax.objectives._policy_losses import ppo_clip_loss
+from grpo_jax.objectives._policy_losses import sapo_loss
+from grpo_jax.objectives._shaping import group_has_signal
+from grpo_jax.objectives._shaping import importance_weights
+from grpo_jax.objectives._shaping import overlong_penalty
+from grpo_jax.objectives._shaping import truncated_mask

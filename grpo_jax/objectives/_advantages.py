@@ -1,0 +1,307 @@
+"""Advantage estimators: group-relative (GRPO, Dr. GRPO), leave-one-out (RLOO),
+batch-whitened returns (REINFORCE++), decoupled multi-reward (GDPO) and GAE (VAPO).
+
+Rows are P prompts x G completions laid out consecutively: row p*G + g is the g-th
+completion of prompt p.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.objectives import _checks
+
+GROUP_SCALES = ("group", "batch", "none")
+
+
+def _grouped(rewards, group_size, *, minimum=1):
+    """`[B]` -> `[P, G]`, after checking that G divides B."""
+    _checks.check_group_size(group_size, rewards.shape[0], minimum=minimum)
+    return rewards.reshape(-1, group_size)
+
+
+def _std(x, *, ddof, axis=None):
+    """Standard deviation with `ddof` (0: population, 1: unbiased)."""
+    count = x.size if axis is None else x.shape[axis]
+    mean = jnp.mean(x, axis=axis, keepdims=True)
+    return jnp.sqrt(jnp.sum(jnp.square(x - mean), axis=axis) / (count - ddof))
+
+
+def _all_equal(grouped_pg):
+    """`[P]` bool: every reward of the group is identical."""
+    return jnp.max(grouped_pg, axis=1) == jnp.min(grouped_pg, axis=1)
+
+
+def group_advantages(rewards, group_size, *, scale="group", ddof=0, eps=1e-6):
+    r"""Group-relative advantages (GRPO; Dr. GRPO with ``scale="none"``).
+
+    .. math::
+        A_i = \frac{r_i - \operatorname{mean}_{group}(r)}{s + \epsilon}
+
+    where s is the group's std (``"group"``, GRPO), the std of all rewards in the batch
+    (``"batch"``), or no division at all (``"none"``, Dr. GRPO). A group whose rewards
+    are all equal gets exactly 0, also when float rounding would leave a residue.
+
+    Args:
+      rewards: `[B]` scalar reward per completion, B = P * G.
+      group_size: G, the completions per prompt; must divide B.
+      scale: ``"group"``, ``"batch"`` or ``"none"``.
+      ddof: 0 for the population std (the seed's worked example), 1 for the
+        unbiased std (TRL, verl).
+      eps: added to the std before dividing.
+
+    Returns:
+      `[B]` float32 advantages.
+
+    Example:
+      >>> [round(float(a), 2) for a in group_advantages(jnp.array([1., 1, 1, 1, 1, 1, 1, 0]), 8)]
+      [0.38, 0.38, 0.38, 0.38, 0.38, 0.38, 0.38, -2.65]
+
+    References:
+      Shao et al., DeepSeekMath (2024), sec. 4.1.2; Liu et al., Understanding
+      R1-Zero-Like Training (Dr. GRPO, 2025), sec. 3.
+    """
+    _checks.check_choice("scale", scale, GROUP_SCALES)
+    _checks.check_nonnegative("eps", eps)
+    rewards = rewards.astype(jnp.float32)
+    grouped = _grouped(rewards, group_size, minimum=ddof + 1 if scale == "group" else 1)
+    centered = grouped - jnp.mean(grouped, axis=1, keepdims=True)
+    if scale == "group":
+        centered = centered / (_std(grouped, ddof=ddof, axis=1)[:, None] + eps)
+    elif scale == "batch":
+        centered = centered / (_std(rewards, ddof=ddof) + eps)
+    return jnp.where(_all_equal(grouped)[:, None], 0.0, centered).reshape(-1)
+
+
+def rloo_advantages(rewards, group_size):
+    r"""Leave-one-out advantages (RLOO): each baseline is the mean of the others.
+
+    .. math::
+        A_i = r_i - \frac{1}{G-1} \sum_{j \ne i} r_j = \frac{G}{G-1} (r_i - \bar r)
+
+    Args:
+      rewards: `[B]` scalar reward per completion, B = P * G.
+      group_size: G >= 2; must divide B.
+
+    Returns:
+      `[B]` float32 advantages; exactly 0 for a group of equal rewards.
+
+    Example:
+      >>> rloo_advantages(jnp.array([1., 0, 0, 0]), 4)
+      Array([ 1.        , -0.33333334, -0.33333334, -0.33333334], dtype=float32)
+
+    References:
+      Ahmadian et al., Back to Basics: Revisiting REINFORCE-Style Optimization (2024).
+    """
+    grouped = _grouped(rewards.astype(jnp.float32), group_size, minimum=2)
+    centered = grouped - jnp.mean(grouped, axis=1, keepdims=True)
+    advantages = centered * (group_size / (group_size - 1))
+    return jnp.where(_all_equal(grouped)[:, None], 0.0, advantages).reshape(-1)
+
+
+def masked_whiten(x, mask, *, shift_mean=True, eps=1e-8):
+    r"""Whitens `x` over the positions where `mask` is 1.
+
+    .. math:: \hat x = (x - \mu) / \sqrt{\sigma^2 + \epsilon}
+
+    with mean and unbiased variance over the valid positions. With
+    ``shift_mean=False`` the mean is added back (scale only). Masked positions are 0.
+
+    Args:
+      x: `[...]` values.
+      mask: `[...]` 1 where a value counts, 0 elsewhere.
+      shift_mean: subtract the mean (True) or only rescale (False).
+      eps: added to the variance.
+
+    Returns:
+      `[...]` float32, whitened where `mask` is 1 and 0 elsewhere.
+
+    Example:
+      >>> masked_whiten(jnp.array([1., 2, 3, 100]), jnp.array([1, 1, 1, 0]))
+      Array([-1.,  0.,  1.,  0.], dtype=float32)
+
+    References:
+      Hu, REINFORCE++ (2025), sec. 3.
+    """
+    valid = mask.astype(bool)
+    x = jnp.where(valid, x.astype(jnp.float32), 0.0)
+    count = jnp.sum(valid)
+    mean = jnp.sum(x) / jnp.maximum(count, 1)
+    var = jnp.sum(jnp.where(valid, jnp.square(x - mean), 0.0)) / jnp.maximum(count - 1, 1)
+    whitened = (x - mean) * jax.lax.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return jnp.where(valid, whitened, 0.0)
+
+
+def _last_valid_onehot(mask):
+    """`[B, T]` 1.0 at the last valid token of each row (all 0 for an empty row)."""
+    positions = jnp.arange(mask.shape[1])
+    last = jnp.max(jnp.where(mask.astype(bool), positions, -1), axis=1)
+    return (positions[None, :] == last[:, None]).astype(jnp.float32)
+
+
+def _discounted_returns(token_rewards, mask, gamma):
+    """G_t = R_t + gamma G_{t'} over valid tokens (t' the next valid token)."""
+
+    def step(future, inputs):
+        reward_t, valid_t = inputs
+        ret = jnp.where(valid_t, reward_t + gamma * future, future)
+        return ret, jnp.where(valid_t, ret, 0.0)
+
+    _, returns = jax.lax.scan(
+        step, jnp.zeros(token_rewards.shape[0]), (token_rewards.T, mask.T.astype(bool)),
+        reverse=True)
+    return returns.T
+
+
+def reinforce_pp_advantages(rewards, mask, *, gamma=1.0, group_size=None,
+                            token_rewards=None, eps=1e-8):
+    r"""REINFORCE++ advantages: discounted token returns, whitened over the batch.
+
+    The scalar reward sits on the last valid token, token returns are
+    G_t = R_t + \gamma G_{t+1} over valid tokens, and the returns are whitened over
+    all valid tokens of the batch (`masked_whiten`). With `group_size`, each reward
+    first has its group's mean subtracted (REINFORCE++-baseline).
+
+    Args:
+      rewards: `[B]` scalar reward per completion.
+      mask: `[B, T]` response mask.
+      gamma: discount per token.
+      group_size: if given, subtract the group mean reward first (must divide B).
+      token_rewards: optional `[B, T]` extra per-token rewards added before the
+        returns, e.g. ``-beta * kl_penalty(old_logp, ref_logp, kind="k1")`` for
+        REINFORCE++'s KL-in-reward.
+      eps: added to the variance when whitening.
+
+    Returns:
+      `[B, T]` float32 advantages, 0 at masked positions.
+
+    Example:
+      >>> reinforce_pp_advantages(jnp.array([1., 0]), jnp.ones((2, 2)))
+      Array([[ 0.8660254,  0.8660254],
+             [-0.8660254, -0.8660254]], dtype=float32)
+
+    References:
+      Hu, REINFORCE++: A Simple and Efficient Approach for Aligning LLMs (2025).
+    """
+    rewards = rewards.astype(jnp.float32)
+    if group_size is not None:
+        grouped = _grouped(rewards, group_size)
+        rewards = (grouped - jnp.mean(grouped, axis=1, keepdims=True)).reshape(-1)
+    per_token = _last_valid_onehot(mask) * rewards[:, None]
+    if token_rewards is not None:
+        per_token = per_token + jnp.where(mask.astype(bool), token_rewards, 0.0)
+    return masked_whiten(_discounted_returns(per_token, mask, gamma), mask, eps=eps)
+
+
+def gdpo_advantages(rewards, group_size, *, weights=None, eps=1e-6):
+    r"""GDPO: normalise each reward within its group, sum, then normalise the batch.
+
+    .. math::
+        s_i = \sum_k w_k \frac{r_{ik} - \operatorname{mean}_{group}(r_k)}
+                              {\operatorname{std}_{group}(r_k) + \epsilon},
+        \qquad A_i = \frac{s_i - \operatorname{mean}_{batch}(s)}{\operatorname{std}_{batch}(s) + \epsilon}
+
+    Normalising each reward separately keeps a reward with a wide range from drowning
+    the others, which a sum normalised once (GRPO on the summed reward) does not.
+
+    Args:
+      rewards: `[B, K]` K rewards per completion.
+      group_size: G; must divide B.
+      weights: `[K]` weights of the rewards (default all 1).
+      eps: added to each std.
+
+    Returns:
+      `[B]` float32 advantages.
+
+    Example:
+      >>> [round(float(a), 4) for a in gdpo_advantages(jnp.array([[1., 0], [0, 0], [1, 1], [1, 0]]), 2)]
+      [1.0, -1.0, 1.0, -1.0]
+
+    References:
+      GDPO: Group reward-Decoupled Normalization Policy Optimization (2026).
+    """
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [B, K] for gdpo_advantages, got shape {rewards.shape}")
+    per_reward = jax.vmap(lambda r: group_advantages(r, group_size, eps=eps),
+                          in_axes=1, out_axes=1)(rewards)
+    weights = jnp.ones(rewards.shape[1]) if weights is None else jnp.asarray(weights)
+    summed = per_reward @ weights.astype(jnp.float32)
+    return (summed - jnp.mean(summed)) / (_std(summed, ddof=0) + eps)
+
+
+def gae(token_rewards, values, mask, *, gamma, lam):
+    r"""Generalised advantage estimation over the valid tokens of each row.
+
+    .. math::
+        \delta_t = r_t + \gamma V_{t+1} - V_t, \qquad
+        A_t = \delta_t + \gamma \lambda A_{t+1}
+
+    where t+1 is the next valid token and V after the last valid token is 0.
+
+    Args:
+      token_rewards: `[B, T]` per-token rewards (usually the scalar reward on the
+        last valid token).
+      values: `[B, T]` value estimates V(s_t).
+      mask: `[B, T]` response mask.
+      gamma: discount.
+      lam: GAE lambda, a scalar or `[B]` per sequence (VAPO's length-adaptive
+        lambda, see `length_adaptive_lambda`).
+
+    Returns:
+      `(advantages, returns)`, both `[B, T]` float32, unwhitened, 0 at masked
+      positions; returns = advantages + values.
+
+    Example:
+      >>> adv, ret = gae(jnp.array([[0., 1]]), jnp.array([[0.5, 0.5]]),
+      ...                jnp.ones((1, 2)), gamma=1.0, lam=1.0)
+      >>> adv
+      Array([[0.5, 0.5]], dtype=float32)
+
+    References:
+      Schulman et al., High-Dimensional Continuous Control Using GAE (2016);
+      Yue et al., VAPO (2025), sec. 3.
+    """
+    lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (token_rewards.shape[0],))
+    valid = mask.astype(bool)
+
+    def step(carry, inputs):
+        next_value, next_adv = carry
+        reward_t, value_t, valid_t = inputs
+        delta = reward_t + gamma * next_value - value_t
+        adv = delta + gamma * lam * next_adv
+        carry = (jnp.where(valid_t, value_t, next_value), jnp.where(valid_t, adv, next_adv))
+        return carry, jnp.where(valid_t, adv, 0.0)
+
+    zeros = jnp.zeros(token_rewards.shape[0], jnp.float32)
+    values = values.astype(jnp.float32)
+    _, advantages = jax.lax.scan(
+        step, (zeros, zeros),
+        (token_rewards.astype(jnp.float32).T, values.T, valid.T), reverse=True)
+    advantages = advantages.T
+    return advantages, jnp.where(valid, advantages + values, 0.0)
+
+
+def length_adaptive_lambda(lengths, *, alpha=0.05):
+    r"""VAPO's length-adaptive GAE lambda for the policy: 1 - 1 / (alpha * length).
+
+    Long answers get lambda near 1 (low bias over many tokens); answers of at most
+    1/alpha tokens would get lambda <= 0 and are clamped to 0 (one-step TD).
+
+    Args:
+      lengths: `[B]` response lengths in tokens.
+      alpha: VAPO's alpha (0.05 in the paper).
+
+    Returns:
+      `[B]` float32 lambdas in [0, 1).
+
+    Example:
+      >>> length_adaptive_lambda(jnp.array([100, 1000]))
+      Array([0.8 , 0.98], dtype=float32)
+
+    References:
+      Yue et al., VAPO (2025), eq. 7.
+    """
+    _checks.check_greater("alpha", alpha, 0)
+    lengths = jnp.asarray(lengths, jnp.float32)
+    return jnp.maximum(1.0 - 1.0 / (alpha * jnp.maximum(lengths, 1.0)), 0.0)

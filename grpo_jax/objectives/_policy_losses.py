@@ -1,0 +1,211 @@
+"""Per-token policy losses: PPO clip (GRPO, DAPO), GSPO, CISPO and SAPO.
+
+Every loss takes `[B, T]` log-probs, `[B]` or `[B, T]` advantages and a `[B, T]` mask,
+and returns `(loss_bt, diagnostics)`: the per-token loss (0 at masked positions, with
+exactly zero gradient there) and a dict of `[B, T]` stop-gradient diagnostics
+(``ratio``, ``approx_kl`` and, for the clipped losses, ``clip_low``/``clip_high``:
+1.0 where the clip changes that token's gradient). Reduction is `aggregate`'s job.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.objectives import _checks
+from grpo_jax.objectives._kl import LOG_RATIO_CLAMP, kl_penalty
+
+sg = jax.lax.stop_gradient
+
+
+def _per_token(adv, shape):
+    """`[B]` or `[B, T]` advantages -> `[B, T]` float32."""
+    adv = adv.astype(jnp.float32)
+    return jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, shape)
+
+
+def _masked_inputs(logp, old_logp, mask):
+    """Zeroes masked log-probs so padding (even -inf or NaN) cannot reach a gradient."""
+    valid = mask.astype(bool)
+    logp = jnp.where(valid, logp.astype(jnp.float32), 0.0)
+    old_logp = jnp.where(valid, old_logp.astype(jnp.float32), 0.0)
+    return logp, old_logp, valid
+
+
+def _check_clip(eps_low, eps_high):
+    _checks.check_nonnegative("eps_low", eps_low)
+    _checks.check_nonnegative("eps_high", eps_high)
+
+
+def _diagnostics(ratio, logp, old_logp, valid, **flags):
+    out = {"ratio": ratio, "approx_kl": kl_penalty(logp, old_logp, kind="k3"), **flags}
+    return {k: sg(jnp.where(valid, v.astype(jnp.float32), 0.0)) for k, v in out.items()}
+
+
+def _clipped_surrogate(ratio, adv, valid, *, eps_low, eps_high, dual_clip):
+    """-min(r A, clip(r, 1-eps_low, 1+eps_high) A), optionally dual-clipped."""
+    clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = -jnp.minimum(ratio * adv, clipped_ratio * adv)
+    clip_high = (adv > 0) & (ratio > 1.0 + eps_high)
+    clip_low = (adv < 0) & (ratio < 1.0 - eps_low)
+    if dual_clip is not None:
+        # For A < 0 an unbounded ratio makes -r A unbounded; Dual-clip PPO caps it at -c A.
+        clip_high = clip_high | ((adv < 0) & (ratio > dual_clip))
+        loss = jnp.where(adv < 0, jnp.minimum(loss, -dual_clip * adv), loss)
+    return jnp.where(valid, loss, 0.0), clip_low, clip_high
+
+
+def ppo_clip_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=0.2, dual_clip=None):
+    r"""PPO's clipped surrogate per token (GRPO; DAPO with eps_high > eps_low).
+
+    .. math::
+        r_t = \exp(\log\pi_\theta(y_t) - \log\pi_{old}(y_t)), \qquad
+        L_t = -\min\big(r_t A,\ \operatorname{clip}(r_t, 1-\epsilon_{low}, 1+\epsilon_{high}) A\big)
+
+    With ``dual_clip=c`` (c > 1), tokens with A < 0 have L_t = min(L_t, -c A).
+    A clipped token gets exactly zero gradient.
+
+    Args:
+      logp: `[B, T]` log-probs of the sampled tokens under the current policy.
+      old_logp: `[B, T]` the same under the behaviour (rollout) policy.
+      adv: `[B]` or `[B, T]` advantages.
+      mask: `[B, T]` response mask.
+      eps_low: lower clip range, >= 0.
+      eps_high: upper clip range, >= 0 (DAPO's clip-higher: 0.28).
+      dual_clip: None, or c > 1.
+
+    Returns:
+      `(loss [B, T], diagnostics)`.
+
+    Example:
+      >>> logp = jnp.log(jnp.array([[0.75, 0.5]])); old = jnp.log(jnp.array([[0.5, 0.5]]))
+      >>> ppo_clip_loss(logp, old, jnp.array([1.0]), jnp.ones((1, 2)))[0]
+      Array([[-1.2, -1. ]], dtype=float32)
+
+    References:
+      Schulman et al., PPO (2017), eq. 7; Yu et al., DAPO (2025), eq. 8-10;
+      Ye et al., Mastering Complex Control in MOBA Games (dual clip, 2020).
+    """
+    _check_clip(eps_low, eps_high)
+    if dual_clip is not None:
+        _checks.check_greater("dual_clip", dual_clip, 1.0)
+    logp, old_logp, valid = _masked_inputs(logp, old_logp, mask)
+    ratio = jnp.exp(jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    loss, clip_low, clip_high = _clipped_surrogate(
+        ratio, _per_token(adv, logp.shape), valid,
+        eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
+    return loss, _diagnostics(ratio, logp, old_logp, valid, clip_low=clip_low, clip_high=clip_high)
+
+
+def gspo_loss(logp, old_logp, adv, mask, *, eps_low=3e-4, eps_high=4e-4):
+    r"""GSPO: one clipped ratio per sequence, the geometric mean of its token ratios.
+
+    .. math::
+        s_i = \exp\Big(\frac{1}{|y_i|}\sum_t \log\frac{\pi_\theta(y_{i,t})}{\pi_{old}(y_{i,t})}\Big),
+        \qquad \log s_{i,t} = \operatorname{sg}(\log s_i) + \log\pi_\theta(y_{i,t})
+                                - \operatorname{sg}(\log\pi_\theta(y_{i,t}))
+
+    and L_{i,t} = -min(s_{i,t} A, clip(s_{i,t}, 1-eps_low, 1+eps_high) A). Every token of
+    a sequence has the value s_i; aggregated with ``seq-mean-token-mean`` the value and
+    gradient are exactly GSPO's sequence objective -min(s_i A_i, clip(s_i) A_i).
+
+    Args:
+      logp, old_logp: `[B, T]` current and behaviour log-probs.
+      adv: `[B]` (or `[B, T]`) advantages.
+      mask: `[B, T]` response mask.
+      eps_low, eps_high: the sequence-ratio clip range (the paper: 3e-4, 4e-4).
+
+    Returns:
+      `(loss [B, T], diagnostics)`; ``ratio`` holds s_i on every valid token.
+
+    Example:
+      >>> logp = jnp.log(jnp.array([[0.5, 0.5]])); old = jnp.log(jnp.array([[0.5, 0.5]]))
+      >>> gspo_loss(logp, old, jnp.array([1.0]), jnp.ones((1, 2)))[0]
+      Array([[-1., -1.]], dtype=float32)
+
+    References:
+      Zheng et al., Group Sequence Policy Optimization (2025), eq. 5-7 and 10-11.
+    """
+    _check_clip(eps_low, eps_high)
+    logp, old_logp, valid = _masked_inputs(logp, old_logp, mask)
+    lengths = jnp.maximum(jnp.sum(valid, axis=-1, keepdims=True), 1)
+    log_seq_ratio = jnp.clip(jnp.sum(logp - old_logp, axis=-1, keepdims=True) / lengths,
+                             -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(sg(log_seq_ratio) + logp - sg(logp))
+    loss, clip_low, clip_high = _clipped_surrogate(
+        ratio, _per_token(adv, logp.shape), valid,
+        eps_low=eps_low, eps_high=eps_high, dual_clip=None)
+    return loss, _diagnostics(ratio, logp, old_logp, valid, clip_low=clip_low, clip_high=clip_high)
+
+
+def cispo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high):
+    r"""CISPO: clip the importance weight, never the gradient.
+
+    .. math::
+        L_t = -\operatorname{sg}\big(\operatorname{clip}(r_t, 1-\epsilon_{low},
+              1+\epsilon_{high})\big)\, A \log\pi_\theta(y_t)
+
+    Every valid token keeps the gradient -clip(r_t) A grad log pi, including tokens PPO
+    would zero. eps_low = 1 (or larger) removes the lower bound, as MiniMax-M1 does.
+
+    Args:
+      logp, old_logp: `[B, T]` current and behaviour log-probs.
+      adv: `[B]` or `[B, T]` advantages.
+      mask: `[B, T]` response mask.
+      eps_low, eps_high: the weight's clip range, >= 0.
+
+    Returns:
+      `(loss [B, T], diagnostics)`; ``clip_low``/``clip_high`` mark clipped weights.
+
+    Example:
+      >>> logp = jnp.log(jnp.array([[0.75]])); old = jnp.log(jnp.array([[0.5]]))
+      >>> cispo_loss(logp, old, jnp.array([1.0]), jnp.ones((1, 1)), eps_low=1.0, eps_high=0.2)[0].round(4)
+      Array([[0.3452]], dtype=float32)
+
+    References:
+      MiniMax, MiniMax-M1 (2025), sec. 3.1, eq. 4-5.
+    """
+    _check_clip(eps_low, eps_high)
+    logp, old_logp, valid = _masked_inputs(logp, old_logp, mask)
+    ratio = jnp.exp(jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    weight = sg(jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
+    loss = jnp.where(valid, -weight * _per_token(adv, logp.shape) * logp, 0.0)
+    return loss, _diagnostics(ratio, logp, old_logp, valid,
+                              clip_low=ratio < 1.0 - eps_low, clip_high=ratio > 1.0 + eps_high)
+
+
+def sapo_loss(logp, old_logp, adv, mask, *, tau_pos=1.0, tau_neg=1.05):
+    r"""SAPO: a smooth sigmoid gate in place of the hard clip.
+
+    .. math::
+        f(r) = \sigma(\tau (r - 1)) \cdot 4 / \tau, \qquad L_t = -f(r_t) A,
+        \qquad \tau = \tau_{pos} \text{ if } A > 0 \text{ else } \tau_{neg}
+
+    f'(1) = 1, so on-policy (r = 1) the gradient is the plain policy gradient; away from
+    r = 1 the gate decays smoothly instead of cutting off. ``gate_scale`` reports
+    f'(r) r, the factor on each token's policy gradient.
+
+    Args:
+      logp, old_logp: `[B, T]` current and behaviour log-probs.
+      adv: `[B]` or `[B, T]` advantages.
+      mask: `[B, T]` response mask.
+      tau_pos, tau_neg: gate temperatures (> 0) for positive and other advantages.
+
+    Returns:
+      `(loss [B, T], diagnostics)`.
+
+    Example:
+      >>> sapo_loss(jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.array([1.0]), jnp.ones((1, 1)))[0]
+      Array([[-2.]], dtype=float32)
+
+    References:
+      Gao et al., Soft Adaptive Policy Optimization (Qwen, 2025), eq. 6-8.
+    """
+    _checks.check_greater("tau_pos", tau_pos, 0.0)
+    _checks.check_greater("tau_neg", tau_neg, 0.0)
+    logp, old_logp, valid = _masked_inputs(logp, old_logp, mask)
+    ratio = jnp.exp(jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    adv = _per_token(adv, logp.shape)
+    tau = jnp.where(adv > 0, tau_pos, tau_neg)
+    gate = jax.nn.sigmoid(tau * (ratio - 1.0))
+    loss = jnp.where(valid, -gate * (4.0 / tau) * adv, 0.0)
+    return loss, _diagnostics(ratio, logp, old_logp, valid,
+                              gate_scale=4.0 * gate * (1.0 - gate) * ratio)
