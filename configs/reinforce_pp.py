@@ -1,0 +1,30 @@
+"""REINFORCE++: token returns whitened over the whole batch, not per group.
+
+The reward sits on each answer's last token, returns are discounted back over the
+answer, and all valid tokens of the batch are whitened together (global normalisation
+instead of GRPO's per-group std). PPO clip 0.2/0.2, token-mean aggregation.
+
+Arguments: ``kl_in_reward=True`` folds -beta * KL(pi_old || pi_ref) into the token
+rewards (the paper's KL-in-reward, beta 0.01) instead of having no KL; ``baseline=True``
+subtracts each group's mean reward first (REINFORCE++-baseline).
+
+Paper: Hu, REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+Models (arXiv:2501.03262).
+Load: `config_lib.load_config("configs/reinforce_pp.py:runlocal=True,kl_in_reward=True")`.
+"""
+
+from grpo_jax import config_lib
+
+
+def get_config(arg=None):
+    arg = config_lib.parse_arg(arg, runlocal=False, kl_in_reward=False, baseline=False)
+    config = config_lib.load_sibling(__file__, "base").get_config(f"runlocal={arg.runlocal}")
+    obj = config.objective
+    obj.advantage.estimator = "reinforce_pp"
+    obj.advantage.baseline = arg.baseline
+    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.2
+    obj.aggregation.mode = "token-mean"
+    obj.kl.in_reward = arg.kl_in_reward
+    obj.kl.beta = 0.01 if arg.kl_in_reward else 0.0
+    obj.kl.kind = "k1"
+    return config

@@ -1,0 +1,77 @@
+"""Loading experiment configs: `path/to/recipe.py:key=value,...` -> ml_collections.
+
+Every recipe in configs/ has `get_config(arg=None)`; `arg` is the text after the
+colon, parsed by `parse_arg` against the recipe's declared arguments, the same
+convention as ml_collections' `config_flags` and big_vision.
+"""
+
+import ast
+import importlib.util
+import pathlib
+
+import ml_collections
+
+
+def parse_arg(arg, **defaults):
+    """Parses ``"runlocal=True,model=tiny"`` into a ConfigDict over `defaults`.
+
+    Values are read as Python literals where they parse (``True``, ``3``, ``0.5``)
+    and as strings otherwise. A key not among `defaults` raises ValueError listing
+    the accepted ones. A bare key (``"runlocal"``) means True.
+    """
+    parsed = ml_collections.ConfigDict(defaults)
+    for item in filter(None, (arg or "").split(",")):
+        key, _, text = item.partition("=")
+        key = key.strip()
+        if key not in defaults:
+            raise ValueError(f"unknown config argument {key!r}; this config accepts "
+                             f"{', '.join(sorted(defaults)) or 'no arguments'}")
+        parsed[key] = _literal(text.strip()) if _ else True
+    return parsed
+
+
+def _literal(text):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def load_module(path):
+    """Imports a Python file by path (configs/ is not a package)."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"_grpo_jax_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_sibling(config_file, name):
+    """Imports `name`.py from the directory of `config_file` (how recipes reach base.py)."""
+    return load_module(pathlib.Path(config_file).with_name(f"{name}.py"))
+
+
+def load_config(spec):
+    """Loads ``"configs/dapo.py:runlocal=True"`` -> the recipe's ConfigDict."""
+    path, _, arg = str(spec).partition(":")
+    return load_module(path).get_config(arg or None)
+
+
+def apply_overrides(config, overrides):
+    """Returns a copy of `config` with ``{"dotted.field": value}`` overrides applied.
+
+    This is what a sweep entry (a recipe's `get_sweep()`) does to its base config; an
+    unknown field raises KeyError naming it, as `--config.field=value` flags would.
+    """
+    config = config.copy_and_resolve_references()
+    for dotted, value in overrides.items():
+        *parents, leaf = dotted.split(".")
+        section = config
+        for name in parents:
+            section = section[name]
+        if leaf not in section:
+            raise KeyError(f"sweep override {dotted!r} names no config field")
+        section[leaf] = value
+    return config
