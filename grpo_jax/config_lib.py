@@ -60,12 +60,12 @@ def load_config(spec):
 
 
 def apply_overrides(config, overrides):
-    """Returns a copy of `config` with ``{"dotted.field": value}`` overrides applied.
+    """Applies ``{"dotted.field": value}`` overrides to `config` in place; returns it.
 
-    This is what a sweep entry (a recipe's `get_sweep()`) does to its base config; an
-    unknown field raises KeyError naming it, as `--config.field=value` flags would.
+    This is what a sweep entry (a recipe's `get_sweep()`) does to a fresh config from
+    `get_config`; field references stay linked (overriding rollout.max_new_tokens moves
+    what is tied to it). An unknown field raises KeyError naming it.
     """
-    config = config.copy_and_resolve_references()
     for dotted, value in overrides.items():
         *parents, leaf = dotted.split(".")
         section = config
