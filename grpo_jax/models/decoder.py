@@ -1,0 +1,225 @@
+"""The decoder-only transformer (Llama 3, Qwen2/2.5, Qwen3, Qwen3-MoE) and its KV cache.
+
+Shapes: B batch rows, S new tokens, L cache slots, D model width, V vocabulary.
+
+Prompts are left-padded, so every row's last prompt token sits at the same column and a
+single scalar `index` says where the next token goes in every row's cache. Positions are
+per row: the number of real tokens before it, so a padded row gets the same rope angles
+as the unpadded prompt would.
+
+For a sampler, split once and merge inside the jitted loop, passing the weights in:
+
+    graphdef, state = nnx.split(model)
+    def step(state, cache, tokens_b):
+        return nnx.merge(graphdef, state).decode_step(tokens_b, cache)
+
+Every argument is an array of fixed shape, so new values never recompile.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from grpo_jax.models import layers, sharding
+
+
+@struct.dataclass
+class KVCache:
+    """Keys and values of all tokens seen so far, in fixed-size buffers.
+
+    Attributes:
+      k, v: one `[B, L, K, H]` array per layer.
+      valid: `[B, L]` bool, True on slots that hold a real (non-padding) token.
+      index: `[]` int32, the slot the next token is written to (shared by all rows).
+    """
+
+    k: tuple
+    v: tuple
+    valid: jax.Array
+    index: jax.Array
+
+
+def default_positions(attention_mask, offset=0):
+    """Positions that count only real tokens: `offset + cumsum(mask) - 1`, at least 0.
+
+    Args:
+      attention_mask: `[B, S]` 1 on real tokens, 0 on (left) padding.
+      offset: `[B]` or scalar, real tokens already in the cache.
+
+    Returns:
+      `[B, S]` int32.
+    """
+    pos = jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1
+    return jnp.maximum(pos + jnp.asarray(offset, jnp.int32)[..., None], 0)
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg, moe, *, rngs):
+        self.cfg = cfg
+        self.attn_norm = layers.param(rngs, (cfg.d_model,), ("norm",), cfg.param_dtype, init="ones")
+        self.attn = layers.Attention(cfg, rngs=rngs)
+        self.mlp_norm = layers.param(rngs, (cfg.d_model,), ("norm",), cfg.param_dtype, init="ones")
+        self.mlp = layers.MoeMlp(cfg, rngs=rngs) if moe else layers.Mlp(cfg, rngs=rngs)
+
+    def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None):
+        """`[B, S, D]` -> (`[B, S, D]`, new kv_cache, routing stats `[2, E]` or None)."""
+        eps = self.cfg.norm_eps
+        h, kv_cache = self.attn(
+            layers.rms_norm(x, self.attn_norm[...], eps), positions, mask, kv_cache, cache_index
+        )
+        x = x + h
+        h, stats = self.mlp(layers.rms_norm(x, self.mlp_norm[...], eps), token_mask)
+        return x + h, kv_cache, stats
+
+
+def _call_layer(layer, *args):
+    return layer(*args)
+
+
+class Decoder(nnx.Module):
+    """A causal language model; `model(tokens)` gives next-token logits.
+
+    Attributes:
+      cfg: the `ModelConfig`.
+      embed: `[V, D]` input embedding ("vocab", "embed").
+      layers: the decoder layers.
+      final_norm: `[D]`.
+      lm_head: `[D, V]` output projection ("embed", "vocab"), absent when tied.
+    """
+
+    def __init__(self, cfg, *, rngs):
+        self.cfg = cfg
+        self.embed = layers.param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.param_dtype)
+        self.layers = nnx.List(
+            [DecoderLayer(cfg, cfg.is_moe_layer(i), rngs=rngs) for i in range(cfg.n_layers)]
+        )
+        self.final_norm = layers.param(rngs, (cfg.d_model,), ("norm",), cfg.param_dtype, init="ones")
+        if not cfg.tie_embeddings:
+            self.lm_head = layers.param(
+                rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.param_dtype
+            )
+
+    def unembedding(self):
+        """The `[D, V]` output projection (the embedding table, transposed, when tied)."""
+        return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
+    def logits(self, hidden):
+        """`[..., D]` final hidden states -> `[..., V]` float32 logits (float32 accumulation)."""
+        w = self.unembedding().astype(hidden.dtype)
+        return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+    def _run(self, tokens, token_mask, positions, mask, cache=None):
+        """Embeds, runs every layer and the final norm; returns (hidden, cache, aux loss)."""
+        cfg = self.cfg
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)
+        call = nnx.remat(_call_layer) if cfg.remat else _call_layer
+        new_k, new_v, stats = [], [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            index = None if cache is None else cache.index
+            x, kv, layer_stats = call(layer, x, positions, mask, token_mask, kv, index)
+            if cache is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+            if layer_stats is not None:
+                stats.append(layer_stats)
+        hidden = layers.rms_norm(x, self.final_norm[...], cfg.norm_eps)
+        aux = jnp.zeros((), jnp.float32)
+        if stats:
+            aux = layers.load_balancing_loss(sum(stats), len(stats), jnp.sum(token_mask))
+        return hidden, (new_k, new_v), aux
+
+    def hidden_states(self, tokens, *, attention_mask=None, positions=None):
+        """Final (normed) hidden states and the MoE load-balancing loss.
+
+        Args:
+          tokens: `[B, S]` int32 token ids.
+          attention_mask: `[B, S]` 1 on real tokens, 0 on padding (default: all real).
+          positions: `[B, S]` rope positions (default: `default_positions(attention_mask)`).
+
+        Returns:
+          `(hidden [B, S, D] in the compute dtype, aux_loss [])`; aux_loss is the
+          load-balancing loss over real tokens (0 for dense models); a trainer adds
+          `cfg.router_aux_loss_coef * aux_loss`.
+        """
+        b, s = tokens.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, s), jnp.int32)
+        if positions is None:
+            positions = default_positions(attention_mask)
+        causal = jnp.tril(jnp.ones((s, s), bool))
+        mask = causal[None] & attention_mask.astype(bool)[:, None, :]
+        hidden, _, aux = self._run(tokens, attention_mask, positions, mask)
+        return hidden, aux
+
+    def __call__(self, tokens, *, attention_mask=None, positions=None):
+        """`[B, S]` token ids -> `[B, S, V]` float32 logits (see `hidden_states` for the args)."""
+        hidden, _ = self.hidden_states(tokens, attention_mask=attention_mask, positions=positions)
+        return self.logits(hidden)
+
+    def init_cache(self, batch_size, max_len):
+        """An empty `KVCache` of `max_len` slots per row, in the compute dtype."""
+        cfg = self.cfg
+        shape = (batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+        zeros = tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers))
+        return KVCache(
+            k=zeros, v=zeros, valid=jnp.zeros((batch_size, max_len), bool),
+            index=jnp.zeros((), jnp.int32),
+        )
+
+    def prefill(self, tokens, cache, *, attention_mask=None):
+        """Appends `S` tokens to the cache and returns the next-token logits after them.
+
+        Used once with the (left-padded) prompts; `decode_step` is the same with S = 1.
+        The caller keeps `cache.index + S <= L`.
+
+        Args:
+          tokens: `[B, S]` int32.
+          cache: a `KVCache` from `init_cache` or a previous call.
+          attention_mask: `[B, S]` 1 on real tokens (default: all real).
+
+        Returns:
+          `(logits [B, V] float32 at the last column, updated cache)`.
+        """
+        b, s = tokens.shape
+        max_len = cache.valid.shape[1]
+        if s > max_len:
+            raise ValueError(f"cannot prefill {s} tokens into a cache of {max_len} slots; raise max_len")
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, s), jnp.int32)
+        positions = default_positions(attention_mask, offset=jnp.sum(cache.valid, axis=1))
+        valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask.astype(bool), (0, cache.index))
+        slots = jnp.arange(max_len)
+        causal = slots[None, :] <= cache.index + jnp.arange(s)[:, None]  # [S, L]
+        mask = causal[None] & valid[:, None, :]
+        hidden, (k, v), _ = self._run(tokens, attention_mask, positions, mask, cache)
+        cache = KVCache(k=tuple(k), v=tuple(v), valid=valid, index=cache.index + s)
+        return self.logits(hidden[:, -1]), cache
+
+    def decode_step(self, tokens, cache):
+        """One token per row: `[B]` int32 -> (`[B, V]` float32 logits, updated cache)."""
+        return self.prefill(tokens[:, None], cache)
+
+
+def init_model(cfg, *, seed=0, mesh=None, rules="fsdp"):
+    """A randomly initialised `Decoder`, created directly in its sharding on `mesh`.
+
+    Args:
+      cfg: a `ModelConfig`.
+      seed: the init RNG seed.
+      mesh: a `jax.sharding.Mesh`; None keeps the parameters on the default device.
+      rules: a rule-set name or a rule table (see `sharding.RULE_SETS`).
+    """
+    if mesh is None:
+        return Decoder(cfg, rngs=nnx.Rngs(seed))
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed)))
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = sharding.state_shardings(abstract_state, mesh, rules)
+
+    def init():
+        return nnx.split(Decoder(cfg, rngs=nnx.Rngs(seed)))[1]
+
+    state = jax.jit(init, out_shardings=shardings)()
+    return nnx.merge(graphdef, state)

@@ -1,0 +1,282 @@
+"""Hugging Face checkpoints in and out: `from_pretrained` and `save_pretrained`.
+
+One table (`weight_map`) pairs each of our parameters with its transformers tensor
+name(s) and layout; loading and saving both read it, so they cannot drift apart.
+Layouts: transformers' `nn.Linear` stores `[out, in]`, we store `[in..., out...]` with
+heads split out (`q` is `[D, N, H]`); Qwen3-MoE checkpoints hold one tensor per expert,
+we stack them into `[E, ...]`.
+"""
+
+import dataclasses
+import json
+import logging
+import math
+import os
+
+import jax
+import numpy as np
+import transformers
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from grpo_jax.models import config as config_lib
+from grpo_jax.models import decoder, sharding
+from grpo_jax.models.safetensors_io import SafetensorsFile, save_file
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightMap:
+    """Where one parameter lives in a transformers checkpoint.
+
+    Attributes:
+      path: our parameter's path in the `nnx.State`, e.g. `("layers", 0, "attn", "q")`.
+      hf_names: its tensor name, or one name per expert (stacked along our axis 0).
+      layout: "same" (identical array), "flat" (HF flattens it: biases `[N, H]` -> `[N*H]`)
+        or "linear" (HF `[out, in]`; ours `[in..., out...]`, `n_in` leading input dims).
+      n_in: number of our leading dims that are the linear map's input.
+    """
+
+    path: tuple
+    hf_names: tuple
+    layout: str = "same"
+    n_in: int = 1
+
+
+def weight_map(cfg):
+    """The list of `WeightMap`s of a model with config `cfg`."""
+    entries = [WeightMap(("embed",), ("model.embed_tokens.weight",))]
+    for i in range(cfg.n_layers):
+        pre = f"model.layers.{i}"
+        attn = [("q", "q_proj", 1), ("k", "k_proj", 1), ("v", "v_proj", 1), ("o", "o_proj", 2)]
+        entries += [
+            WeightMap(("layers", i, "attn_norm"), (f"{pre}.input_layernorm.weight",)),
+            WeightMap(("layers", i, "mlp_norm"), (f"{pre}.post_attention_layernorm.weight",)),
+        ]
+        entries += [
+            WeightMap(("layers", i, "attn", ours), (f"{pre}.self_attn.{hf}.weight",), "linear", n_in)
+            for ours, hf, n_in in attn
+        ]
+        if cfg.qkv_bias:
+            entries += [
+                WeightMap(("layers", i, "attn", f"{x}_bias"), (f"{pre}.self_attn.{x}_proj.bias",), "flat")
+                for x in "qkv"
+            ]
+        if cfg.o_bias:
+            entries.append(WeightMap(("layers", i, "attn", "o_bias"), (f"{pre}.self_attn.o_proj.bias",)))
+        if cfg.qk_norm:
+            entries += [
+                WeightMap(("layers", i, "attn", f"{x}_norm"), (f"{pre}.self_attn.{x}_norm.weight",))
+                for x in "qk"
+            ]
+        mlp = ("gate", "up", "down")
+        if cfg.is_moe_layer(i):
+            entries.append(WeightMap(("layers", i, "mlp", "router"), (f"{pre}.mlp.gate.weight",), "linear"))
+            entries += [
+                WeightMap(
+                    ("layers", i, "mlp", x),
+                    tuple(f"{pre}.mlp.experts.{e}.{x}_proj.weight" for e in range(cfg.n_experts)),
+                    "linear",
+                )
+                for x in mlp
+            ]
+        else:
+            entries += [
+                WeightMap(("layers", i, "mlp", x), (f"{pre}.mlp.{x}_proj.weight",), "linear")
+                for x in mlp
+            ]
+    entries.append(WeightMap(("final_norm",), ("model.norm.weight",)))
+    if not cfg.tie_embeddings:
+        entries.append(WeightMap(("lm_head",), ("lm_head.weight",), "linear"))
+    return entries
+
+
+def _hf_shape(entry, shape):
+    """The shape transformers stores for one tensor of our (per-expert) `shape`."""
+    if entry.layout == "flat":
+        return (math.prod(shape),)
+    if entry.layout == "linear":
+        return (math.prod(shape[entry.n_in :]), math.prod(shape[: entry.n_in]))
+    return tuple(shape)
+
+
+def _from_hf(entry, array, shape):
+    return (array.T if entry.layout == "linear" else array).reshape(shape)
+
+
+def _to_hf(entry, array):
+    if entry.layout == "linear":
+        n_in = math.prod(array.shape[: entry.n_in])
+        return array.reshape(n_in, -1).T
+    return array.reshape(_hf_shape(entry, array.shape))
+
+
+def _open_checkpoint(path):
+    """{tensor name: SafetensorsFile} for a single-file or index-sharded checkpoint."""
+    index_path = os.path.join(path, INDEX_FILE)
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            files = json.load(f)["weight_map"]
+    elif os.path.exists(os.path.join(path, SINGLE_FILE)):
+        files = None
+    else:
+        raise FileNotFoundError(
+            f"{path} has neither {SINGLE_FILE} nor {INDEX_FILE}; point from_pretrained at a "
+            "Hugging Face model directory with safetensors weights"
+        )
+    if files is None:
+        single = SafetensorsFile(os.path.join(path, SINGLE_FILE))
+        return {name: single for name in single.keys()}
+    opened = {}
+    for file_name in sorted(set(files.values())):
+        file_path = os.path.join(path, file_name)
+        if not os.path.exists(file_path):
+            raise FileNotFoundError(f"{index_path} names {file_name}, which is missing from {path}")
+        opened[file_name] = SafetensorsFile(file_path)
+    return {name: opened[file_name] for name, file_name in files.items()}
+
+
+def _read(entry, tensors, shape, dtype):
+    """Our full host array for `entry`, checked against the shape the config implies."""
+    per_tensor = shape[1:] if len(entry.hf_names) > 1 else shape
+    want = _hf_shape(entry, per_tensor)
+    parts = []
+    for name in entry.hf_names:
+        if name not in tensors:
+            raise KeyError(f"tensor {name} is missing from the checkpoint (needed for {entry.path})")
+        array = tensors[name][name]
+        if tuple(array.shape) != want:
+            raise ValueError(
+                f"{tensors[name].path}: tensor {name} has shape {tuple(array.shape)}, but config.json "
+                f"implies {want}; the weights and config.json come from different models"
+            )
+        parts.append(_from_hf(entry, array, per_tensor).astype(dtype))
+    return np.stack(parts) if len(parts) > 1 else parts[0]
+
+
+def load_config(path, **overrides):
+    """The `ModelConfig` of the HF directory `path`, with fields replaced by `overrides`."""
+    config_path = os.path.join(path, "config.json")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"{config_path} does not exist; is {path} a Hugging Face model directory?")
+    hf = transformers.AutoConfig.from_pretrained(path)
+    return dataclasses.replace(config_lib.from_hf_config(hf, source=config_path), **overrides)
+
+
+def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dtype="float32", remat=False):
+    """Loads a local Hugging Face checkpoint into a `Decoder`, each tensor straight into its sharding.
+
+    Each tensor is read from the memory-mapped safetensors file and every device receives
+    only its own slice (`jax.make_array_from_callback`), so no device ever holds a full
+    copy of a sharded weight and the host holds one tensor at a time.
+
+    Args:
+      path: a directory with config.json and model.safetensors (or an index and shards).
+      mesh: a `jax.sharding.Mesh`; None puts everything on the default device.
+      rules: a sharding rule-set name or table (`sharding.RULE_SETS`), used with `mesh`.
+      dtype: compute dtype; param_dtype: storage dtype of the weights.
+      remat: recompute each layer in the backward pass.
+
+    Returns:
+      `(model, tokenizer)`; tokenizer is `transformers.AutoTokenizer`'s, or None when
+      the directory has none.
+    """
+    cfg = load_config(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
+    abstract = nnx.eval_shape(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    flat = dict(nnx.to_flat_state(state))
+    tensors = _open_checkpoint(path)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    loaded = {}
+    for entry in weight_map(cfg):
+        variable = flat[entry.path]
+        shape = variable.get_value().shape
+        host = _read(entry, tensors, shape, np.dtype(param_dtype))
+        target = device if mesh is None else sharding.variable_sharding(entry.path, variable, mesh, rules)
+        value = jax.make_array_from_callback(shape, target, lambda index, host=host: host[index])
+        loaded[entry.path] = variable.replace(value)
+    unused = sorted(set(tensors) - {n for e in weight_map(cfg) for n in e.hf_names})
+    if unused:
+        logging.warning("%s: ignoring %d tensors the model does not use: %s", path, len(unused), unused[:5])
+    model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
+    return model, load_tokenizer(path)
+
+
+def load_tokenizer(path):
+    """`transformers.AutoTokenizer` for `path`, or None when it has no tokenizer files."""
+    if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    return transformers.AutoTokenizer.from_pretrained(path)
+
+
+def _shard_plan(cfg, flat, itemsize, max_shard_bytes):
+    """{tensor name: shard number}, filling each shard up to `max_shard_bytes` in table order."""
+    plan, shard, size = {}, 0, 0
+    for entry in weight_map(cfg):
+        shape = flat[entry.path].get_value().shape
+        nbytes = math.prod(shape) * itemsize // len(entry.hf_names)
+        for name in entry.hf_names:
+            if size and size + nbytes > max_shard_bytes:
+                shard, size = shard + 1, 0
+            plan[name] = shard
+            size += nbytes
+    return plan
+
+
+def save_pretrained(model, path, *, tokenizer=None, dtype=None, max_shard_bytes=5 * 2**30):
+    """Writes config.json and safetensors that transformers (and vLLM) load as-is.
+
+    Weights are gathered to the host one at a time and written shard by shard, so the
+    host holds at most one shard.
+
+    Args:
+      model: a `Decoder`, sharded or not.
+      path: output directory (created).
+      tokenizer: optionally a transformers tokenizer to save alongside.
+      dtype: storage dtype of the written weights (default: the model's param_dtype).
+      max_shard_bytes: above this the weights are split into numbered files plus
+        model.safetensors.index.json, as transformers does.
+    """
+    cfg = model.cfg
+    dtype = np.dtype(dtype or cfg.param_dtype)
+    writer = jax.process_index() == 0
+    flat = dict(nnx.to_flat_state(nnx.state(model)))
+    plan = _shard_plan(cfg, flat, dtype.itemsize, max_shard_bytes)
+    n_shards = max(plan.values()) + 1
+    file_names = [
+        SINGLE_FILE if n_shards == 1 else f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
+        for i in range(n_shards)
+    ]
+    if writer:
+        os.makedirs(path, exist_ok=True)
+        config_lib.to_hf_config(dataclasses.replace(cfg, param_dtype=dtype.name)).save_pretrained(path)
+    current, shard = {}, 0
+    for entry in weight_map(cfg):
+        # Every process joins the gather; only process 0 writes.
+        array = np.asarray(multihost_utils.process_allgather(flat[entry.path].get_value(), tiled=True))
+        parts = list(array) if len(entry.hf_names) > 1 else [array]
+        for name, part in zip(entry.hf_names, parts):
+            if plan[name] != shard:
+                if writer:
+                    save_file(current, os.path.join(path, file_names[shard]), metadata={"format": "pt"})
+                current, shard = {}, plan[name]
+            current[name] = np.ascontiguousarray(_to_hf(entry, part).astype(dtype))
+    if not writer:
+        return
+    save_file(current, os.path.join(path, file_names[shard]), metadata={"format": "pt"})
+    stale_index = os.path.join(path, INDEX_FILE)
+    if n_shards == 1 and os.path.exists(stale_index):
+        os.remove(stale_index)  # it would shadow the single file on load
+    if n_shards > 1:
+        index = {
+            "metadata": {"total_size": sum(
+                math.prod(v.get_value().shape) * dtype.itemsize for v in flat.values()
+            )},
+            "weight_map": {name: file_names[i] for name, i in plan.items()},
+        }
+        with open(os.path.join(path, INDEX_FILE), "w") as f:
+            json.dump(index, f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)

@@ -1,0 +1,242 @@
+"""The decoder's building blocks: RMSNorm, RoPE, grouped-query attention, SwiGLU, routed experts.
+
+Every weight is an `nnx.Param` whose `logical_axes` metadata names its dimensions
+("embed", "heads", "mlp", ...); `sharding.py` maps those names to mesh axes with one rule
+table. Weights are stored in `param_dtype` and cast to the compute `dtype` where used.
+The math follows transformers' PyTorch modules line by line, so checkpoints agree to
+float32 rounding (see tests/models/test_parity.py).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+
+def param(rngs, shape, logical_axes, dtype, *, init="normal"):
+    """A weight of `shape` tagged with one logical axis name per dimension."""
+    if len(shape) != len(logical_axes):
+        raise ValueError(f"shape {shape} needs {len(shape)} logical axes, got {logical_axes}")
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
+    else:
+        value = 0.02 * jax.random.normal(rngs.params(), shape, dtype)
+    return nnx.Param(value, logical_axes=tuple(logical_axes))
+
+
+def rms_norm(x, weight, eps):
+    """RMSNorm (Zhang & Sennrich 2019): x / rms(x) * w, normalised in float32.
+
+    Args:
+      x: `[..., D]` activations in the compute dtype.
+      weight: `[D]` scale.
+      eps: added to the mean square.
+
+    Returns:
+      `[..., D]` in x's dtype.
+    """
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope_inv_freq(head_dim, theta, scaling=None):
+    """RoPE inverse frequencies theta^(-2i/H) (Su et al. 2021), `[H/2]` float32.
+
+    With `scaling` (a `Llama3RopeScaling`), low frequencies are divided by `factor` and
+    the band between `low_freq_factor` and `high_freq_factor` is interpolated, as in
+    Llama 3.1 and transformers' `_compute_llama3_parameters`.
+    """
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    if scaling is None:
+        return inv_freq
+    old_len = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_len / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= old_len / scaling.high_freq_factor) & (wavelen <= old_len / scaling.low_freq_factor)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x, positions, inv_freq):
+    """Rotates each head's halves by position * frequency (transformers' rotate_half layout).
+
+    Args:
+      x: `[B, S, heads, H]` queries or keys.
+      positions: `[B, S]` integer positions (per row, so left padding is handled).
+      inv_freq: `[H/2]` from `rope_inv_freq`.
+
+    Returns:
+      `[B, S, heads, H]` in x's dtype; the rotation itself runs in float32.
+    """
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, S, H/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with RoPE, optional qkv/o biases and q/k RMSNorm."""
+
+    def __init__(self, cfg, *, rngs):
+        d, n, k, h, pdt = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.param_dtype
+        self.cfg = cfg
+        self.q = param(rngs, (d, n, h), ("embed", "heads", "head_dim"), pdt)
+        self.k = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), pdt)
+        self.v = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), pdt)
+        self.o = param(rngs, (n, h, d), ("heads", "head_dim", "embed"), pdt)
+        if cfg.qkv_bias:
+            self.q_bias = param(rngs, (n, h), ("heads", "head_dim"), pdt, init="zeros")
+            self.k_bias = param(rngs, (k, h), ("kv_heads", "head_dim"), pdt, init="zeros")
+            self.v_bias = param(rngs, (k, h), ("kv_heads", "head_dim"), pdt, init="zeros")
+        if cfg.o_bias:
+            self.o_bias = param(rngs, (d,), ("norm",), pdt, init="zeros")
+        if cfg.qk_norm:
+            self.q_norm = param(rngs, (h,), ("head_dim",), pdt, init="ones")
+            self.k_norm = param(rngs, (h,), ("head_dim",), pdt, init="ones")
+
+    def _project(self, x, name):
+        dt = x.dtype
+        y = jnp.einsum("bsd,dnh->bsnh", x, getattr(self, name)[...].astype(dt))
+        if self.cfg.qkv_bias:
+            y = y + getattr(self, f"{name}_bias")[...].astype(dt)
+        if self.cfg.qk_norm and name != "v":
+            y = rms_norm(y, getattr(self, f"{name}_norm")[...], self.cfg.norm_eps)
+        return y
+
+    def __call__(self, x, positions, mask, kv_cache=None, cache_index=None):
+        """Attends each query to the keys `mask` allows.
+
+        Args:
+          x: `[B, S, D]` normed activations.
+          positions: `[B, S]` rope positions.
+          mask: `[B, S, L]` bool, True where query s may attend key slot l; L = S without
+            a cache, the cache length with one.
+          kv_cache: optional `(k, v)`, each `[B, L, K, H]`; the new keys and values are
+            written at slots `[cache_index, cache_index + S)` before attending.
+          cache_index: scalar int32 slot of the first new token.
+
+        Returns:
+          `([B, S, D], new kv_cache or None)`.
+        """
+        cfg = self.cfg
+        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        q = apply_rope(self._project(x, "q"), positions, inv_freq)
+        k = apply_rope(self._project(x, "k"), positions, inv_freq)
+        v = self._project(x, "v")
+        if kv_cache is not None:
+            start = (0, cache_index, 0, 0)
+            k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), start)
+            v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), start)
+            kv_cache = (k, v)
+        out = jax.nn.dot_product_attention(
+            q, k.astype(q.dtype), v.astype(q.dtype),
+            mask=mask[:, None], scale=cfg.head_dim**-0.5,
+        )
+        y = jnp.einsum("bsnh,nhd->bsd", out, self.o[...].astype(x.dtype))
+        if cfg.o_bias:
+            y = y + self.o_bias[...].astype(x.dtype)
+        return y, kv_cache
+
+
+def swiglu(x, gate, up, down):
+    """SwiGLU MLP (Shazeer 2020): down(silu(x gate) * (x up)); weights `[D,F]`, `[D,F]`, `[F,D]`."""
+    return (jax.nn.silu(x @ gate) * (x @ up)) @ down
+
+
+class Mlp(nnx.Module):
+    """The dense SwiGLU feed-forward block."""
+
+    def __init__(self, cfg, *, rngs):
+        d, f, pdt = cfg.d_model, cfg.d_ff, cfg.param_dtype
+        self.gate = param(rngs, (d, f), ("embed", "mlp"), pdt)
+        self.up = param(rngs, (d, f), ("embed", "mlp"), pdt)
+        self.down = param(rngs, (f, d), ("mlp", "embed"), pdt)
+
+    def __call__(self, x, token_mask):
+        """`[B, S, D]` -> (`[B, S, D]`, None): no routing statistics in a dense block."""
+        del token_mask
+        dt = x.dtype
+        return swiglu(x, self.gate[...].astype(dt), self.up[...].astype(dt), self.down[...].astype(dt)), None
+
+
+class MoeMlp(nnx.Module):
+    """Top-k routed SwiGLU experts (Qwen3-MoE; Shazeer et al. 2017, Fedus et al. 2021).
+
+    Every token goes to its k highest-probability experts, no capacity limit and no token
+    dropped, so the result equals transformers' loop over experts. Tokens are sorted by
+    expert and each expert's rows are multiplied by its weights with `jax.lax.ragged_dot`:
+    compute is k/E of running every expert on every token.
+    """
+
+    def __init__(self, cfg, *, rngs):
+        d, e, f, pdt = cfg.d_model, cfg.n_experts, cfg.moe_d_ff, cfg.param_dtype
+        self.cfg = cfg
+        self.router = param(rngs, (d, e), ("embed", "router"), pdt)
+        self.gate = param(rngs, (e, d, f), ("expert", "embed", "mlp"), pdt)
+        self.up = param(rngs, (e, d, f), ("expert", "embed", "mlp"), pdt)
+        self.down = param(rngs, (e, f, d), ("expert", "mlp", "embed"), pdt)
+
+    def __call__(self, x, token_mask):
+        """Routes and mixes the experts.
+
+        Args:
+          x: `[B, S, D]` normed activations.
+          token_mask: `[B, S]` 1 on real tokens; padding is routed (as in transformers)
+            but left out of the routing statistics.
+
+        Returns:
+          `([B, S, D], stats)`, stats `[2, E]` float32: the number of top-k assignments
+          per expert and the summed router probability per expert over real tokens, the
+          two factors of the load-balancing loss (`load_balancing_loss`).
+        """
+        b, s, d = x.shape
+        dt, k, e = x.dtype, self.cfg.n_experts_per_tok, self.cfg.n_experts
+        x_td = x.reshape(b * s, d)
+        router_logits = x_td @ self.router[...].astype(dt)
+        probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)  # [T, E]
+        top_p, top_e = jax.lax.top_k(probs, k)  # [T, k]
+        if self.cfg.norm_topk_prob:
+            top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+        flat_e = top_e.reshape(-1)  # [T*k]
+        order = jnp.argsort(flat_e, stable=True)
+        group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
+        rows = x_td[order // k]  # [T*k, D], grouped by expert
+        g = jax.lax.ragged_dot(rows, self.gate[...].astype(dt), group_sizes)
+        u = jax.lax.ragged_dot(rows, self.up[...].astype(dt), group_sizes)
+        y_sorted = jax.lax.ragged_dot(jax.nn.silu(g) * u, self.down[...].astype(dt), group_sizes)
+        y = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(b * s, k, d)
+        out = jnp.einsum("tkd,tk->td", y, top_p.astype(dt)).reshape(b, s, d)
+        m = token_mask.reshape(-1, 1).astype(jnp.float32)
+        counts = jnp.sum(jax.nn.one_hot(top_e, e, dtype=jnp.float32).sum(1) * m, axis=0)
+        prob_sums = jnp.sum(probs * m, axis=0)
+        return out, jnp.stack([counts, prob_sums])
+
+
+def load_balancing_loss(stats, n_moe_layers, n_tokens):
+    r"""Switch Transformer load-balancing loss (Fedus et al. 2021, eqs. 4-6), transformers' form.
+
+    .. math:: \mathcal{L}_{aux} = E \sum_e f_e P_e,\quad
+       f_e = \frac{\#\text{assignments to } e}{L n},\ P_e = \frac{\sum p_e}{L n}
+
+    summed over the L MoE layers and n real tokens, as transformers'
+    `load_balancing_loss_func` (so f sums to k, not 1).
+
+    Args:
+      stats: `[2, E]` routing statistics summed over layers (see `MoeMlp`).
+      n_moe_layers: L.
+      n_tokens: n, the number of unmasked tokens (scalar).
+
+    Returns:
+      scalar float32.
+    """
+    rows = n_moe_layers * jnp.maximum(n_tokens, 1).astype(jnp.float32)
+    return stats.shape[-1] * jnp.sum((stats[0] / rows) * (stats[1] / rows))
