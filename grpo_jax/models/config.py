@@ -201,9 +201,10 @@ def to_hf_config(cfg):
         kwargs["mlp_only_layers"] = list(cfg.mlp_only_layers)
     if cfg.model_type != "qwen2":
         kwargs["attention_bias"] = cfg.o_bias
+    if cfg.model_type != "qwen2" or cfg.head_dim != cfg.d_model // cfg.n_heads:
+        kwargs["head_dim"] = cfg.head_dim  # Qwen2's config has no such field unless it differs
     return transformers.AutoConfig.for_model(
         cfg.model_type,
-        head_dim=cfg.head_dim,
         rope_parameters=rope,
         hidden_act="silu",
         dtype=cfg.param_dtype,

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from grpo_jax.models import layers, sharding
+from grpo_jax.models import layers, logprobs, sharding
 
 
 @struct.dataclass
@@ -107,8 +107,20 @@ class Decoder(nnx.Module):
 
     def logits(self, hidden):
         """`[..., D]` final hidden states -> `[..., V]` float32 logits (float32 accumulation)."""
-        w = self.unembedding().astype(hidden.dtype)
-        return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+        return logprobs.unembed(hidden, self.unembedding())
+
+    def token_logprobs(self, tokens, targets, *, attention_mask=None, positions=None,
+                       temperature=1.0, chunk_size=1024):
+        """`[B, T]` float32 log-probs of `targets` after each prefix of `tokens`, chunked.
+
+        Equals `objectives.token_logprobs(model(tokens, ...), targets)` without building the
+        `[B, T, V]` logits (see `logprobs.chunked_token_logprobs`). Typically `targets` is
+        `tokens` shifted left by one.
+        """
+        hidden, _ = self.hidden_states(tokens, attention_mask=attention_mask, positions=positions)
+        return logprobs.chunked_token_logprobs(
+            hidden, self.unembedding(), targets, temperature=temperature, chunk_size=chunk_size
+        )
 
     def _run(self, tokens, token_mask, positions, mask, cache=None):
         """Embeds, runs every layer and the final norm; returns (hidden, cache, aux loss)."""

@@ -69,3 +69,24 @@ def padded_batch(vocab_size, seed=0):
     mask[1, :3] = 0
     mask[2, :7] = 0
     return tokens, mask
+
+
+def hf_forward(torch_model, tokens, mask):
+    """transformers' outputs on a left-padded batch, with positions counting real tokens only."""
+    import torch
+
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    with torch.no_grad():
+        return torch_model(
+            input_ids=torch.tensor(tokens).long(),
+            attention_mask=torch.tensor(mask).long(),
+            position_ids=torch.tensor(positions).long(),
+            output_router_logits=torch_model.config.model_type == "qwen3_moe",
+        )
+
+
+def max_rel_error(ours, ref, mask):
+    """max |ours - ref| / max |ref| over the real (unmasked) positions."""
+    m = np.asarray(mask).astype(bool)
+    ours, ref = np.asarray(ours)[m], np.asarray(ref)[m]
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())

@@ -1,0 +1,58 @@
+"""Token log-probs from final hidden states without materialising `[B, T, V]` float32 logits.
+
+With real vocabularies (128k-152k) the float32 logits of a batch dwarf everything else:
+B*T = 8,192 tokens x V = 151,936 x 4 bytes = 5 GB, and the backward pass of a naive
+log-softmax keeps a second copy. Here the tokens are cut into chunks; each chunk's logits
+are computed, reduced to one log-prob per token, and dropped, and `jax.checkpoint`
+recomputes them in the backward pass. Peak memory is O(chunk_size * V) instead of
+O(B * T * V); values and gradients equal the naive path (tests/models/test_logprobs.py).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.objectives import token_logprobs
+
+
+def unembed(hidden, unembedding):
+    """`[..., D]` x `[D, V]` -> `[..., V]` float32 logits (float32 accumulation)."""
+    w = unembedding.astype(hidden.dtype)
+    return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def chunked_token_logprobs(hidden, unembedding, tokens, *, temperature=1.0, chunk_size=1024):
+    r"""`token_logprobs(hidden @ unembedding, tokens)`, computed `chunk_size` tokens at a time.
+
+    .. math:: \log \pi(y_t) = z_{t, y_t} / \tau - \operatorname{logsumexp}_v(z_{t, v} / \tau),
+       \quad z_t = h_t W
+
+    Args:
+      hidden: `[B, T, D]` final (normed) hidden states, e.g. from
+        `Decoder.hidden_states`, in any float dtype.
+      unembedding: `[D, V]` output projection (`Decoder.unembedding()`).
+      tokens: `[B, T]` int token ids whose log-probs to take.
+      temperature: `\tau`, a float or scalar array.
+      chunk_size: tokens per chunk; peak logits memory is `chunk_size * V * 4` bytes.
+        B*T need not be a multiple (the last chunk is padded).
+
+    Returns:
+      `[B, T]` float32 log-probabilities.
+
+    Example:
+      >>> h, w = jnp.ones((1, 3, 2)), jnp.eye(2)
+      >>> chunked_token_logprobs(h, w, jnp.zeros((1, 3), jnp.int32), chunk_size=2)
+      Array([[-0.6931472, -0.6931472, -0.6931472]], dtype=float32)
+    """
+    b, t, d = hidden.shape
+    n = b * t
+    n_chunks = -(-n // chunk_size)
+    pad = n_chunks * chunk_size - n
+    h = jnp.pad(hidden.reshape(n, d), ((0, pad), (0, 0))).reshape(n_chunks, chunk_size, d)
+    y = jnp.pad(tokens.reshape(n), (0, pad)).reshape(n_chunks, chunk_size)
+
+    @jax.checkpoint
+    def chunk(args):
+        h_cd, y_c = args
+        return token_logprobs(unembed(h_cd, unembedding), y_c, temperature=temperature)
+
+    return jax.lax.map(chunk, (h, y)).reshape(-1)[:n].reshape(b, t)
