@@ -47,7 +47,7 @@ def aggregate(loss, mask, *, mode, num_tokens=None, num_seqs=None, norm_len=None
     """
     _checks.check_choice("mode", mode, AGGREGATION_MODES)
     valid = mask.astype(bool)
-    masked = jnp.where(valid, loss.astype(jnp.float32), 0.0)
+    masked = jnp.where(valid, loss.astype(jnp.promote_types(loss.dtype, jnp.float32)), 0.0)
     num_seqs = loss.shape[0] if num_seqs is None else num_seqs
     if mode == "token-mean":
         num_tokens = jnp.sum(valid) if num_tokens is None else num_tokens

@@ -16,17 +16,22 @@ from grpo_jax.objectives._kl import LOG_RATIO_CLAMP, kl_penalty
 sg = jax.lax.stop_gradient
 
 
+def _upcast(x):
+    """bf16/f16 -> float32 (the ratios need it); float64 stays float64."""
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
 def _per_token(adv, shape):
-    """`[B]` or `[B, T]` advantages -> `[B, T]` float32."""
-    adv = adv.astype(jnp.float32)
+    """`[B]` or `[B, T]` advantages -> `[B, T]`, at least float32."""
+    adv = _upcast(adv)
     return jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, shape)
 
 
 def _masked_inputs(logp, old_logp, mask):
     """Zeroes masked log-probs so padding (even -inf or NaN) cannot reach a gradient."""
     valid = mask.astype(bool)
-    logp = jnp.where(valid, logp.astype(jnp.float32), 0.0)
-    old_logp = jnp.where(valid, old_logp.astype(jnp.float32), 0.0)
+    logp = jnp.where(valid, _upcast(logp), 0.0)
+    old_logp = jnp.where(valid, _upcast(old_logp), 0.0)
     return logp, old_logp, valid
 
 
@@ -37,7 +42,7 @@ def _check_clip(eps_low, eps_high):
 
 def _diagnostics(ratio, logp, old_logp, valid, **flags):
     out = {"ratio": ratio, "approx_kl": kl_penalty(logp, old_logp, kind="k3"), **flags}
-    return {k: sg(jnp.where(valid, v.astype(jnp.float32), 0.0)) for k, v in out.items()}
+    return {k: sg(jnp.where(valid, v.astype(ratio.dtype), 0.0)) for k, v in out.items()}
 
 
 def _clipped_surrogate(ratio, adv, valid, *, eps_low, eps_high, dual_clip):
