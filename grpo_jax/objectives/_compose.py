@@ -138,7 +138,7 @@ def validate_objective_config(cfg):
                              "gdpo add the length reward as one of the reward columns instead")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity, so jax.jit(objective) works
 class PolicyObjective:
     """A composed objective; see the module docstring for the batch it reads."""
 
