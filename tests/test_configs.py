@@ -1,0 +1,109 @@
+"""Every config and every sweep entry loads and builds its objective."""
+
+import glob
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import config_lib, objectives
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = sorted(pathlib.Path(p).name for p in glob.glob(str(REPO / "configs" / "*.py")))
+RECIPES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "reinforce_pp", "gdpo", "olmo3")
+
+
+def _load(name, arg=None):
+    return config_lib.load_config(f"{REPO / 'configs' / name}" + (f":{arg}" if arg else ""))
+
+
+def _tiny_batch(config):
+    G = config.objective.group_size
+    B, T = 2 * G, 5
+    rng = np.random.default_rng(0)
+    K = len(config.objective.advantage.reward_weights)
+    rewards = rng.integers(0, 2, (B, K) if config.objective.advantage.estimator == "gdpo" else B)
+    old = np.log(rng.uniform(0.1, 0.9, (B, T)))
+    return jnp.asarray(old + 0.1, jnp.float32), {
+        "old_logp": jnp.asarray(old, jnp.float32), "ref_logp": jnp.asarray(old - 0.1, jnp.float32),
+        "behaviour_logp": jnp.asarray(old, jnp.float32), "mask": jnp.ones((B, T)),
+        "rewards": jnp.asarray(rewards, jnp.float32), "lengths": jnp.full(B, T),
+        "truncated": jnp.zeros(B, bool)}
+
+
+def test_every_recipe_of_the_design_table_has_a_config():
+    assert set(RECIPES) <= {name[:-3] for name in CONFIGS}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("arg", [None, "runlocal=True"])
+def test_config_builds_its_objective_and_runs(name, arg):
+    config = _load(name, arg)
+    module = config_lib.load_module(REPO / "configs" / name)
+    assert module.__doc__ and len(module.__doc__.strip().splitlines()) >= 3, "header docstring"
+    objective = objectives.policy_objective(config.objective)
+    logp, batch = _tiny_batch(config)
+    loss, metrics = jax.jit(objective)(logp, batch)
+    assert np.isfinite(float(loss)) and all(np.isfinite(float(v)) for v in metrics.values())
+
+
+@pytest.mark.parametrize("name", [c for c in CONFIGS if hasattr(
+    config_lib.load_module(REPO / "configs" / c), "get_sweep")])
+def test_every_sweep_entry_builds(name):
+    sweep = config_lib.load_module(REPO / "configs" / name).get_sweep()
+    assert len(sweep) >= 2
+    for overrides in sweep:
+        config = config_lib.apply_overrides(_load(name, "runlocal=True"), overrides)
+        for dotted, value in overrides.items():
+            section = config
+            for part in dotted.split("."):
+                section = section[part]
+            assert section == value
+        objectives.policy_objective(config.objective)
+
+
+def test_runlocal_shrinks_and_references_follow():
+    big, small = _load("dapo.py"), _load("dapo.py", "runlocal=True")
+    assert small.rollout.max_new_tokens < big.rollout.max_new_tokens
+    assert small.objective.overlong.max_len == small.rollout.max_new_tokens
+    assert big.objective.overlong.cache_len == big.rollout.max_new_tokens // 5
+    small.rollout.max_new_tokens = 100
+    assert small.objective.overlong.cache_len == 20
+    small.rollout.group_size = 16
+    assert small.objective.group_size == 16
+    dr = _load("dr_grpo.py")
+    assert dr.objective.aggregation.norm_len == dr.rollout.max_new_tokens
+
+
+def test_recipes_differ_from_base_as_the_design_table_says():
+    expect = {
+        "grpo": ("group", "group", "ppo_clip", "seq-mean-token-mean", 0.2, 0.2, 0.04),
+        "dr_grpo": ("group", "none", "ppo_clip", "seq-mean-token-sum-norm", 0.2, 0.2, 0.0),
+        "dapo": ("group", "group", "ppo_clip", "token-mean", 0.2, 0.28, 0.0),
+        "gspo": ("group", "group", "gspo", "seq-mean-token-mean", 3e-4, 4e-4, 0.0),
+        "sapo": ("group", "group", "sapo", "seq-mean-token-mean", 0.2, 0.2, 0.0),
+        "rloo": ("rloo", "group", "ppo_clip", "token-mean", 0.2, 0.2, 0.0),
+        "reinforce_pp": ("reinforce_pp", "group", "ppo_clip", "token-mean", 0.2, 0.2, 0.0),
+        "gdpo": ("gdpo", "group", "ppo_clip", "token-mean", 0.2, 0.28, 0.0),
+        "olmo3": ("group", "none", "ppo_clip", "token-mean", 0.2, 0.28, 0.0),
+    }
+    for name, row in expect.items():
+        o = _load(f"{name}.py").objective
+        got = (o.advantage.estimator, o.advantage.scale, o.loss.kind, o.aggregation.mode,
+               o.loss.eps_low, o.loss.eps_high, o.kl.beta)
+        assert got == row, name
+    assert _load("dapo.py").filtering.dynamic_sampling and _load("olmo3.py").filtering.dynamic_sampling
+    assert _load("dapo.py").objective.overlong.mode == "penalty"
+    assert _load("cispo.py").objective.loss.kind == "cispo"
+
+
+def test_unknown_config_argument_is_named():
+    with pytest.raises(ValueError, match=r"unknown config argument 'runlocl'; this config accepts runlocal"):
+        _load("dapo.py", "runlocl=True")
+
+
+def test_missing_config_file_is_named():
+    with pytest.raises(FileNotFoundError, match=r"configs/nope.py"):
+        config_lib.load_config("configs/nope.py")
