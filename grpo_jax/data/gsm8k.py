@@ -5,7 +5,7 @@ one JSON object per line with ``question`` and ``answer``, where ``answer`` is t
 worked solution with calculator annotations ``<<48/2=24>>`` and a last line
 ``#### 72``. Examples: ``answer`` is the number after the last ``####`` with
 thousands separators removed; ``solution`` is the worked solution without the
-calculator annotations, still ending in ``#### 72``.
+calculator annotations, its last line rewritten as ``#### <answer>``.
 """
 
 import re
@@ -15,6 +15,7 @@ import tensorflow_datasets as tfds
 
 from grpo_jax.data import _manual
 from grpo_jax.data import _records
+from grpo_jax.data import prompts
 
 _ANNOTATION = re.compile(r"<<[^<>]*>>")
 
@@ -24,9 +25,11 @@ def to_example(row: dict[str, Any]) -> dict[str, Any]:
   worked = row["answer"]
   if "####" not in worked:
     raise ValueError(f"gsm8k: answer has no '#### <number>' line: {worked[-80:]!r}")
-  answer = worked.rsplit("####", 1)[1].strip().replace(",", "")
+  steps, answer = worked.rsplit("####", 1)
+  answer = answer.strip().replace(",", "")
+  solution = f"{_ANNOTATION.sub('', steps).strip()}\n{prompts.render_answer('gsm8k', answer)}"
   return {"task": "gsm8k", "question": row["question"].strip(), "answer": answer,
-          "solution": _ANNOTATION.sub("", worked).strip()}
+          "solution": solution}
 
 
 class Gsm8k(tfds.core.GeneratorBasedBuilder):
