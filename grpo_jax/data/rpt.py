@@ -86,7 +86,8 @@ def corpus_files(corpus_dir: str) -> list[epath.Path]:
   root = epath.Path(corpus_dir)
   if not root.is_dir():
     raise FileNotFoundError(f"rpt.corpus_dir={corpus_dir!r} is not a directory")
-  files = sorted(root.rglob("*.txt"))
+  files = sorted(folder / name for folder, _, names in root.walk()
+                 for name in names if name.endswith(".txt"))
   if not files:
     raise FileNotFoundError(f"rpt.corpus_dir={corpus_dir!r} holds no .txt files")
   return files
