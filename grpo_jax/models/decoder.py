@@ -18,6 +18,7 @@ Every argument is an array of fixed shape, so new values never recompile.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx, struct
 
 from grpo_jax.models import layers, logprobs, sharding
@@ -175,9 +176,11 @@ class Decoder(nnx.Module):
         """An empty `KVCache` of `max_len` slots per row, in the compute dtype."""
         cfg = self.cfg
         shape = (batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
-        zeros = tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers))
+        def zeros():
+            return tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers))
+
         return KVCache(
-            k=zeros, v=zeros, valid=jnp.zeros((batch_size, max_len), bool),
+            k=zeros(), v=zeros(), valid=jnp.zeros((batch_size, max_len), bool),
             index=jnp.zeros((), jnp.int32),
         )
 
@@ -215,23 +218,40 @@ class Decoder(nnx.Module):
         return self.prefill(tokens[:, None], cache)
 
 
+def abstract_model(cfg):
+    """`(graphdef, state)` of a `Decoder` whose parameters are `ShapeDtypeStruct`s (no memory)."""
+    return nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+
+
+def place(host, variable, path, mesh, rules):
+    """`variable` holding the host array `host`, each device receiving only its own slice."""
+    if mesh is None:
+        target = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    else:
+        target = sharding.variable_sharding(path, variable, mesh, rules)
+    return variable.replace(jax.make_array_from_callback(host.shape, target, lambda index: host[index]))
+
+
 def init_model(cfg, *, seed=0, mesh=None, rules="fsdp"):
     """A randomly initialised `Decoder`, created directly in its sharding on `mesh`.
 
+    Weights are drawn on the host with numpy and copied slice by slice to the devices
+    (as `from_pretrained` does): an XLA program drawing dozens of differently shaped
+    random tensors takes seconds to compile on CPU, this takes none.
+
     Args:
       cfg: a `ModelConfig`.
-      seed: the init RNG seed.
+      seed: the init RNG seed (the same values on any mesh).
       mesh: a `jax.sharding.Mesh`; None keeps the parameters on the default device.
-      rules: a rule-set name or a rule table (see `sharding.RULE_SETS`).
+      rules: a rule-set name or a rule table (see `sharding.RULE_SETS`), used with `mesh`.
     """
-    if mesh is None:
-        return Decoder(cfg, rngs=nnx.Rngs(seed))
-    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed)))
-    graphdef, abstract_state = nnx.split(abstract)
-    shardings = sharding.state_shardings(abstract_state, mesh, rules)
-
-    def init():
-        return nnx.split(Decoder(cfg, rngs=nnx.Rngs(seed)))[1]
-
-    state = jax.jit(init, out_shardings=shardings)()
-    return nnx.merge(graphdef, state)
+    graphdef, state = abstract_model(cfg)
+    rng = np.random.default_rng(seed)
+    placed = {}
+    for path, variable in nnx.to_flat_state(state):
+        shape, init = variable.get_value().shape, variable.get_metadata()["init"]
+        host = layers.initial_value(
+            init, shape, cfg.param_dtype, lambda s: rng.standard_normal(s, dtype=np.float32)
+        )
+        placed[path] = place(host, variable, path, mesh, rules)
+    return nnx.merge(graphdef, nnx.from_flat_state(placed))

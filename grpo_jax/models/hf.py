@@ -20,7 +20,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from grpo_jax.models import config as config_lib
-from grpo_jax.models import decoder, sharding
+from grpo_jax.models import decoder
 from grpo_jax.models.safetensors_io import SafetensorsFile, save_file
 
 SINGLE_FILE = "model.safetensors"
@@ -184,19 +184,14 @@ def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dty
       the directory has none.
     """
     cfg = load_config(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
-    abstract = nnx.eval_shape(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
+    graphdef, state = decoder.abstract_model(cfg)
     flat = dict(nnx.to_flat_state(state))
     tensors = _open_checkpoint(path)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     loaded = {}
     for entry in weight_map(cfg):
         variable = flat[entry.path]
-        shape = variable.get_value().shape
-        host = _read(entry, tensors, shape, np.dtype(param_dtype))
-        target = device if mesh is None else sharding.variable_sharding(entry.path, variable, mesh, rules)
-        value = jax.make_array_from_callback(shape, target, lambda index, host=host: host[index])
-        loaded[entry.path] = variable.replace(value)
+        host = _read(entry, tensors, variable.get_value().shape, np.dtype(param_dtype))
+        loaded[entry.path] = decoder.place(host, variable, entry.path, mesh, rules)
     unused = sorted(set(tensors) - {n for e in weight_map(cfg) for n in e.hf_names})
     if unused:
         logging.warning("%s: ignoring %d tensors the model does not use: %s", path, len(unused), unused[:5])

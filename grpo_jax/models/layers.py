@@ -15,17 +15,24 @@ import numpy as np
 from flax import nnx
 
 
+INIT_STD = 0.02  # std of the random normal weights (transformers' initializer_range)
+
+
+def initial_value(init, shape, dtype, normal):
+    """A weight's starting value: "ones" (norm scales), "zeros" (biases) or `INIT_STD * normal(shape)`."""
+    if init == "ones":
+        return np.ones(shape, dtype)
+    if init == "zeros":
+        return np.zeros(shape, dtype)
+    return (INIT_STD * normal(shape)).astype(dtype)
+
+
 def param(rngs, shape, logical_axes, dtype, *, init="normal"):
-    """A weight of `shape` tagged with one logical axis name per dimension."""
+    """A weight of `shape` tagged with one logical axis name per dimension (and its init kind)."""
     if len(shape) != len(logical_axes):
         raise ValueError(f"shape {shape} needs {len(shape)} logical axes, got {logical_axes}")
-    if init == "ones":
-        value = jnp.ones(shape, dtype)
-    elif init == "zeros":
-        value = jnp.zeros(shape, dtype)
-    else:
-        value = 0.02 * jax.random.normal(rngs.params(), shape, dtype)
-    return nnx.Param(value, logical_axes=tuple(logical_axes))
+    value = initial_value(init, shape, dtype, lambda s: jax.random.normal(rngs.params(), s))
+    return nnx.Param(value, logical_axes=tuple(logical_axes), init=init)
 
 
 def rms_norm(x, weight, eps):
