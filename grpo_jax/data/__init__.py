@@ -13,8 +13,6 @@ Every example is a dict with ``task``, ``question``, ``answer`` and ``solution``
 format of each task.
 """
 
-from grpo_jax.data._procedural import KnobConfig
-from grpo_jax.data._procedural import ProceduralConfig
 from grpo_jax.data._records import decode_example
 from grpo_jax.data._records import split_of
 from grpo_jax.data.arithmetic import Arithmetic

@@ -87,11 +87,11 @@ def select_split(
   """
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  if num == 0:
+    return
   share = test_fraction if split == "test" else 1.0 - test_fraction
   budget = int(20 * num / share) + 1000
   seen = set()
-  if num == 0:
-    return
   for example in itertools.islice(candidates, budget):
     k = key(example)
     if k in seen or split_of(k, test_fraction) != split:

@@ -22,6 +22,7 @@ always correct. The known-good recipe for the trainer demo is 3-digit addition,
 """
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -152,8 +153,13 @@ def generate(config: ArithmeticConfig) -> Iterator[dict[str, Any]]:
     rng = np.random.default_rng([config.seed, index])
     a, op, b = sample_problem(rng, digits=config.digits, ops=config.ops)
     noisy = rng.random() < config.teacher_fraction
-    forget = lambda: noisy and rng.random() < config.forget_carry_p  # pylint: disable=cell-var-from-loop
+    forget = functools.partial(_coin, rng, config.forget_carry_p if noisy else 0.0)
     yield make_example(a, op, b, scratchpad=config.scratchpad, forget=forget)
+
+
+def _coin(rng: np.random.Generator, p: float) -> bool:
+  """True with probability ``p``; draws nothing when ``p == 0``."""
+  return p > 0 and rng.random() < p
 
 
 def example_key(example: dict[str, Any]) -> str:

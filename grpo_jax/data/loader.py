@@ -1,7 +1,8 @@
 """Opening a prepared split for random access, and the grain pipeline on top of it.
 
 Reading needs no TensorFlow: builders write the array_record format and
-``tfds.data_source`` reads it back with random access. The grain pipeline is
+``builder.as_data_source`` (what ``tfds.data_source`` calls) reads it back with
+random access. The grain pipeline is
 
   source -> this process's shard -> shuffle(seed) -> repeat(num_epochs)
          -> decode (+ transform) -> [batch] -> IterDataset
@@ -39,8 +40,12 @@ BUILDERS = {
 
 def data_source(name: str, *, split: str, data_dir: str,
                 config: tfds.core.BuilderConfig | str | None = None,
-                manual_dir: str | None = None) -> Sequence[dict[str, Any]]:
+                manual_dir: str | None = None,
+                prepare: bool = True) -> Sequence[dict[str, Any]]:
   """Prepares the dataset if ``data_dir`` lacks it, then opens ``split`` for random access.
+
+  On several hosts sharing ``data_dir``, prepare once (one process, or a separate
+  run) and open with ``prepare=False`` elsewhere, so processes do not race to write.
 
   Args:
     name: one of ``BUILDERS`` (``"arithmetic"``, ``"reasoning_gym"``, ``"gsm8k"``,
@@ -50,6 +55,8 @@ def data_source(name: str, *, split: str, data_dir: str,
     config: the builder config (an instance, or the name of a predefined one);
       ``None`` picks the builder's default.
     manual_dir: the directory holding the official files (GSM8K, MATH-500).
+    prepare: build the dataset when it is missing; when False a missing dataset is
+      an error.
 
   Returns:
     A random-access sequence of raw records (decode them with ``decode_example``;
@@ -57,14 +64,16 @@ def data_source(name: str, *, split: str, data_dir: str,
   """
   if name not in BUILDERS:
     raise ValueError(f"data name must be one of {sorted(BUILDERS)}, got {name!r}")
-  builder_kwargs = {"file_format": tfds.core.FileFormat.ARRAY_RECORD}
-  if config is not None:
-    builder_kwargs["config"] = config
-  download_config = tfds.download.DownloadConfig(
-      manual_dir=manual_dir, try_download_gcs=False)
-  return tfds.data_source(
-      name, split=split, data_dir=data_dir, builder_kwargs=builder_kwargs,
-      download_and_prepare_kwargs={"download_config": download_config})
+  builder = tfds.builder(name, data_dir=data_dir, config=config,
+                         file_format=tfds.core.FileFormat.ARRAY_RECORD)
+  if not builder.is_prepared():
+    if not prepare:
+      raise FileNotFoundError(
+          f"{builder.data_dir} is not prepared; call data_source(..., "
+          "prepare=True) once first")
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        manual_dir=manual_dir, try_download_gcs=False))
+  return builder.as_data_source(split=split)
 
 
 def make_loader(

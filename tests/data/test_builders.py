@@ -103,3 +103,10 @@ def test_reasoning_gym_config_errors(kwargs, message):
 def test_unknown_dataset_name():
   with pytest.raises(ValueError, match="data name must be one of"):
     data.data_source("gsm9k", split="train", data_dir="/nonexistent")
+
+
+def test_unprepared_source_without_prepare_is_a_clear_error(tmp_path):
+  with pytest.raises(FileNotFoundError, match="is not prepared; call data_source"):
+    data.data_source("arithmetic", split="train", data_dir=str(tmp_path),
+                     config=data.ArithmeticConfig(num_train=5), prepare=False)
+  assert not list(tmp_path.rglob("*.array_record*"))

@@ -27,7 +27,7 @@ def tokenizer(tmp_path_factory):
   fast.chat_template = CHATML
   path = tmp_path_factory.mktemp("tokenizer")
   fast.save_pretrained(path)  # round-trip through disk, as a real checkpoint would be
-  return transformers.AutoTokenizer.from_pretrained(path)
+  return transformers.PreTrainedTokenizerFast.from_pretrained(path)
 
 
 class TestPlain:
