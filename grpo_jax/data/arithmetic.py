@@ -173,9 +173,11 @@ def example_key(example: dict[str, Any]) -> str:
 class Arithmetic(_procedural.ProceduralBuilder):
   """Multi-digit arithmetic with an optional scratchpad (see ``grpo_jax.data.arithmetic``)."""
 
+  # add3_teacher is the SFT warm start of the trainer demo's known-good recipe.
   BUILDER_CONFIGS = [
-      ArithmeticConfig(name="add3", digits=3),
-      ArithmeticConfig(name="add3_teacher", digits=3, teacher_fraction=0.5),
+      ArithmeticConfig(name="add3", digits=3, num_train=20000, num_test=1000),
+      ArithmeticConfig(name="add3_teacher", digits=3, num_train=20000, num_test=1000,
+                       teacher_fraction=0.5, forget_carry_p=1.0),
   ]
 
   def features(self) -> tfds.features.FeaturesDict:

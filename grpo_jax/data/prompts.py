@@ -8,20 +8,16 @@ A prompt is built from an example (see ``_records``) in one of two ways:
 * chat: the tokenizer's own chat template (``tokenizer.apply_chat_template``) over an
   optional system message and one user message, ending with the generation prompt.
 
-Answer formats (what a completion must end with, and what ``solution`` ends with):
+Answer formats (the final answer a completion must give; every ``solution`` gives it):
 
-=================  ==============================  ===================================
-task               final answer                    example
-=================  ==============================  ===================================
-arithmetic         ``#### <integer>``              ``8+6+0=14 ... #### 734``
-basic_arithmetic   ``#### <integer>``              ``#### -97``
-chain_sum          ``#### <integer>``              ``#### 28``
-gsm_symbolic       ``#### <number>``               ``... #### 57``
-gsm8k              ``#### <number>``               ``... #### 72``
-math500            last ``\\boxed{<answer>}``      ``... \\boxed{\\frac{14}{3}}``
-countdown          ``<answer>expression</answer>``  ``<answer>(6 - 2) * 6</answer>``
-rpt                ``\\boxed{<next token(s)>}``    ``\\boxed{fox}``
-=================  ==============================  ===================================
+  arithmetic, chain_sum                     ``#### <integer>`` (at the end)
+  basic_arithmetic, gsm8k, gsm_symbolic     ``#### <number>`` (at the end)
+  math500                                   ``\\boxed{<answer>}`` (the last one counts)
+  countdown                                 ``<answer><expression></answer>``
+  rpt                                       ``\\boxed{<the next token(s)>}``
+
+e.g. arithmetic ``8+6+0=14 7+5+1=13 4+2+1=7 #### 734``, countdown
+``<answer>(6 - 2) * 6</answer>``, rpt ``\\boxed{fox}``.
 """
 
 import dataclasses
