@@ -48,6 +48,8 @@ class ModelConfig:
       dtype: compute dtype of activations and matmuls ("float32", "bfloat16").
       param_dtype: storage dtype of the weights (e.g. float32 master weights).
       remat: recompute each layer's activations in the backward pass.
+      attention_impl: `jax.nn.dot_product_attention`'s implementation: None (XLA, any
+        backend and dtype) or "cudnn" (fused flash attention on NVIDIA GPUs, bf16/fp16).
     """
 
     model_type: str
@@ -79,6 +81,7 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False
+    attention_impl: str | None = None
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:

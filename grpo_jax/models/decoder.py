@@ -116,7 +116,8 @@ class Decoder(nnx.Module):
 
         Equals `objectives.token_logprobs(model(tokens, ...), targets)` without building the
         `[B, T, V]` logits (see `logprobs.chunked_token_logprobs`). Typically `targets` is
-        `tokens` shifted left by one.
+        `tokens` shifted left by one. An MoE trainer that also needs the load-balancing
+        loss calls `hidden_states` and `chunked_token_logprobs` itself.
         """
         hidden, _ = self.hidden_states(tokens, attention_mask=attention_mask, positions=positions)
         return logprobs.chunked_token_logprobs(

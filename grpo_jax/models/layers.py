@@ -146,7 +146,7 @@ class Attention(nnx.Module):
             kv_cache = (k, v)
         out = jax.nn.dot_product_attention(
             q, k.astype(q.dtype), v.astype(q.dtype),
-            mask=mask[:, None], scale=cfg.head_dim**-0.5,
+            mask=mask[:, None], scale=cfg.head_dim**-0.5, implementation=cfg.attention_impl,
         )
         y = jnp.einsum("bsnh,nhd->bsd", out, self.o[...].astype(x.dtype))
         if cfg.o_bias:
