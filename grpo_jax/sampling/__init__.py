@@ -1,0 +1,25 @@
+"""Grouped rollouts in JAX: G completions per prompt with per-token log-probs.
+
+    graphdef, state = nnx.split(model)
+    tokens, mask = pad_prompts(prompt_ids, pad_id=tokenizer.pad_token_id)
+    rollout = generate(graphdef, state, tokens, mask, rng=jax.random.key(0),
+                       method=TopP(0.95, temperature=1.0), group_size=8, max_new_tokens=512,
+                       stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id)
+    rollout.tokens, rollout.logp, rollout.mask        # [P*8, 512]
+
+`python -m grpo_jax.sampling --checkpoint DIR --prompt "..."` samples from a checkpoint.
+"""
+
+from grpo_jax.sampling._buckets import bucket_length
+from grpo_jax.sampling._buckets import pad_prompts
+from grpo_jax.sampling._generate import MAX_NEW_TOKENS
+from grpo_jax.sampling._generate import STOP_TOKEN
+from grpo_jax.sampling._generate import Rollout
+from grpo_jax.sampling._generate import generate
+from grpo_jax.sampling._generate import to_host
+from grpo_jax.sampling._methods import Greedy
+from grpo_jax.sampling._methods import MinP
+from grpo_jax.sampling._methods import Temperature
+from grpo_jax.sampling._methods import TopK
+from grpo_jax.sampling._methods import TopP
+from grpo_jax.sampling._methods import sample

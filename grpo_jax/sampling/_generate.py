@@ -1,0 +1,229 @@
+"""Grouped rollouts: prefill each prompt once, then decode G completions in a `lax.while_loop`.
+
+B = P*G rows, the G completions of a prompt consecutive (DESIGN.md's batch layout). The
+prompts are prefilled once per prompt (not per completion) and the KV cache is repeated
+G times. Everything that varies per call (sampling parameters, max_new_tokens, stop ids,
+pad id, the weights) is an array argument of one jitted function; only shapes (P, S, the
+completion buffer N, the number of stop ids), G, the method's kind and the model
+structure select a compilation.
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+from jax.experimental import multihost_utils
+
+from grpo_jax.models import KVCache, sharding
+from grpo_jax.objectives import token_logprobs
+from grpo_jax.sampling._buckets import bucket_length
+from grpo_jax.sampling._methods import sample
+
+# Rollout.stop_reason codes.
+STOP_TOKEN = 0  # sampled one of stop_tokens (it is the last token of the completion)
+MAX_NEW_TOKENS = 1  # reached max_new_tokens without a stop token (truncated)
+
+
+@struct.dataclass
+class Rollout:
+    """G completions per prompt, the G rows of a prompt consecutive (B = P*G).
+
+    Attributes:
+      prompt_tokens: `[B, S]` int32 left-padded prompts (each repeated G times).
+      prompt_mask: `[B, S]` int32, 1 on prompt tokens.
+      tokens: `[B, N]` int32 completion tokens, `pad_id` after the last one. N is the
+        completion buffer (a bucket >= max_new_tokens).
+      logp: `[B, N]` float32 log-prob of each token under the model at temperature 1
+        (the behaviour log-prob the trainer's ratio uses); 0 where mask is 0.
+      sample_logp: `[B, N]` float32 log-prob under the sampling distribution that drew
+        it (0 for greedy); 0 where mask is 0.
+      mask: `[B, N]` int32, 1 on generated tokens up to and including the stop token.
+      lengths: `[B]` int32 completion lengths (mask.sum(-1)).
+      truncated: `[B]` bool, hit max_new_tokens without a stop token.
+      stop_reason: `[B]` int32, `STOP_TOKEN` (0) or `MAX_NEW_TOKENS` (1).
+    """
+
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    tokens: jax.Array
+    logp: jax.Array
+    sample_logp: jax.Array
+    mask: jax.Array
+    lengths: jax.Array
+    truncated: jax.Array
+    stop_reason: jax.Array
+
+
+@struct.dataclass
+class _Loop:
+    """The `lax.while_loop` carry."""
+
+    step: jax.Array  # [] int32, tokens sampled so far = the next column to write
+    cache: KVCache  # [B, S + N] slots
+    logits: jax.Array  # [B, V] float32, logits of the next token
+    tokens: jax.Array  # [B, N] int32
+    logp: jax.Array  # [B, N] float32
+    sample_logp: jax.Array  # [B, N] float32
+    done: jax.Array  # [B] bool, the row has sampled a stop token
+    lengths: jax.Array  # [B] int32, tokens generated per row (the stop token included)
+
+
+def _batch_axes(mesh, rules):
+    """The mesh axes the rows are split over: every axis the weights' rules do not use."""
+    used = {a for entry in sharding.get_rules(rules).values() for a in sharding._mesh_axes(entry)}
+    return tuple(a for a in mesh.axis_names if a not in used)
+
+
+def _shard_rows(tree, batch_axes):
+    """Constrains every array's leading (row) axis to `batch_axes`, the rest left to XLA."""
+    if not batch_axes:
+        return tree
+
+    def constrain(x):
+        if x.ndim == 0:
+            return x
+        spec = jax.P(batch_axes, *[jax.P.UNCONSTRAINED] * (x.ndim - 1))
+        return jax.lax.with_sharding_constraint(x, spec)
+
+    return jax.tree.map(constrain, tree)
+
+
+def _weights_in(state, rules):
+    """The weights in the sampling layout (whole on each `tensor` group, so the loop does
+    not gather them every step); a no-op when they already are."""
+    def constrain(variable):
+        spec = sharding.logical_to_spec(variable.get_metadata()["logical_axes"], rules)
+        return variable.replace(jax.lax.with_sharding_constraint(variable.get_value(), spec))
+
+    return jax.tree.map(constrain, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _sample_column(loop, rng, method, stop_tokens, pad_id):
+    """Samples column `loop.step` from `loop.logits`; finished rows get pad_id and zeros."""
+    token_b, sample_logp_b = sample(method, jax.random.fold_in(rng, loop.step), loop.logits)
+    live_b = ~loop.done
+    token_b = jnp.where(live_b, token_b, pad_id)
+    logp_b = jnp.where(live_b, token_logprobs(loop.logits, token_b), 0.0)
+    sample_logp_b = jnp.where(live_b, sample_logp_b, 0.0)
+
+    def put(buf_bn, col_b):
+        return jax.lax.dynamic_update_slice_in_dim(buf_bn, col_b[:, None], loop.step, axis=1)
+
+    return loop.replace(
+        step=loop.step + 1,
+        tokens=put(loop.tokens, token_b),
+        logp=put(loop.logp, logp_b),
+        sample_logp=put(loop.sample_logp, sample_logp_b),
+        done=loop.done | (live_b & jnp.isin(token_b, stop_tokens)),
+        lengths=loop.lengths + live_b,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "rules"))
+def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tokens, pad_id,
+              max_new_tokens, *, group_size, buffer_len, rules):
+    mesh = jax.sharding.get_abstract_mesh()
+    batch_axes = () if mesh.empty else _batch_axes(mesh, rules)
+    if not mesh.empty:
+        state = _weights_in(state, rules)
+    p, s = prompt_tokens.shape
+    model = nnx.merge(graphdef, state)
+    cache = model.init_cache(p, s + buffer_len)
+    logits_pv, cache = model.prefill(prompt_tokens, cache, attention_mask=prompt_mask)
+
+    def repeat(x):
+        return x if x.ndim == 0 else jnp.repeat(x, group_size, axis=0)
+
+    b = p * group_size
+    cache, logits_bv, prompt_tokens, prompt_mask = _shard_rows(
+        jax.tree.map(repeat, (cache, logits_pv, prompt_tokens, prompt_mask)), batch_axes
+    )
+    zeros_bn = jnp.zeros((b, buffer_len), jnp.float32)
+    loop = _Loop(
+        step=jnp.zeros((), jnp.int32), cache=cache, logits=logits_bv,
+        tokens=jnp.full((b, buffer_len), pad_id, jnp.int32), logp=zeros_bn, sample_logp=zeros_bn,
+        done=jnp.zeros((b,), bool), lengths=jnp.zeros((b,), jnp.int32),
+    )
+    step = functools.partial(_sample_column, rng=rng, method=method, stop_tokens=stop_tokens, pad_id=pad_id)
+    loop = step(loop)
+
+    def cond(loop):
+        return (loop.step < jnp.minimum(max_new_tokens, buffer_len)) & ~jnp.all(loop.done)
+
+    def body(loop):
+        last_b = jax.lax.dynamic_index_in_dim(loop.tokens, loop.step - 1, axis=1, keepdims=False)
+        logits_bv, cache = nnx.merge(graphdef, state).decode_step(last_b, loop.cache)
+        return step(_shard_rows(loop.replace(logits=logits_bv, cache=cache), batch_axes))
+
+    loop = jax.lax.while_loop(cond, body, loop)
+    mask_bn = (jnp.arange(buffer_len)[None, :] < loop.lengths[:, None]).astype(jnp.int32)
+    return Rollout(
+        prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=loop.tokens, logp=loop.logp,
+        sample_logp=loop.sample_logp, mask=mask_bn, lengths=loop.lengths, truncated=~loop.done,
+        stop_reason=jnp.where(loop.done, STOP_TOKEN, MAX_NEW_TOKENS).astype(jnp.int32),
+    )
+
+
+def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size, max_new_tokens,
+             stop_tokens, pad_id, max_len_bucket=None, rules="sampling"):
+    """Samples `group_size` completions of every prompt.
+
+    Under a mesh (`jax.set_mesh`), the rows are split over every mesh axis `rules` does
+    not use (with the "sampling" rules: all but "tensor") and the weights are resharded
+    on device to `rules`, once, before the loop. The same `rng` gives the same tokens on
+    any mesh (threefry random bits do not depend on the sharding).
+
+    Args:
+      graphdef, state: `nnx.split(model)` of a `models.Decoder`; `state` may be the
+        trainer's live (sharded) weights.
+      prompt_tokens: `[P, S]` int32 left-padded prompts (see `pad_prompts`).
+      prompt_mask: `[P, S]` 1 on prompt tokens; every row needs at least one.
+      rng: a PRNG key; step t draws with `fold_in(rng, t)`.
+      method: `Greedy()`, `Temperature(t)`, `TopK(k, t)`, `TopP(p, t)` or `MinP(p, t)`.
+      group_size: G, completions per prompt (static).
+      max_new_tokens: the most tokens per completion, an int or a scalar array in
+        [1, N]; a new value does not recompile.
+      stop_tokens: ids that end a completion (e.g. `[eos]`), `[K]` ints; may be empty.
+      pad_id: written after a completion's last token.
+      max_len_bucket: N, the static completion buffer (`Rollout.tokens` is `[B, N]`);
+        default `bucket_length(max_new_tokens)`, a power of two.
+      rules: the weights' sharding rule set while sampling (`models.RULE_SETS`).
+
+    Returns:
+      A `Rollout` of device arrays, rows sharded like the batch; `to_host` gathers it.
+    """
+    p, s = np.shape(prompt_tokens)
+    if np.shape(prompt_mask) != (p, s):
+        raise ValueError(f"prompt_mask has shape {np.shape(prompt_mask)}; it must match prompt_tokens {(p, s)}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    concrete = not isinstance(max_new_tokens, jax.core.Tracer) and np.ndim(max_new_tokens) == 0
+    if max_len_bucket is None:
+        if not concrete:
+            raise ValueError("max_len_bucket is required when max_new_tokens is an array")
+        max_len_bucket = bucket_length(int(max_new_tokens))
+    if concrete and not 1 <= int(max_new_tokens) <= max_len_bucket:
+        raise ValueError(f"max_new_tokens must be in [1, max_len_bucket={max_len_bucket}], got {max_new_tokens}")
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        ways = math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
+        if (p * group_size) % ways:
+            raise ValueError(
+                f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes ({ways} ways); "
+                f"use a number of prompts times group_size that is a multiple of {ways}"
+            )
+    return _generate(
+        graphdef, state, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_mask, jnp.int32), rng,
+        method, jnp.asarray(stop_tokens, jnp.int32).reshape(-1), jnp.asarray(pad_id, jnp.int32),
+        jnp.asarray(max_new_tokens, jnp.int32), group_size=group_size, buffer_len=int(max_len_bucket),
+        rules=rules,
+    )
+
+
+def to_host(rollout):
+    """The whole `Rollout` as numpy arrays on every host, gathered once
+    (`multihost_utils.process_allgather`; on one host simply a copy to host memory)."""
+    return multihost_utils.process_allgather(rollout, tiled=True)
