@@ -50,10 +50,11 @@ def aggregate(loss, mask, *, mode, num_tokens=None, num_seqs=None, norm_len=None
     masked = jnp.where(valid, loss.astype(jnp.promote_types(loss.dtype, jnp.float32)), 0.0)
     num_seqs = loss.shape[0] if num_seqs is None else num_seqs
     if mode == "token-mean":
-        num_tokens = jnp.sum(valid) if num_tokens is None else num_tokens
+        # A float sum of the mask fuses with the loss sum; a bool count costs its own pass.
+        num_tokens = jnp.sum(valid, dtype=jnp.float32) if num_tokens is None else num_tokens
         return jnp.sum(masked) / jnp.maximum(num_tokens, 1)
     if mode == "seq-mean-token-mean":
-        row_lengths = jnp.maximum(jnp.sum(valid, axis=-1), 1)
+        row_lengths = jnp.maximum(jnp.sum(valid, axis=-1, dtype=jnp.float32), 1)
         return jnp.sum(jnp.sum(masked, axis=-1) / row_lengths) / num_seqs
     if mode == "seq-mean-token-sum":
         return jnp.sum(masked) / num_seqs
