@@ -153,3 +153,27 @@ def sample(method, rng, logits_bv):
     logp_bv = method.log_probs(logits_bv)
     tokens_b = jax.random.categorical(rng, logp_bv, axis=-1).astype(jnp.int32)
     return tokens_b, jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0]
+
+
+def make_method(*, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0):
+    """The method that command-line or config knobs describe (one cut at most).
+
+    temperature 0 is `Greedy()`; otherwise `top_k > 0`, `top_p < 1` or `min_p > 0` picks
+    `TopK`, `TopP` or `MinP` at that temperature, and none of them `Temperature`.
+
+    Example:
+      >>> make_method(temperature=0.7, top_p=0.95)
+      TopP(p=array(0.95, dtype=float32), temperature=array(0.7, dtype=float32))
+    """
+    cuts = {"top_k": top_k > 0, "top_p": top_p < 1, "min_p": min_p > 0}
+    if sum(cuts.values()) > 1:
+        raise ValueError(f"set at most one of top_k, top_p, min_p; got {[k for k, on in cuts.items() if on]}")
+    if temperature == 0:
+        return Greedy()
+    if cuts["top_k"]:
+        return TopK(top_k, temperature=temperature, max_k=max(64, top_k))
+    if cuts["top_p"]:
+        return TopP(top_p, temperature=temperature)
+    if cuts["min_p"]:
+        return MinP(min_p, temperature=temperature)
+    return Temperature(temperature)

@@ -1,0 +1,82 @@
+"""sample_texts() and `python -m grpo_jax.sampling` on a saved checkpoint with a tokenizer."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import tokenizers
+import transformers
+from flax import nnx
+
+from grpo_jax import models, sampling
+
+PROMPTS = ["the cat", "a dog ran"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny random qwen3 with a character tokenizer (id 1 = <eos>), saved as HF files."""
+    chars = "abcdefghijklmnopqrstuvwxyz "
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    model = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    model.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    model.decoder = tokenizers.decoders.Fuse()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=model, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    cfg = dataclasses.replace(
+        models.get_model_config("tiny"), vocab_size=len(vocab), d_model=64, n_layers=2, eos_token_id=1
+    )
+    path = str(tmp_path_factory.mktemp("ckpt"))
+    models.save_pretrained(models.init_model(cfg, seed=1), path, tokenizer=tokenizer)
+    return path
+
+
+def test_greedy_texts_decode_the_generated_tokens(checkpoint):
+    model, tokenizer = models.from_pretrained(checkpoint)
+    texts = sampling.sample_texts(model, tokenizer, PROMPTS, num_samples=2, max_new_tokens=12)
+    assert len(texts) == 2 and all(len(group) == 2 for group in texts)
+    assert texts[0][0] == texts[0][1]  # greedy: a group's samples agree
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    tokens, mask = sampling.pad_prompts(ids, pad_id=0)
+    rollout = sampling.to_host(sampling.generate(
+        *nnx.split(model), tokens, mask, rng=jax.random.key(0), method=sampling.Greedy(),
+        group_size=1, max_new_tokens=12, stop_tokens=[1], pad_id=0,
+    ))
+    for (text, _), row, n in zip(texts, rollout.tokens, rollout.lengths):
+        assert text == tokenizer.decode(row[:n], skip_special_tokens=True)
+    assert np.all(rollout.lengths >= 1)
+
+
+@pytest.mark.slow
+def test_command_line_prints_what_sample_texts_returns(checkpoint):
+    model, tokenizer = models.from_pretrained(checkpoint)
+    expected = sampling.sample_texts(
+        model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=10,
+        method=sampling.make_method(temperature=0.8, top_p=0.9), seed=5,
+    )
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")  # one device, as a user runs it
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo_jax.sampling", f"--checkpoint={checkpoint}",
+         f"--prompt={PROMPTS[0]}", f"--prompt={PROMPTS[1]}", "--num_samples=3",
+         "--max_new_tokens=10", "--temperature=0.8", "--top_p=0.9", "--seed=5"],
+        capture_output=True, text=True, env=env, check=True, timeout=300,
+    ).stdout
+    lines = [f"=== prompt {i}: {p!r}" for i, p in enumerate(PROMPTS)]
+    assert all(line in out for line in lines)
+    for i, group in enumerate(expected):
+        block = out.split(lines[i])[1].split("=== prompt")[0]
+        assert block.strip() == "\n".join(f"--- sample {j}\n{t}" for j, t in enumerate(group)).strip()
+
+
+def test_make_method():
+    assert isinstance(sampling.make_method(temperature=0), sampling.Greedy)
+    assert isinstance(sampling.make_method(top_k=100), sampling.TopK)
+    assert isinstance(sampling.make_method(min_p=0.1), sampling.MinP)
+    assert isinstance(sampling.make_method(temperature=0.5), sampling.Temperature)
+    with pytest.raises(ValueError, match="at most one of top_k, top_p, min_p"):
+        sampling.make_method(top_k=5, top_p=0.9)
