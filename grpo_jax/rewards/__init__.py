@@ -12,8 +12,14 @@ from grpo_jax.rewards._math import answers_match
 from grpo_jax.rewards._math import gsm8k_reward
 from grpo_jax.rewards._math import math_reward
 from grpo_jax.rewards._normalise import normalise_answer
+from grpo_jax.rewards._pool import GraderPool
+from grpo_jax.rewards._pool import Outcome
 from grpo_jax.rewards._registry import Reward
 from grpo_jax.rewards._registry import get_reward
 from grpo_jax.rewards._registry import register
 from grpo_jax.rewards._registry import reward_names
 from grpo_jax.rewards._registry import unregister
+from grpo_jax.rewards._scoring import RewardSpec
+from grpo_jax.rewards._scoring import as_specs
+from grpo_jax.rewards._scoring import score_batch
+from grpo_jax.rewards._scoring import spec_weights

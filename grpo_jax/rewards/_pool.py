@@ -1,0 +1,178 @@
+"""A process pool for graders that may hang, with a time budget per call.
+
+`concurrent.futures` cannot stop one hung task (sympy can spin for hours inside a
+single big-integer power, holding the GIL, deaf to signals). Here every worker is a
+process with its own pipe: a call past its budget gets its worker killed and replaced,
+and the row scores 0 with status "timeout"; a call that raises scores 0 with status
+"error"; a worker that dies is replaced. The pool itself never raises for a grader.
+
+Workers come from a forkserver that has already imported `grpo_jax.rewards`, so a
+replacement starts in milliseconds and never forks the (multithreaded) trainer process.
+"""
+
+import collections
+import dataclasses
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import time
+from typing import Callable, Literal, Sequence
+
+Status = Literal["ok", "error", "timeout"]
+_STARTUP_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The result of one grader call: the reward (0.0 unless status is "ok") and what happened."""
+
+    value: float
+    status: Status
+    detail: str = ""
+
+
+def error_outcome(error: BaseException) -> Outcome:
+    """A 0.0 "error" outcome that names the exception."""
+    return Outcome(0.0, "error", f"{type(error).__name__}: {error}")
+
+
+def to_outcome(value: object) -> Outcome:
+    """A grader's return value as an Outcome; a non-finite value is an "error"."""
+    value = float(value)
+    if not math.isfinite(value):
+        return Outcome(0.0, "error", f"non-finite reward {value}")
+    return Outcome(value, "ok")
+
+
+def run_contained(fn: Callable[..., object], args: tuple, kwargs: dict) -> Outcome:
+    """Calls `fn(*args, **kwargs)`; an exception or a non-finite value becomes a 0.0 "error"."""
+    try:
+        return to_outcome(fn(*args, **kwargs))
+    except Exception as error:  # a grader bug must not stop training
+        return error_outcome(error)
+
+
+def _worker_main(conn) -> None:
+    conn.send("ready")
+    while True:
+        try:
+            fn, args, kwargs = conn.recv()
+        except EOFError:  # the pool closed its end
+            return
+        except Exception as error:  # the grader could not be unpickled, e.g. not importable
+            conn.send(error_outcome(error))
+            continue
+        conn.send(run_contained(fn, args, kwargs))
+
+
+class _Worker:
+    def __init__(self, context):
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(target=_worker_main, args=(child_conn,), daemon=True)
+        self.process.start()
+        child_conn.close()
+        try:
+            started = self.conn.poll(_STARTUP_TIMEOUT_S) and self.conn.recv() == "ready"
+        except EOFError:  # it died while starting; its traceback is on stderr
+            started = False
+        if not started:
+            self.kill()
+            raise RuntimeError(f"a grader worker failed to start within {_STARTUP_TIMEOUT_S} s; see its error above")
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+class GraderPool:
+    """Runs a grader over many rows in worker processes, each call under `timeout_s`.
+
+    Args:
+      num_workers: worker processes; defaults to min(8, CPU count).
+      timeout_s: budget per call, from when the row is handed to a worker.
+
+    Example:
+      >>> with GraderPool(2, timeout_s=5.0) as pool:
+      ...     outcomes = pool.map(math_reward, [(prompt, completion, example)])
+      >>> outcomes[0].status
+      'ok'
+    """
+
+    def __init__(self, num_workers: int | None = None, *, timeout_s: float = 10.0):
+        num_workers = num_workers or min(8, os.cpu_count() or 1)
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self.replaced_workers = 0  # hung or dead workers killed and replaced, over the pool's life
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(["grpo_jax.rewards"])
+        self._workers = [_Worker(self._context) for _ in range(num_workers)]
+
+    def map(self, fn: Callable[..., object], calls: Sequence[tuple], kwargs: dict | None = None) -> list[Outcome]:
+        """`[fn(*args, **kwargs) for args in calls]` as Outcomes, in order, never raising for `fn`.
+
+        `fn` must be importable by name (a module-level function), as for any process pool.
+        """
+        kwargs = dict(kwargs or {})
+        outcomes: list[Outcome | None] = [None] * len(calls)
+        waiting = collections.deque(range(len(calls)))
+        idle = list(self._workers)
+        running: dict[_Worker, tuple[int, float]] = {}  # worker -> (row, deadline)
+        while waiting or running:
+            while waiting and idle:
+                row, worker = waiting.popleft(), idle.pop()
+                try:
+                    worker.conn.send((fn, calls[row], kwargs))
+                except OSError:  # died while idle: replace, retry the row
+                    idle.append(self._replace(worker))
+                    waiting.appendleft(row)
+                    continue
+                except Exception as error:  # could not pickle the call; nothing was sent
+                    outcomes[row] = error_outcome(error)
+                    idle.append(worker)
+                    continue
+                running[worker] = (row, time.monotonic() + self.timeout_s)
+            if not running:
+                continue
+            next_deadline = min(deadline for _, deadline in running.values())
+            by_conn = {worker.conn: worker for worker in running}
+            ready = multiprocessing.connection.wait(list(by_conn), max(0.0, next_deadline - time.monotonic()))
+            for conn in ready:
+                worker = by_conn[conn]
+                row, _ = running.pop(worker)
+                try:
+                    outcomes[row] = conn.recv()
+                    idle.append(worker)
+                except (EOFError, OSError):  # the worker died mid-call (crash, OOM kill)
+                    outcomes[row] = Outcome(0.0, "error", "grader worker died")
+                    idle.append(self._replace(worker))
+            now = time.monotonic()
+            for worker, (row, deadline) in list(running.items()):
+                if deadline <= now:
+                    del running[worker]
+                    outcomes[row] = Outcome(0.0, "timeout", f"over {self.timeout_s} s")
+                    idle.append(self._replace(worker))
+        return outcomes
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        worker.kill()
+        self.replaced_workers += 1
+        fresh = _Worker(self._context)
+        self._workers[self._workers.index(worker)] = fresh
+        return fresh
+
+    def close(self) -> None:
+        """Kills every worker; the pool cannot be used afterwards."""
+        for worker in self._workers:
+            worker.kill()
+        self._workers = []
+
+    def __enter__(self) -> "GraderPool":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -1,0 +1,186 @@
+"""The batch scorer and the grader pool: combining rewards, containing graders that hang or raise."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from grpo_jax import rewards
+
+
+# Graders for the pool must be importable by name, so they live at module level.
+def hanging_grader(prompt, completion, example):
+    if completion == "hang":
+        time.sleep(3600)
+    return 1.0
+
+
+def spinning_grader(prompt, completion, example):
+    if completion == "hang":
+        while True:  # holds the GIL, deaf to signals, like a runaway sympy power
+            pass
+    return 1.0
+
+
+def raising_grader(prompt, completion, example):
+    if completion == "raise":
+        raise RuntimeError("grader bug")
+    return 1.0
+
+
+def crashing_grader(prompt, completion, example):
+    if completion == "crash":
+        os._exit(3)  # the worker process dies mid-call
+    return 1.0
+
+
+def nan_grader(prompt, completion, example):
+    return float("nan") if completion == "nan" else 1.0
+
+
+def length_grader(prompt, completion, example, *, scale=1.0):
+    return scale * len(completion)
+
+
+@pytest.fixture
+def registered():
+    """Registers the test graders for the duration of one test."""
+    entries = {
+        "test_hanging": (hanging_grader, "pool"),
+        "test_spinning": (spinning_grader, "pool"),
+        "test_raising": (raising_grader, "pool"),
+        "test_raising_inline": (raising_grader, "inline"),
+        "test_crashing": (crashing_grader, "pool"),
+        "test_nan": (nan_grader, "inline"),
+        "test_length": (length_grader, "inline"),
+        "test_batch_raising": (lambda prompts, completions, examples: 1 / 0, "batch"),
+        "test_batch_wrong_shape": (lambda prompts, completions, examples: np.ones(3), "batch"),
+    }
+    for name, (fn, where) in entries.items():
+        rewards.register(name, where=where)(fn)
+    yield
+    for name in entries:
+        rewards.unregister(name)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with rewards.GraderPool(2, timeout_s=1.0) as grader_pool:
+        yield grader_pool
+
+
+def _score(names_weights, completions, **kwargs):
+    n = len(completions)
+    return rewards.score_batch(
+        rewards.as_specs(names_weights), ["p"] * n, completions, [{"answer": "1"}] * n, **kwargs
+    )
+
+
+class TestContainment:
+    @pytest.mark.slow
+    @pytest.mark.parametrize("name", ["test_hanging", "test_spinning"])
+    def test_hung_grader_times_out_and_pool_survives(self, registered, pool, name):
+        replaced = pool.replaced_workers
+        start = time.monotonic()
+        values, metrics = _score([(name, 1.0)], ["ok", "hang", "ok", "hang", "ok"], pool=pool)
+        assert time.monotonic() - start < 6.0  # two budgets of 1 s on 2 workers, plus restarts
+        np.testing.assert_array_equal(values, [1.0, 0.0, 1.0, 0.0, 1.0])
+        assert metrics["reward_timeouts"] == 2.0 and metrics[f"reward_timeouts/{name}"] == 2.0
+        assert metrics["reward_errors"] == 0.0
+        assert pool.replaced_workers == replaced + 2
+        # The replaced workers serve the next batch normally.
+        values, metrics = _score([(name, 1.0)], ["ok"] * 4, pool=pool)
+        np.testing.assert_array_equal(values, [1.0] * 4)
+        assert metrics["reward_timeouts"] == 0.0
+
+    @pytest.mark.parametrize("name", ["test_raising", "test_raising_inline"])
+    def test_raising_grader_scores_zero_and_counts(self, registered, pool, name):
+        values, metrics = _score([(name, 1.0)], ["ok", "raise", "raise"], pool=pool)
+        np.testing.assert_array_equal(values, [1.0, 0.0, 0.0])
+        assert metrics["reward_errors"] == 2.0 and metrics[f"reward_errors/{name}"] == 2.0
+        assert metrics["reward_timeouts"] == 0.0
+
+    def test_raising_pool_grader_without_pool_is_contained(self, registered):
+        values, metrics = _score([("test_raising", 1.0)], ["raise", "ok"])
+        np.testing.assert_array_equal(values, [0.0, 1.0])
+        assert metrics["reward_errors"] == 1.0
+
+    def test_crashed_worker_is_replaced(self, registered, pool):
+        replaced = pool.replaced_workers
+        values, metrics = _score([("test_crashing", 1.0)], ["crash", "ok", "ok"], pool=pool)
+        np.testing.assert_array_equal(values, [0.0, 1.0, 1.0])
+        assert metrics["reward_errors"] == 1.0
+        assert pool.replaced_workers == replaced + 1
+
+    def test_non_finite_reward_is_an_error(self, registered):
+        values, metrics = _score([("test_nan", 1.0)], ["nan", "ok"])
+        np.testing.assert_array_equal(values, [0.0, 1.0])
+        assert metrics["reward_errors"] == 1.0
+
+    def test_failing_batch_reward_zeroes_its_column(self, registered):
+        for name in ["test_batch_raising", "test_batch_wrong_shape"]:
+            values, metrics = _score([(name, 1.0), ("test_length", 1.0)], ["a", "bb"])
+            np.testing.assert_array_equal(values, [1.0, 2.0])
+            assert metrics[f"reward_errors/{name}"] == 2.0
+
+    def test_unpicklable_grader_is_an_error(self, pool):
+        outcomes = pool.map(lambda *args: 1.0, [("p", "c", {})])
+        assert outcomes[0].status == "error" and outcomes[0].value == 0.0
+
+
+class TestCombine:
+    def test_weighted_sum(self, registered):
+        values, metrics = _score([("test_length", 0.5), ("test_nan", 2.0)], ["a", "abcd", "nan"])
+        np.testing.assert_allclose(values, [0.5 * 1 + 2.0, 0.5 * 4 + 2.0, 0.5 * 3 + 0.0])
+        assert values.dtype == np.float32 and values.shape == (3,)
+        assert metrics["rewards/test_length"] == pytest.approx(8 / 3)
+
+    def test_separate_columns_are_unweighted(self, registered):
+        specs = rewards.as_specs([("test_length", 0.5), ("test_nan", 2.0)])
+        values, _ = rewards.score_batch(specs, ["p"] * 2, ["a", "nan"], [{}] * 2, combine="separate")
+        np.testing.assert_array_equal(values, [[1.0, 1.0], [3.0, 0.0]])
+        assert values.dtype == np.float32
+        np.testing.assert_array_equal(rewards.spec_weights(specs), [0.5, 2.0])
+
+    def test_options_reach_the_reward(self, registered):
+        values, _ = _score([("test_length", 1.0, {"scale": 10.0})], ["abc"])
+        np.testing.assert_array_equal(values, [30.0])
+
+    def test_completion_lengths_are_added_to_examples(self, registered):
+        rewards.register("test_read_length")(lambda p, c, example: example["completion_length"])
+        try:
+            values, _ = _score([("test_read_length", 1.0)], ["a", "b"], completion_lengths=np.array([7, 9]))
+        finally:
+            rewards.unregister("test_read_length")
+        np.testing.assert_array_equal(values, [7.0, 9.0])
+
+
+class TestValidation:
+    def test_unknown_reward_lists_known_names(self):
+        with pytest.raises(KeyError, match="registered rewards: .*countdown"):
+            rewards.as_specs([("mathh", 1.0)])
+
+    def test_duplicate_reward(self):
+        with pytest.raises(ValueError, match="appears 2 times"):
+            rewards.as_specs([("math", 1.0), ("math", 0.5)])
+
+    def test_empty_specs(self):
+        with pytest.raises(ValueError, match="at least one reward"):
+            rewards.as_specs([])
+
+    def test_row_count_mismatch(self):
+        with pytest.raises(ValueError, match="one entry per row"):
+            rewards.score_batch(rewards.as_specs([("countdown", 1.0)]), ["p"], ["c", "d"], [{}])
+
+    def test_bad_combine(self):
+        with pytest.raises(ValueError, match="combine must be"):
+            rewards.score_batch(rewards.as_specs([("countdown", 1.0)]), [], [], [], combine="mean")
+
+    def test_register_twice(self):
+        with pytest.raises(ValueError, match="already registered"):
+            rewards.register("math")(lambda p, c, e: 0.0)
+
+    def test_pool_arguments(self):
+        with pytest.raises(ValueError, match="timeout_s must be > 0"):
+            rewards.GraderPool(1, timeout_s=0)
