@@ -1,0 +1,190 @@
+"""Generation throughput of grpo_jax.sampling on CPU, beside transformers' PyTorch generate.
+
+    python experiments/bench_sampler.py            # B in {16, 64, 256} x new tokens in {128, 512} (issue 4)
+    python experiments/bench_sampler.py --quick    # B=16, 16 new tokens, 1 repeat: a smoke run
+
+The model is the named "tiny" config (qwen3: V=512, D=128, 3 layers, float32), randomly
+initialised, saved with save_pretrained and loaded by both libraries from that directory.
+Each batch is B/8 prompts of 32 random tokens x G=8 completions (transformers:
+num_return_sequences=8), ancestral sampling at temperature 1 (no top-k / top-p), no stop
+token, so every row generates exactly the requested number of tokens. tokens/s = B *
+new tokens / wall time of one generate call (prefill included), median over --repeats
+rounds; compilation and warm-up excluded; within a round the two libraries run back to
+back, so load from other processes falls on both alike.
+
+A second table measures how far the sampler's behaviour log-probs (`Rollout.logp`) are
+from a teacher-forced forward pass over the same tokens, in float32 and in bfloat16.
+"""
+
+import argparse
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from grpo_jax import models, sampling  # noqa: E402  (runs from a checkout, uninstalled)
+from grpo_jax.objectives import token_logprobs  # noqa: E402
+
+GROUP_SIZE = 8
+PROMPT_LEN = 32
+
+
+def header(argv):
+    cpu = re.search(r"model name\s*:\s*(.*)", pathlib.Path("/proc/cpuinfo").read_text())
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "grpo_jax/sampling"],
+                           capture_output=True, text=True).stdout.strip()
+    torch = _torch()
+    print(f"# bench_sampler  commit {commit or '?'}{' (sampling/ modified)' if dirty else ''}  "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"# CPU {cpu.group(1) if cpu else platform.processor()}, {os.cpu_count()} cores, no GPU; python "
+          f"{platform.python_version()}, jax {jax.__version__} ({jax.default_backend()}, "
+          f"{jax.device_count()} device(s)), torch {torch.__version__ if torch else 'not installed'}"
+          f" ({torch.get_num_threads() if torch else 0} threads)")
+    print(f"# command: python experiments/bench_sampler.py {' '.join(argv)}".rstrip())
+    print(f"# load average at start {os.getloadavg()[0]:.1f} (other processes share the cores)\n")
+
+
+def _torch():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def table(title, columns, rows):
+    print(title)
+    widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows)]
+    for cells in [columns, ["-" * w for w in widths], *rows]:
+        print("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+    print()
+
+
+def prompts(batch, vocab_size):
+    """`[B/G, PROMPT_LEN]` random prompt ids (no padding)."""
+    rng = np.random.default_rng(0)
+    return rng.integers(0, vocab_size, size=(batch // GROUP_SIZE, PROMPT_LEN)).astype(np.int32)
+
+
+def ours(graphdef, state, ids, new_tokens, seed):
+    rollout = sampling.generate(
+        graphdef, state, ids, np.ones_like(ids), rng=jax.random.key(seed), method=sampling.Temperature(1.0),
+        group_size=GROUP_SIZE, max_new_tokens=new_tokens, stop_tokens=[], pad_id=0,
+    )
+    jax.block_until_ready(rollout)
+    assert int(rollout.lengths.min()) == new_tokens
+    return rollout
+
+
+def transformers_generate(torch, torch_model, ids, new_tokens, seed):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=torch.tensor(ids).long(), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=GROUP_SIZE,
+            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
+        )
+    assert out.shape == (ids.shape[0] * GROUP_SIZE, PROMPT_LEN + new_tokens)
+    return out
+
+
+def seconds(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_throughput(path, batches, lengths, repeats):
+    model, _ = models.from_pretrained(path)
+    graphdef, state = nnx.split(model)
+    torch = _torch()
+    torch_model = None
+    if torch is not None:
+        import transformers
+        torch_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    rows = []
+    for batch in batches:
+        for new in lengths:
+            ids = prompts(batch, model.cfg.vocab_size)
+            compile_s = seconds(lambda: ours(graphdef, state, ids, new, 0))
+            if torch_model is not None:
+                transformers_generate(torch, torch_model, ids, new, 0)  # warm-up
+            t_ours, t_hf = [], []
+            for r in range(repeats):
+                t_ours.append(seconds(lambda: ours(graphdef, state, ids, new, r + 1)))
+                if torch_model is not None:
+                    t_hf.append(seconds(lambda: transformers_generate(torch, torch_model, ids, new, r + 1)))
+            ours_tps = batch * new / np.median(t_ours)
+            hf_tps = batch * new / np.median(t_hf) if t_hf else float("nan")
+            rows.append([batch, new, f"{ours_tps:,.0f}", f"{hf_tps:,.0f}", f"{ours_tps / hf_tps:.2f}x",
+                         f"{compile_s:.1f}"])
+            print(f"  B={batch} new={new}: ours {ours_tps:,.0f} tok/s, transformers {hf_tps:,.0f} tok/s",
+                  file=sys.stderr, flush=True)
+    table(
+        f"1. generation tokens/s, tiny model (float32), G={GROUP_SIZE}, prompt {PROMPT_LEN} tokens, "
+        f"median of {repeats}",
+        ["B", "new tokens", "grpo_jax tok/s", "transformers tok/s", "ratio", "first call s (compile)"],
+        rows,
+    )
+
+
+def logp_errors(teacher_graphdef, teacher_state, rollout):
+    """max and mean |Rollout.logp - the teacher's forward log-prob| over the generated tokens."""
+    @jax.jit
+    def forced(state, rollout):
+        s = rollout.prompt_tokens.shape[1]
+        tokens = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1)
+        mask = jnp.concatenate([rollout.prompt_mask, rollout.mask], axis=1)
+        logits = nnx.merge(teacher_graphdef, state)(tokens, attention_mask=mask)[:, s - 1 : -1]
+        return token_logprobs(logits, rollout.tokens)
+
+    diff = np.abs(np.asarray(forced(teacher_state, rollout)) - np.asarray(rollout.logp))
+    m = np.asarray(rollout.mask, bool)
+    return diff[m].max(), diff[m].mean()
+
+
+def bench_logp(path, batch, new):
+    loaded = {dtype: nnx.split(models.from_pretrained(path, dtype=dtype)[0]) for dtype in ("float32", "bfloat16")}
+    rows = []
+    for dtype, teacher in (("float32", "float32"), ("bfloat16", "bfloat16"), ("bfloat16", "float32")):
+        rollout = ours(*loaded[dtype], prompts(batch, 512), new, 0)
+        max_err, mean_err = logp_errors(*loaded[teacher], rollout)
+        rows.append([dtype, f"{teacher} forward", f"{max_err:.2e}", f"{mean_err:.2e}"])
+    table(
+        f"2. |sampler logp - teacher-forced logp| over {batch * new:,} generated tokens "
+        f"(B={batch}, {new} new tokens, float32 weights)",
+        ["sampler compute dtype", "teacher", "max abs", "mean abs"],
+        rows,
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="B=16, 16 new tokens, 1 repeat (smoke test)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    batches, lengths = ((16,), (16,)) if args.quick else ((16, 64, 256), (128, 512))
+    repeats = 1 if args.quick else args.repeats
+    header(argv)
+    with tempfile.TemporaryDirectory() as path:
+        models.save_pretrained(models.init_model(models.get_model_config("tiny"), seed=0), path)
+        bench_throughput(path, batches, lengths, repeats)
+        bench_logp(path, 16, 16 if args.quick else 128)
+
+
+if __name__ == "__main__":
+    main()

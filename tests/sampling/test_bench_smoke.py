@@ -1,0 +1,20 @@
+"""experiments/bench_sampler.py runs end to end on tiny shapes and prints both tables."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "bench_sampler.py"
+
+
+@pytest.mark.slow
+def test_quick_run_prints_both_tables(capsys):
+    pytest.importorskip("torch", reason="the benchmark compares with transformers' PyTorch generate")
+    spec = importlib.util.spec_from_file_location("bench_sampler", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--quick"])
+    out = capsys.readouterr().out
+    assert "1. generation tokens/s" in out and "transformers tok/s" in out
+    assert "2. |sampler logp - teacher-forced logp|" in out and "bfloat16" in out
