@@ -10,6 +10,7 @@ from grpo_jax.rewards._countdown import countdown_reward
 from grpo_jax.rewards._countdown import is_valid_solution
 from grpo_jax.rewards._format import format_reward
 from grpo_jax.rewards._format import has_format
+from grpo_jax.rewards._length import overlong_reward
 from grpo_jax.rewards._math import answers_match
 from grpo_jax.rewards._math import gsm8k_reward
 from grpo_jax.rewards._math import math_reward
