@@ -22,6 +22,8 @@ from grpo_jax.rewards._registry import get_reward
 from grpo_jax.rewards._registry import register
 from grpo_jax.rewards._registry import reward_names
 from grpo_jax.rewards._registry import unregister
+from grpo_jax.rewards._self_verify import final_verdict
+from grpo_jax.rewards._self_verify import self_verify_reward
 from grpo_jax.rewards._scoring import RewardSpec
 from grpo_jax.rewards._scoring import as_specs
 from grpo_jax.rewards._scoring import score_batch
