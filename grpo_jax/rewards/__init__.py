@@ -11,6 +11,7 @@ from grpo_jax.rewards._countdown import is_valid_solution
 from grpo_jax.rewards._format import format_reward
 from grpo_jax.rewards._format import has_format
 from grpo_jax.rewards._length import overlong_reward
+from grpo_jax.rewards._integer import integer_answer_reward
 from grpo_jax.rewards._math import answers_match
 from grpo_jax.rewards._math import gsm8k_reward
 from grpo_jax.rewards._math import math_reward
@@ -24,6 +25,8 @@ from grpo_jax.rewards._registry import reward_names
 from grpo_jax.rewards._registry import unregister
 from grpo_jax.rewards._self_verify import final_verdict
 from grpo_jax.rewards._self_verify import self_verify_reward
+from grpo_jax.rewards._rpt import matches_continuation
+from grpo_jax.rewards._rpt import rpt_reward
 from grpo_jax.rewards._scoring import RewardSpec
 from grpo_jax.rewards._scoring import as_specs
 from grpo_jax.rewards._scoring import score_batch

@@ -53,6 +53,16 @@ def _closing_brace(text: str, start: int) -> int | None:
     return None
 
 
+def _unwrap_boxes(text: str) -> str:
+    """`\\boxed{X}` inside a box becomes X."""
+    while match := _BOXED.search(text):
+        end = _closing_brace(text, match.end())
+        if end is None:  # only with unbalanced escaped braces; leave the text as written
+            return text
+        text = text[: match.start()] + text[match.end() : end] + text[end + 1 :]
+    return text
+
+
 def last_boxed(text: str) -> Marker | None:
     """The last top-level `\\boxed{...}`, or None if there is none.
 
@@ -70,8 +80,7 @@ def last_boxed(text: str) -> Marker | None:
         end = _closing_brace(text, match.end())
         if end is None:
             return Marker(match.start(), None)
-        inner = _BOXED.sub("{", text[match.end() : end])
-        last = Marker(match.start(), _nonempty(inner))
+        last = Marker(match.start(), _nonempty(_unwrap_boxes(text[match.end() : end])))
         position = end + 1
     return last
 

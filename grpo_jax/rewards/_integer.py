@@ -1,0 +1,29 @@
+"""Exact integer answers (`#### 734`) for the procedural arithmetic tasks.
+
+Cheap and bounded (a regex and an int comparison), so it runs inline: the tiny CPU
+models score hundreds of completions per step with it.
+"""
+
+import re
+
+from grpo_jax.rewards import _normalise
+from grpo_jax.rewards._answers import last_hash_answer
+from grpo_jax.rewards._registry import register
+
+_INTEGER = re.compile(r"[+-]?\d{1,64}")
+
+
+@register("integer_answer")
+def integer_answer_reward(prompt: str, completion: str, example: dict) -> float:
+    """1.0 if the last `#### X` marker holds exactly the integer `example["answer"]`.
+
+    The last marker decides (an earlier correct one does not count); X may use any
+    digit script and thousands separators, but must be an integer and nothing else.
+    """
+    marker = last_hash_answer(completion)
+    if marker is None or marker.content is None:
+        return 0.0
+    text = _normalise.normalise_digits(marker.content).strip().rstrip(".")
+    if not _INTEGER.fullmatch(text):
+        return 0.0
+    return float(int(text) == int(example["answer"]))
