@@ -1,7 +1,22 @@
 """Verifiable rewards, registered by name: `(prompt, completion, example) -> float`.
 
-The example dict carries at least "task", "question" and "answer"; Countdown rows add
-"numbers" and "target", RPT rows "context" and "continuation".
+Every example dict carries "task", "question" and "answer" (the canonical final answer);
+Countdown rows add "numbers" and "target", RPT rows "context" and "continuation".
+
+| name          | reads                                | 1.0 when                                              |
+|---------------|--------------------------------------|-------------------------------------------------------|
+| `integer_answer` | last `#### X`                     | X is exactly the integer "answer" (procedural arithmetic) |
+| `math`        | last `\\boxed{}`                      | it equals "answer" (math-verify, after normalisation) |
+| `gsm8k`       | later of last `#### X` / `\\boxed{}`, else last number | it equals "answer"                   |
+| `countdown`   | last `<answer>...</answer>`          | a valid expression of "numbers" that equals "target"  |
+| `format`      | the whole completion                 | exactly the `tags` blocks, in order                   |
+| `self_verify` | final `<verify>correct|incorrect</verify>` | the verdict matches the `grader`'s judgement    |
+| `rpt`         | last `\\boxed{}`                      | a token-boundary prefix of "continuation"             |
+| `overlong`    | "completion_length" (tokens)         | (a penalty in [-1, 0], DAPO's soft overlong shaping)  |
+
+`score_batch` scores a batch with several rewards (weighted sum, or `[B, K]` for GDPO);
+graders that may hang run in a `GraderPool` under a time budget; failures score 0 and
+are counted, never raised.
 """
 
 from grpo_jax.rewards._answers import final_boxed_answer
@@ -10,8 +25,8 @@ from grpo_jax.rewards._countdown import countdown_reward
 from grpo_jax.rewards._countdown import is_valid_solution
 from grpo_jax.rewards._format import format_reward
 from grpo_jax.rewards._format import has_format
-from grpo_jax.rewards._length import overlong_reward
 from grpo_jax.rewards._integer import integer_answer_reward
+from grpo_jax.rewards._length import overlong_reward
 from grpo_jax.rewards._math import answers_match
 from grpo_jax.rewards._math import gsm8k_reward
 from grpo_jax.rewards._math import math_reward
@@ -23,11 +38,11 @@ from grpo_jax.rewards._registry import get_reward
 from grpo_jax.rewards._registry import register
 from grpo_jax.rewards._registry import reward_names
 from grpo_jax.rewards._registry import unregister
-from grpo_jax.rewards._self_verify import final_verdict
-from grpo_jax.rewards._self_verify import self_verify_reward
 from grpo_jax.rewards._rpt import matches_continuation
 from grpo_jax.rewards._rpt import rpt_reward
 from grpo_jax.rewards._scoring import RewardSpec
 from grpo_jax.rewards._scoring import as_specs
 from grpo_jax.rewards._scoring import score_batch
 from grpo_jax.rewards._scoring import spec_weights
+from grpo_jax.rewards._self_verify import final_verdict
+from grpo_jax.rewards._self_verify import self_verify_reward

@@ -94,10 +94,10 @@ class GraderPool:
       timeout_s: budget per call, from when the row is handed to a worker.
 
     Example:
-      >>> with GraderPool(2, timeout_s=5.0) as pool:
-      ...     outcomes = pool.map(math_reward, [(prompt, completion, example)])
-      >>> outcomes[0].status
-      'ok'
+      >>> from grpo_jax.rewards import math_reward
+      >>> with GraderPool(1, timeout_s=5.0) as pool:
+      ...     pool.map(math_reward, [("Q", "\\\\boxed{4}", {"answer": "4"}), ("Q", "", {"answer": "4"})])
+      [Outcome(value=1.0, status='ok', detail=''), Outcome(value=0.0, status='ok', detail='')]
     """
 
     def __init__(self, num_workers: int | None = None, *, timeout_s: float = 10.0):

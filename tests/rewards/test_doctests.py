@@ -1,0 +1,15 @@
+"""The examples in the rewards docstrings run and give what they show."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["_answers", "_countdown", "_format", "_math", "_normalise", "_pool", "_rpt", "_self_verify"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(f"grpo_jax.rewards.{name}")
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0
