@@ -1,0 +1,37 @@
+"""The embedded default: SFT warm start of a tiny model on 3-digit addition, then DAPO.
+
+    python -m grpo_jax.main        # = --config configs/demo.py --workdir workdirs/demo
+
+The task is the bundled procedural arithmetic (prompt ``478+256=``, answer
+``8+6+0=14 7+5+1=13 4+2+1=7 #### 734``). The warm start learns from targets half of which
+come from a teacher that forgets every carry, so the SFT policy writes carries only some
+of the time: the right answer is among its samples but not yet its pick, which is what RL
+can select. Then three held-out evaluations: after SFT, after DAPO, and after more SFT
+for the same wall time as DAPO took (the control: is the gain RL's or just more training?).
+
+Hardware: 2 CPU cores. Time and result: see the README's table (the command prints it).
+"""
+
+from grpo_jax import config_lib
+
+
+def get_config(arg=None):
+    arg = config_lib.parse_arg(arg, seed=0)
+    config = config_lib.load_sibling(__file__, "dapo").get_config("runlocal=True")
+    config.mode = "demo"
+    config.seed = arg.seed
+    config.rollout.prompts_per_batch = 64
+    config.objective.group_size = 8
+    config.rollout.max_new_tokens = 40
+    config.train.steps = 60
+    config.train.eval_every = 20
+    config.train.checkpoint_every = 20
+    config.optimizer.learning_rate = 1e-4
+    config.optimizer.warmup_steps = 10
+    config.sft.steps = 1500
+    config.sft.batch_size = 64
+    config.sft.optimizer.learning_rate = 1e-3
+    config.sft.eval_every = 1500
+    config.sft.checkpoint_every = 500
+    config.eval.num_prompts = 500
+    return config

@@ -1,0 +1,39 @@
+"""The entry point: one config file per experiment, one workdir per run.
+
+    python -m grpo_jax.main --config configs/dapo.py:runlocal=True --workdir /tmp/dapo \\
+        [--config.train.steps=50 ...]
+
+``config.mode`` picks the loop: "rl" (default), "sft" (supervised warm start on the
+task's reference solutions) or "demo" (SFT warm start, then RL, then an equal-time SFT
+control, ending with a before/after table). Re-running a command resumes its workdir.
+"""
+
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "configs", "demo.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
+                                          "Experiment config: path/to/config.py[:args].")
+_WORKDIR = flags.DEFINE_string("workdir", "workdirs/demo", "Where checkpoints, metrics and "
+                               "exports go; re-running with the same workdir resumes.")
+
+MODES = ("rl", "sft", "demo")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)   # orbax and tfds log every file at INFO
+    config = _CONFIG.value
+    if config.mode not in MODES:
+        raise app.UsageError(f"config.mode must be one of {MODES}, got {config.mode!r}")
+    from grpo_jax.training import demo, rl, sft   # after flag parsing: jax starts here
+    workdir = os.path.expanduser(_WORKDIR.value)
+    {"rl": rl.train, "sft": sft.train, "demo": demo.run}[config.mode](config, workdir)
+
+
+if __name__ == "__main__":
+    app.run(main)

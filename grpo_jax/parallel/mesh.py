@@ -1,0 +1,69 @@
+"""A device mesh from the config's axis list, and the batch sharding over it.
+
+The config declares the mesh as ``(("data", -1), ("fsdp", 1), ("tensor", 1))``: one
+size may be -1 (all remaining devices). Axes are Auto, so jit places what the
+shardings of its inputs and outputs leave open (``jax.make_mesh`` defaults to Explicit).
+"""
+
+import math
+import os
+
+import jax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+BATCH_AXES = ("data", "fsdp")   # the batch is split over both: FSDP shards data too
+
+
+def _resolve_sizes(axes, num_devices):
+    names = tuple(name for name, _ in axes)
+    sizes = [int(size) for _, size in axes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"mesh axis names must be unique, got {names}")
+    if sizes.count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may have size -1, got {tuple(axes)}")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if num_devices % known:
+            raise ValueError(f"mesh {tuple(axes)}: {num_devices} devices do not divide by the "
+                             f"fixed axis sizes (product {known})")
+        sizes[sizes.index(-1)] = num_devices // known
+    if math.prod(sizes) != num_devices:
+        raise ValueError(f"mesh {tuple(axes)} needs {math.prod(sizes)} devices, but there are "
+                         f"{num_devices}; set one axis size to -1 to take the rest")
+    return names, tuple(sizes)
+
+
+def make_mesh(axes, devices=None):
+    """`jax.sharding.Mesh` from ``[(name, size), ...]`` (one size may be -1)."""
+    devices = jax.devices() if devices is None else devices
+    names, sizes = _resolve_sizes(axes, len(devices))
+    return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
+
+
+def batch_sharding(mesh):
+    """Leading (batch) dimension split over the data and fsdp axes the mesh has."""
+    axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
+    return NamedSharding(mesh, P(axes))
+
+
+def replicated(mesh):
+    return NamedSharding(mesh, P())
+
+
+def batch_ways(mesh):
+    """How many ways the batch dimension is split."""
+    return math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.shape)
+
+
+def maybe_initialize_distributed(enabled=None):
+    """Calls `jax.distributed.initialize()` on multi-host launches.
+
+    On when `enabled` is True or, when it is None, when the environment variable
+    GRPO_JAX_DISTRIBUTED=1 is set (TPU pods and SLURM/multi-GPU launches set the rest
+    of what jax.distributed needs).
+    """
+    if enabled is None:
+        enabled = os.environ.get("GRPO_JAX_DISTRIBUTED", "0") == "1"
+    if enabled:
+        jax.distributed.initialize()
+    return enabled

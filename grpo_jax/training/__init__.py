@@ -1,0 +1,1 @@
+"""Training loops: supervised warm start (sft), RL (rl) and the CPU demo pipeline (demo)."""

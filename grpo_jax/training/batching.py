@@ -1,0 +1,69 @@
+"""Host rollout rows -> device minibatches, and completion log-probs under a model.
+
+Row layout (the sampler's): prompts left-padded to S columns, completions right-padded
+to N columns, so column S is every row's first completion token. The model reads the
+concatenation `[B, S + N]`; the logits at column c score the token at column c + 1.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from grpo_jax.training.steps import micro_batch_shardings
+
+TOKEN_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
+LOSS_KEYS = ("old_logp", "mask", "advantages", "ref_logp", "behaviour_logp", "truncated",
+             "num_tokens", "num_seqs")
+
+
+def completion_logprobs(model, batch):
+    """`[B, N]` float32 log-probs of the completion tokens at temperature 1.
+
+    Goes through the model's chunked log-prob path, so the `[B, S+N, V]` logits are
+    never materialised whole. Values past a row's last token are meaningless; the
+    losses mask them.
+    """
+    tokens = jnp.concatenate([batch["prompt_tokens"], batch["tokens"]], axis=1)
+    attention = jnp.concatenate([batch["prompt_mask"], batch["mask"]], axis=1)
+    logp = model.token_logprobs(tokens[:, :-1], tokens[:, 1:], attention_mask=attention[:, :-1])
+    return logp[:, batch["prompt_tokens"].shape[1] - 1:]
+
+
+def make_logprob_fn(graphdef):
+    """`(params, pieces [M, b, ...]) -> [M, b, N]`: log-probs one piece at a time."""
+
+    def fn(params, pieces):
+        model = nnx.merge(graphdef, params)
+        return jax.lax.map(lambda piece: completion_logprobs(model, piece), pieces)
+
+    return fn
+
+
+def split_rows(tree, pieces):
+    """`[B, ...]` leaves -> `[pieces, B / pieces, ...]`."""
+    return jax.tree.map(lambda x: x.reshape(pieces, x.shape[0] // pieces, *x.shape[1:]), tree)
+
+
+def logprobs_in_pieces(logp_fn, params, batch, pieces, mesh):
+    """`[B, N]` completion log-probs, computed `B / pieces` rows at a time."""
+    tokens = split_rows({k: np.asarray(batch[k]) for k in TOKEN_KEYS}, pieces)
+    tokens = jax.device_put(tokens, micro_batch_shardings(tokens, mesh))
+    logp = logp_fn(params, tokens)
+    return np.asarray(logp).reshape(batch["mask"].shape)
+
+
+def minibatch(batch, rows, micro_batches, mesh):
+    """The rows `rows` of `batch` as `[M, b, ...]` device arrays, with GLOBAL counts.
+
+    ``num_tokens`` (valid tokens) and ``num_seqs`` (real rows) count the whole
+    minibatch, so each micro-batch's loss is its share of the minibatch's loss.
+    """
+    keys = [k for k in TOKEN_KEYS + LOSS_KEYS if k in batch]
+    picked = {k: np.asarray(batch[k])[rows] for k in keys}
+    picked["num_tokens"] = np.full(micro_batches, picked["mask"].sum(), np.float32)
+    picked["num_seqs"] = np.full(micro_batches, np.asarray(batch["row_valid"])[rows].sum(), np.float32)
+    split = split_rows({k: v for k, v in picked.items() if k not in ("num_tokens", "num_seqs")},
+                       micro_batches)
+    split.update(num_tokens=picked["num_tokens"], num_seqs=picked["num_seqs"])
+    return jax.device_put(split, micro_batch_shardings(split, mesh))

@@ -1,0 +1,48 @@
+"""Orbax checkpoints of the whole run: parameters, optimizer state, step, RNG, data position.
+
+Saving is asynchronous (training goes on while the files are written) and keeps the
+last `keep` steps. Restoring places every array straight into the sharding of the
+abstract target, so a resumed run on a mesh never holds a full copy per device.
+"""
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+    """Saves and restores ``(state_tree, meta_json)`` pairs under ``workdir/checkpoints``."""
+
+    def __init__(self, directory, *, keep=3, asynchronous=True):
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep,
+                                               enable_async_checkpointing=asynchronous)
+        self._manager = ocp.CheckpointManager(directory, options=options)
+
+    def latest_step(self):
+        """The step of the newest complete checkpoint, or None."""
+        return self._manager.latest_step()
+
+    def save(self, step, state, meta):
+        """Starts writing `state` (a pytree of arrays) and `meta` (JSON) for `step`."""
+        self._manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+
+    def restore(self, step, abstract_state):
+        """Returns ``(state, meta)`` of `step`, each array in `abstract_state`'s sharding.
+
+        Args:
+          step: a step from `latest_step()`.
+          abstract_state: a pytree of `jax.ShapeDtypeStruct` with shardings (or arrays,
+            whose shapes, dtypes and shardings are used).
+        """
+        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        return restored.state, restored.meta
+
+    def wait(self):
+        """Blocks until every started save is on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self):
+        self._manager.wait_until_finished()
+        self._manager.close()

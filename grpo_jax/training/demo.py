@@ -1,0 +1,94 @@
+"""The CPU demo: SFT warm start, then RL, then an equal-wall-time SFT control, then a table.
+
+Each stage has its own workdir under the demo's, and a finished stage is not re-run, so
+re-running the command after an interruption resumes where it stopped.
+"""
+
+import json
+import os
+import time
+
+import jax
+from flax import nnx
+
+from grpo_jax import models, sampling
+from grpo_jax.training import common, evaluation, rl, sft, task as task_lib
+
+
+def _stage_config(config, **changes):
+    stage = config.copy_and_resolve_references()
+    for dotted, value in changes.items():
+        section, field = dotted.split(".")
+        stage[section][field] = value
+    return stage
+
+
+def _done(workdir):
+    return os.path.exists(os.path.join(workdir, "export", "config.json"))
+
+
+def evaluate_export(config, path):
+    """Held-out metrics of a saved policy, through the same loading code as any checkpoint."""
+    mesh = common.make_mesh(config)
+    model, tokenizer = models.from_pretrained(path, mesh=mesh, rules=config.model.rules)
+    graphdef, params = nnx.split(model)
+    policy = rl.Policy(mesh, graphdef, params, tokenizer, config.task, config.rollout.rules)
+    source = task_lib.data_source(config.task, config.task.eval_split)
+    examples = [task_lib.data.decode_example(source[i])
+                for i in range(min(config.eval.num_prompts, len(source)))]
+    scorer = task_lib.Scorer(config.reward, separate=False)
+    try:
+        return evaluation.evaluate(
+            policy, scorer, examples, rng=jax.random.key(config.seed + 1),
+            samples=config.eval.samples, temperature=config.rollout.temperature,
+            max_new_tokens=config.rollout.max_new_tokens,
+            completion_len=sampling.bucket_length(config.rollout.max_new_tokens))
+    finally:
+        scorer.close()
+
+
+def _timed(workdir, fn):
+    """Runs `fn` once per workdir and remembers its wall time there (for the control)."""
+    record = os.path.join(workdir, "wall_time.json")
+    if not os.path.exists(record):
+        start = time.time()
+        fn()
+        with open(record, "w") as f:
+            json.dump({"seconds": time.time() - start}, f)
+    with open(record) as f:
+        return json.load(f)["seconds"]
+
+
+def run(config, workdir):
+    """Runs the three stages and prints (and saves) the before/after table."""
+    sft_dir, rl_dir, control_dir = (os.path.join(workdir, d) for d in ("sft", "rl", "sft_control"))
+    warm = os.path.join(sft_dir, "export")
+
+    sft_seconds = _timed(sft_dir, lambda: sft.train(config, sft_dir))
+    rl_config = _stage_config(config, **{"model.path": warm, "model.name": ""})
+    rl_seconds = _timed(rl_dir, lambda: rl.train(rl_config, rl_dir))
+    control_config = _stage_config(config, **{"model.path": warm, "model.name": "",
+                                              "sft.steps": 10**9, "sft.eval_every": 10**9})
+    _timed(control_dir, lambda: sft.SftTrainer(control_config, control_dir).run(seconds=rl_seconds))
+
+    rows = [("SFT warm start", warm, sft_seconds),
+            ("+ DAPO (RL)", os.path.join(rl_dir, "export"), rl_seconds),
+            ("+ SFT for the same time (control)", os.path.join(control_dir, "export"), rl_seconds)]
+    results = []
+    for name, path, seconds in rows:
+        metrics = evaluate_export(config, path)
+        results.append({"stage": name, "seconds": round(seconds, 1), **metrics})
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    print(format_table(results, k=config.eval.samples, prompts=config.eval.num_prompts), flush=True)
+    return results
+
+
+def format_table(results, *, k, prompts):
+    lines = [f"held-out accuracy on {prompts} prompts (greedy pass@1; mean@{k} and pass@{k} "
+             "at temperature 1)",
+             f"{'stage':36s} {'pass@1':>7s} {f'mean@{k}':>7s} {f'pass@{k}':>7s} {'time':>8s}"]
+    for r in results:
+        lines.append(f"{r['stage']:36s} {r['eval_accuracy']:7.1%} {r.get('eval_mean_at_k', 0):7.1%} "
+                     f"{r.get('eval_pass_at_k', 0):7.1%} {r['seconds']:7.0f}s")
+    return "\n".join(lines)

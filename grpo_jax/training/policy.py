@@ -1,0 +1,50 @@
+"""The policy network and its tokenizer, created or loaded directly in their sharding."""
+
+import os
+
+import transformers
+
+from grpo_jax import models
+from grpo_jax.training.tokenizer import train_char_tokenizer
+
+VOCAB_MULTIPLE = 64   # pad a trained tokenizer's vocabulary so any tensor axis divides it
+
+
+def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
+    """Returns `(model, tokenizer)` from ``config.model``.
+
+    ``model.path``: a local Hugging Face directory (weights, config and tokenizer), read
+    by `models.from_pretrained` with every tensor placed straight into its sharding.
+    ``model.name``: a named shape initialised at random, with a character tokenizer
+    trained on `tokenizer_texts` (the tiny CPU models).
+    """
+    if model_cfg.path:
+        path = os.path.expanduser(model_cfg.path)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"model.path {model_cfg.path!r} is not a directory; point it at "
+                                    "a local Hugging Face checkpoint (config.json + *.safetensors)")
+        model, tokenizer = models.from_pretrained(
+            path, mesh=mesh, rules=model_cfg.rules, dtype=model_cfg.dtype,
+            param_dtype=model_cfg.param_dtype, remat=model_cfg.remat)
+        if tokenizer is None:
+            raise FileNotFoundError(f"model.path {path!r} has no tokenizer files; save the "
+                                    "tokenizer next to the weights")
+        return model, tokenizer
+    if not model_cfg.name:
+        raise ValueError("set model.path (a local HF checkpoint) or model.name (a named config "
+                         f"from {sorted(models.NAMED_CONFIGS)})")
+    if tokenizer_texts is None:
+        raise ValueError(f"model.name={model_cfg.name!r} trains a tokenizer on the task's texts; "
+                         "pass tokenizer_texts")
+    tokenizer = train_char_tokenizer(tokenizer_texts)
+    vocab = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    cfg = models.get_model_config(
+        model_cfg.name, vocab_size=vocab, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, dtype=model_cfg.dtype,
+        param_dtype=model_cfg.param_dtype, remat=model_cfg.remat)
+    return models.init_model(cfg, seed=seed, mesh=mesh, rules=model_cfg.rules), tokenizer
+
+
+def load_saved_tokenizer(path):
+    """The tokenizer a run saved in its workdir."""
+    return transformers.AutoTokenizer.from_pretrained(path)

@@ -1,0 +1,87 @@
+"""The jitted update: gradient accumulation over micro-batches, then one optax step.
+
+A minibatch arrives as arrays with a leading micro-batch axis `[M, b, ...]`. Every
+micro-batch's loss is normalised by the GLOBAL counts of the minibatch (the loss
+functions read ``num_tokens``/``num_seqs`` from the batch), so the summed gradient is
+the full minibatch's gradient whatever M is, and so are the summed metrics.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from grpo_jax.parallel import mesh as mesh_lib
+
+
+def split_micro_batches(batch, num_micro):
+    """`[B, ...]` leaves -> `[num_micro, B / num_micro, ...]`."""
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    if rows % num_micro:
+        raise ValueError(f"train.micro_batches={num_micro} does not divide the minibatch of "
+                         f"{rows} rows; choose a divisor")
+    return jax.tree.map(lambda x: x.reshape(num_micro, rows // num_micro, *x.shape[1:]), batch)
+
+
+def micro_batch_shardings(tree, mesh):
+    """Shardings for `[M, b, ...]` leaves: rows over the batch axes; `[M]` leaves whole."""
+    axes = tuple(a for a in mesh_lib.BATCH_AXES if a in mesh.shape)
+    return jax.tree.map(
+        lambda x: NamedSharding(mesh, P(None, axes) if np.ndim(x) >= 2 else P()), tree)
+
+
+def make_update_step(graphdef, optimizer, loss_fn, *, param_shardings, opt_shardings, mesh):
+    """Returns the jitted ``update(params, opt_state, batch) -> (params, opt_state, metrics)``.
+
+    Args:
+      graphdef: the model's `nnx.GraphDef`; `params` is its `nnx.State`.
+      optimizer: an optax GradientTransformation.
+      loss_fn: ``(model, micro_batch) -> (loss, metrics)``; the loss of one micro-batch
+        normalised by the global counts in the micro-batch.
+      param_shardings, opt_shardings: trees of `NamedSharding` for params and opt state.
+      mesh: the device mesh (batch leaves are `[M, b, ...]`, rows over its batch axes).
+
+    The params and optimizer state are donated: their buffers are reused in place.
+    """
+
+    def micro_loss(params, micro):
+        return loss_fn(nnx.merge(graphdef, params), micro)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def update(params, opt_state, batch):
+        def accumulate(carry, micro):
+            (loss, metrics), grads = grad_fn(params, micro)
+            return jax.tree.map(jnp.add, carry, (grads, metrics)), None
+
+        first = jax.tree.map(lambda x: x[0], batch)
+        shapes = jax.eval_shape(grad_fn, params, first)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], shapes[0][1]))
+        (grads, metrics), _ = jax.lax.scan(accumulate, zeros, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {**metrics, "grad_norm": optax.global_norm(grads),
+                   "update_norm": optax.global_norm(updates)}
+        return params, opt_state, metrics
+
+    replicated = NamedSharding(mesh, P())
+    compiled = {}   # one jit per batch structure (the keys a recipe uses are fixed per run)
+
+    def step(params, opt_state, batch):
+        key = tuple(sorted(batch))
+        if key not in compiled:
+            compiled[key] = jax.jit(
+                update,
+                in_shardings=(param_shardings, opt_shardings, micro_batch_shardings(batch, mesh)),
+                out_shardings=(param_shardings, opt_shardings, replicated),
+                donate_argnums=(0, 1))
+        return compiled[key](params, opt_state, batch)
+
+    return step
+
+
+def init_optimizer_state(optimizer, params):
+    """The optimizer state created directly in the parameters' shardings."""
+    return jax.jit(optimizer.init)(params)
