@@ -16,6 +16,7 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import resource
 import time
 from typing import Callable, Literal, Sequence
 
@@ -53,7 +54,9 @@ def run_contained(fn: Callable[..., object], args: tuple, kwargs: dict) -> Outco
         return error_outcome(error)
 
 
-def _worker_main(conn) -> None:
+def _worker_main(conn, memory_limit_bytes: int | None) -> None:
+    if memory_limit_bytes:  # a runaway grader gets MemoryError instead of waking the OOM killer
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
     conn.send("ready")
     while True:
         try:
@@ -67,9 +70,9 @@ def _worker_main(conn) -> None:
 
 
 class _Worker:
-    def __init__(self, context):
+    def __init__(self, context, memory_limit_bytes: int | None):
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child_conn,), daemon=True)
+        self.process = context.Process(target=_worker_main, args=(child_conn, memory_limit_bytes), daemon=True)
         self.process.start()
         child_conn.close()
         try:
@@ -92,6 +95,8 @@ class GraderPool:
     Args:
       num_workers: worker processes; defaults to min(8, CPU count).
       timeout_s: budget per call, from when the row is handed to a worker.
+      memory_limit_gb: address-space limit of each worker (None: no limit); a grader
+        that needs more gets MemoryError, an "error" outcome.
 
     Example:
       >>> from grpo_jax.rewards import math_reward
@@ -100,17 +105,21 @@ class GraderPool:
       [Outcome(value=1.0, status='ok', detail=''), Outcome(value=0.0, status='ok', detail='')]
     """
 
-    def __init__(self, num_workers: int | None = None, *, timeout_s: float = 10.0):
-        num_workers = num_workers or min(8, os.cpu_count() or 1)
+    def __init__(self, num_workers: int | None = None, *, timeout_s: float = 10.0, memory_limit_gb: float | None = 4.0):
+        if num_workers is None:
+            num_workers = min(8, os.cpu_count() or 1)
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if memory_limit_gb is not None and not memory_limit_gb > 0:
+            raise ValueError(f"memory_limit_gb must be > 0 or None, got {memory_limit_gb}")
         self.timeout_s = timeout_s
+        self._memory_limit_bytes = int(memory_limit_gb * 2**30) if memory_limit_gb else None
         self.replaced_workers = 0  # hung or dead workers killed and replaced, over the pool's life
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(["grpo_jax.rewards"])
-        self._workers = [_Worker(self._context) for _ in range(num_workers)]
+        self._workers = [self._start_worker() for _ in range(num_workers)]
 
     def map(self, fn: Callable[..., object], calls: Sequence[tuple], kwargs: dict | None = None) -> list[Outcome]:
         """`[fn(*args, **kwargs) for args in calls]` as Outcomes, in order, never raising for `fn`.
@@ -161,9 +170,12 @@ class GraderPool:
     def _replace(self, worker: _Worker) -> _Worker:
         worker.kill()
         self.replaced_workers += 1
-        fresh = _Worker(self._context)
+        fresh = self._start_worker()
         self._workers[self._workers.index(worker)] = fresh
         return fresh
+
+    def _start_worker(self) -> _Worker:
+        return _Worker(self._context, self._memory_limit_bytes)
 
     def close(self) -> None:
         """Kills every worker; the pool cannot be used afterwards."""

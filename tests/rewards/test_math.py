@@ -217,14 +217,32 @@ def test_normalise_answer(answer, normalised):
 HANGING_ANSWERS = [r"\boxed{9^{9^{9^{9}}}}", r"\boxed{10^{10^{10}}}", "#### 10^{10^{10}}", r"\boxed{(10^{10^{10}})!}"]
 
 
+@pytest.fixture(scope="module")
+def pool():
+    with rewards.GraderPool(2, timeout_s=1.0) as grader_pool:
+        yield grader_pool
+
+
 @pytest.mark.slow
-def test_answers_that_hang_sympy_time_out_in_the_pool():
+def test_answers_that_hang_sympy_time_out_in_the_pool(pool):
     """Towers of powers make sympy compute huge integers for minutes; the pool stops them."""
     specs = rewards.as_specs([("gsm8k", 1.0)])
     n = len(HANGING_ANSWERS) + 1
     completions = HANGING_ANSWERS + ["#### 5"]
-    with rewards.GraderPool(2, timeout_s=1.0) as pool:
-        values, metrics = rewards.score_batch(specs, ["p"] * n, completions, [_example("5")] * n, pool=pool)
+    values, metrics = rewards.score_batch(specs, ["p"] * n, completions, [_example("5")] * n, pool=pool)
     assert values.tolist() == [0.0] * len(HANGING_ANSWERS) + [1.0]
     assert metrics["reward_timeouts"] == len(HANGING_ANSWERS)
     assert metrics["reward_errors"] == 0.0
+
+
+@pytest.mark.slow
+def test_pool_gives_the_table_values(pool):
+    """The same graders in worker processes give the same rewards as in this process."""
+    for name, table in [("math", MATH_TABLE), ("gsm8k", GSM8K_TABLE)]:
+        completions, golds, expected = zip(*table)
+        n = len(table)
+        values, metrics = rewards.score_batch(
+            rewards.as_specs([(name, 1.0)]), ["p"] * n, list(completions), [_example(g) for g in golds], pool=pool
+        )
+        assert values.tolist() == list(expected)
+        assert metrics["reward_errors"] == metrics["reward_timeouts"] == 0.0

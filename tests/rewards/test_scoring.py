@@ -35,6 +35,12 @@ def crashing_grader(prompt, completion, example):
     return 1.0
 
 
+def greedy_grader(prompt, completion, example):
+    if completion == "greedy":
+        return len(bytearray(8 * 2**30))  # 8 GiB, over the pool's 1 GiB limit
+    return 1.0
+
+
 def nan_grader(prompt, completion, example):
     return float("nan") if completion == "nan" else 1.0
 
@@ -52,6 +58,7 @@ def registered():
         "test_raising": (raising_grader, "pool"),
         "test_raising_inline": (raising_grader, "inline"),
         "test_crashing": (crashing_grader, "pool"),
+        "test_greedy": (greedy_grader, "pool"),
         "test_nan": (nan_grader, "inline"),
         "test_length": (length_grader, "inline"),
         "test_batch_raising": (lambda prompts, completions, examples: 1 / 0, "batch"),
@@ -66,7 +73,7 @@ def registered():
 
 @pytest.fixture(scope="module")
 def pool():
-    with rewards.GraderPool(2, timeout_s=1.0) as grader_pool:
+    with rewards.GraderPool(2, timeout_s=1.0, memory_limit_gb=1.0) as grader_pool:
         yield grader_pool
 
 
@@ -112,6 +119,11 @@ class TestContainment:
         np.testing.assert_array_equal(values, [0.0, 1.0, 1.0])
         assert metrics["reward_errors"] == 1.0
         assert pool.replaced_workers == replaced + 1
+
+    def test_memory_hog_gets_memory_error(self, registered, pool):
+        values, metrics = _score([("test_greedy", 1.0)], ["greedy", "ok"], pool=pool)
+        np.testing.assert_array_equal(values, [0.0, 1.0])
+        assert metrics["reward_errors"] == 1.0 and metrics["reward_timeouts"] == 0.0
 
     def test_non_finite_reward_is_an_error(self, registered):
         values, metrics = _score([("test_nan", 1.0)], ["nan", "ok"])
@@ -184,3 +196,7 @@ class TestValidation:
     def test_pool_arguments(self):
         with pytest.raises(ValueError, match="timeout_s must be > 0"):
             rewards.GraderPool(1, timeout_s=0)
+        with pytest.raises(ValueError, match="num_workers must be >= 1"):
+            rewards.GraderPool(0)
+        with pytest.raises(ValueError, match="memory_limit_gb must be > 0"):
+            rewards.GraderPool(1, memory_limit_gb=0)
