@@ -1,0 +1,60 @@
+"""The rewards agree with grpo_jax.data: its answer formats and the official solutions score 1.0."""
+
+import json
+import pathlib
+
+import pytest
+
+from grpo_jax import rewards
+
+FIXTURES = pathlib.Path(__file__).parents[1] / "data" / "fixtures"
+
+
+def _rows(name):
+    with open(FIXTURES / name / "test.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("row", _rows("math500"), ids=lambda row: row["answer"])
+def test_math500_solution_scores_one(row):
+    example = {"task": "math500", "question": row["problem"], "answer": row["answer"]}
+    assert rewards.math_reward("p", row["solution"], example) == 1.0
+    assert rewards.math_reward("p", row["solution"], dict(example, answer="999")) == 0.0
+
+
+@pytest.mark.parametrize("row", _rows("gsm8k"), ids=lambda row: row["answer"][-8:])
+def test_gsm8k_solution_scores_one(row):
+    gold = row["answer"].rsplit("####", 1)[1].strip()
+    example = {"task": "gsm8k", "question": row["question"], "answer": gold}
+    assert rewards.gsm8k_reward("p", row["answer"], example) == 1.0
+    assert rewards.gsm8k_reward("p", row["answer"], dict(example, answer=str(int(gold) + 1))) == 0.0
+
+
+# (task, the reward that grades it, a canonical answer, extra example fields)
+TASK_REWARDS = [
+    ("arithmetic", "integer_answer", "734", {}),
+    ("chain_sum", "integer_answer", "-12", {}),
+    ("basic_arithmetic", "gsm8k", "-3.5", {}),
+    ("gsm_symbolic", "gsm8k", "1000", {}),
+    ("gsm8k", "gsm8k", "72", {}),
+    ("math500", "math", r"\left( 4, \frac{3 \pi}{2} \right)", {}),
+    ("countdown", "countdown", "(6 - 2) * 25", {"numbers": [25, 6, 2, 9], "target": 100}),
+    ("rpt", "rpt", "brown fox", {"continuation": "brown fox"}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task, name, answer, fields", TASK_REWARDS)
+def test_rendered_answer_format_scores_one(task, name, answer, fields):
+    from grpo_jax.data import prompts
+
+    example = {"task": task, "question": "q", "answer": answer, **fields}
+    completion = "Let me think.\n" + prompts.render_answer(task, answer)
+    assert rewards.get_reward(name).fn("p", completion, example) == 1.0
+
+
+@pytest.mark.slow
+def test_every_data_task_has_a_grading_reward():
+    from grpo_jax.data import prompts
+
+    assert sorted(prompts.TASK_FORMATS) == sorted(task for task, *_ in TASK_REWARDS)
