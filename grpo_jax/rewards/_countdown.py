@@ -62,10 +62,10 @@ def parse_expression(text: str) -> tuple[ast.expr, list[int]]:
       >>> parse_expression("(25 - 5) × 3")[1]
       [25, 5, 3]
     """
+    if len(text) > MAX_EXPRESSION_CHARS:  # checked first, so no work scales with the input
+        raise InvalidExpression(f"expression has {len(text)} characters, more than {MAX_EXPRESSION_CHARS}")
     text = _normalise.normalise_digits(text).replace("×", "*").replace("÷", "/")
     text = " ".join(text.split())  # a line break inside the answer is just a space
-    if len(text) > MAX_EXPRESSION_CHARS:
-        raise InvalidExpression(f"expression has {len(text)} characters, more than {MAX_EXPRESSION_CHARS}")
     if not _ALLOWED_CHARS.fullmatch(text):
         raise InvalidExpression(f"{text!r} has characters other than digits, + - * / and parentheses")
     try:

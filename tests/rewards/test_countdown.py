@@ -120,7 +120,7 @@ def test_literals_are_returned_in_order():
 def test_adversarial_input_is_rejected_fast(text):
     start = time.perf_counter()
     assert not rewards.is_valid_solution(text, [9, 9, 9, 9, 1], 0)
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < 0.05  # the length check comes before any other work
 
 
 def test_registered_inline():
