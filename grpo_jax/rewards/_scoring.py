@@ -71,6 +71,26 @@ def _score_whole_batch(reward: Reward, options, prompts, completions, examples) 
     return [_pool.to_outcome(value) for value in values]
 
 
+def _outcomes(spec: RewardSpec, prompts, completions, examples, pool) -> list[_pool.Outcome]:
+    reward = get_reward(spec.name)
+    if reward.where == "batch":
+        return _score_whole_batch(reward, spec.options, prompts, completions, examples)
+    return _score_rows(reward, spec.options, list(zip(prompts, completions, examples)), pool)
+
+
+def _summary(name: str, outcomes: list[_pool.Outcome]) -> dict[str, float]:
+    """Per-reward metrics; failures are also logged, with the first one's reason."""
+    failed = [outcome for outcome in outcomes if outcome.status != "ok"]
+    if failed:
+        _logger.warning("reward %r: %d of %d rows failed; first: %s %s",
+                        name, len(failed), len(outcomes), failed[0].status, failed[0].detail)
+    return {
+        f"rewards/{name}": float(np.mean([outcome.value for outcome in outcomes])) if outcomes else 0.0,
+        f"reward_errors/{name}": float(sum(outcome.status == "error" for outcome in failed)),
+        f"reward_timeouts/{name}": float(sum(outcome.status == "timeout" for outcome in failed)),
+    }
+
+
 def score_batch(
     specs: Sequence[RewardSpec],
     prompts: Sequence[str],
@@ -110,28 +130,13 @@ def score_batch(
         examples = [dict(ex, completion_length=int(n)) for ex, n in zip(examples, completion_lengths)]
     if combine not in ("sum", "separate"):
         raise ValueError(f"combine must be 'sum' or 'separate', got {combine!r}")
-    rows = list(zip(prompts, completions, examples))
-    columns = []
-    metrics = {"reward_errors": 0.0, "reward_timeouts": 0.0}
+    columns, metrics = [], {}
     for spec in specs:
-        reward = get_reward(spec.name)
-        if reward.where == "batch":
-            outcomes = _score_whole_batch(reward, spec.options, prompts, completions, examples)
-        else:
-            outcomes = _score_rows(reward, spec.options, rows, pool)
-        column = np.array([outcome.value for outcome in outcomes], np.float32)
-        errors = float(sum(outcome.status == "error" for outcome in outcomes))
-        timeouts = float(sum(outcome.status == "timeout" for outcome in outcomes))
-        metrics[f"rewards/{spec.name}"] = float(column.mean()) if num_rows else 0.0
-        metrics[f"reward_errors/{spec.name}"] = errors
-        metrics[f"reward_timeouts/{spec.name}"] = timeouts
-        metrics["reward_errors"] += errors
-        failed = [outcome for outcome in outcomes if outcome.status != "ok"]
-        if failed:
-            _logger.warning("reward %r: %d of %d rows failed; first: %s %s",
-                            spec.name, len(failed), num_rows, failed[0].status, failed[0].detail)
-        metrics["reward_timeouts"] += timeouts
-        columns.append(column)
+        outcomes = _outcomes(spec, prompts, completions, examples, pool)
+        columns.append(np.array([outcome.value for outcome in outcomes], np.float32))
+        metrics.update(_summary(spec.name, outcomes))
+    for kind in ("reward_errors", "reward_timeouts"):
+        metrics[kind] = float(sum(metrics[f"{kind}/{spec.name}"] for spec in specs))
     rewards_bk = np.stack(columns, axis=1) if columns else np.zeros((num_rows, 0), np.float32)
     if combine == "separate":
         return rewards_bk, metrics
