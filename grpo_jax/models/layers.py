@@ -4,7 +4,7 @@ Every weight is an `nnx.Param` whose `logical_axes` metadata names its dimension
 ("embed", "heads", "mlp", ...); `sharding.py` maps those names to mesh axes with one rule
 table. Weights are stored in `param_dtype` and cast to the compute `dtype` where used.
 The math follows transformers' PyTorch modules line by line, so checkpoints agree to
-float32 rounding (see tests/models/test_parity.py).
+float32 rounding (see tests/models/test_transformers_parity.py).
 """
 
 import math

@@ -5,7 +5,7 @@ B*T = 8,192 tokens x V = 151,936 x 4 bytes = 5 GB, and the backward pass of a na
 log-softmax keeps a second copy. Here the tokens are cut into chunks; each chunk's logits
 are computed, reduced to one log-prob per token, and dropped, and `jax.checkpoint`
 recomputes them in the backward pass. Peak memory is O(chunk_size * V) instead of
-O(B * T * V); values and gradients equal the naive path (tests/models/test_logprobs.py).
+O(B * T * V); values and gradients equal the naive path (tests/models/test_chunked_logprobs.py).
 """
 
 import jax

@@ -6,7 +6,6 @@ embeddings, qwen2 with qkv bias and tied embeddings, qwen3 with q/k norm and an 
 head_dim != d_model / n_heads, qwen3_moe with normalised top-k routing and one dense layer.
 """
 
-import numpy as np
 import pytest
 
 _COMMON = dict(
@@ -47,6 +46,13 @@ def make_hf_checkpoint(family, path, seed=0):
     return model
 
 
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    """Each model family in turn (test modules cannot import this conftest by name: other
+    test folders have a conftest.py too)."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory):
     """`hf_checkpoint(family)` -> (directory, torch model); built once per session."""
@@ -59,34 +65,3 @@ def hf_checkpoint(tmp_path_factory):
         return cache[family]
 
     return get
-
-
-def padded_batch(vocab_size, seed=0):
-    """tokens [3, 12] and a left-padding mask (0, 3 and 7 pads), as int32 numpy arrays."""
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, vocab_size, size=(3, 12)).astype(np.int32)
-    mask = np.ones((3, 12), np.int32)
-    mask[1, :3] = 0
-    mask[2, :7] = 0
-    return tokens, mask
-
-
-def hf_forward(torch_model, tokens, mask):
-    """transformers' outputs on a left-padded batch, with positions counting real tokens only."""
-    import torch
-
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    with torch.no_grad():
-        return torch_model(
-            input_ids=torch.tensor(tokens).long(),
-            attention_mask=torch.tensor(mask).long(),
-            position_ids=torch.tensor(positions).long(),
-            output_router_logits=torch_model.config.model_type == "qwen3_moe",
-        )
-
-
-def max_rel_error(ours, ref, mask):
-    """max |ours - ref| / max |ref| over the real (unmasked) positions."""
-    m = np.asarray(mask).astype(bool)
-    ours, ref = np.asarray(ours)[m], np.asarray(ref)[m]
-    return float(np.abs(ours - ref).max() / np.abs(ref).max())

@@ -26,7 +26,7 @@ def naive(hidden, w, tokens, temperature=1.0):
 
 
 class TestChunkedTokenLogprobs:
-    @pytest.mark.parametrize("chunk_size", [1, 7, 30, 1000])  # divides B*T or not, > B*T
+    @pytest.mark.parametrize("chunk_size", [7, 30, 1000])  # divides B*T or not, > B*T
     def test_values_equal_naive(self, chunk_size):
         hidden, w, tokens = inputs()
         chunked = jax.jit(lambda h, w, t: models.chunked_token_logprobs(h, w, t, chunk_size=chunk_size))

@@ -6,7 +6,6 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from conftest import FAMILIES, hf_forward, max_rel_error, padded_batch
 
 from grpo_jax import models
 
@@ -14,9 +13,39 @@ torch = pytest.importorskip("torch", reason="parity tests need torch (CPU) and t
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
-def loaded(request, hf_checkpoint):
-    path, torch_model = hf_checkpoint(request.param)
+def padded_batch(vocab_size, seed=0):
+    """tokens [3, 12] and a left-padding mask (0, 3 and 7 pads), as int32 numpy arrays."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab_size, size=(3, 12)).astype(np.int32)
+    mask = np.ones((3, 12), np.int32)
+    mask[1, :3] = 0
+    mask[2, :7] = 0
+    return tokens, mask
+
+
+def hf_forward(torch_model, tokens, mask):
+    """transformers' outputs on a left-padded batch, with positions counting real tokens only."""
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    with torch.no_grad():
+        return torch_model(
+            input_ids=torch.tensor(tokens).long(),
+            attention_mask=torch.tensor(mask).long(),
+            position_ids=torch.tensor(positions).long(),
+            output_router_logits=torch_model.config.model_type == "qwen3_moe",
+        )
+
+
+def max_rel_error(ours, ref, mask):
+    """max |ours - ref| / max |ref| over the real (unmasked) positions."""
+    m = np.asarray(mask).astype(bool)
+    ours, ref = np.asarray(ours)[m], np.asarray(ref)[m]
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+
+@pytest.fixture(scope="module")
+def loaded(family, hf_checkpoint):
+    """(model, torch model, mask, our outputs, transformers' outputs) for one family."""
+    path, torch_model = hf_checkpoint(family)
     model, _ = models.from_pretrained(path)
     tokens, mask = padded_batch(model.cfg.vocab_size)
     hidden, aux = jax.jit(lambda t, m: model.hidden_states(t, attention_mask=m))(tokens, mask)
@@ -54,7 +83,6 @@ class TestFromPretrained:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
 def test_save_pretrained_loads_in_transformers(family, hf_checkpoint, tmp_path):
     """save_pretrained -> transformers.from_pretrained gives our logits; index-sharded files too."""
     path, _ = hf_checkpoint(family)

@@ -78,6 +78,7 @@ class TestNumerics:
 
         return jax.jit(jax.value_and_grad(loss))(state)
 
+    @pytest.mark.slow
     def test_remat_gives_the_same_loss_and_gradients(self, batch):
         cfg = models.get_model_config("tiny")
         plain = self.grads(cfg, *batch)
@@ -85,6 +86,7 @@ class TestNumerics:
         for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat)):
             assert jax.numpy.allclose(a, b, rtol=1e-5, atol=1e-7)
 
+    @pytest.mark.slow
     def test_bfloat16_compute_is_close_to_float32(self, batch):
         cfg = models.get_model_config("tiny")
         model = models.init_model(cfg, seed=4)
