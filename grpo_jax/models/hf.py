@@ -165,7 +165,7 @@ def load_config(path, **overrides):
     return dataclasses.replace(config_lib.from_hf_config(hf, source=config_path), **overrides)
 
 
-def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dtype="float32", remat=False):
+def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dtype="float32", **overrides):
     """Loads a local Hugging Face checkpoint into a `Decoder`, each tensor straight into its sharding.
 
     Each tensor is read from the memory-mapped safetensors file and every device receives
@@ -177,13 +177,13 @@ def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dty
       mesh: a `jax.sharding.Mesh`; None puts everything on the default device.
       rules: a sharding rule-set name or table (`sharding.RULE_SETS`), used with `mesh`.
       dtype: compute dtype; param_dtype: storage dtype of the weights.
-      remat: recompute each layer in the backward pass.
+      **overrides: other `ModelConfig` fields, e.g. `remat=True`, `attention_impl="cudnn"`.
 
     Returns:
       `(model, tokenizer)`; tokenizer is `transformers.AutoTokenizer`'s, or None when
       the directory has none.
     """
-    cfg = load_config(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
+    cfg = load_config(path, dtype=dtype, param_dtype=param_dtype, **overrides)
     graphdef, state = decoder.abstract_model(cfg)
     flat = dict(nnx.to_flat_state(state))
     tensors = _open_checkpoint(path)
