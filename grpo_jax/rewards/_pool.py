@@ -92,6 +92,10 @@ class _Worker:
 class GraderPool:
     """Runs a grader over many rows in worker processes, each call under `timeout_s`.
 
+    Workers start like multiprocessing's "forkserver" children: they re-import the main
+    module, so a script that makes a pool keeps its top-level work under
+    `if __name__ == "__main__":` (`python -m grpo_jax.main` already does).
+
     Args:
       num_workers: worker processes; defaults to min(8, CPU count).
       timeout_s: budget per call, from when the row is handed to a worker.
