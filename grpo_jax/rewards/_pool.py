@@ -12,6 +12,7 @@ replacement starts in milliseconds and never forks the (multithreaded) trainer p
 
 import collections
 import dataclasses
+import importlib
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -55,6 +56,8 @@ def run_contained(fn: Callable[..., object], args: tuple, kwargs: dict) -> Outco
 
 
 def _worker_main(conn, memory_limit_bytes: int | None) -> None:
+    # Before "ready", so no call's budget pays for imports (free when the forkserver preloaded them).
+    importlib.import_module("grpo_jax.rewards")
     if memory_limit_bytes:  # a runaway grader gets MemoryError instead of waking the OOM killer
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
     conn.send("ready")
