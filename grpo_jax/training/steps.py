@@ -62,8 +62,8 @@ def make_update_step(graphdef, optimizer, loss_fn, *, param_shardings, opt_shard
         (grads, metrics), _ = jax.lax.scan(accumulate, zeros, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = {**metrics, "grad_norm": optax.global_norm(grads),
-                   "update_norm": optax.global_norm(updates)}
+        metrics = {**metrics, "grad_norm": optax.tree.norm(grads),
+                   "update_norm": optax.tree.norm(updates)}
         return params, opt_state, metrics
 
     replicated = NamedSharding(mesh, P())
