@@ -28,7 +28,7 @@ class Optimizer:
 
     def __init__(self, opt_cfg, total_updates, graphdef, params, mesh, loss_fn):
         self.tx = make_optimizer(opt_cfg, total_updates)
-        self.state = init_optimizer_state(self.tx, params)
+        self.state = init_optimizer_state(self.tx, params, mesh)
         shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
         self._update = make_update_step(graphdef, self.tx, loss_fn, param_shardings=shardings(params),
                                         opt_shardings=shardings(self.state), mesh=mesh)

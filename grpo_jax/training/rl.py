@@ -49,6 +49,10 @@ def check_config(config, mesh):
     if config.train.behaviour_logp not in ("recompute", "sampler"):
         raise ValueError("train.behaviour_logp must be 'recompute' or 'sampler', got "
                          f"{config.train.behaviour_logp!r}")
+    weights = config.objective.advantage.reward_weights
+    if config.objective.advantage.estimator == "gdpo" and weights and len(weights) != len(config.reward.specs):
+        raise ValueError(f"objective.advantage.reward_weights has {len(weights)} weights but "
+                         f"reward.specs names {len(config.reward.specs)} rewards; give one each")
     if config.train.epochs < 1:
         raise ValueError(f"train.epochs must be >= 1, got {config.train.epochs}")
 

@@ -7,6 +7,7 @@ batch is topped up with groups whose masks are zeroed: they add nothing to the l
 to any count, and `row_valid` says which rows are real.
 """
 
+import math
 import time
 
 import jax
@@ -19,9 +20,21 @@ ROW_FIELDS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "behaviour_logp"
               "truncated", "rewards", "correct")
 
 
+def _sampler_ways(mesh):
+    """Rows the sampler splits over: every mesh axis but "tensor" (the sampling rules)."""
+    return mesh.devices.size // mesh.shape.get("tensor", 1)
+
+
 def sample_groups(policy, examples, *, rng, method, group_size, max_new_tokens, completion_len):
-    """Samples G completions for each example; returns host arrays and completion strings."""
+    """Samples G completions for each example; returns host arrays and completion strings.
+
+    Prompts are topped up (repeating the last one) to a count the mesh can split; the
+    extra rows are dropped from what is returned.
+    """
     task_cfg, tokenizer = policy.task_cfg, policy.tokenizer
+    count = len(examples)
+    prompts_multiple = _sampler_ways(policy.mesh) // math.gcd(_sampler_ways(policy.mesh), group_size)
+    examples = list(examples) + [examples[-1]] * (-count % prompts_multiple)
     texts, ids = task_lib.encode_prompts(task_cfg, examples, tokenizer)
     prompt_tokens, prompt_mask = sampling.pad_prompts(ids, pad_id=tokenizer.pad_token_id)
     with jax.set_mesh(policy.mesh):
@@ -30,9 +43,10 @@ def sample_groups(policy, examples, *, rng, method, group_size, max_new_tokens, 
             group_size=group_size, max_new_tokens=max_new_tokens,
             stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
             max_len_bucket=completion_len, rules=policy.sampling_rules)
-    host = sampling.to_host(rollout)
+    rows = count * group_size
+    host = jax.tree.map(lambda x: x[:rows], sampling.to_host(rollout))
     completions = task_lib.decode_completions(tokenizer, host.tokens, host.mask)
-    repeated = [x for x in texts for _ in range(group_size)]
+    repeated = [x for x in texts[:count] for _ in range(group_size)]
     return host, repeated, completions
 
 

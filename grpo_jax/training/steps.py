@@ -82,6 +82,13 @@ def make_update_step(graphdef, optimizer, loss_fn, *, param_shardings, opt_shard
     return step
 
 
-def init_optimizer_state(optimizer, params):
-    """The optimizer state created directly in the parameters' shardings."""
-    return jax.jit(optimizer.init)(params)
+def init_optimizer_state(optimizer, params, mesh):
+    """The optimizer state, created on device in the parameters' shardings.
+
+    Moments take their parameter's sharding through jit; scalars such as Adam's step
+    count come out on one device and are replicated over the mesh.
+    """
+    state = jax.jit(optimizer.init)(params)
+    replicated = NamedSharding(mesh, P())
+    return jax.tree.map(
+        lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated), state)

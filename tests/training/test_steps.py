@@ -38,7 +38,7 @@ def _step(mesh, rows, micro_batches, mode):
     model = models.init_model(cfg, seed=3, mesh=mesh, rules="fsdp")
     graphdef, params = nnx.split(model)
     tx = optax.sgd(1.0)  # Adam's first step is ~lr*sign(g): tiny gradients would amplify float noise
-    opt_state = init_optimizer_state(tx, params)
+    opt_state = init_optimizer_state(tx, params, mesh)
     from grpo_jax import config_lib
     obj_cfg = config_lib.load_config("configs/base.py").objective
     obj_cfg.aggregation.mode = mode

@@ -1,0 +1,162 @@
+"""The RL loop end to end on the tiny model: every recipe, resume, filtering, errors."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import objectives
+from grpo_jax.training import rl, rollouts
+from training_setups import REPO, tiny_config
+
+RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(str(REPO / "configs" / "*.py"))
+                 if not p.endswith(("base.py", "demo.py")))
+TIMING = ("time", "tokens_per_s", "s/step")
+
+
+def _metrics(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _comparable(row):
+    return {k: v for k, v in row.items() if not any(t in k for t in TIMING)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_runs_two_steps(recipe, data_dir, tmp_path):
+    config = tiny_config(recipe, data_dir)
+    assert rl.train(config, str(tmp_path)) == 2
+    rows = _metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("loss", "reward_mean", "accuracy", "response_length_mean", "clip_high",
+                "approx_kl", "groups_without_signal", "gen_batches", "truncation_rate",
+                "rollout_tokens_per_s", "update_tokens_per_s", "time_rollout", "time_update"):
+        assert key in rows[-1] and np.isfinite(rows[-1][key]), key
+    assert "eval_accuracy" in rows[-1] and "eval_mean_at_k" in rows[-1]
+    assert os.path.isdir(tmp_path / "checkpoints" / "2")
+    assert os.path.isdir(tmp_path / "tensorboard")
+
+
+@pytest.mark.slow
+def test_kill_minus_nine_then_resume_continues_exactly(data_dir, tmp_path):
+    overrides = {"train.steps": 4, "train.checkpoint_every": 2, "train.eval_every": 100}
+    reference = tmp_path / "uninterrupted"
+    rl.train(tiny_config("dapo", data_dir, **overrides), str(reference))
+    expected = {r["step"]: _comparable(r) for r in _metrics(reference)}
+
+    config_file = tmp_path / "resume_config.py"
+    config_file.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO / 'tests' / 'training')!r})\n"
+        "from training_setups import tiny_config\n\n\n"
+        "def get_config(arg=None):\n"
+        f"    return tiny_config('dapo', {data_dir!r}, **{overrides!r})\n")
+    workdir = tmp_path / "killed"
+    command = [sys.executable, "-m", "grpo_jax.main", f"--config={config_file}",
+               f"--workdir={workdir}"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline and process.poll() is None:
+        if os.path.exists(workdir / "metrics.jsonl") and len(_metrics(workdir)) >= 3:
+            process.kill()   # SIGKILL: no cleanup, mid-run after step 3, checkpoint at step 2
+            break
+        time.sleep(0.02)
+    assert process.wait() == -9, "the run finished before it could be killed"
+    assert [r["step"] for r in _metrics(workdir)] == [1, 2, 3]
+
+    subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=600)
+    rows = _metrics(workdir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 3, 4]   # step 3 redone from checkpoint 2
+    for row in rows[3:]:
+        got, want = _comparable(row), expected[row["step"]]
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+class _PatternScorer:
+    """Group g of each draw: all correct (g % 4 == 0), all wrong (1, 3) or mixed (2)."""
+
+    def __call__(self, prompts, completions, examples, lengths):
+        rows = len(prompts)
+        group = np.arange(rows) // 4
+        mixed = (np.arange(rows) % 2).astype(np.float32)
+        values = np.where(group % 4 == 0, 1.0, np.where(group % 4 == 2, mixed, 0.0)).astype(np.float32)
+        return values, values >= 1, {}
+
+    def close(self):
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_gen_batches, draws, filled", [(3, 3, 0.75), (5, 4, 1.0)])
+def test_dynamic_sampling_keeps_only_groups_with_signal(data_dir, tmp_path, max_gen_batches,
+                                                        draws, filled):
+    config = tiny_config("dapo", data_dir, **{"filtering.max_gen_batches": max_gen_batches})
+    trainer = rl.Trainer(config, str(tmp_path))
+    trainer.setup.scorer = _PatternScorer()
+    batch, metrics = rollouts.collect(trainer, step=1)
+    assert metrics["gen_batches"] == draws
+    assert metrics["groups_without_signal"] == 0.75   # 3 of every 4 groups drawn
+    assert metrics["batch_filled"] == filled
+    valid = batch["row_valid"]
+    assert valid.sum() == 16 * filled
+    signal = np.asarray(objectives.group_has_signal(jnp.asarray(batch["rewards"]), 4))
+    assert signal[:int(4 * filled)].all()
+    assert np.all(batch["mask"][~valid] == 0)      # top-up rows count for nothing
+    trainer.setup.close()
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    ({"objective.loss.eps_high": -0.1}, ValueError, r"objective.loss.eps_high must be >= 0, got -0.1"),
+    ({"objective.loss.dual_clip": 1.0}, ValueError, r"objective.loss.dual_clip must be > 1.0"),
+    ({"objective.kl.kind": "k9"}, ValueError, r"objective.kl.kind must be one of 'k1', 'k2', 'k3'"),
+    ({"train.micro_batches": 3}, ValueError, r"16 rows must divide into train.minibatches \* "
+                                             r"train.micro_batches = 3 pieces"),
+    ({"train.micro_batches": 4, "mesh": (("data", 8), ("fsdp", 1), ("tensor", 1))}, ValueError,
+     r"a micro-batch of 4 rows does not split over the 8-way data axes"),
+    ({"train.behaviour_logp": "vllm"}, ValueError, r"train.behaviour_logp must be 'recompute' or 'sampler'"),
+    ({"model.path": "/no/such/checkpoint"}, FileNotFoundError, r"model.path '/no/such/checkpoint' is not a directory"),
+])
+def test_bad_configs_name_the_field(data_dir, tmp_path, overrides, error, message):
+    with pytest.raises(error, match=message):
+        rl.Trainer(tiny_config("dapo", data_dir, **overrides), str(tmp_path))
+
+
+def test_unknown_recipe_and_field_fail_at_the_command_line(tmp_path):
+    def run(*flags):
+        return subprocess.run([sys.executable, "-m", "grpo_jax.main", *flags,
+                               f"--workdir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+
+    missing = run("--config=configs/no_such_recipe.py")
+    assert missing.returncode != 0 and "no_such_recipe.py" in missing.stderr
+    typo = run("--config=configs/dapo.py:runlocal=True", "--config.objective.loss.eps_hihg=0.3")
+    assert typo.returncode != 0 and "eps_hihg" in typo.stderr
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+    rl.train(tiny_config("dapo", data_dir), str(tmp_path))
+
+    def nan_loss(logp, old_logp, adv, mask):
+        return jnp.where(mask > 0, logp * jnp.nan, 0.0), {}
+
+    objectives.register_policy_loss("nan_loss", nan_loss, fields=())
+    try:
+        config = tiny_config("dapo", data_dir, **{"train.steps": 4, "objective.loss.kind": "nan_loss"})
+        with pytest.raises(FloatingPointError, match=r"step 3: (loss|grad_norm) = nan is not finite.*"
+                                                     r"last good checkpoint is step 2"):
+            rl.train(config, str(tmp_path))
+    finally:
+        del objectives.POLICY_LOSSES["nan_loss"]
+    assert sorted(int(os.path.basename(p)) for p in glob.glob(str(tmp_path / "checkpoints" / "*"))) [-1] == 2
+    assert [r["step"] for r in _metrics(tmp_path)] == [1, 2]
