@@ -111,17 +111,19 @@ class Decoder(nnx.Module):
         return logprobs.unembed(hidden, self.unembedding())
 
     def token_logprobs(self, tokens, targets, *, attention_mask=None, positions=None,
-                       temperature=1.0, chunk_size=1024):
+                       temperature=1.0, chunk_size=1024, with_entropy=False):
         """`[B, T]` float32 log-probs of `targets` after each prefix of `tokens`, chunked.
 
         Equals `objectives.token_logprobs(model(tokens, ...), targets)` without building the
         `[B, T, V]` logits (see `logprobs.chunked_token_logprobs`). Typically `targets` is
-        `tokens` shifted left by one. An MoE trainer that also needs the load-balancing
-        loss calls `hidden_states` and `chunked_token_logprobs` itself.
+        `tokens` shifted left by one. With `with_entropy`, returns `(logp, entropy)`. An
+        MoE trainer that also needs the load-balancing loss calls `hidden_states` and
+        `chunked_token_logprobs` itself.
         """
         hidden, _ = self.hidden_states(tokens, attention_mask=attention_mask, positions=positions)
         return logprobs.chunked_token_logprobs(
-            hidden, self.unembedding(), targets, temperature=temperature, chunk_size=chunk_size
+            hidden, self.unembedding(), targets, temperature=temperature, chunk_size=chunk_size,
+            with_entropy=with_entropy,
         )
 
     def _run(self, tokens, token_mask, positions, mask, cache=None):

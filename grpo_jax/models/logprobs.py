@@ -11,7 +11,7 @@ O(B * T * V); values and gradients equal the naive path (tests/models/test_chunk
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.objectives import token_logprobs
+from grpo_jax.objectives import entropy_from_logits, token_logprobs
 
 
 def unembed(hidden, unembedding):
@@ -20,7 +20,8 @@ def unembed(hidden, unembedding):
     return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
 
 
-def chunked_token_logprobs(hidden, unembedding, tokens, *, temperature=1.0, chunk_size=1024):
+def chunked_token_logprobs(hidden, unembedding, tokens, *, temperature=1.0, chunk_size=1024,
+                           with_entropy=False):
     r"""`token_logprobs(hidden @ unembedding, tokens)`, computed `chunk_size` tokens at a time.
 
     .. math:: \log \pi(y_t) = z_{t, y_t} / \tau - \operatorname{logsumexp}_v(z_{t, v} / \tau),
@@ -34,9 +35,11 @@ def chunked_token_logprobs(hidden, unembedding, tokens, *, temperature=1.0, chun
       temperature: `\tau`, a float or scalar array.
       chunk_size: tokens per chunk; peak logits memory is `chunk_size * V * 4` bytes.
         B*T need not be a multiple (the last chunk is padded).
+      with_entropy: also return the entropy of each position's (tempered) distribution,
+        from the same chunk of logits (`objectives.entropy_from_logits`).
 
     Returns:
-      `[B, T]` float32 log-probabilities.
+      `[B, T]` float32 log-probabilities, or `(logp, entropy)` both `[B, T]`.
 
     Example:
       >>> h, w = jnp.ones((1, 3, 2)), jnp.eye(2)
@@ -53,6 +56,11 @@ def chunked_token_logprobs(hidden, unembedding, tokens, *, temperature=1.0, chun
     @jax.checkpoint
     def chunk(args):
         h_cd, y_c = args
-        return token_logprobs(unembed(h_cd, unembedding), y_c, temperature=temperature)
+        logits = unembed(h_cd, unembedding)
+        logp = token_logprobs(logits, y_c, temperature=temperature)
+        if not with_entropy:
+            return logp
+        return logp, entropy_from_logits(logits / temperature)
 
-    return jax.lax.map(chunk, (h, y)).reshape(-1)[:n].reshape(b, t)
+    unchunk = lambda x: x.reshape(-1)[:n].reshape(b, t)
+    return jax.tree.map(unchunk, jax.lax.map(chunk, (h, y)))

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from grpo_jax.models import chunked_token_logprobs
+
 from grpo_jax.training.steps import micro_batch_shardings
 
 TOKEN_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
@@ -17,17 +19,21 @@ LOSS_KEYS = ("old_logp", "mask", "advantages", "ref_logp", "behaviour_logp", "tr
              "num_tokens", "num_seqs")
 
 
-def completion_logprobs(model, batch):
+def completion_logprobs(model, batch, *, with_stats=False):
     """`[B, N]` float32 log-probs of the completion tokens at temperature 1.
 
     Goes through the model's chunked log-prob path, so the `[B, S+N, V]` logits are
     never materialised whole. Values past a row's last token are meaningless; the
-    losses mask them.
+    losses mask them. With `with_stats`, returns `(logp, entropy [B, N], aux_loss [])`,
+    aux_loss being the MoE load-balancing loss (0 for dense models).
     """
     tokens = jnp.concatenate([batch["prompt_tokens"], batch["tokens"]], axis=1)
     attention = jnp.concatenate([batch["prompt_mask"], batch["mask"]], axis=1)
-    logp = model.token_logprobs(tokens[:, :-1], tokens[:, 1:], attention_mask=attention[:, :-1])
-    return logp[:, batch["prompt_tokens"].shape[1] - 1:]
+    hidden, aux_loss = model.hidden_states(tokens[:, :-1], attention_mask=attention[:, :-1])
+    start = batch["prompt_tokens"].shape[1] - 1
+    out = chunked_token_logprobs(hidden[:, start:], model.unembedding(), tokens[:, start + 1:],
+                                 with_entropy=with_stats)
+    return (*out, aux_loss) if with_stats else out
 
 
 def make_logprob_fn(graphdef):

@@ -11,7 +11,7 @@ import time
 import jax
 from flax import nnx
 
-from grpo_jax import models, sampling
+from grpo_jax import models
 from grpo_jax.training import common, evaluation, rl, sft, task as task_lib
 
 
@@ -42,7 +42,7 @@ def evaluate_export(config, path):
             policy, scorer, examples, rng=jax.random.key(config.seed + 1),
             samples=config.eval.samples, temperature=config.rollout.temperature,
             max_new_tokens=config.rollout.max_new_tokens,
-            completion_len=sampling.bucket_length(config.rollout.max_new_tokens))
+            completion_len=config.rollout.max_new_tokens)
     finally:
         scorer.close()
 

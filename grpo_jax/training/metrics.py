@@ -62,8 +62,8 @@ class MetricWriter:
         print(self._console_line(step, metrics), file=self.stream, flush=True)
 
     def _console_line(self, step, metrics):
-        if self._first_step is None:
-            self._first_step, self._start = step - 1, time.time()
+        if self._first_step is None:   # a resumed run counts from where it resumed
+            self._first_step = step - 1
         done = step - self._first_step
         per_step = (time.time() - self._start) / max(done, 1)
         eta = per_step * (self.total_steps - step)

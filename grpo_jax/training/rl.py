@@ -77,15 +77,21 @@ class Trainer:
         if config.objective.kl.beta > 0:
             self.ref_params = jax.tree.map(jnp.copy, s.params)   # frozen copy of the start
         self.method = sampling.TopP(config.rollout.top_p, temperature=config.rollout.temperature)
-        self.completion_len = sampling.bucket_length(config.rollout.max_new_tokens)
+        self.completion_len = config.rollout.max_new_tokens   # fixed per run: one compile
         self.logp_fn = jax.jit(batching.make_logprob_fn(s.graphdef))
         self.step = 0
 
     # --- the loss of one micro-batch, differentiated by common.Optimizer -------------------
 
     def _loss(self, model, micro):
-        logp = batching.completion_logprobs(model, micro)
-        return self.objective(logp, {k: v for k, v in micro.items() if k in batching.LOSS_KEYS})
+        logp, entropy, aux_loss = batching.completion_logprobs(model, micro, with_stats=True)
+        batch = {k: v for k, v in micro.items() if k in batching.LOSS_KEYS}
+        loss, metrics = self.objective(logp, {**batch, "entropy": entropy})
+        if model.cfg.n_experts:   # MoE: keep the experts balanced
+            share = micro["mask"].sum() / micro["num_tokens"]   # micro-batches add up to 1
+            loss = loss + model.cfg.router_aux_loss_coef * aux_loss * share
+            metrics = {**metrics, "router_aux_loss": aux_loss * share}
+        return loss, metrics
 
     def rng(self, stream, step):
         """The key of `stream` ("rollout", "shuffle", "eval") at `step`: fold_in(seed, ...)."""

@@ -36,7 +36,8 @@ def sample_groups(policy, examples, *, rng, method, group_size, max_new_tokens, 
     prompts_multiple = _sampler_ways(policy.mesh) // math.gcd(_sampler_ways(policy.mesh), group_size)
     examples = list(examples) + [examples[-1]] * (-count % prompts_multiple)
     texts, ids = task_lib.encode_prompts(task_cfg, examples, tokenizer)
-    prompt_tokens, prompt_mask = sampling.pad_prompts(ids, pad_id=tokenizer.pad_token_id)
+    prompt_tokens, prompt_mask = sampling.pad_prompts(ids, pad_id=tokenizer.pad_token_id,
+                                                      buckets=task_lib.PROMPT_BUCKETS)
     with jax.set_mesh(policy.mesh):
         rollout = sampling.generate(
             policy.graphdef, policy.params, prompt_tokens, prompt_mask, rng=rng, method=method,

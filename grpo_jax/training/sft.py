@@ -22,7 +22,8 @@ from grpo_jax.training.rl import Policy
 def target_rows(examples, task_cfg, tokenizer, completion_len):
     """Prompt and target (solution + eos) token rows; targets cut at `completion_len`."""
     _, prompt_ids = task_lib.encode_prompts(task_cfg, examples, tokenizer)
-    prompt_tokens, prompt_mask = sampling.pad_prompts(prompt_ids, pad_id=tokenizer.pad_token_id)
+    prompt_tokens, prompt_mask = sampling.pad_prompts(prompt_ids, pad_id=tokenizer.pad_token_id,
+                                                      buckets=task_lib.PROMPT_BUCKETS)
     targets = tokenizer([ex["solution"] for ex in examples], add_special_tokens=False)["input_ids"]
     tokens = np.full((len(examples), completion_len), tokenizer.pad_token_id, np.int32)
     mask = np.zeros((len(examples), completion_len), np.int32)
@@ -55,7 +56,7 @@ class SftTrainer:
                              config.rollout.rules)
         self.opt = common.Optimizer(config.sft.optimizer, config.sft.steps, s.graphdef, s.params,
                                     self.mesh, nll_loss)
-        self.completion_len = sampling.bucket_length(config.rollout.max_new_tokens)
+        self.completion_len = config.rollout.max_new_tokens
 
     def train_step(self):
         """One optimizer step on the next batch; returns its metrics."""

@@ -6,6 +6,10 @@ import numpy as np
 
 from grpo_jax import data, rewards
 
+# Prompt widths a run compiles for: powers of two from 8 (short arithmetic prompts waste
+# half of a 16-wide bucket, and every column costs compute in every step).
+PROMPT_BUCKETS = tuple(2**i for i in range(3, 17))
+
 _KNOB_CLASSES = {"arithmetic": data.ArithmeticConfig, "reasoning_gym": data.ReasoningGymConfig,
                  "rpt": data.RptConfig}
 
