@@ -8,9 +8,13 @@ initialised, saved with save_pretrained and loaded by both libraries from that d
 Each batch is B/8 prompts of 32 random tokens x G=8 completions (transformers:
 num_return_sequences=8), ancestral sampling at temperature 1 (no top-k / top-p), no stop
 token, so every row generates exactly the requested number of tokens. tokens/s = B *
-new tokens / wall time of one generate call (prefill included), median over --repeats
-rounds; compilation and warm-up excluded; within a round the two libraries run back to
-back, so load from other processes falls on both alike.
+new tokens / wall time of one generate call (prefill included), the best of --repeats
+rounds (the machine is shared: the fastest round is the one least disturbed by other
+processes); within a round the two libraries run back to back. Warm-up runs exclude
+compilation: ours with max_new_tokens=1 (the same compiled program, since
+max_new_tokens is traced), transformers' with 4 new tokens. torch runs with the thread
+count (1 or 2) that a probe finds faster: on a loaded machine two OpenMP threads can be
+20x slower than one.
 
 A second table measures how far the sampler's behaviour log-probs (`Rollout.logp`) are
 from a teacher-forced forward pass over the same tokens, in float32 and in bfloat16.
@@ -51,8 +55,7 @@ def header(argv):
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# CPU {cpu.group(1) if cpu else platform.processor()}, {os.cpu_count()} cores, no GPU; python "
           f"{platform.python_version()}, jax {jax.__version__} ({jax.default_backend()}, "
-          f"{jax.device_count()} device(s)), torch {torch.__version__ if torch else 'not installed'}"
-          f" ({torch.get_num_threads() if torch else 0} threads)")
+          f"{jax.device_count()} device(s)), torch {torch.__version__ if torch else 'not installed'}")
     print(f"# command: python experiments/bench_sampler.py {' '.join(argv)}".rstrip())
     print(f"# load average at start {os.getloadavg()[0]:.1f} (other processes share the cores)\n")
 
@@ -79,10 +82,10 @@ def prompts(batch, vocab_size):
     return rng.integers(0, vocab_size, size=(batch // GROUP_SIZE, PROMPT_LEN)).astype(np.int32)
 
 
-def ours(graphdef, state, ids, new_tokens, seed):
+def ours(graphdef, state, ids, new_tokens, seed, max_len_bucket=None):
     rollout = sampling.generate(
         graphdef, state, ids, np.ones_like(ids), rng=jax.random.key(seed), method=sampling.Temperature(1.0),
-        group_size=GROUP_SIZE, max_new_tokens=new_tokens, stop_tokens=[], pad_id=0,
+        group_size=GROUP_SIZE, max_new_tokens=new_tokens, stop_tokens=[], pad_id=0, max_len_bucket=max_len_bucket,
     )
     jax.block_until_ready(rollout)
     assert int(rollout.lengths.min()) == new_tokens
@@ -101,6 +104,20 @@ def transformers_generate(torch, torch_model, ids, new_tokens, seed):
     return out
 
 
+def pick_torch_threads(torch, torch_model, ids):
+    """Sets torch to the faster of 1 and 2 threads on a short generate, and says so."""
+    rates = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        transformers_generate(torch, torch_model, ids, 4, 0)
+        rates[threads] = ids.shape[0] * GROUP_SIZE * 32 / seconds(
+            lambda: transformers_generate(torch, torch_model, ids, 32, 0))
+    best = max(rates, key=rates.get)
+    torch.set_num_threads(best)
+    print(f"# torch threads: {best} (probe, B=64, 32 new tokens: "
+          + ", ".join(f"{t} thread(s) {r:,.0f} tok/s" for t, r in rates.items()) + ")\n")
+
+
 def seconds(fn):
     start = time.perf_counter()
     fn()
@@ -115,28 +132,29 @@ def bench_throughput(path, batches, lengths, repeats):
     if torch is not None:
         import transformers
         torch_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+        pick_torch_threads(torch, torch_model, prompts(64, model.cfg.vocab_size))
     rows = []
     for batch in batches:
         for new in lengths:
             ids = prompts(batch, model.cfg.vocab_size)
-            compile_s = seconds(lambda: ours(graphdef, state, ids, new, 0))
+            compile_s = seconds(lambda: ours(graphdef, state, ids, 1, 0, max_len_bucket=new))
             if torch_model is not None:
-                transformers_generate(torch, torch_model, ids, new, 0)  # warm-up
+                transformers_generate(torch, torch_model, ids, 4, 0)
             t_ours, t_hf = [], []
             for r in range(repeats):
                 t_ours.append(seconds(lambda: ours(graphdef, state, ids, new, r + 1)))
                 if torch_model is not None:
                     t_hf.append(seconds(lambda: transformers_generate(torch, torch_model, ids, new, r + 1)))
-            ours_tps = batch * new / np.median(t_ours)
-            hf_tps = batch * new / np.median(t_hf) if t_hf else float("nan")
+            ours_tps = batch * new / min(t_ours)
+            hf_tps = batch * new / min(t_hf) if t_hf else float("nan")
             rows.append([batch, new, f"{ours_tps:,.0f}", f"{hf_tps:,.0f}", f"{ours_tps / hf_tps:.2f}x",
                          f"{compile_s:.1f}"])
             print(f"  B={batch} new={new}: ours {ours_tps:,.0f} tok/s, transformers {hf_tps:,.0f} tok/s",
                   file=sys.stderr, flush=True)
     table(
         f"1. generation tokens/s, tiny model (float32), G={GROUP_SIZE}, prompt {PROMPT_LEN} tokens, "
-        f"median of {repeats}",
-        ["B", "new tokens", "grpo_jax tok/s", "transformers tok/s", "ratio", "first call s (compile)"],
+        f"best of {repeats}",
+        ["B", "new tokens", "grpo_jax tok/s", "transformers tok/s", "ratio", "compile s (first call)"],
         rows,
     )
 
@@ -173,7 +191,7 @@ def bench_logp(path, batch, new):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="B=16, 16 new tokens, 1 repeat (smoke test)")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
