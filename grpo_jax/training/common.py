@@ -88,8 +88,8 @@ class RunSetup:
         self.scorer.close()
 
 
-def metric_writer(workdir, total_steps, prefix=""):
-    return MetricWriter(workdir, total_steps=total_steps, prefix=prefix)
+def metric_writer(workdir, total_steps, prefix="", total_seconds=None):
+    return MetricWriter(workdir, total_steps=total_steps, total_seconds=total_seconds, prefix=prefix)
 
 
 WATCHED = ("loss", "policy_loss", "grad_norm", "update_norm", "kl", "approx_kl")

@@ -27,15 +27,16 @@ CONSOLE = (
 
 
 def progress_bar(done, total, width=20):
-    filled = int(width * done / max(total, 1))
+    filled = min(int(width * done / max(total, 1)), width)
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
 class MetricWriter:
     """Writes scalar metrics to ``workdir/metrics.jsonl``, TensorBoard and the console."""
 
-    def __init__(self, workdir, *, total_steps, prefix="", stream=sys.stdout):
+    def __init__(self, workdir, *, total_steps, total_seconds=None, prefix="", stream=sys.stdout):
         self.total_steps = total_steps
+        self.total_seconds = total_seconds   # a run bounded by wall time shows time progress
         self.prefix = prefix
         self.stream = stream
         self.is_main = jax.process_index() == 0
@@ -64,13 +65,17 @@ class MetricWriter:
     def _console_line(self, step, metrics):
         if self._first_step is None:   # a resumed run counts from where it resumed
             self._first_step = step - 1
-        done = step - self._first_step
-        per_step = (time.time() - self._start) / max(done, 1)
-        eta = per_step * (self.total_steps - step)
+        elapsed = time.time() - self._start
+        per_step = elapsed / max(step - self._first_step, 1)
         shown = " ".join(label + " " + fmt.format(metrics[name])
                          for name, label, fmt in CONSOLE if name in metrics)
-        return (f"{self.prefix}step {step:>5d}/{self.total_steps} {progress_bar(step, self.total_steps)} "
-                f"{shown} | {per_step:.2f}s/step eta {eta / 60:.1f}m")
+        if self.total_seconds:
+            progress = f"step {step:>5d} {progress_bar(elapsed, self.total_seconds)}"
+            eta = max(self.total_seconds - elapsed, 0.0)
+        else:
+            progress = f"step {step:>5d}/{self.total_steps} {progress_bar(step, self.total_steps)}"
+            eta = per_step * (self.total_steps - step)
+        return f"{self.prefix}{progress} {shown} | {per_step:.2f}s/step eta {eta / 60:.1f}m"
 
     def close(self):
         if self.is_main:

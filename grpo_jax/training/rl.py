@@ -156,7 +156,7 @@ class Trainer:
                 metrics.update(prep_metrics)
                 metrics.update(self.update(batch, step))
                 common.stop_if_not_finite(metrics, step, s.checkpointer)
-                if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
+                if step % cfg.train.eval_every == 0:
                     metrics.update(self.evaluate(step))
                 writer.write(step, metrics)
                 if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:

@@ -79,7 +79,8 @@ class SftTrainer:
         """Trains to `sft.steps` (or for `seconds` of wall time); returns the last step."""
         cfg, s = self.config, self.setup
         step = s.restore(self.policy, self.opt)
-        writer = common.metric_writer(self.workdir, cfg.sft.steps, prefix="sft ")
+        writer = common.metric_writer(self.workdir, cfg.sft.steps, total_seconds=seconds,
+                                      prefix="sft " if seconds is None else "sft (timed) ")
         start = time.time()
         try:
             while step < cfg.sft.steps and (seconds is None or time.time() - start < seconds):
@@ -87,7 +88,7 @@ class SftTrainer:
                 metrics = self.train_step()
                 common.stop_if_not_finite(metrics, step, s.checkpointer)
                 last = step == cfg.sft.steps
-                if step % cfg.sft.eval_every == 0 or last:
+                if step % cfg.sft.eval_every == 0:
                     metrics.update(self.evaluate(step))
                 if step % cfg.sft.log_every == 0 or last or "eval_accuracy" in metrics:
                     writer.write(step, metrics)

@@ -1,0 +1,33 @@
+"""The demo pipeline (SFT warm start -> RL -> equal-time SFT control -> table) end to end."""
+
+import json
+import os
+
+import pytest
+
+from grpo_jax.training import demo
+from training_setups import tiny_config
+
+
+@pytest.mark.slow
+def test_demo_pipeline_runs_each_stage_once_and_prints_the_table(data_dir, tmp_path, capsys):
+    config = tiny_config("demo", data_dir, **{"train.export": True, "eval.num_prompts": 8})
+    config.mode = "demo"
+    results = demo.run(config, str(tmp_path))
+    assert [r["stage"] for r in results] == [
+        "SFT warm start", "+ DAPO (RL)", "+ SFT for the same time (control)"]
+    for row in results:
+        assert 0.0 <= row["eval_accuracy"] <= 1.0 and row["seconds"] > 0
+    assert results[2]["seconds"] == results[1]["seconds"]   # the control gets RL's wall time
+    for stage in ("sft", "rl", "sft_control"):
+        assert os.path.exists(tmp_path / stage / "export" / "config.json")
+    out = capsys.readouterr().out
+    assert "+ DAPO (RL)" in out and "pass@1" in out
+    with open(tmp_path / "results.json") as f:
+        assert json.load(f) == results
+
+    # A second run finds every stage done and only re-evaluates.
+    mtimes = {s: os.path.getmtime(tmp_path / s / "wall_time.json") for s in ("sft", "rl", "sft_control")}
+    again = demo.run(config, str(tmp_path))
+    assert [r["eval_accuracy"] for r in again] == [r["eval_accuracy"] for r in results]
+    assert mtimes == {s: os.path.getmtime(tmp_path / s / "wall_time.json") for s in mtimes}
