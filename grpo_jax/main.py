@@ -30,6 +30,8 @@ def main(argv):
     config = _CONFIG.value
     if config.mode not in MODES:
         raise app.UsageError(f"config.mode must be one of {MODES}, got {config.mode!r}")
+    import tensorflow_datasets as tfds
+    tfds.disable_progress_bar()                 # one line per step is the progress output
     from grpo_jax.training import demo, rl, sft   # after flag parsing: jax starts here
     workdir = os.path.expanduser(_WORKDIR.value)
     {"rl": rl.train, "sft": sft.train, "demo": demo.run}[config.mode](config, workdir)
