@@ -9,24 +9,24 @@ from etils import epath
 
 def read_jsonl(manual_dir: epath.PathLike, filename: str, *, dataset: str,
                fields: set[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-  """Yields ``(line_number, row)`` for each non-empty line of ``manual_dir/filename``.
+    """Yields ``(line_number, row)`` for each non-empty line of ``manual_dir/filename``.
 
-  Raises:
-    FileNotFoundError: the file is not in ``manual_dir``.
-    ValueError: a row lacks one of ``fields`` (not the official format).
-  """
-  path = epath.Path(manual_dir) / filename
-  if not path.exists():
-    raise FileNotFoundError(
-        f"{dataset}: {path} not found; copy the official {filename} into the "
-        f"manual_dir passed to data_source(..., manual_dir=...)")
-  for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-    if not line.strip():
-      continue
-    row = json.loads(line)
-    missing = fields - row.keys()
-    if missing:
-      raise ValueError(
-          f"{dataset}: {path}:{line_number} lacks {sorted(missing)}; expected the "
-          f"official format with fields {sorted(fields)}")
-    yield line_number, row
+    Raises:
+      FileNotFoundError: the file is not in ``manual_dir``.
+      ValueError: a row lacks one of ``fields`` (not the official format).
+    """
+    path = epath.Path(manual_dir) / filename
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{dataset}: {path} not found; copy the official {filename} into the "
+            f"manual_dir passed to data_source(..., manual_dir=...)")
+    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        missing = fields - row.keys()
+        if missing:
+            raise ValueError(
+                f"{dataset}: {path}:{line_number} lacks {sorted(missing)}; expected the "
+                f"official format with fields {sorted(fields)}")
+        yield line_number, row

@@ -39,152 +39,152 @@ OPS = ("+", "-", "*")
 
 def sample_problem(rng: np.random.Generator, *, digits: int,
                    ops: tuple[str, ...]) -> tuple[int, str, int]:
-  """Draws ``(a, op, b)``; for ``"-"`` the operands are ordered so ``a >= b``."""
-  op = ops[rng.integers(len(ops))]
-  a, b = (int(x) for x in rng.integers(0, 10**digits, size=2))
-  if op == "-" and a < b:
-    a, b = b, a
-  return a, op, b
+    """Draws ``(a, op, b)``; for ``"-"`` the operands are ordered so ``a >= b``."""
+    op = ops[rng.integers(len(ops))]
+    a, b = (int(x) for x in rng.integers(0, 10**digits, size=2))
+    if op == "-" and a < b:
+        a, b = b, a
+    return a, op, b
 
 
 def problem_key(a: int, op: str, b: int) -> str:
-  """Canonical form: commutative operands sorted, so ``3+5`` and ``5+3`` are one problem."""
-  if op in "+*":
-    a, b = sorted((a, b))
-  return f"{a}{op}{b}"
+    """Canonical form: commutative operands sorted, so ``3+5`` and ``5+3`` are one problem."""
+    if op in "+*":
+        a, b = sorted((a, b))
+    return f"{a}{op}{b}"
 
 
 def column_steps(a: int, b: int, op: str,
                  forget: Callable[[], bool]) -> tuple[list[str], int]:
-  """Column-by-column addition or subtraction, least significant digit first.
+    """Column-by-column addition or subtraction, least significant digit first.
 
-  Args:
-    a, b: non-negative operands (``a >= b`` for ``"-"``).
-    op: ``"+"`` or ``"-"``.
-    forget: called once per carry (borrow) produced; when it returns True the carry
-      is dropped, which is how the imperfect teacher errs.
+    Args:
+      a, b: non-negative operands (``a >= b`` for ``"-"``).
+      op: ``"+"`` or ``"-"``.
+      forget: called once per carry (borrow) produced; when it returns True the carry
+        is dropped, which is how the imperfect teacher errs.
 
-  Returns:
-    The scratchpad steps (``"8+6+0=14"``) and the result they add up to.
-  """
-  sign = 1 if op == "+" else -1
-  width = max(len(str(a)), len(str(b)))
-  steps, digits, carry = [], [], 0
-  for i in range(width):
-    da, db = a // 10**i % 10, b // 10**i % 10
-    column = da + sign * db + sign * carry
-    steps.append(f"{da}{op}{db}{op}{carry}={column}")
-    digits.append(column % 10)
-    carry = int(not 0 <= column <= 9)
-    if carry and forget():
-      carry = 0
-  if carry and op == "+":
-    digits.append(carry)
-  return steps, sum(d * 10**i for i, d in enumerate(digits))
+    Returns:
+      The scratchpad steps (``"8+6+0=14"``) and the result they add up to.
+    """
+    sign = 1 if op == "+" else -1
+    width = max(len(str(a)), len(str(b)))
+    steps, digits, carry = [], [], 0
+    for i in range(width):
+        da, db = a // 10**i % 10, b // 10**i % 10
+        column = da + sign * db + sign * carry
+        steps.append(f"{da}{op}{db}{op}{carry}={column}")
+        digits.append(column % 10)
+        carry = int(not 0 <= column <= 9)
+        if carry and forget():
+            carry = 0
+    if carry and op == "+":
+        digits.append(carry)
+    return steps, sum(d * 10**i for i, d in enumerate(digits))
 
 
 def product_steps(a: int, b: int) -> tuple[list[str], int]:
-  """Long multiplication as shifted partial products: ``47*20=940``."""
-  steps = [f"{a}*{b // 10**i % 10 * 10**i}={a * (b // 10**i % 10) * 10**i}"
-           for i in range(len(str(b)))]
-  return steps, a * b
+    """Long multiplication as shifted partial products: ``47*20=940``."""
+    steps = [f"{a}*{b // 10**i % 10 * 10**i}={a * (b // 10**i % 10) * 10**i}"
+             for i in range(len(str(b)))]
+    return steps, a * b
 
 
 def solve(a: int, op: str, b: int, *, scratchpad: bool,
           forget: Callable[[], bool]) -> tuple[str, int]:
-  """The SFT target for ``a op b`` and the result it states.
+    """The SFT target for ``a op b`` and the result it states.
 
-  ``forget`` drops carries as in ``column_steps``; pass ``lambda: False`` for the
-  correct target.
-  """
-  if op == "*":
-    steps, result = product_steps(a, b)
-  else:
-    steps, result = column_steps(a, b, op, forget)
-  final = prompts.render_answer("arithmetic", str(result))
-  return (" ".join(steps + [final]) if scratchpad else final), result
+    ``forget`` drops carries as in ``column_steps``; pass ``lambda: False`` for the
+    correct target.
+    """
+    if op == "*":
+        steps, result = product_steps(a, b)
+    else:
+        steps, result = column_steps(a, b, op, forget)
+    final = prompts.render_answer("arithmetic", str(result))
+    return (" ".join(steps + [final]) if scratchpad else final), result
 
 
 def make_example(a: int, op: str, b: int, *, scratchpad: bool,
                  forget: Callable[[], bool]) -> dict[str, Any]:
-  """One arithmetic example; ``answer`` is exact, ``solution`` comes from ``solve``."""
-  solution, _ = solve(a, op, b, scratchpad=scratchpad, forget=forget)
-  exact = {"+": a + b, "-": a - b, "*": a * b}[op]
-  return {"task": "arithmetic", "question": f"{a}{op}{b}", "answer": str(exact),
-          "solution": solution}
+    """One arithmetic example; ``answer`` is exact, ``solution`` comes from ``solve``."""
+    solution, _ = solve(a, op, b, scratchpad=scratchpad, forget=forget)
+    exact = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return {"task": "arithmetic", "question": f"{a}{op}{b}", "answer": str(exact),
+            "solution": solution}
 
 
 @dataclasses.dataclass(eq=False)
 class ArithmeticConfig(_procedural.ProceduralConfig):
-  """Knobs of the arithmetic task.
+    """Knobs of the arithmetic task.
 
-  Attributes:
-    digits: operands are drawn uniformly from ``[0, 10**digits)``.
-    ops: operators to draw from, a subset of ``("+", "-", "*")``.
-    scratchpad: whether ``solution`` shows the column-by-column work.
-    teacher_fraction: share of examples whose ``solution`` comes from the teacher
-      that forgets carries (``answer`` stays exact).
-    forget_carry_p: probability that teacher drops each carry or borrow.
-  """
+    Attributes:
+      digits: operands are drawn uniformly from ``[0, 10**digits)``.
+      ops: operators to draw from, a subset of ``("+", "-", "*")``.
+      scratchpad: whether ``solution`` shows the column-by-column work.
+      teacher_fraction: share of examples whose ``solution`` comes from the teacher
+        that forgets carries (``answer`` stays exact).
+      forget_carry_p: probability that teacher drops each carry or borrow.
+    """
 
-  PREFIX: ClassVar[str] = "arithmetic"
+    PREFIX: ClassVar[str] = "arithmetic"
 
-  digits: int = 3
-  ops: tuple[str, ...] = ("+",)
-  scratchpad: bool = True
-  teacher_fraction: float = 0.0
-  forget_carry_p: float = 1.0
+    digits: int = 3
+    ops: tuple[str, ...] = ("+",)
+    scratchpad: bool = True
+    teacher_fraction: float = 0.0
+    forget_carry_p: float = 1.0
 
-  def __post_init__(self):
-    self.ops = tuple(self.ops)
-    if self.digits < 1:
-      raise ValueError(f"arithmetic.digits must be >= 1, got {self.digits}")
-    if not self.ops or not set(self.ops) <= set(OPS):
-      raise ValueError(f"arithmetic.ops must be a non-empty subset of {OPS}, got {self.ops}")
-    for field in ("teacher_fraction", "forget_carry_p"):
-      if not 0.0 <= getattr(self, field) <= 1.0:
-        raise ValueError(f"arithmetic.{field} must be in [0, 1], got {getattr(self, field)}")
-    super().__post_init__()
+    def __post_init__(self):
+        self.ops = tuple(self.ops)
+        if self.digits < 1:
+            raise ValueError(f"arithmetic.digits must be >= 1, got {self.digits}")
+        if not self.ops or not set(self.ops) <= set(OPS):
+            raise ValueError(f"arithmetic.ops must be a non-empty subset of {OPS}, got {self.ops}")
+        for field in ("teacher_fraction", "forget_carry_p"):
+            if not 0.0 <= getattr(self, field) <= 1.0:
+                raise ValueError(f"arithmetic.{field} must be in [0, 1], got {getattr(self, field)}")
+        super().__post_init__()
 
 
 def generate(config: ArithmeticConfig) -> Iterator[dict[str, Any]]:
-  """The infinite candidate stream: candidate ``i`` depends only on ``(seed, i)``."""
-  for index in itertools.count():
-    rng = np.random.default_rng([config.seed, index])
-    a, op, b = sample_problem(rng, digits=config.digits, ops=config.ops)
-    noisy = rng.random() < config.teacher_fraction
-    forget = functools.partial(_coin, rng, config.forget_carry_p if noisy else 0.0)
-    yield make_example(a, op, b, scratchpad=config.scratchpad, forget=forget)
+    """The infinite candidate stream: candidate ``i`` depends only on ``(seed, i)``."""
+    for index in itertools.count():
+        rng = np.random.default_rng([config.seed, index])
+        a, op, b = sample_problem(rng, digits=config.digits, ops=config.ops)
+        noisy = rng.random() < config.teacher_fraction
+        forget = functools.partial(_coin, rng, config.forget_carry_p if noisy else 0.0)
+        yield make_example(a, op, b, scratchpad=config.scratchpad, forget=forget)
 
 
 def _coin(rng: np.random.Generator, p: float) -> bool:
-  """True with probability ``p``; draws nothing when ``p == 0``."""
-  return p > 0 and rng.random() < p
+    """True with probability ``p``; draws nothing when ``p == 0``."""
+    return p > 0 and rng.random() < p
 
 
 def example_key(example: dict[str, Any]) -> str:
-  """``problem_key`` of an example's question."""
-  question = example["question"]
-  op = next(c for c in question[1:] if c in OPS)
-  a, b = question.split(op, 1)
-  return problem_key(int(a), op, int(b))
+    """``problem_key`` of an example's question."""
+    question = example["question"]
+    op = next(c for c in question[1:] if c in OPS)
+    a, b = question.split(op, 1)
+    return problem_key(int(a), op, int(b))
 
 
 class Arithmetic(_procedural.ProceduralBuilder):
-  """Multi-digit arithmetic with an optional scratchpad (see ``grpo_jax.data.arithmetic``)."""
+    """Multi-digit arithmetic with an optional scratchpad (see ``grpo_jax.data.arithmetic``)."""
 
-  # add3_teacher is the SFT warm start of the trainer demo's known-good recipe.
-  BUILDER_CONFIGS = [
-      ArithmeticConfig(name="add3", digits=3, num_train=20000, num_test=1000),
-      ArithmeticConfig(name="add3_teacher", digits=3, num_train=20000, num_test=1000,
-                       teacher_fraction=0.5, forget_carry_p=1.0),
-  ]
+    # add3_teacher is the SFT warm start of the trainer demo's known-good recipe.
+    BUILDER_CONFIGS = [
+        ArithmeticConfig(name="add3", digits=3, num_train=20000, num_test=1000),
+        ArithmeticConfig(name="add3_teacher", digits=3, num_train=20000, num_test=1000,
+                         teacher_fraction=0.5, forget_carry_p=1.0),
+    ]
 
-  def features(self) -> tfds.features.FeaturesDict:
-    return _records.example_features()
+    def features(self) -> tfds.features.FeaturesDict:
+        return _records.example_features()
 
-  def candidates(self) -> Iterator[dict[str, Any]]:
-    return generate(self.builder_config)
+    def candidates(self) -> Iterator[dict[str, Any]]:
+        return generate(self.builder_config)
 
-  def key(self, example: dict[str, Any]) -> str:
-    return example_key(example)
+    def key(self, example: dict[str, Any]) -> str:
+        return example_key(example)

@@ -21,38 +21,38 @@ _ANNOTATION = re.compile(r"<<[^<>]*>>")
 
 
 def to_example(row: dict[str, Any]) -> dict[str, Any]:
-  """An official GSM8K row as a project example."""
-  worked = row["answer"]
-  if "####" not in worked:
-    raise ValueError(f"gsm8k: answer has no '#### <number>' line: {worked[-80:]!r}")
-  steps, answer = worked.rsplit("####", 1)
-  answer = answer.strip().replace(",", "")
-  solution = f"{_ANNOTATION.sub('', steps).strip()}\n{prompts.render_answer('gsm8k', answer)}"
-  return {"task": "gsm8k", "question": row["question"].strip(), "answer": answer,
-          "solution": solution}
+    """An official GSM8K row as a project example."""
+    worked = row["answer"]
+    if "####" not in worked:
+        raise ValueError(f"gsm8k: answer has no '#### <number>' line: {worked[-80:]!r}")
+    steps, answer = worked.rsplit("####", 1)
+    answer = answer.strip().replace(",", "")
+    solution = f"{_ANNOTATION.sub('', steps).strip()}\n{prompts.render_answer('gsm8k', answer)}"
+    return {"task": "gsm8k", "question": row["question"].strip(), "answer": answer,
+            "solution": solution}
 
 
 class Gsm8k(tfds.core.GeneratorBasedBuilder):
-  """GSM8K grade-school math word problems (train 7473, test 1319 in the official files)."""
+    """GSM8K grade-school math word problems (train 7473, test 1319 in the official files)."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "First release."}
-  MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      "Copy train.jsonl and test.jsonl from grade_school_math/data/ of "
-      "https://github.com/openai/grade-school-math into manual_dir.")
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "First release."}
+    MANUAL_DOWNLOAD_INSTRUCTIONS = (
+        "Copy train.jsonl and test.jsonl from grade_school_math/data/ of "
+        "https://github.com/openai/grade-school-math into manual_dir.")
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self, description=type(self).__doc__,
-        features=_records.example_features(),
-        homepage="https://github.com/openai/grade-school-math")
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self, description=type(self).__doc__,
+            features=_records.example_features(),
+            homepage="https://github.com/openai/grade-school-math")
 
-  def _split_generators(self, dl_manager):
-    return {split: self._generate_examples(dl_manager.manual_dir, split)
-            for split in _records.SPLITS}
+    def _split_generators(self, dl_manager):
+        return {split: self._generate_examples(dl_manager.manual_dir, split)
+                for split in _records.SPLITS}
 
-  def _generate_examples(self, manual_dir, split: str):
-    rows = _manual.read_jsonl(manual_dir, f"{split}.jsonl", dataset="gsm8k",
-                              fields={"question", "answer"})
-    for line_number, row in rows:
-      yield line_number, to_example(row)
+    def _generate_examples(self, manual_dir, split: str):
+        rows = _manual.read_jsonl(manual_dir, f"{split}.jsonl", dataset="gsm8k",
+                                  fields={"question", "answer"})
+        for line_number, row in rows:
+            yield line_number, to_example(row)

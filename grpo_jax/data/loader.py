@@ -42,38 +42,38 @@ def data_source(name: str, *, split: str, data_dir: str,
                 config: tfds.core.BuilderConfig | str | None = None,
                 manual_dir: str | None = None,
                 prepare: bool = True) -> Sequence[dict[str, Any]]:
-  """Prepares the dataset if ``data_dir`` lacks it, then opens ``split`` for random access.
+    """Prepares the dataset if ``data_dir`` lacks it, then opens ``split`` for random access.
 
-  On several hosts sharing ``data_dir``, prepare once (one process, or a separate
-  run) and open with ``prepare=False`` elsewhere, so processes do not race to write.
+    On several hosts sharing ``data_dir``, prepare once (one process, or a separate
+    run) and open with ``prepare=False`` elsewhere, so processes do not race to write.
 
-  Args:
-    name: one of ``BUILDERS`` (``"arithmetic"``, ``"reasoning_gym"``, ``"gsm8k"``,
-      ``"math500"``, ``"rpt"``).
-    split: ``"train"`` or ``"test"``.
-    data_dir: where the array_record files are written and read.
-    config: the builder config (an instance, or the name of a predefined one);
-      ``None`` picks the builder's default.
-    manual_dir: the directory holding the official files (GSM8K, MATH-500).
-    prepare: build the dataset when it is missing; when False a missing dataset is
-      an error.
+    Args:
+      name: one of ``BUILDERS`` (``"arithmetic"``, ``"reasoning_gym"``, ``"gsm8k"``,
+        ``"math500"``, ``"rpt"``).
+      split: ``"train"`` or ``"test"``.
+      data_dir: where the array_record files are written and read.
+      config: the builder config (an instance, or the name of a predefined one);
+        ``None`` picks the builder's default.
+      manual_dir: the directory holding the official files (GSM8K, MATH-500).
+      prepare: build the dataset when it is missing; when False a missing dataset is
+        an error.
 
-  Returns:
-    A random-access sequence of raw records (decode them with ``decode_example``;
-    ``make_loader`` does).
-  """
-  if name not in BUILDERS:
-    raise ValueError(f"data name must be one of {sorted(BUILDERS)}, got {name!r}")
-  builder = tfds.builder(name, data_dir=data_dir, config=config,
-                         file_format=tfds.core.FileFormat.ARRAY_RECORD)
-  if not builder.is_prepared():
-    if not prepare:
-      raise FileNotFoundError(
-          f"{builder.data_dir} is not prepared; call data_source(..., "
-          "prepare=True) once first")
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        manual_dir=manual_dir, try_download_gcs=False))
-  return builder.as_data_source(split=split)
+    Returns:
+      A random-access sequence of raw records (decode them with ``decode_example``;
+      ``make_loader`` does).
+    """
+    if name not in BUILDERS:
+        raise ValueError(f"data name must be one of {sorted(BUILDERS)}, got {name!r}")
+    builder = tfds.builder(name, data_dir=data_dir, config=config,
+                           file_format=tfds.core.FileFormat.ARRAY_RECORD)
+    if not builder.is_prepared():
+        if not prepare:
+            raise FileNotFoundError(
+                f"{builder.data_dir} is not prepared; call data_source(..., "
+                "prepare=True) once first")
+        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+            manual_dir=manual_dir, try_download_gcs=False))
+    return builder.as_data_source(split=split)
 
 
 def make_loader(
@@ -88,49 +88,49 @@ def make_loader(
     drop_remainder: bool = False,
     read_options: grain.ReadOptions | None = None,
 ) -> grain.IterDataset:
-  """A deterministic, shardable, resumable grain pipeline over decoded examples.
+    """A deterministic, shardable, resumable grain pipeline over decoded examples.
 
-  Args:
-    source: a random-access sequence of records, e.g. from ``data_source``.
-    seed: shuffle seed in ``[0, 2**32)``; each epoch is shuffled differently.
-    shuffle: whether to shuffle at all (evaluation usually does not).
-    num_epochs: passes over this process's shard; ``None`` repeats forever.
-    shard_options: which part of the data this process reads. ``None`` means
-      ``grain.sharding.ShardByJaxProcess()``: process ``i`` of ``n`` reads the
-      ``i``-th of ``n`` contiguous blocks, so the processes together read every
-      example exactly once per epoch (``drop_remainder=True`` in the options gives
-      equal shards instead, dropping up to ``n - 1`` examples).
-    transform: applied to each decoded example, e.g. to add a formatted prompt.
-    batch_size: when set, elements are lists of this many examples.
-    drop_remainder: drop a final short batch.
-    read_options: grain's threading and prefetch options.
+    Args:
+      source: a random-access sequence of records, e.g. from ``data_source``.
+      seed: shuffle seed in ``[0, 2**32)``; each epoch is shuffled differently.
+      shuffle: whether to shuffle at all (evaluation usually does not).
+      num_epochs: passes over this process's shard; ``None`` repeats forever.
+      shard_options: which part of the data this process reads. ``None`` means
+        ``grain.sharding.ShardByJaxProcess()``: process ``i`` of ``n`` reads the
+        ``i``-th of ``n`` contiguous blocks, so the processes together read every
+        example exactly once per epoch (``drop_remainder=True`` in the options gives
+        equal shards instead, dropping up to ``n - 1`` examples).
+      transform: applied to each decoded example, e.g. to add a formatted prompt.
+      batch_size: when set, elements are lists of this many examples.
+      drop_remainder: drop a final short batch.
+      read_options: grain's threading and prefetch options.
 
-  Returns:
-    A ``grain.IterDataset``; its iterator has ``get_state()`` / ``set_state()``.
-  """
-  shard_options = shard_options or grain.sharding.ShardByJaxProcess()
-  start, stop = shard_bounds(len(source), shard_options)
-  dataset = grain.MapDataset.source(source)[start:stop]
-  if shuffle:
-    dataset = dataset.shuffle(seed=seed)
-  dataset = dataset.repeat(num_epochs).map(_records.decode_example)
-  if transform is not None:
-    dataset = dataset.map(transform)
-  if batch_size is not None:
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder, batch_fn=list)
-  return dataset.to_iter_dataset(read_options)
+    Returns:
+      A ``grain.IterDataset``; its iterator has ``get_state()`` / ``set_state()``.
+    """
+    shard_options = shard_options or grain.sharding.ShardByJaxProcess()
+    start, stop = shard_bounds(len(source), shard_options)
+    dataset = grain.MapDataset.source(source)[start:stop]
+    if shuffle:
+        dataset = dataset.shuffle(seed=seed)
+    dataset = dataset.repeat(num_epochs).map(_records.decode_example)
+    if transform is not None:
+        dataset = dataset.map(transform)
+    if batch_size is not None:
+        dataset = dataset.batch(batch_size, drop_remainder=drop_remainder, batch_fn=list)
+    return dataset.to_iter_dataset(read_options)
 
 
 def shard_bounds(num_examples: int, options: grain.sharding.ShardOptions) -> tuple[int, int]:
-  """``[start, stop)`` of the contiguous block that ``options.shard_index`` reads.
+    """``[start, stop)`` of the contiguous block that ``options.shard_index`` reads.
 
-  The first ``num_examples % shard_count`` shards get one extra example, unless
-  ``options.drop_remainder``, in which case every shard gets
-  ``num_examples // shard_count``.
-  """
-  per_shard, extra = divmod(num_examples, options.shard_count)
-  index = options.shard_index
-  if options.drop_remainder:
-    return index * per_shard, (index + 1) * per_shard
-  start = index * per_shard + min(index, extra)
-  return start, start + per_shard + (index < extra)
+    The first ``num_examples % shard_count`` shards get one extra example, unless
+    ``options.drop_remainder``, in which case every shard gets
+    ``num_examples // shard_count``.
+    """
+    per_shard, extra = divmod(num_examples, options.shard_count)
+    index = options.shard_index
+    if options.drop_remainder:
+        return index * per_shard, (index + 1) * per_shard
+    start = index * per_shard + min(index, extra)
+    return start, start + per_shard + (index < extra)

@@ -26,14 +26,14 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class AnswerFormat:
-  """How a final answer is written: a template and the instruction that asks for it."""
+    """How a final answer is written: a template and the instruction that asks for it."""
 
-  template: str
-  instruction: str
+    template: str
+    instruction: str
 
-  def render(self, answer: str) -> str:
-    """The answer written in this format, e.g. ``"#### 72"``."""
-    return self.template.format(answer=answer)
+    def render(self, answer: str) -> str:
+        """The answer written in this format, e.g. ``"#### 72"``."""
+        return self.template.format(answer=answer)
 
 
 HASHES = AnswerFormat(
@@ -55,13 +55,13 @@ NEXT_TOKENS = AnswerFormat(
 
 @dataclasses.dataclass(frozen=True)
 class TaskFormat:
-  """The answer format of a task and its plain prompt template.
+    """The answer format of a task and its plain prompt template.
 
-  ``plain_template`` may use ``{question}`` and ``{instruction}``.
-  """
+    ``plain_template`` may use ``{question}`` and ``{instruction}``.
+    """
 
-  answer: AnswerFormat
-  plain_template: str = "{question}\n\n{instruction}\n"
+    answer: AnswerFormat
+    plain_template: str = "{question}\n\n{instruction}\n"
 
 
 TASK_FORMATS = {
@@ -77,64 +77,64 @@ TASK_FORMATS = {
 
 
 def task_format(task: str) -> TaskFormat:
-  """The ``TaskFormat`` registered for ``task``."""
-  if task not in TASK_FORMATS:
-    raise ValueError(
-        f"example['task'] = {task!r} has no answer format; add it to "
-        f"grpo_jax.data.prompts.TASK_FORMATS (known: {sorted(TASK_FORMATS)})")
-  return TASK_FORMATS[task]
+    """The ``TaskFormat`` registered for ``task``."""
+    if task not in TASK_FORMATS:
+        raise ValueError(
+            f"example['task'] = {task!r} has no answer format; add it to "
+            f"grpo_jax.data.prompts.TASK_FORMATS (known: {sorted(TASK_FORMATS)})")
+    return TASK_FORMATS[task]
 
 
 def render_answer(task: str, answer: str) -> str:
-  """``answer`` written in ``task``'s answer format (the end of an SFT target)."""
-  return task_format(task).answer.render(answer)
+    """``answer`` written in ``task``'s answer format (the end of an SFT target)."""
+    return task_format(task).answer.render(answer)
 
 
 def user_message(example: dict[str, Any]) -> str:
-  """The question followed by the task's answer instruction (the chat user turn)."""
-  instruction = task_format(example["task"]).answer.instruction
-  return f"{example['question']}\n\n{instruction}"
+    """The question followed by the task's answer instruction (the chat user turn)."""
+    instruction = task_format(example["task"]).answer.instruction
+    return f"{example['question']}\n\n{instruction}"
 
 
 def plain_prompt(example: dict[str, Any], *, system_prompt: str | None = None) -> str:
-  """The task's plain template filled from ``example``, after ``system_prompt`` if any.
+    """The task's plain template filled from ``example``, after ``system_prompt`` if any.
 
-  >>> plain_prompt({"task": "arithmetic", "question": "478+256"})
-  '478+256='
-  """
-  fmt = task_format(example["task"])
-  body = fmt.plain_template.format(
-      question=example["question"], instruction=fmt.answer.instruction)
-  return body if system_prompt is None else f"{system_prompt}\n\n{body}"
+    >>> plain_prompt({"task": "arithmetic", "question": "478+256"})
+    '478+256='
+    """
+    fmt = task_format(example["task"])
+    body = fmt.plain_template.format(
+        question=example["question"], instruction=fmt.answer.instruction)
+    return body if system_prompt is None else f"{system_prompt}\n\n{body}"
 
 
 def chat_prompt(example: dict[str, Any], tokenizer, *,
                 system_prompt: str | None = None) -> str:
-  """The example as a chat prompt rendered by ``tokenizer``'s chat template.
+    """The example as a chat prompt rendered by ``tokenizer``'s chat template.
 
-  Args:
-    example: an example dict (``task`` and ``question`` are read).
-    tokenizer: a ``transformers`` tokenizer whose ``chat_template`` is set.
-    system_prompt: an optional system message placed before the user turn.
+    Args:
+      example: an example dict (``task`` and ``question`` are read).
+      tokenizer: a ``transformers`` tokenizer whose ``chat_template`` is set.
+      system_prompt: an optional system message placed before the user turn.
 
-  Returns:
-    The prompt text, ending with the template's generation prompt (the start of the
-    assistant turn), ready to tokenize.
-  """
-  if getattr(tokenizer, "chat_template", None) is None:
-    raise ValueError(
-        "tokenizer has no chat_template; pass tokenizer=None for a plain prompt or "
-        "set tokenizer.chat_template")
-  messages = [{"role": "user", "content": user_message(example)}]
-  if system_prompt is not None:
-    messages.insert(0, {"role": "system", "content": system_prompt})
-  return tokenizer.apply_chat_template(
-      messages, tokenize=False, add_generation_prompt=True)
+    Returns:
+      The prompt text, ending with the template's generation prompt (the start of the
+      assistant turn), ready to tokenize.
+    """
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "tokenizer has no chat_template; pass tokenizer=None for a plain prompt or "
+            "set tokenizer.chat_template")
+    messages = [{"role": "user", "content": user_message(example)}]
+    if system_prompt is not None:
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)
 
 
 def format_prompt(example: dict[str, Any], *, tokenizer=None,
                   system_prompt: str | None = None) -> str:
-  """``chat_prompt`` when a tokenizer is given, else ``plain_prompt``."""
-  if tokenizer is None:
-    return plain_prompt(example, system_prompt=system_prompt)
-  return chat_prompt(example, tokenizer, system_prompt=system_prompt)
+    """``chat_prompt`` when a tokenizer is given, else ``plain_prompt``."""
+    if tokenizer is None:
+        return plain_prompt(example, system_prompt=system_prompt)
+    return chat_prompt(example, tokenizer, system_prompt=system_prompt)

@@ -7,75 +7,75 @@ from grpo_jax.data import gsm8k
 
 
 def read(name, split, data_dir, manual_dir):
-  source = data.data_source(name, split=split, data_dir=str(data_dir),
-                            manual_dir=str(manual_dir))
-  return [data.decode_example(r) for r in source]
+    source = data.data_source(name, split=split, data_dir=str(data_dir),
+                              manual_dir=str(manual_dir))
+    return [data.decode_example(r) for r in source]
 
 
 def by_answer(examples):
-  return {e["answer"]: e for e in examples}
+    return {e["answer"]: e for e in examples}
 
 
 class TestGsm8k:
 
-  def test_reads_both_official_files(self, data_dir, fixtures_dir):
-    train = read("gsm8k", "train", data_dir, fixtures_dir / "gsm8k")
-    test = read("gsm8k", "test", data_dir, fixtures_dir / "gsm8k")
-    assert sorted(e["answer"] for e in train) == ["180", "27", "430", "6000"]
-    assert sorted(e["answer"] for e in test) == ["108", "480", "68"]
-    example = by_answer(train)["27"]
-    assert example == {
-        "task": "gsm8k",
-        "question": "Mara buys 3 packs of pencils. Each pack has 12 pencils. She gives "
-                    "9 pencils to her brother. How many pencils does Mara have left?",
-        "answer": "27",
-        "solution": "Mara buys 3 * 12 = 36 pencils.\n"
-                    "After giving some away she has 36 - 9 = 27 pencils.\n#### 27",
-    }
+    def test_reads_both_official_files(self, data_dir, fixtures_dir):
+        train = read("gsm8k", "train", data_dir, fixtures_dir / "gsm8k")
+        test = read("gsm8k", "test", data_dir, fixtures_dir / "gsm8k")
+        assert sorted(e["answer"] for e in train) == ["180", "27", "430", "6000"]
+        assert sorted(e["answer"] for e in test) == ["108", "480", "68"]
+        example = by_answer(train)["27"]
+        assert example == {
+            "task": "gsm8k",
+            "question": "Mara buys 3 packs of pencils. Each pack has 12 pencils. She gives "
+                        "9 pencils to her brother. How many pencils does Mara have left?",
+            "answer": "27",
+            "solution": "Mara buys 3 * 12 = 36 pencils.\n"
+                        "After giving some away she has 36 - 9 = 27 pencils.\n#### 27",
+        }
 
-  def test_thousands_separator_removed_from_answer_and_final_line(self, data_dir,
-                                                                  fixtures_dir):
-    example = by_answer(read("gsm8k", "train", data_dir, fixtures_dir / "gsm8k"))["6000"]
-    assert example["solution"].endswith("are left.\n#### 6000")
-    assert "<<" not in example["solution"]
+    def test_thousands_separator_removed_from_answer_and_final_line(self, data_dir,
+                                                                    fixtures_dir):
+        example = by_answer(read("gsm8k", "train", data_dir, fixtures_dir / "gsm8k"))["6000"]
+        assert example["solution"].endswith("are left.\n#### 6000")
+        assert "<<" not in example["solution"]
 
-  def test_row_without_final_answer(self):
-    with pytest.raises(ValueError, match="gsm8k: answer has no '#### <number>' line"):
-      gsm8k.to_example({"question": "q", "answer": "It is 4."})
+    def test_row_without_final_answer(self):
+        with pytest.raises(ValueError, match="gsm8k: answer has no '#### <number>' line"):
+            gsm8k.to_example({"question": "q", "answer": "It is 4."})
 
-  def test_missing_file_names_the_file_and_the_fix(self, tmp_path):
-    manual = tmp_path / "manual"
-    manual.mkdir()
-    (manual / "test.jsonl").write_text("")
-    with pytest.raises(FileNotFoundError, match=r"train.jsonl not found; copy the official"):
-      read("gsm8k", "train", tmp_path / "out", manual)
+    def test_missing_file_names_the_file_and_the_fix(self, tmp_path):
+        manual = tmp_path / "manual"
+        manual.mkdir()
+        (manual / "test.jsonl").write_text("")
+        with pytest.raises(FileNotFoundError, match=r"train.jsonl not found; copy the official"):
+            read("gsm8k", "train", tmp_path / "out", manual)
 
-  def test_empty_manual_dir_shows_the_instructions(self, tmp_path):
-    with pytest.raises(AssertionError, match="grade-school-math"):
-      read("gsm8k", "train", tmp_path / "out", tmp_path / "absent")
+    def test_empty_manual_dir_shows_the_instructions(self, tmp_path):
+        with pytest.raises(AssertionError, match="grade-school-math"):
+            read("gsm8k", "train", tmp_path / "out", tmp_path / "absent")
 
 
 class TestMath500:
 
-  def test_reads_official_test_file(self, data_dir, fixtures_dir):
-    test = read("math500", "test", data_dir, fixtures_dir / "math500")
-    assert len(test) == 5
-    example = by_answer(test)["\\frac{43}{12}"]
-    assert example["task"] == "math500"
-    assert example["question"].startswith("Compute $\\dfrac{5}{6} + \\dfrac{11}{4}$.")
-    assert example["solution"].endswith("= \\boxed{\\frac{43}{12}}$.")
-    assert (example["subject"], example["level"], example["unique_id"]) == (
-        "Prealgebra", 2, "test/prealgebra/1377.json")
-    polar = by_answer(test)["\\left( 4, \\frac{3 \\pi}{2} \\right)"]
-    assert polar["level"] == 2 and polar["subject"] == "Precalculus"
+    def test_reads_official_test_file(self, data_dir, fixtures_dir):
+        test = read("math500", "test", data_dir, fixtures_dir / "math500")
+        assert len(test) == 5
+        example = by_answer(test)["\\frac{43}{12}"]
+        assert example["task"] == "math500"
+        assert example["question"].startswith("Compute $\\dfrac{5}{6} + \\dfrac{11}{4}$.")
+        assert example["solution"].endswith("= \\boxed{\\frac{43}{12}}$.")
+        assert (example["subject"], example["level"], example["unique_id"]) == (
+            "Prealgebra", 2, "test/prealgebra/1377.json")
+        polar = by_answer(test)["\\left( 4, \\frac{3 \\pi}{2} \\right)"]
+        assert polar["level"] == 2 and polar["subject"] == "Precalculus"
 
-  def test_has_only_a_test_split(self, data_dir, fixtures_dir):
-    with pytest.raises(ValueError, match="train"):
-      read("math500", "train", data_dir, fixtures_dir / "math500")
+    def test_has_only_a_test_split(self, data_dir, fixtures_dir):
+        with pytest.raises(ValueError, match="train"):
+            read("math500", "train", data_dir, fixtures_dir / "math500")
 
-  def test_row_missing_a_field(self, tmp_path):
-    manual = tmp_path / "manual"
-    manual.mkdir()
-    (manual / "test.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')
-    with pytest.raises(ValueError, match=r"lacks \['level', 'solution', 'subject', 'unique_id'\]"):
-      read("math500", "test", tmp_path / "out", manual)
+    def test_row_missing_a_field(self, tmp_path):
+        manual = tmp_path / "manual"
+        manual.mkdir()
+        (manual / "test.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')
+        with pytest.raises(ValueError, match=r"lacks \['level', 'solution', 'subject', 'unique_id'\]"):
+            read("math500", "test", tmp_path / "out", manual)
