@@ -17,7 +17,10 @@ count (1 or 2) that a probe finds faster: on a loaded machine two OpenMP threads
 20x slower than one.
 
 A second table measures how far the sampler's behaviour log-probs (`Rollout.logp`) are
-from a teacher-forced forward pass over the same tokens, in float32 and in bfloat16.
+from a teacher-forced forward pass over the same tokens, in float32 and in bfloat16. A
+third times one layer's decode attention on the model's `[B, L, K, H]` cache layout
+(`jax.nn.dot_product_attention`, as models/layers.py calls it) and on a `[B, K, L, H]`
+layout (two einsums), which XLA:CPU runs without transposing the cache.
 """
 
 import argparse
@@ -189,6 +192,41 @@ def bench_logp(path, batch, new):
     )
 
 
+def per_call_ms(fn, *args, calls=10):
+    fn = jax.jit(fn)
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    for _ in range(calls):
+        jax.block_until_ready(fn(*args))
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def bench_attention(path, batch, slots_list):
+    cfg = models.load_config(path)
+    k, g, h = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
+    rows = []
+    for slots in slots_list:
+        q = jnp.ones((batch, 1, k * g, h))
+        k_blkh = v_blkh = jnp.ones((batch, slots, k, h))
+        k_bklh = v_bklh = jnp.ones((batch, k, slots, h))
+        mask = jnp.ones((batch, 1, 1, slots), bool)
+        model_ms = per_call_ms(lambda q, kc, vc: jax.nn.dot_product_attention(q, kc, vc, mask=mask), q, k_blkh, v_blkh)
+
+        def bklh_attention(q, kc, vc):
+            logits = jnp.einsum("bkgh,bklh->bkgl", q.reshape(batch, k, g, h), kc) * h**-0.5
+            probs = jax.nn.softmax(jnp.where(mask[:, :, 0, None], logits, -jnp.inf), axis=-1)
+            return jnp.einsum("bkgl,bklh->bkgh", probs, vc)
+
+        bklh_ms = per_call_ms(bklh_attention, q, k_bklh, v_bklh)
+        rows.append([batch, slots, f"{model_ms:.2f}", f"{bklh_ms:.2f}", f"{model_ms / bklh_ms:.1f}x"])
+    table(
+        f"3. decode attention of one layer (ms, 1 query token, K={k} kv heads x G={g}, H={h}); "
+        f"the model runs {cfg.n_layers} per step",
+        ["B", "cache slots", "[B,L,K,H] dot_product_attention (model)", "[B,K,L,H] einsum", "ratio"],
+        rows,
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
@@ -202,6 +240,7 @@ def main(argv=None):
         models.save_pretrained(models.init_model(models.get_model_config("tiny"), seed=0), path)
         bench_throughput(path, batches, lengths, repeats)
         bench_logp(path, 16, 16 if args.quick else 128)
+        bench_attention(path, 16 if args.quick else 256, (64,) if args.quick else (96, 544))
 
 
 if __name__ == "__main__":
