@@ -4,8 +4,10 @@
         [--config.train.steps=50 ...]
 
 ``config.mode`` picks the loop: "rl" (default), "sft" (supervised warm start on the
-task's reference solutions) or "demo" (SFT warm start, then RL, then an equal-time SFT
-control, ending with a before/after table). Re-running a command resumes its workdir.
+task's reference solutions), "demo" (SFT warm start, then RL, then an equal-time SFT
+control, ending with a before/after table) or "eval" (held-out pass@1, mean@k and pass@k
+of the checkpoint in ``model.path``, written to ``workdir/eval.json``). Re-running a
+command resumes its workdir.
 """
 
 import os
@@ -20,7 +22,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/demo", "Where checkpoints, metrics and "
                                "exports go; re-running with the same workdir resumes.")
 
-MODES = ("rl", "sft", "demo")
+MODES = ("rl", "sft", "demo", "eval")
 
 
 def main(argv):
@@ -34,7 +36,8 @@ def main(argv):
     tfds.disable_progress_bar()                 # one line per step is the progress output
     from grpo_jax.training import demo, rl, sft   # after flag parsing: jax starts here
     workdir = os.path.expanduser(_WORKDIR.value)
-    {"rl": rl.train, "sft": sft.train, "demo": demo.run}[config.mode](config, workdir)
+    {"rl": rl.train, "sft": sft.train, "demo": demo.run, "eval": demo.evaluate_to_file}[
+        config.mode](config, workdir)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,18 @@ def evaluate_export(config, path):
         scorer.close()
 
 
+def evaluate_to_file(config, workdir):
+    """The "eval" mode: held-out metrics of ``model.path``, printed and saved as JSON."""
+    if not config.model.path:
+        raise ValueError("mode 'eval' needs --config.model.path, a checkpoint to evaluate")
+    metrics = evaluate_export(config, config.model.path)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "eval.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    print(json.dumps(metrics, indent=2), flush=True)
+    return metrics
+
+
 def _timed(workdir, fn):
     """Runs `fn` once per workdir and remembers its wall time there (for the control)."""
     record = os.path.join(workdir, "wall_time.json")
