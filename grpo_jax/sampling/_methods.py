@@ -135,7 +135,13 @@ class MinP:
 
 
 def sample(method, rng, logits_bv):
-    """Draws one token per row from `method`'s distribution.
+    """Draws one token per row from `method`'s distribution, by inverse CDF.
+
+    One uniform number per row picks the first token whose cumulative probability
+    exceeds it: V times fewer random bits than Gumbel-max (`jax.random.categorical`),
+    which made sampling 4x slower at B = 256, V = 512 on CPU. The float32 cumulative
+    sum perturbs probabilities by ~1e-7 relative (log-depth scan); `Rollout.logp` and
+    the returned log-probs are computed exactly from the logits.
 
     Args:
       method: `Greedy`, `Temperature`, `TopK`, `TopP` or `MinP`.
@@ -151,7 +157,13 @@ def sample(method, rng, logits_bv):
       (Array([1], dtype=int32), Array([0.], dtype=float32))
     """
     logp_bv = method.log_probs(logits_bv)
-    tokens_b = jax.random.categorical(rng, logp_bv, axis=-1).astype(jnp.int32)
+    cdf_bv = jnp.cumsum(jnp.exp(logp_bv), axis=-1)
+    total_b1 = cdf_bv[:, -1:]
+    u_b1 = jax.random.uniform(rng, total_b1.shape) * total_b1
+    # The first token whose cdf exceeds u; excluded tokens (p = 0) never are. `last` (the
+    # first token reaching the total) guards against u * total rounding up to the total.
+    last_b = jnp.argmax(cdf_bv >= total_b1, axis=-1)
+    tokens_b = jnp.minimum(jnp.sum(cdf_bv <= u_b1, axis=-1), last_b).astype(jnp.int32)
     return tokens_b, jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0]
 
 
