@@ -11,16 +11,13 @@ import time
 import jax
 from flax import nnx
 
-from grpo_jax import models
+from grpo_jax import config_lib, models
 from grpo_jax.training import common, evaluation, rl, sft, task as task_lib
 
 
 def _stage_config(config, **changes):
-    stage = config.copy_and_resolve_references()
-    for dotted, value in changes.items():
-        section, field = dotted.split(".")
-        stage[section][field] = value
-    return stage
+    """A copy of `config` with ``{"section.field": value}`` changes for one stage."""
+    return config_lib.apply_overrides(config.copy_and_resolve_references(), changes)
 
 
 def _done(workdir):
