@@ -29,7 +29,7 @@ class KVCache:
     """Keys and values of all tokens seen so far, in fixed-size buffers.
 
     Attributes:
-      k, v: one `[B, L, K, H]` array per layer.
+      k, v: one `[B, K, L, H]` array per layer (heads before slots: see layers.Attention).
       valid: `[B, L]` bool, True on slots that hold a real (non-padding) token.
       index: `[]` int32, the slot the next token is written to (shared by all rows).
     """
@@ -178,7 +178,7 @@ class Decoder(nnx.Module):
     def init_cache(self, batch_size, max_len):
         """An empty `KVCache` of `max_len` slots per row, in the compute dtype."""
         cfg = self.cfg
-        shape = (batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+        shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
         def zeros():
             return tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers))
 

@@ -90,6 +90,28 @@ def apply_rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def grouped_attention(q, k, v, mask, *, scale):
+    """Grouped-query attention with keys and values stored heads-first.
+
+    Query head i reads key/value head i // (N / K), as transformers' repeat_kv does.
+
+    Args:
+      q: `[B, S, N, H]` queries.
+      k, v: `[B, K, L, H]` keys and values (K divides N).
+      mask: `[B, S, L]` bool, True where query s may attend slot l.
+      scale: multiplies the scores (1 / sqrt(H)).
+
+    Returns:
+      `[B, S, N, H]` in q's dtype; scores and softmax in float32.
+    """
+    b, s, n, h = q.shape
+    groups = q.reshape(b, s, k.shape[1], n // k.shape[1], h)
+    scores = jnp.einsum("bskgh,bklh->bkgsl", groups, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * scale, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgsl,bklh->bskgh", probs, v).reshape(b, s, n, h)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE, optional qkv/o biases and q/k RMSNorm."""
 
@@ -127,8 +149,11 @@ class Attention(nnx.Module):
           positions: `[B, S]` rope positions.
           mask: `[B, S, L]` bool, True where query s may attend key slot l; L = S without
             a cache, the cache length with one.
-          kv_cache: optional `(k, v)`, each `[B, L, K, H]`; the new keys and values are
-            written at slots `[cache_index, cache_index + S)` before attending.
+          kv_cache: optional `(k, v)`, each `[B, K, L, H]`; the new keys and values are
+            written at slots `[cache_index, cache_index + S)` before attending. Heads come
+            before slots so a decode step reads the cache in place: with `[B, L, K, H]`
+            XLA:CPU transposed the whole cache every step (3-7x slower attention,
+            experiments/results/bench_sampler_cpu.txt).
           cache_index: scalar int32 slot of the first new token.
 
         Returns:
@@ -137,17 +162,21 @@ class Attention(nnx.Module):
         cfg = self.cfg
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         q = apply_rope(self._project(x, "q"), positions, inv_freq)
-        k = apply_rope(self._project(x, "k"), positions, inv_freq)
-        v = self._project(x, "v")
+        heads_first = lambda t: t.transpose(0, 2, 1, 3)   # [B, S, K, H] -> [B, K, S, H]
+        k = heads_first(apply_rope(self._project(x, "k"), positions, inv_freq))
+        v = heads_first(self._project(x, "v"))
         if kv_cache is not None:
-            start = (0, cache_index, 0, 0)
+            start = (0, 0, cache_index, 0)
             k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), start)
             v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), start)
             kv_cache = (k, v)
-        out = jax.nn.dot_product_attention(
-            q, k.astype(q.dtype), v.astype(q.dtype),
-            mask=mask[:, None], scale=cfg.head_dim**-0.5, implementation=cfg.attention_impl,
-        )
+        k, v = k.astype(q.dtype), v.astype(q.dtype)
+        if cfg.attention_impl == "cudnn":
+            out = jax.nn.dot_product_attention(
+                q, heads_first(k), heads_first(v), mask=mask[:, None], scale=cfg.head_dim**-0.5,
+                implementation="cudnn")
+        else:
+            out = grouped_attention(q, k, v, mask, scale=cfg.head_dim**-0.5)
         y = jnp.einsum("bsnh,nhd->bsd", out, self.o[...].astype(x.dtype))
         if cfg.o_bias:
             y = y + self.o_bias[...].astype(x.dtype)

@@ -127,10 +127,14 @@ def _segment_ends(buffer_len):
 
 def _grow(cache, slots):
     """`cache` with empty slots appended up to `slots` (one copy per segment)."""
-    def pad(x):
-        return jnp.pad(x, [(0, 0), (0, slots - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+    def pad(x, axis):
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, slots - x.shape[axis])
+        return jnp.pad(x, widths)
 
-    return cache.replace(k=tuple(map(pad, cache.k)), v=tuple(map(pad, cache.v)), valid=pad(cache.valid))
+    pad_slots = lambda x: pad(x, 2)   # k, v are [B, K, L, H]
+    return cache.replace(k=tuple(map(pad_slots, cache.k)), v=tuple(map(pad_slots, cache.v)),
+                         valid=pad(cache.valid, 1))
 
 
 def _sample_column(loop, rng, method, stop_tokens, pad_id):
