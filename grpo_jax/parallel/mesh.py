@@ -9,7 +9,7 @@ import math
 import os
 
 import jax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType
 
 BATCH_AXES = ("data", "fsdp")   # the batch is split over both: FSDP shards data too
 
@@ -38,16 +38,6 @@ def make_mesh(axes, devices=None):
     devices = jax.devices() if devices is None else devices
     names, sizes = _resolve_sizes(axes, len(devices))
     return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
-
-
-def batch_sharding(mesh):
-    """Leading (batch) dimension split over the data and fsdp axes the mesh has."""
-    axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
-    return NamedSharding(mesh, P(axes))
-
-
-def replicated(mesh):
-    return NamedSharding(mesh, P())
 
 
 def batch_ways(mesh):

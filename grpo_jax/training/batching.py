@@ -12,7 +12,7 @@ from flax import nnx
 
 from grpo_jax.models import chunked_token_logprobs
 
-from grpo_jax.training.steps import micro_batch_shardings
+from grpo_jax.training.steps import micro_batch_shardings, split_micro_batches
 
 TOKEN_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
 LOSS_KEYS = ("old_logp", "mask", "advantages", "ref_logp", "behaviour_logp", "truncated",
@@ -46,14 +46,9 @@ def make_logprob_fn(graphdef):
     return fn
 
 
-def split_rows(tree, pieces):
-    """`[B, ...]` leaves -> `[pieces, B / pieces, ...]`."""
-    return jax.tree.map(lambda x: x.reshape(pieces, x.shape[0] // pieces, *x.shape[1:]), tree)
-
-
 def logprobs_in_pieces(logp_fn, params, batch, pieces, mesh):
     """`[B, N]` completion log-probs, computed `B / pieces` rows at a time."""
-    tokens = split_rows({k: np.asarray(batch[k]) for k in TOKEN_KEYS}, pieces)
+    tokens = split_micro_batches({k: np.asarray(batch[k]) for k in TOKEN_KEYS}, pieces)
     tokens = jax.device_put(tokens, micro_batch_shardings(tokens, mesh))
     logp = logp_fn(params, tokens)
     return np.asarray(logp).reshape(batch["mask"].shape)
@@ -67,9 +62,7 @@ def minibatch(batch, rows, micro_batches, mesh):
     """
     keys = [k for k in TOKEN_KEYS + LOSS_KEYS if k in batch]
     picked = {k: np.asarray(batch[k])[rows] for k in keys}
-    picked["num_tokens"] = np.full(micro_batches, picked["mask"].sum(), np.float32)
-    picked["num_seqs"] = np.full(micro_batches, np.asarray(batch["row_valid"])[rows].sum(), np.float32)
-    split = split_rows({k: v for k, v in picked.items() if k not in ("num_tokens", "num_seqs")},
-                       micro_batches)
-    split.update(num_tokens=picked["num_tokens"], num_seqs=picked["num_seqs"])
+    split = split_micro_batches(picked, micro_batches)
+    split["num_tokens"] = np.full(micro_batches, picked["mask"].sum(), np.float32)
+    split["num_seqs"] = np.full(micro_batches, np.asarray(batch["row_valid"])[rows].sum(), np.float32)
     return jax.device_put(split, micro_batch_shardings(split, mesh))

@@ -4,7 +4,6 @@ import math
 import os
 
 import jax
-import numpy as np
 from flax import nnx
 
 from grpo_jax import data, models, parallel
@@ -14,9 +13,6 @@ from grpo_jax.training.checkpoint import Checkpointer
 from grpo_jax.training.metrics import MetricWriter
 from grpo_jax.training.optimizer import make_optimizer
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
-
-batch_ways = parallel.batch_ways
-
 
 def make_mesh(config):
     parallel.maybe_initialize_distributed(config.distributed or None)
@@ -47,7 +43,7 @@ class RunSetup:
         train_source = task_lib.data_source(config.task, "train")
         eval_source = task_lib.data_source(config.task, config.task.eval_split)
         tokenizer_dir = os.path.join(workdir, "tokenizer")
-        texts = None if config.model.path else task_lib.tokenizer_corpus(train_source, config.task)
+        texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
         model, tokenizer = policy_lib.load_policy(config.model, mesh, tokenizer_texts=texts,
                                                   seed=config.seed)
         if os.path.isdir(tokenizer_dir):     # a resumed run keeps the tokenizer it started with

@@ -35,11 +35,8 @@ def evaluate_export(config, path):
                 for i in range(min(config.eval.num_prompts, len(source)))]
     scorer = task_lib.Scorer(config.reward, separate=False)
     try:
-        return evaluation.evaluate(
-            policy, scorer, examples, rng=jax.random.key(config.seed + 1),
-            samples=config.eval.samples, temperature=config.rollout.temperature,
-            max_new_tokens=config.rollout.max_new_tokens,
-            completion_len=config.rollout.max_new_tokens)
+        return evaluation.evaluate(policy, scorer, examples, config,
+                                   rng=jax.random.key(config.seed + 1))
     finally:
         scorer.close()
 

@@ -14,9 +14,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from grpo_jax import objectives, sampling
+from grpo_jax import objectives, parallel, sampling
 from grpo_jax.training import batching, common, evaluation, rollouts
 
 
@@ -41,7 +40,7 @@ def check_config(config, mesh):
     if rows % parts:
         raise ValueError(f"rollout.prompts_per_batch * objective.group_size = {rows} rows must "
                          f"divide into train.minibatches * train.micro_batches = {parts} pieces")
-    ways = common.batch_ways(mesh)
+    ways = parallel.batch_ways(mesh)
     if (rows // parts) % ways:
         raise ValueError(f"a micro-batch of {rows // parts} rows does not split over the "
                          f"{ways}-way data axes of mesh {dict(mesh.shape)}; change "
@@ -77,7 +76,6 @@ class Trainer:
         if config.objective.kl.beta > 0:
             self.ref_params = jax.tree.map(jnp.copy, s.params)   # frozen copy of the start
         self.method = sampling.TopP(config.rollout.top_p, temperature=config.rollout.temperature)
-        self.completion_len = config.rollout.max_new_tokens   # fixed per run: one compile
         self.logp_fn = jax.jit(batching.make_logprob_fn(s.graphdef))
         self.step = 0
 
@@ -172,11 +170,8 @@ class Trainer:
     def evaluate(self, step):
         cfg = self.config
         start = time.time()
-        metrics = evaluation.evaluate(
-            self.policy, self.scorer, self.setup.eval_examples,
-            rng=self.rng("eval", step), samples=cfg.eval.samples,
-            temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-            completion_len=self.completion_len)
+        metrics = evaluation.evaluate(self.policy, self.scorer, self.setup.eval_examples, cfg,
+                                      rng=self.rng("eval", step))
         metrics["time_eval"] = time.time() - start
         return metrics
 

@@ -25,7 +25,7 @@ def _sampler_ways(mesh):
     return mesh.devices.size // mesh.shape.get("tensor", 1)
 
 
-def sample_groups(policy, examples, *, rng, method, group_size, max_new_tokens, completion_len):
+def sample_groups(policy, examples, *, rng, method, group_size, max_new_tokens):
     """Samples G completions for each example; returns host arrays and completion strings.
 
     Prompts are topped up (repeating the last one) to a count the mesh can split; the
@@ -43,7 +43,7 @@ def sample_groups(policy, examples, *, rng, method, group_size, max_new_tokens, 
             policy.graphdef, policy.params, prompt_tokens, prompt_mask, rng=rng, method=method,
             group_size=group_size, max_new_tokens=max_new_tokens,
             stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
-            max_len_bucket=completion_len, rules=policy.sampling_rules)
+            max_len_bucket=max_new_tokens, rules=policy.sampling_rules)   # fixed: one compile
     rows = count * group_size
     host = jax.tree.map(lambda x: x[:rows], sampling.to_host(rollout))
     completions = task_lib.decode_completions(tokenizer, host.tokens, host.mask)
@@ -79,8 +79,7 @@ def collect(run, step):
         start = time.time()
         host, prompts, completions = sample_groups(
             run.policy, examples, rng=jax.random.fold_in(run.rollout_rng(step), draw),
-            method=run.method, group_size=G, max_new_tokens=cfg.rollout.max_new_tokens,
-            completion_len=run.completion_len)
+            method=run.method, group_size=G, max_new_tokens=cfg.rollout.max_new_tokens)
         rollout_time = time.time() - start
         repeated = [ex for ex in examples for _ in range(G)]
         values, correct, reward_metrics = run.scorer(prompts, completions, repeated, host.lengths)

@@ -56,24 +56,21 @@ class SftTrainer:
                              config.rollout.rules)
         self.opt = common.Optimizer(config.sft.optimizer, config.sft.steps, s.graphdef, s.params,
                                     self.mesh, nll_loss)
-        self.completion_len = config.rollout.max_new_tokens
 
     def train_step(self):
         """One optimizer step on the next batch; returns its metrics."""
         examples = next(self.setup.train_iter)
-        rows, cut = target_rows(examples, self.config.task, self.setup.tokenizer, self.completion_len)
+        rows, cut = target_rows(examples, self.config.task, self.setup.tokenizer,
+                                self.config.rollout.max_new_tokens)
         batch = batching.minibatch(rows, np.arange(len(examples)), self.config.train.micro_batches,
                                    self.mesh)
         self.policy.params, metrics = self.opt.apply(self.policy.params, batch)
         return {**metrics, "targets_cut": cut}
 
     def evaluate(self, step):
-        cfg = self.config
-        return evaluation.evaluate(
-            self.policy, self.setup.scorer, self.setup.eval_examples,
-            rng=jax.random.fold_in(jax.random.key(cfg.seed + 1), step), samples=cfg.eval.samples,
-            temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-            completion_len=self.completion_len)
+        rng = jax.random.fold_in(jax.random.key(self.config.seed + 1), step)
+        return evaluation.evaluate(self.policy, self.setup.scorer, self.setup.eval_examples,
+                                   self.config, rng=rng)
 
     def run(self, *, seconds=None):
         """Trains to `sft.steps` (or for `seconds` of wall time); returns the last step."""

@@ -36,7 +36,7 @@ def encode_prompts(task_cfg, examples, tokenizer):
     return texts, ids
 
 
-def tokenizer_corpus(source, task_cfg, limit=2000):
+def tokenizer_corpus(source, limit=2000):
     """Texts that cover the task's characters (prompts and solutions), for a char tokenizer."""
     examples = [data.decode_example(source[i]) for i in range(min(limit, len(source)))]
     return [data.format_prompt(ex) + ex["solution"] for ex in examples] + ["0123456789"]

@@ -1,7 +1,6 @@
 """The jitted update: micro-batching and sharding do not change the step."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
