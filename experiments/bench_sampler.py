@@ -10,20 +10,28 @@ num_return_sequences=8), ancestral sampling at temperature 1 (no top-k / top-p),
 token, so every row generates exactly the requested number of tokens. tokens/s = B *
 new tokens / wall time of one generate call (prefill included), the best of --repeats
 rounds (the machine is shared: the fastest round is the one least disturbed by other
-processes); within a round the two libraries run back to back. Warm-up runs exclude
+processes); within a round the libraries run back to back. Warm-up runs exclude
 compilation: ours with max_new_tokens=1 (the same compiled program, since
 max_new_tokens is traced), transformers' with 4 new tokens. torch runs with the thread
 count (1 or 2) that a probe finds faster: on a loaded machine two OpenMP threads can be
 20x slower than one.
 
+grpo_jax runs twice: on one XLA CPU device (no mesh, how `generate` runs by default),
+and on one CPU device per core (`parallel.use_cpu_cores`, as `python -m grpo_jax.main`
+does) with the rows split over a ("data", "tensor") mesh. XLA:CPU runs one device's
+program mostly on one thread, so the second uses the cores torch's threads use.
+XLA_FLAGS=--xla_force_host_platform_device_count=N picks another device count.
+
 A second table measures how far the sampler's behaviour log-probs (`Rollout.logp`) are
 from a teacher-forced forward pass over the same tokens, in float32 and in bfloat16. A
-third times one layer's decode attention on the model's `[B, L, K, H]` cache layout
-(`jax.nn.dot_product_attention`, as models/layers.py calls it) and on a `[B, K, L, H]`
-layout (two einsums), which XLA:CPU runs without transposing the cache.
+third times one layer's decode attention inside a while loop that writes the cache each
+step, as the sampler does, on the previous cache layout (keys and values `[B, K, L, H]`,
+two einsums; commit dcccef3) and on the model's (keys `[B, K, H, L]`, values
+`[B, K, L, H]`, `layers.grouped_attention`).
 """
 
 import argparse
+import contextlib
 import os
 import pathlib
 import platform
@@ -40,8 +48,11 @@ from flax import nnx
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from grpo_jax import models, sampling  # noqa: E402  (runs from a checkout, uninstalled)
+from grpo_jax import models, parallel, sampling  # noqa: E402  (runs from a checkout, uninstalled)
+from grpo_jax.models import layers  # noqa: E402
 from grpo_jax.objectives import token_logprobs  # noqa: E402
+
+parallel.use_cpu_cores()   # before JAX runs anything; a no-op when XLA_FLAGS sets the count
 
 GROUP_SIZE = 8
 PROMPT_LEN = 32
@@ -85,12 +96,15 @@ def prompts(batch, vocab_size):
     return rng.integers(0, vocab_size, size=(batch // GROUP_SIZE, PROMPT_LEN)).astype(np.int32)
 
 
-def ours(graphdef, state, ids, new_tokens, seed, max_len_bucket=None):
-    rollout = sampling.generate(
-        graphdef, state, ids, np.ones_like(ids), rng=jax.random.key(seed), method=sampling.Temperature(1.0),
-        group_size=GROUP_SIZE, max_new_tokens=new_tokens, stop_tokens=[], pad_id=0, max_len_bucket=max_len_bucket,
-    )
-    jax.block_until_ready(rollout)
+def ours(graphdef, state, ids, new_tokens, seed, max_len_bucket=None, mesh=None):
+    """One `generate` call, under `mesh` when given (rows split over its "data" axis)."""
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        rollout = sampling.generate(
+            graphdef, state, ids, np.ones_like(ids), rng=jax.random.key(seed), method=sampling.Temperature(1.0),
+            group_size=GROUP_SIZE, max_new_tokens=new_tokens, stop_tokens=[], pad_id=0,
+            max_len_bucket=max_len_bucket,
+        )
+        jax.block_until_ready(rollout)
     assert int(rollout.lengths.min()) == new_tokens
     return rollout
 
@@ -129,7 +143,9 @@ def seconds(fn):
 
 def bench_throughput(path, batches, lengths, repeats):
     model, _ = models.from_pretrained(path)
-    graphdef, state = nnx.split(model)
+    single = nnx.split(model)   # the default device, no mesh
+    mesh = parallel.make_mesh([("data", -1), ("tensor", 1)])
+    spread = nnx.split(models.from_pretrained(path, mesh=mesh, rules="sampling")[0])
     torch = _torch()
     torch_model = None
     if torch is not None:
@@ -140,24 +156,27 @@ def bench_throughput(path, batches, lengths, repeats):
     for batch in batches:
         for new in lengths:
             ids = prompts(batch, model.cfg.vocab_size)
-            compile_s = seconds(lambda: ours(graphdef, state, ids, 1, 0, max_len_bucket=new))
+            compile_s = seconds(lambda: ours(*single, ids, 1, 0, max_len_bucket=new))
+            ours(*spread, ids, 1, 0, max_len_bucket=new, mesh=mesh)
             if torch_model is not None:
                 transformers_generate(torch, torch_model, ids, 4, 0)
-            t_ours, t_hf = [], []
+            t_one, t_all, t_hf = [], [], []
             for r in range(repeats):
-                t_ours.append(seconds(lambda: ours(graphdef, state, ids, new, r + 1)))
+                t_one.append(seconds(lambda: ours(*single, ids, new, r + 1)))
+                t_all.append(seconds(lambda: ours(*spread, ids, new, r + 1, mesh=mesh)))
                 if torch_model is not None:
                     t_hf.append(seconds(lambda: transformers_generate(torch, torch_model, ids, new, r + 1)))
-            ours_tps = batch * new / min(t_ours)
+            one, spread_tps = batch * new / min(t_one), batch * new / min(t_all)
             hf_tps = batch * new / min(t_hf) if t_hf else float("nan")
-            rows.append([batch, new, f"{ours_tps:,.0f}", f"{hf_tps:,.0f}", f"{ours_tps / hf_tps:.2f}x",
-                         f"{compile_s:.1f}"])
-            print(f"  B={batch} new={new}: ours {ours_tps:,.0f} tok/s, transformers {hf_tps:,.0f} tok/s",
-                  file=sys.stderr, flush=True)
+            rows.append([batch, new, f"{one:,.0f}", f"{spread_tps:,.0f}", f"{hf_tps:,.0f}",
+                         f"{one / hf_tps:.2f}x", f"{spread_tps / hf_tps:.2f}x", f"{compile_s:.1f}"])
+            print(f"  B={batch} new={new}: ours {one:,.0f} / {spread_tps:,.0f} tok/s (1 / {mesh.size} devices), "
+                  f"transformers {hf_tps:,.0f} tok/s", file=sys.stderr, flush=True)
     table(
         f"1. generation tokens/s, tiny model (float32), G={GROUP_SIZE}, prompt {PROMPT_LEN} tokens, "
         f"best of {repeats}",
-        ["B", "new tokens", "grpo_jax tok/s", "transformers tok/s", "ratio", "compile s (first call)"],
+        ["B", "new tokens", "grpo_jax 1 device", f"grpo_jax {mesh.size} devices", "transformers",
+         "ratio 1 dev", f"ratio {mesh.size} dev", "compile s (first call)"],
         rows,
     )
 
@@ -192,37 +211,58 @@ def bench_logp(path, batch, new):
     )
 
 
-def per_call_ms(fn, *args, calls=10):
-    fn = jax.jit(fn)
-    jax.block_until_ready(fn(*args))
-    start = time.perf_counter()
-    for _ in range(calls):
-        jax.block_until_ready(fn(*args))
-    return (time.perf_counter() - start) / calls * 1e3
+def layouts_attention_ms(batch, slots, cfg, steps=8):
+    """ms per decode step of one layer's attention, old cache layout vs the model's.
+
+    Each version runs `steps` steps of a `fori_loop` that writes one new key and value
+    into the cache and attends one query over all `slots` (the sampler's pattern: a
+    standalone call, its cache hot in memory, times differently).
+    """
+    k, g, h = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((batch, k * g * h)), jnp.float32)
+    mask = jnp.ones((batch, 1, slots), bool)
+
+    def old_attention(q, k_cache, v_cache):   # keys and values [B, K, L, H]
+        groups = q.reshape(batch, 1, k, g, h)
+        scores = jnp.einsum("bskgh,bklh->bkgsl", groups, k_cache) * h**-0.5
+        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        return jnp.einsum("bkgsl,bklh->bskgh", jax.nn.softmax(scores, axis=-1), v_cache)
+
+    def run(attend, k_shape, k_start):
+        @jax.jit
+        def loop(k_cache, v_cache, x):
+            def step(i, carry):
+                k_cache, v_cache, x = carry
+                at = slots - steps + i
+                k_new = x[:, : k * h].reshape(batch, k, 1, h).reshape(k_shape(1))
+                v_new = x[:, k * h : 2 * k * h].reshape(batch, k, 1, h)
+                k_cache = jax.lax.dynamic_update_slice(k_cache, k_new, k_start(at))
+                v_cache = jax.lax.dynamic_update_slice(v_cache, v_new, (0, 0, at, 0))
+                out = attend(x.reshape(batch, 1, k * g, h), k_cache, v_cache)
+                return k_cache, v_cache, jnp.tanh(out.reshape(batch, -1))
+            return jax.lax.fori_loop(0, steps, step, (k_cache, v_cache, x))
+
+        args = (jnp.zeros(k_shape(slots)), jnp.zeros((batch, k, slots, h)), x)
+        jax.block_until_ready(loop(*args))
+        return min(seconds(lambda: jax.block_until_ready(loop(*args))) for _ in range(3)) / steps * 1e3
+
+    old_ms = run(old_attention, lambda n: (batch, k, n, h), lambda at: (0, 0, at, 0))
+    new_ms = run(lambda q, k_t, v: layers.grouped_attention(q, k_t, v, mask, scale=h**-0.5),
+                 lambda n: (batch, k, h, n), lambda at: (0, 0, 0, at))
+    return old_ms, new_ms
 
 
 def bench_attention(path, batch, slots_list):
     cfg = models.load_config(path)
-    k, g, h = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
     rows = []
     for slots in slots_list:
-        q = jnp.ones((batch, 1, k * g, h))
-        k_blkh = v_blkh = jnp.ones((batch, slots, k, h))
-        k_bklh = v_bklh = jnp.ones((batch, k, slots, h))
-        mask = jnp.ones((batch, 1, 1, slots), bool)
-        model_ms = per_call_ms(lambda q, kc, vc: jax.nn.dot_product_attention(q, kc, vc, mask=mask), q, k_blkh, v_blkh)
-
-        def bklh_attention(q, kc, vc):
-            logits = jnp.einsum("bkgh,bklh->bkgl", q.reshape(batch, k, g, h), kc) * h**-0.5
-            probs = jax.nn.softmax(jnp.where(mask[:, :, 0, None], logits, -jnp.inf), axis=-1)
-            return jnp.einsum("bkgl,bklh->bkgh", probs, vc)
-
-        bklh_ms = per_call_ms(bklh_attention, q, k_bklh, v_bklh)
-        rows.append([batch, slots, f"{model_ms:.2f}", f"{bklh_ms:.2f}", f"{model_ms / bklh_ms:.1f}x"])
+        old_ms, new_ms = layouts_attention_ms(batch, slots, cfg)
+        rows.append([batch, slots, f"{old_ms:.2f}", f"{new_ms:.2f}", f"{old_ms / new_ms:.1f}x"])
     table(
-        f"3. decode attention of one layer (ms, 1 query token, K={k} kv heads x G={g}, H={h}); "
-        f"the model runs {cfg.n_layers} per step",
-        ["B", "cache slots", "[B,L,K,H] dot_product_attention (model)", "[B,K,L,H] einsum", "ratio"],
+        f"3. decode attention of one layer, one device (ms per step, 1 query token, K={cfg.n_kv_heads} kv heads "
+        f"x G={cfg.n_heads // cfg.n_kv_heads}, H={cfg.head_dim}); the model runs {cfg.n_layers} per step",
+        ["B", "cache slots", "k, v [B,K,L,H] einsums (before)", "k [B,K,H,L], v [B,K,L,H] (model)", "ratio"],
         rows,
     )
 

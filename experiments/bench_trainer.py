@@ -6,7 +6,9 @@ Runs `--steps` DAPO steps of the demo's settings (64 prompts x 8 completions, th
 model) in a scratch workdir and prints the median of each timing over the steps after
 the first (which compiles). With `--checkpoint`, starts from that HF checkpoint (e.g. the
 demo's `workdirs/demo/sft/export`, so rewards have signal); otherwise from a random
-tiny model. Prints the machine and commit so the table can be quoted.
+tiny model. Prints the machine and commit so the table can be quoted. Like
+`python -m grpo_jax.main`, it runs on one CPU device per core (`parallel.use_cpu_cores`;
+XLA_FLAGS=--xla_force_host_platform_device_count=1 measures a single device).
 """
 
 import argparse
@@ -19,8 +21,10 @@ import tempfile
 
 import jax
 
-from grpo_jax import config_lib
+from grpo_jax import config_lib, parallel
 from grpo_jax.training import rl
+
+parallel.use_cpu_cores()   # before JAX runs anything, as grpo_jax.main does
 
 TIMINGS = ("time_rollout", "time_old_logp", "time_update", "rollout_tokens_per_s",
            "update_tokens_per_s", "gen_batches")
@@ -60,7 +64,8 @@ def main(argv=None):
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     print(f"# bench_trainer  commit {commit}  {_cpu_name()}, {os.cpu_count()} cores, "
-          f"{jax.devices()[0].platform}, jax {jax.__version__}, load {os.getloadavg()[0]:.1f}")
+          f"{jax.devices()[0].platform} x {jax.device_count()}, jax {jax.__version__}, "
+          f"load {os.getloadavg()[0]:.1f}")
     print(f"# {args.config}: {config.rollout.prompts_per_batch} prompts x "
           f"{config.objective.group_size}, max {config.rollout.max_new_tokens} new tokens, "
           f"model {config.model.path or config.model.name}; median of steps 2..{args.steps}")

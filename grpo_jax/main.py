@@ -8,6 +8,10 @@ task's reference solutions), "demo" (SFT warm start, then RL, then an equal-time
 control, ending with a before/after table) or "eval" (held-out pass@1, mean@k and pass@k
 of the checkpoint in ``model.path``, written to ``workdir/eval.json``). Re-running a
 command resumes its workdir.
+
+On CPU the host is split into one XLA device per core (`parallel.use_cpu_cores`), so the
+config's mesh runs on every core; XLA_FLAGS=--xla_force_host_platform_device_count=N
+chooses N instead.
 """
 
 import os
@@ -34,6 +38,8 @@ def main(argv):
         raise app.UsageError(f"config.mode must be one of {MODES}, got {config.mode!r}")
     import tensorflow_datasets as tfds
     tfds.disable_progress_bar()                 # one line per step is the progress output
+    from grpo_jax import parallel
+    parallel.use_cpu_cores()                    # on CPU, one device per core (see its docstring)
     from grpo_jax.training import demo, rl, sft   # after flag parsing: jax starts here
     workdir = os.path.expanduser(_WORKDIR.value)
     {"rl": rl.train, "sft": sft.train, "demo": demo.run, "eval": demo.evaluate_to_file}[

@@ -29,7 +29,8 @@ class KVCache:
     """Keys and values of all tokens seen so far, in fixed-size buffers.
 
     Attributes:
-      k, v: one `[B, K, L, H]` array per layer (heads before slots: see layers.Attention).
+      k: one `[B, K, H, L]` array per layer (keys transposed: see layers.grouped_attention).
+      v: one `[B, K, L, H]` array per layer.
       valid: `[B, L]` bool, True on slots that hold a real (non-padding) token.
       index: `[]` int32, the slot the next token is written to (shared by all rows).
     """
@@ -178,12 +179,13 @@ class Decoder(nnx.Module):
     def init_cache(self, batch_size, max_len):
         """An empty `KVCache` of `max_len` slots per row, in the compute dtype."""
         cfg = self.cfg
-        shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
-        def zeros():
+        k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len)
+        v_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+        def zeros(shape):
             return tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers))
 
         return KVCache(
-            k=zeros(), v=zeros(), valid=jnp.zeros((batch_size, max_len), bool),
+            k=zeros(k_shape), v=zeros(v_shape), valid=jnp.zeros((batch_size, max_len), bool),
             index=jnp.zeros((), jnp.int32),
         )
 

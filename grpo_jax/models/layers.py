@@ -90,14 +90,19 @@ def apply_rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def grouped_attention(q, k, v, mask, *, scale):
-    """Grouped-query attention with keys and values stored heads-first.
+def grouped_attention(q, k_t, v, mask, *, scale):
+    """Grouped-query attention over keys stored transposed and values stored heads-first.
 
     Query head i reads key/value head i // (N / K), as transformers' repeat_kv does.
+    Both products are then plain `[rows, inner] x [inner, cols]` matmuls over the big
+    operand's natural layout (`q k_t` then `p v`), which XLA:CPU runs at memory speed;
+    keys as `[B, K, L, H]` made a decode step's attention 2.4-2.7x slower on CPU
+    (experiments/results/bench_sampler_cpu_keys_transposed.txt, table 3).
 
     Args:
       q: `[B, S, N, H]` queries.
-      k, v: `[B, K, L, H]` keys and values (K divides N).
+      k_t: `[B, K, H, L]` keys, head_dim before slots (K divides N).
+      v: `[B, K, L, H]` values.
       mask: `[B, S, L]` bool, True where query s may attend slot l.
       scale: multiplies the scores (1 / sqrt(H)).
 
@@ -105,11 +110,15 @@ def grouped_attention(q, k, v, mask, *, scale):
       `[B, S, N, H]` in q's dtype; scores and softmax in float32.
     """
     b, s, n, h = q.shape
-    groups = q.reshape(b, s, k.shape[1], n // k.shape[1], h)
-    scores = jnp.einsum("bskgh,bklh->bkgsl", groups, k, preferred_element_type=jnp.float32)
+    kv, g = k_t.shape[1], n // k_t.shape[1]
+    batch = ((0, 1), (0, 1))  # (b, kv head) on both sides; each product is [rows, inner] x [inner, cols]
+    rows = q.reshape(b, s, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * s, h)
+    scores = jax.lax.dot_general(rows, k_t, (((3,), (2,)), batch), preferred_element_type=jnp.float32)
+    scores = scores.reshape(b, kv, g, s, -1)  # [B, K, G, S, L]
     scores = jnp.where(mask[:, None, None], scores * scale, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgsl,bklh->bskgh", probs, v).reshape(b, s, n, h)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * s, -1)
+    out = jax.lax.dot_general(probs, v, (((3,), (2,)), batch))  # [B, K, G*S, H]
+    return out.reshape(b, kv, g, s, h).transpose(0, 3, 1, 2, 4).reshape(b, s, n, h)
 
 
 class Attention(nnx.Module):
@@ -149,11 +158,11 @@ class Attention(nnx.Module):
           positions: `[B, S]` rope positions.
           mask: `[B, S, L]` bool, True where query s may attend key slot l; L = S without
             a cache, the cache length with one.
-          kv_cache: optional `(k, v)`, each `[B, K, L, H]`; the new keys and values are
-            written at slots `[cache_index, cache_index + S)` before attending. Heads come
-            before slots so a decode step reads the cache in place: with `[B, L, K, H]`
-            XLA:CPU transposed the whole cache every step (3-7x slower attention,
-            experiments/results/bench_sampler_cpu.txt).
+          kv_cache: optional `(k_t, v)`, keys `[B, K, H, L]` and values `[B, K, L, H]`;
+            the new keys and values are written at slots `[cache_index, cache_index + S)`
+            before attending. These are the layouts a decode step reads in place (see
+            `grouped_attention`): with `[B, L, K, H]` XLA:CPU transposed the whole cache
+            every step.
           cache_index: scalar int32 slot of the first new token.
 
         Returns:
@@ -162,19 +171,17 @@ class Attention(nnx.Module):
         cfg = self.cfg
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         q = apply_rope(self._project(x, "q"), positions, inv_freq)
-        heads_first = lambda t: t.transpose(0, 2, 1, 3)   # [B, S, K, H] -> [B, K, S, H]
-        k = heads_first(apply_rope(self._project(x, "k"), positions, inv_freq))
-        v = heads_first(self._project(x, "v"))
+        k = apply_rope(self._project(x, "k"), positions, inv_freq).transpose(0, 2, 3, 1)  # [B, K, H, S]
+        v = self._project(x, "v").transpose(0, 2, 1, 3)  # [B, K, S, H]
         if kv_cache is not None:
-            start = (0, 0, cache_index, 0)
-            k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), start)
-            v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), start)
+            k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), (0, 0, 0, cache_index))
+            v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), (0, 0, cache_index, 0))
             kv_cache = (k, v)
         k, v = k.astype(q.dtype), v.astype(q.dtype)
         if cfg.attention_impl == "cudnn":
             out = jax.nn.dot_product_attention(
-                q, heads_first(k), heads_first(v), mask=mask[:, None], scale=cfg.head_dim**-0.5,
-                implementation="cudnn")
+                q, k.transpose(0, 3, 1, 2), v.transpose(0, 2, 1, 3), mask=mask[:, None],
+                scale=cfg.head_dim**-0.5, implementation="cudnn")
         else:
             out = grouped_attention(q, k, v, mask, scale=cfg.head_dim**-0.5)
         y = jnp.einsum("bsnh,nhd->bsd", out, self.o[...].astype(x.dtype))
