@@ -5,7 +5,7 @@
 
 The model is the named "tiny" config (qwen3: V=512, D=128, 3 layers, float32), randomly
 initialised, saved with save_pretrained and loaded by both libraries from that directory.
-Each batch is B/8 prompts of 32 random tokens x G=8 completions (transformers:
+Each batch is B/8 prompts of 32 (or 256) random tokens x G=8 completions (transformers:
 num_return_sequences=8), ancestral sampling at temperature 1 (no top-k / top-p), no stop
 token, so every row generates exactly the requested number of tokens. tokens/s = B *
 new tokens / wall time of one generate call (prefill included), the best of --repeats
@@ -56,6 +56,10 @@ parallel.use_cpu_cores()   # before JAX runs anything; a no-op when XLA_FLAGS se
 
 GROUP_SIZE = 8
 PROMPT_LEN = 32
+# (B, new tokens, prompt tokens): issue 4's grid, then long prompts, where the G completions
+# sharing one cached prompt (cascade attention) matters most.
+CASES = [(b, n, PROMPT_LEN) for b in (16, 64, 256) for n in (128, 512)] + [(64, 128, 256), (256, 128, 256)]
+QUICK_CASES = [(16, 16, PROMPT_LEN)]
 
 
 def header(argv):
@@ -90,10 +94,10 @@ def table(title, columns, rows):
     print()
 
 
-def prompts(batch, vocab_size):
-    """`[B/G, PROMPT_LEN]` random prompt ids (no padding)."""
+def prompts(batch, vocab_size, length=PROMPT_LEN):
+    """`[B/G, length]` random prompt ids (no padding)."""
     rng = np.random.default_rng(0)
-    return rng.integers(0, vocab_size, size=(batch // GROUP_SIZE, PROMPT_LEN)).astype(np.int32)
+    return rng.integers(0, vocab_size, size=(batch // GROUP_SIZE, length)).astype(np.int32)
 
 
 def ours(graphdef, state, ids, new_tokens, seed, max_len_bucket=None, mesh=None):
@@ -117,7 +121,7 @@ def transformers_generate(torch, torch_model, ids, new_tokens, seed):
             do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=GROUP_SIZE,
             max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
         )
-    assert out.shape == (ids.shape[0] * GROUP_SIZE, PROMPT_LEN + new_tokens)
+    assert out.shape == (ids.shape[0] * GROUP_SIZE, ids.shape[1] + new_tokens)
     return out
 
 
@@ -141,7 +145,7 @@ def seconds(fn):
     return time.perf_counter() - start
 
 
-def bench_throughput(path, batches, lengths, repeats):
+def bench_throughput(path, cases, repeats):
     model, _ = models.from_pretrained(path)
     single = nnx.split(model)   # the default device, no mesh
     mesh = parallel.make_mesh([("data", -1), ("tensor", 1)])
@@ -153,29 +157,27 @@ def bench_throughput(path, batches, lengths, repeats):
         torch_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
         pick_torch_threads(torch, torch_model, prompts(64, model.cfg.vocab_size))
     rows = []
-    for batch in batches:
-        for new in lengths:
-            ids = prompts(batch, model.cfg.vocab_size)
-            compile_s = seconds(lambda: ours(*single, ids, 1, 0, max_len_bucket=new))
-            ours(*spread, ids, 1, 0, max_len_bucket=new, mesh=mesh)
+    for batch, new, prompt_len in cases:
+        ids = prompts(batch, model.cfg.vocab_size, prompt_len)
+        compile_s = seconds(lambda: ours(*single, ids, 1, 0, max_len_bucket=new))
+        ours(*spread, ids, 1, 0, max_len_bucket=new, mesh=mesh)
+        if torch_model is not None:
+            transformers_generate(torch, torch_model, ids, 4, 0)
+        t_one, t_all, t_hf = [], [], []
+        for r in range(repeats):
+            t_one.append(seconds(lambda: ours(*single, ids, new, r + 1)))
+            t_all.append(seconds(lambda: ours(*spread, ids, new, r + 1, mesh=mesh)))
             if torch_model is not None:
-                transformers_generate(torch, torch_model, ids, 4, 0)
-            t_one, t_all, t_hf = [], [], []
-            for r in range(repeats):
-                t_one.append(seconds(lambda: ours(*single, ids, new, r + 1)))
-                t_all.append(seconds(lambda: ours(*spread, ids, new, r + 1, mesh=mesh)))
-                if torch_model is not None:
-                    t_hf.append(seconds(lambda: transformers_generate(torch, torch_model, ids, new, r + 1)))
-            one, spread_tps = batch * new / min(t_one), batch * new / min(t_all)
-            hf_tps = batch * new / min(t_hf) if t_hf else float("nan")
-            rows.append([batch, new, f"{one:,.0f}", f"{spread_tps:,.0f}", f"{hf_tps:,.0f}",
-                         f"{one / hf_tps:.2f}x", f"{spread_tps / hf_tps:.2f}x", f"{compile_s:.1f}"])
-            print(f"  B={batch} new={new}: ours {one:,.0f} / {spread_tps:,.0f} tok/s (1 / {mesh.size} devices), "
-                  f"transformers {hf_tps:,.0f} tok/s", file=sys.stderr, flush=True)
+                t_hf.append(seconds(lambda: transformers_generate(torch, torch_model, ids, new, r + 1)))
+        one, spread_tps = batch * new / min(t_one), batch * new / min(t_all)
+        hf_tps = batch * new / min(t_hf) if t_hf else float("nan")
+        rows.append([batch, new, prompt_len, f"{one:,.0f}", f"{spread_tps:,.0f}", f"{hf_tps:,.0f}",
+                     f"{one / hf_tps:.2f}x", f"{spread_tps / hf_tps:.2f}x", f"{compile_s:.1f}"])
+        print(f"  B={batch} new={new} prompt={prompt_len}: ours {one:,.0f} / {spread_tps:,.0f} tok/s (1 / {mesh.size} devices), "
+              f"transformers {hf_tps:,.0f} tok/s", file=sys.stderr, flush=True)
     table(
-        f"1. generation tokens/s, tiny model (float32), G={GROUP_SIZE}, prompt {PROMPT_LEN} tokens, "
-        f"best of {repeats}",
-        ["B", "new tokens", "grpo_jax 1 device", f"grpo_jax {mesh.size} devices", "transformers",
+        f"1. generation tokens/s, tiny model (float32), G={GROUP_SIZE}, best of {repeats}",
+        ["B", "new tokens", "prompt", "grpo_jax 1 device", f"grpo_jax {mesh.size} devices", "transformers",
          "ratio 1 dev", f"ratio {mesh.size} dev", "compile s (first call)"],
         rows,
     )
@@ -273,12 +275,11 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="B=16, 16 new tokens, 1 repeat (smoke test)")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
-    batches, lengths = ((16,), (16,)) if args.quick else ((16, 64, 256), (128, 512))
     repeats = 1 if args.quick else args.repeats
     header(argv)
     with tempfile.TemporaryDirectory() as path:
         models.save_pretrained(models.init_model(models.get_model_config("tiny"), seed=0), path)
-        bench_throughput(path, batches, lengths, repeats)
+        bench_throughput(path, QUICK_CASES if args.quick else CASES, repeats)
         bench_logp(path, 16, 16 if args.quick else 128)
         bench_attention(path, 16 if args.quick else 256, (64,) if args.quick else (96, 544))
 

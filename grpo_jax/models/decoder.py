@@ -33,12 +33,29 @@ class KVCache:
       v: one `[B, K, L, H]` array per layer.
       valid: `[B, L]` bool, True on slots that hold a real (non-padding) token.
       index: `[]` int32, the slot the next token is written to (shared by all rows).
+      prefix: None, or a filled `KVCache` of P rows (P divides B) that every group of
+        B/P consecutive rows continues: the prompt of G sampled completions, kept once
+        per prompt and read once per group (see `Decoder.init_cache`).
     """
 
     k: tuple
     v: tuple
     valid: jax.Array
     index: jax.Array
+    prefix: "KVCache | None" = None
+
+    def prefix_layer(self, i):
+        """Layer i's `(k_t, v, valid)` of the shared prefix, or None without one."""
+        if self.prefix is None:
+            return None
+        return self.prefix.k[i], self.prefix.v[i], self.prefix.valid
+
+    def prefix_lengths(self):
+        """`[B]` real tokens each row has in the shared prefix (0 without one)."""
+        if self.prefix is None:
+            return jnp.zeros(self.valid.shape[:1], jnp.int32)
+        per_group = self.valid.shape[0] // self.prefix.valid.shape[0]
+        return jnp.repeat(jnp.sum(self.prefix.valid, axis=1, dtype=jnp.int32), per_group)
 
 
 def default_positions(attention_mask, offset=0):
@@ -65,11 +82,11 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = layers.param(rngs, (cfg.d_model,), ("norm",), cfg.param_dtype, init="ones")
         self.mlp = layers.MoeMlp(cfg, rngs=rngs) if moe else layers.Mlp(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None):
+    def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None, prefix=None):
         """`[B, S, D]` -> (`[B, S, D]`, new kv_cache, routing stats `[2, E]` or None)."""
         eps = self.cfg.norm_eps
         h, kv_cache = self.attn(
-            layers.rms_norm(x, self.attn_norm[...], eps), positions, mask, kv_cache, cache_index
+            layers.rms_norm(x, self.attn_norm[...], eps), positions, mask, kv_cache, cache_index, prefix
         )
         x = x + h
         h, stats = self.mlp(layers.rms_norm(x, self.mlp_norm[...], eps), token_mask)
@@ -136,7 +153,8 @@ class Decoder(nnx.Module):
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             index = None if cache is None else cache.index
-            x, kv, layer_stats = call(layer, x, positions, mask, token_mask, kv, index)
+            prefix = None if cache is None else cache.prefix_layer(i)
+            x, kv, layer_stats = call(layer, x, positions, mask, token_mask, kv, index, prefix)
             if cache is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
@@ -176,9 +194,21 @@ class Decoder(nnx.Module):
         hidden, _ = self.hidden_states(tokens, attention_mask=attention_mask, positions=positions)
         return self.logits(hidden)
 
-    def init_cache(self, batch_size, max_len):
-        """An empty `KVCache` of `max_len` slots per row, in the compute dtype."""
+    def init_cache(self, batch_size, max_len, *, prefix=None):
+        """An empty `KVCache` of `max_len` slots per row, in the compute dtype.
+
+        With `prefix` (a `KVCache` of P rows filled by `prefill`; P divides batch_size),
+        rows `[j*G, (j+1)*G)`, G = batch_size/P, continue prefix row j: their tokens
+        attend its slots first, then their own. The prefix is stored and read once per
+        group rather than copied into every row (for G completions of a prompt: G times
+        less cache memory and attention reads for the prompt's part).
+        """
         cfg = self.cfg
+        if prefix is not None and batch_size % prefix.valid.shape[0]:
+            raise ValueError(f"batch_size {batch_size} is not a multiple of the prefix's "
+                             f"{prefix.valid.shape[0]} rows")
+        if prefix is not None and prefix.prefix is not None:
+            raise ValueError("the prefix cache has a prefix of its own; only one level is supported")
         k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len)
         v_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
         def zeros(shape):
@@ -186,7 +216,7 @@ class Decoder(nnx.Module):
 
         return KVCache(
             k=zeros(k_shape), v=zeros(v_shape), valid=jnp.zeros((batch_size, max_len), bool),
-            index=jnp.zeros((), jnp.int32),
+            index=jnp.zeros((), jnp.int32), prefix=prefix,
         )
 
     def prefill(self, tokens, cache, *, attention_mask=None):
@@ -209,13 +239,14 @@ class Decoder(nnx.Module):
             raise ValueError(f"cannot prefill {s} tokens into a cache of {max_len} slots; raise max_len")
         if attention_mask is None:
             attention_mask = jnp.ones((b, s), jnp.int32)
-        positions = default_positions(attention_mask, offset=jnp.sum(cache.valid, axis=1))
+        seen = jnp.sum(cache.valid, axis=1, dtype=jnp.int32) + cache.prefix_lengths()
+        positions = default_positions(attention_mask, offset=seen)
         valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask.astype(bool), (0, cache.index))
         slots = jnp.arange(max_len)
         causal = slots[None, :] <= cache.index + jnp.arange(s)[:, None]  # [S, L]
         mask = causal[None] & valid[:, None, :]
         hidden, (k, v), _ = self._run(tokens, attention_mask, positions, mask, cache)
-        cache = KVCache(k=tuple(k), v=tuple(v), valid=valid, index=cache.index + s)
+        cache = cache.replace(k=tuple(k), v=tuple(v), valid=valid, index=cache.index + s)
         return self.logits(hidden[:, -1]), cache
 
     def decode_step(self, tokens, cache):

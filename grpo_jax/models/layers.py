@@ -90,14 +90,19 @@ def apply_rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def grouped_attention(q, k_t, v, mask, *, scale):
+def grouped_attention(q, k_t, v, mask, *, scale, prefix=None):
     """Grouped-query attention over keys stored transposed and values stored heads-first.
 
     Query head i reads key/value head i // (N / K), as transformers' repeat_kv does.
-    Both products are then plain `[rows, inner] x [inner, cols]` matmuls over the big
+    Both products are plain `[rows, inner] x [inner, cols]` matmuls over the big
     operand's natural layout (`q k_t` then `p v`), which XLA:CPU runs at memory speed;
     keys as `[B, K, L, H]` made a decode step's attention 2.4-2.7x slower on CPU
     (experiments/results/bench_sampler_cpu_keys_transposed.txt, table 3).
+
+    With `prefix`, every group of B/P consecutive rows also attends one shared prefix
+    row (the prompt of G completions) placed before its own slots, in one softmax. The
+    group's queries are stacked as rows of one matmul against the prefix, so its keys
+    and values are read once per group instead of once per row (cascade attention).
 
     Args:
       q: `[B, S, N, H]` queries.
@@ -105,19 +110,43 @@ def grouped_attention(q, k_t, v, mask, *, scale):
       v: `[B, K, L, H]` values.
       mask: `[B, S, L]` bool, True where query s may attend slot l.
       scale: multiplies the scores (1 / sqrt(H)).
+      prefix: optional `(k_t, v, valid)` of P shared rows (P divides B): `[P, K, H, Lp]`,
+        `[P, K, Lp, H]` and `[P, Lp]` bool, True on the prefix slots every query of the
+        group may attend.
 
     Returns:
       `[B, S, N, H]` in q's dtype; scores and softmax in float32.
     """
     b, s, n, h = q.shape
     kv, g = k_t.shape[1], n // k_t.shape[1]
-    batch = ((0, 1), (0, 1))  # (b, kv head) on both sides; each product is [rows, inner] x [inner, cols]
+    batch = ((0, 1), (0, 1))  # (row, kv head) on both sides
+    low = jnp.finfo(jnp.float32).min
     rows = q.reshape(b, s, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * s, h)
     scores = jax.lax.dot_general(rows, k_t, (((3,), (2,)), batch), preferred_element_type=jnp.float32)
-    scores = scores.reshape(b, kv, g, s, -1)  # [B, K, G, S, L]
-    scores = jnp.where(mask[:, None, None], scores * scale, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * s, -1)
+    scores = jnp.where(mask[:, None, None], scores.reshape(b, kv, g, s, -1) * scale, low)
+    scores = scores.reshape(b, kv, g * s, -1)  # [B, K, G*S, L]
+    if prefix is not None:
+        k_p, v_p, valid_p = prefix
+        groups, per_group, prefix_len = k_p.shape[0], b // k_p.shape[0], k_p.shape[-1]
+
+        def to_groups(x):   # [B, K, G*S, X] -> [P, K, B/P*G*S, X]
+            return x.reshape(groups, per_group, kv, g * s, -1).transpose(0, 2, 1, 3, 4).reshape(
+                groups, kv, per_group * g * s, -1)
+
+        def to_rows(x):   # the inverse
+            return x.reshape(groups, kv, per_group, g * s, -1).transpose(0, 2, 1, 3, 4).reshape(
+                b, kv, g * s, -1)
+
+        scores_p = jax.lax.dot_general(to_groups(rows), k_p, (((3,), (2,)), batch),
+                                       preferred_element_type=jnp.float32)
+        scores_p = jnp.where(valid_p[:, None, None, :], scores_p * scale, low)
+        scores = jnp.concatenate([to_rows(scores_p), scores], axis=-1)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    if prefix is not None:
+        probs_p, probs = probs[..., :prefix_len], probs[..., prefix_len:]
     out = jax.lax.dot_general(probs, v, (((3,), (2,)), batch))  # [B, K, G*S, H]
+    if prefix is not None:
+        out = out + to_rows(jax.lax.dot_general(to_groups(probs_p), v_p, (((3,), (2,)), batch)))
     return out.reshape(b, kv, g, s, h).transpose(0, 3, 1, 2, 4).reshape(b, s, n, h)
 
 
@@ -150,7 +179,7 @@ class Attention(nnx.Module):
             y = rms_norm(y, getattr(self, f"{name}_norm")[...], self.cfg.norm_eps)
         return y
 
-    def __call__(self, x, positions, mask, kv_cache=None, cache_index=None):
+    def __call__(self, x, positions, mask, kv_cache=None, cache_index=None, prefix=None):
         """Attends each query to the keys `mask` allows.
 
         Args:
@@ -164,6 +193,8 @@ class Attention(nnx.Module):
             `grouped_attention`): with `[B, L, K, H]` XLA:CPU transposed the whole cache
             every step.
           cache_index: scalar int32 slot of the first new token.
+          prefix: optional shared prefix rows attended before the cache (see
+            `grouped_attention`); always the XLA path, whatever `attention_impl`.
 
         Returns:
           `([B, S, D], new kv_cache or None)`.
@@ -178,12 +209,12 @@ class Attention(nnx.Module):
             v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), (0, 0, cache_index, 0))
             kv_cache = (k, v)
         k, v = k.astype(q.dtype), v.astype(q.dtype)
-        if cfg.attention_impl == "cudnn":
+        if cfg.attention_impl == "cudnn" and prefix is None:
             out = jax.nn.dot_product_attention(
                 q, k.transpose(0, 3, 1, 2), v.transpose(0, 2, 1, 3), mask=mask[:, None],
                 scale=cfg.head_dim**-0.5, implementation="cudnn")
         else:
-            out = grouped_attention(q, k, v, mask, scale=cfg.head_dim**-0.5)
+            out = grouped_attention(q, k, v, mask, scale=cfg.head_dim**-0.5, prefix=prefix)
         y = jnp.einsum("bsnh,nhd->bsd", out, self.o[...].astype(x.dtype))
         if cfg.o_bias:
             y = y + self.o_bias[...].astype(x.dtype)

@@ -1,9 +1,11 @@
 """Grouped rollouts: prefill each prompt once, then decode G completions in a `lax.while_loop`.
 
 B = P*G rows, the G completions of a prompt consecutive (DESIGN.md's batch layout). The
-prompts are prefilled once per prompt (not per completion) and the KV cache is repeated
-G times; it then grows in segments (`_segment_ends`), one while loop per size. Everything
-that varies per call (sampling parameters, max_new_tokens, stop ids, pad id, the weights) is an array argument of one jitted function; only shapes (P, S, the
+prompts are prefilled once per prompt (not per completion) into a P-row cache that the G
+completions share (`Decoder.init_cache(prefix=...)`: stored and read once per prompt);
+each completion's own cache grows in segments (`_segment_ends`), one while loop per
+size. Everything that varies per call (sampling parameters, max_new_tokens, stop ids, pad
+id, the weights) is an array argument of one jitted function; only shapes (P, S, the
 completion buffer N, the number of stop ids), G, the method's kind and the model
 structure select a compilation.
 """
@@ -64,7 +66,7 @@ class _Loop:
     """The `lax.while_loop` carry."""
 
     step: jax.Array  # [] int32, tokens sampled so far = the next column to write
-    cache: KVCache  # [B, S + segment end] slots
+    cache: KVCache  # [B, segment end] slots after the shared [P, S] prompt cache
     logits: jax.Array  # [B, V] float32, logits of the next token
     tokens: jax.Array  # [B, N] int32
     logp: jax.Array  # [B, N] float32
@@ -84,13 +86,16 @@ def _batch_axes(mesh, rules):
     return tuple(a for a in mesh.axis_names if a not in _rule_axes(rules))
 
 
-def _shard_rows(tree, batch_axes):
-    """Constrains every array's leading (row) axis to `batch_axes`, the rest left to XLA."""
+def _shard_rows(tree, batch_axes, ways=1):
+    """Constrains every array's leading (row) axis to `batch_axes`, the rest left to XLA.
+
+    An array whose rows do not split `ways` ways (the P rows of the shared prompt cache
+    when P < ways) is left to XLA."""
     if not batch_axes:
         return tree
 
     def constrain(x):
-        if x.ndim == 0:
+        if x.ndim == 0 or x.shape[0] % ways:
             return x
         spec = jax.P(batch_axes, *[jax.P.UNCONSTRAINED] * (x.ndim - 1))
         return jax.lax.with_sharding_constraint(x, spec)
@@ -127,7 +132,8 @@ def _segment_ends(buffer_len):
 
 
 def _grow(cache, slots):
-    """`cache` with empty slots appended up to `slots` (one copy per segment)."""
+    """`cache` with empty slots appended up to `slots` (one copy per segment); the shared
+    prompt cache is left as it is."""
     def pad(x, axis):
         widths = [(0, 0)] * x.ndim
         widths[axis] = (0, slots - x.shape[axis])
@@ -164,20 +170,21 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tok
               max_new_tokens, *, group_size, buffer_len, rules):
     mesh = jax.sharding.get_abstract_mesh()
     batch_axes = () if mesh.empty else _batch_axes(mesh, rules)
+    ways = 1 if mesh.empty else math.prod(mesh.shape[a] for a in batch_axes)
     if not mesh.empty:
         state = _weights_in(state, rules)
     p, s = prompt_tokens.shape
     model = nnx.merge(graphdef, state)
     ends = _segment_ends(buffer_len)
-    cache = model.init_cache(p, s + ends[0])
-    logits_pv, cache = model.prefill(prompt_tokens, cache, attention_mask=prompt_mask)
+    logits_pv, prompt_cache = model.prefill(prompt_tokens, model.init_cache(p, s), attention_mask=prompt_mask)
 
     def repeat(x):
-        return x if x.ndim == 0 else jnp.repeat(x, group_size, axis=0)
+        return jnp.repeat(x, group_size, axis=0)
 
     b = p * group_size
+    cache = model.init_cache(b, ends[0], prefix=_shard_rows(prompt_cache, batch_axes, ways))
     cache, logits_bv, prompt_tokens, prompt_mask = _shard_rows(
-        jax.tree.map(repeat, (cache, logits_pv, prompt_tokens, prompt_mask)), batch_axes
+        (cache, *map(repeat, (logits_pv, prompt_tokens, prompt_mask))), batch_axes, ways
     )
     zeros_bn = jnp.zeros((b, buffer_len), jnp.float32)
     loop = _Loop(
@@ -194,10 +201,10 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tok
     def body(loop):
         last_b = jax.lax.dynamic_index_in_dim(loop.tokens, loop.step - 1, axis=1, keepdims=False)
         logits_bv, cache = nnx.merge(graphdef, state).decode_step(last_b, loop.cache)
-        return step(_shard_rows(loop.replace(logits=logits_bv, cache=cache), batch_axes))
+        return step(_shard_rows(loop.replace(logits=logits_bv, cache=cache), batch_axes, ways))
 
     for end in ends:
-        cache = _shard_rows(_grow(loop.cache, s + end), batch_axes)
+        cache = _shard_rows(_grow(loop.cache, end), batch_axes, ways)
         loop = jax.lax.while_loop(functools.partial(cond, end=end), body, loop.replace(cache=cache))
     mask_bn = (jnp.arange(buffer_len)[None, :] < loop.lengths[:, None]).astype(jnp.int32)
     return Rollout(

@@ -14,9 +14,17 @@ from grpo_jax.training.metrics import MetricWriter
 from grpo_jax.training.optimizer import make_optimizer
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
 
+
 def make_mesh(config):
+    """The config's mesh (after `jax.distributed` start-up on multi-host launches); says
+    on which devices it runs, once."""
     parallel.maybe_initialize_distributed(config.distributed or None)
-    return parallel.make_mesh(config.mesh)
+    mesh = parallel.make_mesh(config.mesh)
+    if jax.process_index() == 0:
+        device = mesh.devices.flat[0]
+        print(f"mesh {dict(mesh.shape)} over {mesh.size} {device.platform} device(s)"
+              f"{'' if jax.process_count() == 1 else f' on {jax.process_count()} hosts'}", flush=True)
+    return mesh
 
 
 class Optimizer:

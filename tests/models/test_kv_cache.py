@@ -76,6 +76,30 @@ class TestKVCache:
         last, _ = prefill(model, tokens[:, 4:PROMPT], cache, mask[:, 4:PROMPT])
         np.testing.assert_allclose(last, full[:, PROMPT - 1], rtol=1e-5, atol=1e-5)
 
+    def test_shared_prefix_matches_full_forward(self, setup):
+        """G = 2 continuations of each (left-padded) prompt, the prompt cached once per prompt."""
+        model, tokens, mask, _ = setup
+        group = 2
+        conts = np.random.default_rng(2).integers(0, model.cfg.vocab_size, size=(3 * group, NEW)).astype(np.int32)
+        rows_tokens = np.concatenate([np.repeat(tokens[:, :PROMPT], group, 0), conts], axis=1)
+        rows_mask = np.concatenate([np.repeat(mask[:, :PROMPT], group, 0), np.ones_like(conts)], axis=1)
+        full = np.asarray(nnx.jit(lambda m, t, a: m(t, attention_mask=a))(model, rows_tokens, rows_mask))
+
+        def run(graphdef, state):
+            m = nnx.merge(graphdef, state)
+            first, prompt_cache = m.prefill(tokens[:, :PROMPT], m.init_cache(3, PROMPT), attention_mask=mask[:, :PROMPT])
+            cache = m.init_cache(3 * group, NEW + 1, prefix=prompt_cache)
+            steps = []
+            for j in range(NEW):
+                logits, cache = m.decode_step(conts[:, j], cache)
+                steps.append(logits)
+            return first, jnp.stack(steps, axis=1), cache
+
+        first, steps, cache = jax.jit(run, static_argnums=0)(*nnx.split(model))
+        np.testing.assert_allclose(np.repeat(first, group, 0), full[:, PROMPT - 1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(steps, full[:, PROMPT:], rtol=1e-5, atol=1e-5)
+        assert cache.prefix.k[0].shape[0] == 3 and cache.k[0].shape[0] == 3 * group   # stored once per prompt
+
     def test_new_values_do_not_recompile(self, setup):
         model, tokens, mask, _ = setup
         graphdef, state = nnx.split(model)
@@ -103,6 +127,12 @@ class TestKVCache:
         finally:
             jax.monitoring.unregister_event_duration_listener(listen)
         assert not compiles
+
+
+def test_prefix_rows_must_divide_the_batch():
+    model = models.init_model(TINY)
+    with pytest.raises(ValueError, match="not a multiple of the prefix's 3 rows"):
+        model.init_cache(4, 8, prefix=model.init_cache(3, 8))
 
 
 def test_prefill_longer_than_cache_is_an_error():

@@ -92,6 +92,13 @@ def test_generated_frequencies_match():
     np.testing.assert_allclose(rollout.logp, np.log(PROBS / PROBS.sum())[rollout.tokens], atol=1e-5)
 
 
+@pytest.mark.parametrize("vocab", [1, 7, 32, 512, 1000])
+def test_cumulative_sum_matches_numpy(vocab):
+    x = np.random.default_rng(vocab).random((3, vocab)).astype(np.float32)
+    got = np.asarray(jax.jit(_methods.cumulative_sum)(x))
+    np.testing.assert_allclose(got, np.cumsum(x.astype(np.float64), axis=-1), rtol=2e-6)
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda: sampling.Temperature(0.0), r"Temperature.temperature must be > 0 \(use Greedy"),
     (lambda: sampling.TopP(0.0), r"TopP.p must be in \(0, 1\]"),
