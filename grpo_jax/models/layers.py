@@ -96,7 +96,7 @@ def grouped_attention(q, k_t, v, mask, *, scale, prefix=None):
     Query head i reads key/value head i // (N / K), as transformers' repeat_kv does.
     Both products are plain `[rows, inner] x [inner, cols]` matmuls over the big
     operand's natural layout (`q k_t` then `p v`), which XLA:CPU runs at memory speed;
-    keys as `[B, K, L, H]` made a decode step's attention 2.4-2.7x slower on CPU
+    keys as `[B, K, L, H]` made a decode step's attention 2.6-3.1x slower on CPU
     (experiments/results/bench_sampler_cpu_keys_transposed.txt, table 3).
 
     With `prefix`, every group of B/P consecutive rows also attends one shared prefix
