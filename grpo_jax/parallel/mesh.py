@@ -91,6 +91,6 @@ def maybe_initialize_distributed(enabled=None):
     """
     if enabled is None:
         enabled = os.environ.get("GRPO_JAX_DISTRIBUTED", "0") == "1"
-    if enabled:
+    if enabled and not jax.distributed.is_initialized():   # the demo asks once per stage
         jax.distributed.initialize()
     return enabled

@@ -15,15 +15,20 @@ from grpo_jax.training.optimizer import make_optimizer
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
 
 
+_ANNOUNCED_MESHES = set()   # the demo builds one mesh per stage; each is printed once
+
+
 def make_mesh(config):
-    """The config's mesh (after `jax.distributed` start-up on multi-host launches); says
-    on which devices it runs, once."""
+    """The config's mesh (after `jax.distributed` start-up on multi-host launches); the
+    first time a process builds it, says on which devices it runs."""
     parallel.maybe_initialize_distributed(config.distributed or None)
     mesh = parallel.make_mesh(config.mesh)
-    if jax.process_index() == 0:
-        device = mesh.devices.flat[0]
-        print(f"mesh {dict(mesh.shape)} over {mesh.size} {device.platform} device(s)"
-              f"{'' if jax.process_count() == 1 else f' on {jax.process_count()} hosts'}", flush=True)
+    hosts = jax.process_count()
+    line = (f"mesh {dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].platform} device(s)"
+            f"{f' on {hosts} hosts' if hosts > 1 else ''}")
+    if jax.process_index() == 0 and line not in _ANNOUNCED_MESHES:
+        _ANNOUNCED_MESHES.add(line)
+        print(line, flush=True)
     return mesh
 
 

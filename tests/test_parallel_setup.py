@@ -1,13 +1,15 @@
-"""parallel.use_cpu_cores: one XLA CPU device per core, unless a count was already chosen.
+"""Process set-up: parallel.use_cpu_cores (one XLA CPU device per core, unless a count was
+already chosen) and maybe_initialize_distributed (once per process).
 
-Each case runs in a fresh interpreter: the device count is fixed once JAX starts, and the
-test process itself already runs on 8 forced devices (conftest.py).
+use_cpu_cores cases run in a fresh interpreter: the device count is fixed once JAX
+starts, and the test process itself already runs on 8 forced devices (conftest.py).
 """
 
 import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from grpo_jax.parallel import mesh as mesh_lib
@@ -53,3 +55,19 @@ def test_max_devices_caps_the_count():
 def test_a_count_in_xla_flags_wins():
     assert probe(xla_flags="--xla_force_host_platform_device_count=3") == (None, 3, None)
 
+
+
+@pytest.mark.parametrize("already, calls", [(False, 1), (True, 0)])
+def test_distributed_start_up_happens_once(monkeypatch, already, calls):
+    started = []
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: already or bool(started))
+    monkeypatch.setattr(jax.distributed, "initialize", lambda: started.append(1))
+    assert mesh_lib.maybe_initialize_distributed(True) is True
+    assert mesh_lib.maybe_initialize_distributed(True) is True   # the demo's second stage
+    assert len(started) == calls
+
+
+def test_distributed_start_up_is_off_by_default(monkeypatch):
+    monkeypatch.delenv("GRPO_JAX_DISTRIBUTED", raising=False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda: pytest.fail("started jax.distributed"))
+    assert mesh_lib.maybe_initialize_distributed() is False
