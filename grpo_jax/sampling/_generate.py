@@ -119,10 +119,10 @@ def _segment_ends(buffer_len):
     A decode step attends over every cache slot, filled or not, and at long lengths that
     read is most of its time; sizing the cache for the whole buffer from the first step
     would make early steps pay for the last ones. Each segment adds a quarter of the
-    slots so far, rounded up to a multiple of 64, so at most ~20% of the slots read are
-    empty, at the price of one loop body per segment in the compiled program (7 for
-    N = 512, 16 for N = 4096). Doubling (4 bodies for N = 512) read 15% more slots on
-    average and was 10% slower at B = 256, N = 512 on CPU.
+    slots so far, rounded up to a multiple of 64, so past the first few segments at most
+    a fifth of the slots read are empty, at the price of one loop body per segment in the
+    compiled program (7 for N = 512, 16 for N = 4096). Doubling (4 bodies for N = 512)
+    read 15% more slots on average and was 10% slower at B = 256, N = 512 on CPU.
     """
     ends, end = [], SEGMENT
     while end < buffer_len:
