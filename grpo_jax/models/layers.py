@@ -119,10 +119,11 @@ def grouped_attention(q, k_t, v, mask, *, scale, prefix=None):
     """
     b, s, n, h = q.shape
     kv, g = k_t.shape[1], n // k_t.shape[1]
-    batch = ((0, 1), (0, 1))  # (row, kv head) on both sides
+    # [rows, inner] x [inner, cols], batched over (row, kv head) on both sides.
+    matmul = (((3,), (2,)), ((0, 1), (0, 1)))
     low = jnp.finfo(jnp.float32).min
     rows = q.reshape(b, s, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * s, h)
-    scores = jax.lax.dot_general(rows, k_t, (((3,), (2,)), batch), preferred_element_type=jnp.float32)
+    scores = jax.lax.dot_general(rows, k_t, matmul, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores.reshape(b, kv, g, s, -1) * scale, low)
     scores = scores.reshape(b, kv, g * s, -1)  # [B, K, G*S, L]
     if prefix is not None:
@@ -137,16 +138,15 @@ def grouped_attention(q, k_t, v, mask, *, scale, prefix=None):
             return x.reshape(groups, kv, per_group, g * s, -1).transpose(0, 2, 1, 3, 4).reshape(
                 b, kv, g * s, -1)
 
-        scores_p = jax.lax.dot_general(to_groups(rows), k_p, (((3,), (2,)), batch),
-                                       preferred_element_type=jnp.float32)
+        scores_p = jax.lax.dot_general(to_groups(rows), k_p, matmul, preferred_element_type=jnp.float32)
         scores_p = jnp.where(valid_p[:, None, None, :], scores_p * scale, low)
         scores = jnp.concatenate([to_rows(scores_p), scores], axis=-1)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     if prefix is not None:
         probs_p, probs = probs[..., :prefix_len], probs[..., prefix_len:]
-    out = jax.lax.dot_general(probs, v, (((3,), (2,)), batch))  # [B, K, G*S, H]
+    out = jax.lax.dot_general(probs, v, matmul)  # [B, K, G*S, H]
     if prefix is not None:
-        out = out + to_rows(jax.lax.dot_general(to_groups(probs_p), v_p, (((3,), (2,)), batch)))
+        out = out + to_rows(jax.lax.dot_general(to_groups(probs_p), v_p, matmul))
     return out.reshape(b, kv, g, s, h).transpose(0, 3, 1, 2, 4).reshape(b, s, n, h)
 
 

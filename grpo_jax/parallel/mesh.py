@@ -60,8 +60,8 @@ def use_cpu_cores(max_devices=8):
     small kernels, and only large matmuls fan out. With N CPU devices the mesh's data
     axis runs N programs side by side (on 2 cores, 1.2-1.9x the sampler's tokens/s:
     experiments/results/bench_sampler_cpu_keys_transposed.txt). N is the largest power
-    of two up to `min(cores, max_devices)`, so common batch sizes split evenly. On a GPU or TPU host
-    this only adds host devices; the accelerator stays the default backend.
+    of two up to `min(cores, max_devices)`, so common batch sizes split evenly. On a GPU
+    or TPU host this only adds host devices; the accelerator stays the default backend.
 
     Call it before JAX runs anything (the device count is fixed when the first
     computation starts). It leaves alone a count already chosen, by
