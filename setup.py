@@ -17,13 +17,16 @@ setuptools.setup(
         "orbax-checkpoint>=0.11.0,<0.13",
         "ml-collections>=1.0,<2",
         "transformers>=5.0,<6",
+        "jinja2>=3.1,<4",             # chat templates (transformers needs it, does not declare it)
         "tokenizers>=0.21,<0.25",
         "safetensors>=0.5,<0.9",
         "tensorflow-datasets>=4.9.9,<5",
-        "importlib_resources>=6.0",
+        "importlib_resources>=6.0",   # tensorflow-datasets imports it without declaring it
+        "etils[epath]>=1.7,<2",
         "grain>=0.2.12,<0.3",
         "array_record>=0.8,<0.9",
         "numpy>=1.26,<3",
+        "ml_dtypes>=0.5,<1",
         "absl-py>=2.1,<3",
         "tensorboardX>=2.6,<3",
         "math-verify>=0.8,<0.10",

@@ -48,7 +48,7 @@ def get_config(arg=None):
     config.reward.correct = "gsm8k"      # the reward whose value 1 means "correct" (accuracy)
     config.reward.timeout_s = 10.0       # per row, for graders that run in the process pool
 
-    # Rollouts: P prompts x G completions, laid out consecutively (DESIGN.md).
+    # Rollouts: P prompts x G completions, a prompt's G rows consecutive (docs/design.md).
     config.rollout = config_dict.ConfigDict()
     config.rollout.prompts_per_batch = 64
     config.rollout.max_new_tokens = 1024

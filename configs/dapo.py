@@ -7,7 +7,7 @@ soft length penalty over the last fifth of the response budget. No KL.
 
 Paper: Yu et al., DAPO: An Open-Source LLM Reinforcement Learning System at Scale
 (arXiv:2503.14476), sec. 3 (eq. 8-13).
-Sweep: `get_sweep()` is seed 000's clip-higher and aggregation ablation.
+Sweep: `get_sweep()` crosses clip-higher with the loss aggregation (DAPO sec. 3.1 and 3.3).
 Load: `config_lib.load_config("configs/dapo.py:runlocal=True")`.
 """
 

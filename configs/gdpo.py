@@ -7,7 +7,8 @@ token-mean aggregation, no KL. Here the rewards are correctness and DAPO's soft 
 penalty, weighted 1 and 0.5 after normalisation (`objective.advantage.reward_weights`, in
 the order of `reward.specs`).
 
-Paper: GDPO: Group reward-Decoupled Normalization Policy Optimization (Jan 2026).
+Paper: Liu et al., GDPO: Group reward-Decoupled Normalization Policy Optimization for
+Multi-reward RL Optimization (arXiv:2601.05242).
 Load: `config_lib.load_config("configs/gdpo.py:runlocal=True")`.
 """
 

@@ -24,7 +24,7 @@ def get_config(arg=None):
 
 
 def get_sweep():
-    """The advantage-normalisation ablation of seed 000, section 2."""
+    """Dividing by the group std: population vs unbiased vs not at all (Dr. GRPO sec. 3.1)."""
     return [
         {"objective.advantage.ddof": 0},
         {"objective.advantage.ddof": 1},

@@ -4,8 +4,7 @@ Groups with no signal dropped and refilled (active sampling), token-mean loss, c
 higher than lower (0.2/0.28), no KL, no division by the group's std, and truncated
 importance sampling (cap 2) against the sampler/trainer log-prob mismatch.
 
-Paper: Olmo 3 technical report (AI2, Nov 2025), RL section; the list is seed 000's
-"In an LLM" summary.
+Paper: Team Olmo, Olmo 3 (arXiv:2512.13961), the RL (OlmoRL) section.
 Load: `config_lib.load_config("configs/olmo3.py:runlocal=True")`.
 """
 

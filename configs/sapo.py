@@ -5,7 +5,7 @@ f(r) = sigmoid(tau (r - 1)) * 4 / tau, which equals the plain policy gradient on
 and fades smoothly off-policy, a little faster for negative advantages
 (tau_neg 1.05 > tau_pos 1.0). Per-answer aggregation (seq-mean-token-mean), no KL.
 
-Paper: Gao et al., Soft Adaptive Policy Optimization (Qwen, Nov 2025).
+Paper: Gao et al., Soft Adaptive Policy Optimization (arXiv:2511.20347).
 Load: `config_lib.load_config("configs/sapo.py:runlocal=True")`.
 """
 

@@ -1,6 +1,6 @@
 """Throughput of grpo_jax.objectives on CPU, beside eager PyTorch and the bandwidth limit.
 
-    python experiments/bench_objectives.py            # B=256, T=1024, 15 repeats (issue 2)
+    python experiments/bench_objectives.py            # B=256, T=1024, 15 repeats
     python experiments/bench_objectives.py --quick    # tiny shapes: a smoke run
 
 Tables: (1) tokens/s of jit(value_and_grad) w.r.t. logp of every policy loss under every

@@ -1,6 +1,6 @@
 """Generation throughput of grpo_jax.sampling on CPU, beside transformers' PyTorch generate.
 
-    python experiments/bench_sampler.py            # B in {16, 64, 256} x new tokens in {128, 512} (issue 4)
+    python experiments/bench_sampler.py            # B in {16, 64, 256} x new tokens in {128, 512}
     python experiments/bench_sampler.py --quick    # B=16, 16 new tokens, 1 repeat: a smoke run
 
 The model is the named "tiny" config (qwen3: V=512, D=128, 3 layers, float32), randomly
@@ -56,7 +56,7 @@ parallel.use_cpu_cores()   # before JAX runs anything; a no-op when XLA_FLAGS se
 
 GROUP_SIZE = 8
 PROMPT_LEN = 32
-# (B, new tokens, prompt tokens): issue 4's grid, then long prompts, where the G completions
+# (B, new tokens, prompt tokens): the speed target's grid, then long prompts, where the G completions
 # sharing one cached prompt (cascade attention) matters most.
 CASES = [(b, n, PROMPT_LEN) for b in (16, 64, 256) for n in (128, 512)] + [(64, 128, 256), (256, 128, 256)]
 QUICK_CASES = [(16, 16, PROMPT_LEN)]

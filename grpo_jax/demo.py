@@ -1,4 +1,4 @@
-"""Prints the seed's worked examples, each computed by grpo_jax.objectives.
+"""Prints the worked examples of docs/design.md, each computed by grpo_jax.objectives.
 
     python -m grpo_jax.demo
 

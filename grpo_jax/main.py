@@ -41,7 +41,7 @@ def main(argv):
     from grpo_jax import parallel
     parallel.use_cpu_cores()                    # on CPU, one device per core (see its docstring)
     from grpo_jax.training import demo, rl, sft   # after flag parsing: jax starts here
-    workdir = os.path.expanduser(_WORKDIR.value)
+    workdir = _WORKDIR.value              # made absolute by each mode (grpo_jax.paths)
     {"rl": rl.train, "sft": sft.train, "demo": demo.run, "eval": demo.evaluate_to_file}[
         config.mode](config, workdir)
 

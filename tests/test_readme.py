@@ -32,9 +32,12 @@ def test_composer_example_builds():
     exec(_block_after("Or let a recipe choose everything", "python"), {})
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_both_readme_commands():
     ci = (pathlib.Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
-    assert "<!-- test-command -->" in ci   # .ci/run extracts the command from the README
+    # .ci/run extracts each command from the block after its marker in the README.
+    assert "readme_command test-command" in ci and "readme_command main-command" in ci
+    for marker in ("<!-- test-command -->", "<!-- main-command -->"):
+        assert _block_after(marker, "bash").startswith("python3 -m venv .venv && ")
 
 
 def test_demo_prints_the_worked_examples():

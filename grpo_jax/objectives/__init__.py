@@ -2,7 +2,7 @@
 
 Nothing here sees a model, a config object or an RNG, except the composer
 (`policy_objective`), which reads an ml_collections section once and returns a pure
-function. See DESIGN.md, "Objectives", for the exact semantics.
+function. docs/design.md gives the exact semantics of each, side by side.
 """
 
 from grpo_jax.objectives._advantages import gae

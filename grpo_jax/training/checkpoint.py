@@ -8,6 +8,8 @@ abstract target, so a resumed run on a mesh never holds a full copy per device.
 import jax
 import orbax.checkpoint as ocp
 
+from grpo_jax import paths
+
 
 class Checkpointer:
     """Saves and restores ``(state_tree, meta_json)`` pairs under ``workdir/checkpoints``."""
@@ -15,7 +17,7 @@ class Checkpointer:
     def __init__(self, directory, *, keep=3, asynchronous=True):
         options = ocp.CheckpointManagerOptions(max_to_keep=keep,
                                                enable_async_checkpointing=asynchronous)
-        self._manager = ocp.CheckpointManager(directory, options=options)
+        self._manager = ocp.CheckpointManager(paths.resolve(directory), options=options)
 
     def latest_step(self):
         """The step of the newest complete checkpoint, or None."""

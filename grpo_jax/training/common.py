@@ -97,8 +97,9 @@ class RunSetup:
         self.scorer.close()
 
 
-def metric_writer(workdir, total_steps, prefix="", total_seconds=None):
-    return MetricWriter(workdir, total_steps=total_steps, total_seconds=total_seconds, prefix=prefix)
+def metric_writer(workdir, total_steps, *, start_step, prefix="", total_seconds=None):
+    return MetricWriter(workdir, total_steps=total_steps, start_step=start_step,
+                        total_seconds=total_seconds, prefix=prefix)
 
 
 WATCHED = ("loss", "policy_loss", "grad_norm", "update_norm", "kl", "approx_kl")

@@ -11,7 +11,7 @@ import time
 import jax
 from flax import nnx
 
-from grpo_jax import config_lib, models
+from grpo_jax import config_lib, models, paths
 from grpo_jax.training import common, evaluation, rl, sft, task as task_lib
 
 
@@ -45,6 +45,7 @@ def evaluate_to_file(config, workdir):
     """The "eval" mode: held-out metrics of ``model.path``, printed and saved as JSON."""
     if not config.model.path:
         raise ValueError("mode 'eval' needs --config.model.path, a checkpoint to evaluate")
+    workdir = paths.resolve_run_paths(config, workdir)
     metrics = evaluate_export(config, config.model.path)
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "eval.json"), "w") as f:
@@ -67,6 +68,7 @@ def _timed(workdir, fn):
 
 def run(config, workdir):
     """Runs the three stages and prints (and saves) the before/after table."""
+    workdir = paths.resolve_run_paths(config, workdir)
     sft_dir, rl_dir, control_dir = (os.path.join(workdir, d) for d in ("sft", "rl", "sft_control"))
     warm = os.path.join(sft_dir, "export")
 

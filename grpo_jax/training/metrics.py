@@ -1,6 +1,9 @@
 """Metrics every step: JSONL and TensorBoard in the workdir, one concise console line.
 
 TensorBoard files are written by tensorboardX (no TensorFlow). Only process 0 writes.
+The console line's time per step and ETA leave out the time JAX spends tracing and
+compiling (counted through `jax.monitoring`), which is reported on its own: the first
+steps of a run compile every program, and would otherwise inflate the ETA many times.
 """
 
 import json
@@ -26,6 +29,27 @@ CONSOLE = (
 )
 
 
+# What JAX reports of the time it spends turning a function into an executable.
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+_compile_seconds = [0.0]
+_listening = [False]
+
+
+def _count_compile_time(event, duration_secs, **kwargs):
+    if event in _COMPILE_EVENTS:
+        _compile_seconds[0] += duration_secs
+
+
+def compile_seconds():
+    """Seconds this process has spent tracing, lowering and compiling since it first asked."""
+    if not _listening[0]:
+        jax.monitoring.register_event_duration_secs_listener(_count_compile_time)
+        _listening[0] = True
+    return _compile_seconds[0]
+
+
 def progress_bar(done, total, width=20):
     filled = min(int(width * done / max(total, 1)), width)
     return "[" + "#" * filled + "." * (width - filled) + "]"
@@ -34,14 +58,16 @@ def progress_bar(done, total, width=20):
 class MetricWriter:
     """Writes scalar metrics to ``workdir/metrics.jsonl``, TensorBoard and the console."""
 
-    def __init__(self, workdir, *, total_steps, total_seconds=None, prefix="", stream=sys.stdout):
+    def __init__(self, workdir, *, total_steps, start_step=0, total_seconds=None, prefix="",
+                 stream=sys.stdout):
         self.total_steps = total_steps
+        self.start_step = start_step         # the step a resumed run starts after
         self.total_seconds = total_seconds   # a run bounded by wall time shows time progress
         self.prefix = prefix
         self.stream = stream
         self.is_main = jax.process_index() == 0
         self._start = time.time()
-        self._first_step = None
+        self._compile_at_start = self._compile_at_last_write = compile_seconds()
         self._jsonl = self._tb = None
         if self.is_main:
             os.makedirs(workdir, exist_ok=True)
@@ -51,7 +77,10 @@ class MetricWriter:
 
     def write(self, step, metrics):
         """Records `metrics` (name -> number) for `step` and prints the console line."""
+        compiled = compile_seconds()
         metrics = {k: float(v) for k, v in metrics.items()}
+        metrics["time_compile"] = compiled - self._compile_at_last_write
+        self._compile_at_last_write = compiled
         if not self.is_main:
             return
         self._jsonl.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
@@ -63,10 +92,9 @@ class MetricWriter:
         print(self._console_line(step, metrics), file=self.stream, flush=True)
 
     def _console_line(self, step, metrics):
-        if self._first_step is None:   # a resumed run counts from where it resumed
-            self._first_step = step - 1
         elapsed = time.time() - self._start
-        per_step = elapsed / max(step - self._first_step, 1)
+        compiling = compile_seconds() - self._compile_at_start
+        per_step = max(elapsed - compiling, 0.0) / max(step - self.start_step, 1)
         shown = " ".join(label + " " + fmt.format(metrics[name])
                          for name, label, fmt in CONSOLE if name in metrics)
         if self.total_seconds:
@@ -75,7 +103,8 @@ class MetricWriter:
         else:
             progress = f"step {step:>5d}/{self.total_steps} {progress_bar(step, self.total_steps)}"
             eta = per_step * (self.total_steps - step)
-        return f"{self.prefix}{progress} {shown} | {per_step:.2f}s/step eta {eta / 60:.1f}m"
+        return (f"{self.prefix}{progress} {shown} | {per_step:.2f}s/step eta {eta / 60:.1f}m"
+                f" | compile {compiling:.0f}s")
 
     def close(self):
         if self.is_main:

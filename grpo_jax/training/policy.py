@@ -4,7 +4,7 @@ import os
 
 import transformers
 
-from grpo_jax import models
+from grpo_jax import models, paths
 from grpo_jax.training.tokenizer import train_char_tokenizer
 
 VOCAB_MULTIPLE = 64   # pad a trained tokenizer's vocabulary so any tensor axis divides it
@@ -19,7 +19,7 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     trained on `tokenizer_texts` (the tiny CPU models).
     """
     if model_cfg.path:
-        path = os.path.expanduser(model_cfg.path)
+        path = paths.resolve(model_cfg.path)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"model.path {model_cfg.path!r} is not a directory; point it at "
                                     "a local Hugging Face checkpoint (config.json + *.safetensors)")

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import objectives, parallel, sampling
+from grpo_jax import objectives, parallel, paths, sampling
 from grpo_jax.training import batching, common, evaluation, rollouts
 
 
@@ -60,10 +60,10 @@ class Trainer:
     """Holds the run's state; `run()` is the loop."""
 
     def __init__(self, config, workdir):
-        self.config, self.workdir = config, workdir
+        self.config, self.workdir = config, paths.resolve_run_paths(config, workdir)
         self.mesh = common.make_mesh(config)
         check_config(config, self.mesh)
-        self.setup = common.RunSetup(config, workdir, self.mesh,
+        self.setup = common.RunSetup(config, self.workdir, self.mesh,
                                      batch_size=config.rollout.prompts_per_batch)
         s = self.setup
         self.policy = Policy(self.mesh, s.graphdef, s.params, s.tokenizer, config.task,
@@ -146,7 +146,7 @@ class Trainer:
     def run(self):
         cfg, s = self.config, self.setup
         self.step = s.restore(self.policy, self.opt)
-        writer = common.metric_writer(self.workdir, cfg.train.steps)
+        writer = common.metric_writer(self.workdir, cfg.train.steps, start_step=self.step)
         try:
             for step in range(self.step + 1, cfg.train.steps + 1):
                 host, metrics = rollouts.collect(self, step)

@@ -14,7 +14,7 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import objectives, sampling
+from grpo_jax import objectives, paths, sampling
 from grpo_jax.training import batching, common, evaluation, task as task_lib
 from grpo_jax.training.rl import Policy
 
@@ -49,9 +49,9 @@ class SftTrainer:
     """Holds the SFT run; `run()` is the loop."""
 
     def __init__(self, config, workdir):
-        self.config, self.workdir = config, workdir
+        self.config, self.workdir = config, paths.resolve_run_paths(config, workdir)
         self.mesh = common.make_mesh(config)
-        self.setup = s = common.RunSetup(config, workdir, self.mesh, batch_size=config.sft.batch_size)
+        self.setup = s = common.RunSetup(config, self.workdir, self.mesh, batch_size=config.sft.batch_size)
         self.policy = Policy(self.mesh, s.graphdef, s.params, s.tokenizer, config.task,
                              config.rollout.rules)
         self.opt = common.Optimizer(config.sft.optimizer, config.sft.steps, s.graphdef, s.params,
@@ -76,7 +76,7 @@ class SftTrainer:
         """Trains to `sft.steps` (or for `seconds` of wall time); returns the last step."""
         cfg, s = self.config, self.setup
         step = s.restore(self.policy, self.opt)
-        writer = common.metric_writer(self.workdir, cfg.sft.steps, total_seconds=seconds,
+        writer = common.metric_writer(self.workdir, cfg.sft.steps, start_step=step, total_seconds=seconds,
                                       prefix="sft " if seconds is None else "sft (timed) ")
         start = time.time()
         try:

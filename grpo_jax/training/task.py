@@ -1,10 +1,8 @@
 """The task side of a run: prompts from a dataset, their token ids, and their rewards."""
 
-import os
-
 import numpy as np
 
-from grpo_jax import data, rewards
+from grpo_jax import data, paths, rewards
 
 # Prompt widths a run compiles for: powers of two from 8 (short arithmetic prompts waste
 # half of a 16-wide bucket, and every column costs compute in every step).
@@ -19,8 +17,8 @@ def data_source(task_cfg, split):
     knobs = task_cfg.knobs.to_dict()
     config = _KNOB_CLASSES[task_cfg.name](**knobs) if task_cfg.name in _KNOB_CLASSES else None
     return data.data_source(
-        task_cfg.name, split=split, data_dir=os.path.expanduser(task_cfg.data_dir), config=config,
-        manual_dir=os.path.expanduser(task_cfg.manual_dir) if task_cfg.manual_dir else None)
+        task_cfg.name, split=split, data_dir=paths.resolve(task_cfg.data_dir), config=config,
+        manual_dir=paths.resolve(task_cfg.manual_dir) or None)
 
 
 def prompt_text(task_cfg, example, tokenizer):

@@ -1,4 +1,4 @@
-"""`grpo_jax.objectives` against independent float64 numpy references (issue 2).
+"""`grpo_jax.objectives` against independent float64 numpy references.
 
 Every function is called through `jax.jit` (hyper-parameters bound with
 `functools.partial`) on float32 inputs; the references in `numpy_reference.py` get

@@ -1,4 +1,4 @@
-"""Gradient semantics of the policy losses (DESIGN.md, "Policy losses")."""
+"""Gradient semantics of the policy losses (docs/design.md, "Policy losses")."""
 
 import functools
 

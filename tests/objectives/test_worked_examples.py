@@ -1,4 +1,4 @@
-"""The seeds' worked examples (seeds/000), reproduced exactly by the library."""
+"""The worked examples of docs/design.md, reproduced exactly by the library."""
 
 import decimal
 import functools
@@ -28,13 +28,13 @@ def _policy_gradient(mode, lengths, adv):
 
 
 def _round_half_up(x):
-    """Two decimals the way the seed's table rounds (0.125 -> 0.13, -0.875 -> -0.88)."""
+    """Two decimals the way the worked example rounds (0.125 -> 0.13, -0.875 -> -0.88)."""
     return float(decimal.Decimal(float(x)).quantize(decimal.Decimal("0.01"),
                                                     rounding=decimal.ROUND_HALF_UP))
 
 
 class TestLossAggregationExample:
-    """Seed 000 sec. 1: a right answer of 200 tokens and a wrong one of 1,200."""
+    """Worked example 1: a right answer of 200 tokens and a wrong one of 1,200."""
 
     def test_seq_mean_token_mean_pushes(self):
         g, mask = _policy_gradient("seq-mean-token-mean", [200, 1200], [1.0, -1.0])
@@ -54,7 +54,7 @@ class TestLossAggregationExample:
 
 
 class TestStdNormalisationExample:
-    """Seed 000 sec. 2: rewards (1,1,1,1,1,1,1,0)."""
+    """Worked example 2: rewards (1,1,1,1,1,1,1,0)."""
 
     rewards = jnp.array([1.0, 1, 1, 1, 1, 1, 1, 0])
 
@@ -74,7 +74,7 @@ class TestStdNormalisationExample:
 
 
 class TestClipHigherExample:
-    """Seed 000 sec. 3: how far one batch can move a token before the clip stops it."""
+    """Worked example 3: how far one batch can move a token before the clip stops it."""
 
     @staticmethod
     @jax.jit
@@ -113,7 +113,7 @@ class TestClipHigherExample:
 
 
 class TestOverlongPenaltyExample:
-    """Seed 000 sec. 5: max 20,000 tokens with a 4,000-token warning zone."""
+    """Worked example 4: max 20,000 tokens with a 4,000-token warning zone."""
 
     def test_table(self):
         fn = jax.jit(functools.partial(objectives.overlong_penalty, max_len=20_000, cache_len=4_000))

@@ -51,24 +51,37 @@ def _finished_checkpoints(workdir):
     return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if directory.exists() else []
 
 
-@pytest.mark.slow
-def test_kill_minus_nine_then_resume_continues_exactly(data_dir, tmp_path):
-    overrides = {"train.steps": 6, "train.checkpoint_every": 2, "train.eval_every": 100}
-    reference = tmp_path / "uninterrupted"
-    rl.train(tiny_config("dapo", data_dir, **overrides), str(reference))
-    expected = {r["step"]: _comparable(r) for r in _metrics(reference)}
-
-    config_file = tmp_path / "resume_config.py"
+def _config_file(tmp_path, data_dir, overrides):
+    """A config file for `python -m grpo_jax.main`: the tiny dapo setting with `overrides`."""
+    config_file = tmp_path / "cli_config.py"
     config_file.write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(REPO / 'tests' / 'training')!r})\n"
         "from training_setups import tiny_config\n\n\n"
         "def get_config(arg=None):\n"
         f"    return tiny_config('dapo', {data_dir!r}, **{overrides!r})\n")
-    workdir = tmp_path / "killed"
-    command = [sys.executable, "-m", "grpo_jax.main", f"--config={config_file}",
-               f"--workdir={workdir}"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return config_file
+
+
+def _cli(args, cwd, **env):
+    """`python -m grpo_jax.main ARGS` from `cwd` (this checkout's grpo_jax on the path)."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    return [sys.executable, "-m", "grpo_jax.main", *args], dict(cwd=cwd, env=environment)
+
+
+@pytest.mark.slow
+def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(data_dir, tmp_path):
+    overrides = {"train.steps": 6, "train.checkpoint_every": 2, "train.eval_every": 100}
+    reference = tmp_path / "uninterrupted"
+    rl.train(tiny_config("dapo", data_dir, **overrides), str(reference))
+    expected = {r["step"]: _comparable(r) for r in _metrics(reference)}
+
+    # A relative --workdir: orbax needs absolute paths, so this is what a user's
+    # `--workdir runs/x` meets; the rerun must find the same checkpoints.
+    command, where = _cli([f"--config={_config_file(tmp_path, data_dir, overrides)}",
+                           "--workdir=runs/killed"], cwd=tmp_path)
+    workdir = tmp_path / "runs" / "killed"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **where)
     deadline = time.time() + 600
     while time.time() < deadline and process.poll() is None:
         # Mid-run, past step 3, once the step-2 checkpoint is on disk (saves are async).
@@ -82,7 +95,8 @@ def test_kill_minus_nine_then_resume_continues_exactly(data_dir, tmp_path):
     resume_from = _finished_checkpoints(workdir)[-1]
     assert resume_from < 6 and logged[-1] >= resume_from
 
-    subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=600)
+    resumed = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600, **where)
+    assert f"resumed from the checkpoint of step {resume_from} in {workdir}" in resumed.stdout
     rows = _metrics(workdir)[len(logged):]
     assert [r["step"] for r in rows] == list(range(resume_from + 1, 7))
     for row in rows:
@@ -90,6 +104,28 @@ def test_kill_minus_nine_then_resume_continues_exactly(data_dir, tmp_path):
         assert got.keys() == want.keys()
         for key in want:
             np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.slow
+def test_home_relative_paths_are_expanded(tmp_path):
+    """`~` in --workdir, task.data_dir and model.path means the user's home directory."""
+    home = tmp_path / "home"
+    home.mkdir()
+    overrides = {"train.steps": 1, "train.eval_every": 100, "train.export": True}
+    config_file = _config_file(tmp_path, "~/tfds", overrides)
+    command, where = _cli([f"--config={config_file}", "--workdir=~/runs/first"], cwd=tmp_path,
+                          HOME=str(home))
+    subprocess.run(command, check=True, capture_output=True, timeout=600, **where)
+    assert (home / "runs" / "first" / "checkpoints" / "1").is_dir()
+    assert (home / "runs" / "first" / "export" / "config.json").is_file()
+    assert any((home / "tfds").iterdir())
+    # The export read back through a `~` model.path, by the eval mode into a relative workdir.
+    command, where = _cli([f"--config={config_file}", "--workdir=eval_run",
+                           "--config.mode=eval", "--config.model.path=~/runs/first/export",
+                           "--config.model.name="], cwd=tmp_path, HOME=str(home))
+    subprocess.run(command, check=True, capture_output=True, timeout=600, **where)
+    assert (tmp_path / "eval_run" / "eval.json").is_file()
+    assert not list(tmp_path.rglob("~"))   # nothing was written to a directory named "~"
 
 
 class _PatternScorer:

@@ -1,0 +1,43 @@
+"""Paths as a run sees them: absolute from where they enter, remote URLs untouched.
+
+orbax-checkpoint refuses relative checkpoint paths, and a run that resumes from another
+working directory must find the same files, so every path a run reads or writes is made
+absolute once, where it enters (the command line, the config), and used as is after that.
+"""
+
+import os
+import re
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")   # gs://bucket/x, s3://..., file://...
+
+# The config fields that hold paths (a run's workdir is passed beside the config).
+CONFIG_PATH_FIELDS = ("model.path", "task.data_dir", "task.manual_dir")
+
+
+def resolve(path):
+    """`path` with ``~`` expanded and made absolute against the current directory.
+
+    URLs (``gs://bucket/run``) come back unchanged, and so does the empty string (an
+    unset optional path).
+
+    >>> resolve("gs://bucket/run")
+    'gs://bucket/run'
+    >>> resolve("") == ""
+    True
+    """
+    path = os.fspath(path)
+    if not path or _URL.match(path):
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def resolve_run_paths(config, workdir):
+    """Makes the config's path fields absolute in place; returns the absolute `workdir`.
+
+    Every entry point of a run (train, sft, demo, eval) calls this first; calling it
+    again on resolved paths changes nothing.
+    """
+    for dotted in CONFIG_PATH_FIELDS:
+        section, field = dotted.split(".")
+        config[section][field] = resolve(config[section][field])
+    return resolve(workdir)

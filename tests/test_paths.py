@@ -1,0 +1,49 @@
+"""grpo_jax.paths: where relative, `~` and remote paths end up."""
+
+import os
+
+import ml_collections
+import pytest
+
+from grpo_jax import paths
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("runs/x", "{cwd}/runs/x"),
+    ("./runs/../runs/x/", "{cwd}/runs/x"),
+    ("~/runs/x", "{home}/runs/x"),
+    ("~", "{home}"),
+    ("/abs/runs/x", "/abs/runs/x"),
+    ("gs://bucket/runs/x", "gs://bucket/runs/x"),
+    ("s3://bucket/x", "s3://bucket/x"),
+    ("", ""),
+])
+def test_resolve(given, expected, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert paths.resolve(given) == expected.format(cwd=tmp_path, home="/home/someone")
+
+
+def test_resolve_run_paths_fixes_every_path_field_and_is_idempotent(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/home/someone")
+    config = ml_collections.ConfigDict({
+        "model": {"path": "ckpt/policy", "name": ""},
+        "task": {"data_dir": "~/tfds", "manual_dir": "", "name": "gsm8k"}})
+    workdir = paths.resolve_run_paths(config, "runs/a")
+    assert workdir == f"{tmp_path}/runs/a"
+    assert config.model.path == f"{tmp_path}/ckpt/policy"
+    assert config.task.data_dir == "/home/someone/tfds"
+    assert config.task.manual_dir == ""
+    before = config.to_dict()
+    monkeypatch.chdir("/")
+    assert paths.resolve_run_paths(config, workdir) == workdir
+    assert config.to_dict() == before
+
+
+def test_every_path_field_exists_in_the_base_config():
+    from grpo_jax import config_lib
+    config = config_lib.load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "base.py"))
+    for dotted in paths.CONFIG_PATH_FIELDS:
+        section, field = dotted.split(".")
+        assert isinstance(config[section][field], str), dotted

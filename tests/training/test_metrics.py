@@ -1,0 +1,41 @@
+"""The metric writer: files, the console line, and an ETA that leaves compilation out."""
+
+import io
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.training import metrics as metrics_lib
+
+
+def test_compile_seconds_counts_real_compilation():
+    before = metrics_lib.compile_seconds()
+    jax.jit(lambda x: jnp.cumsum(jnp.sin(x) @ x.T, axis=1))(np.ones((37, 53), np.float32))
+    assert metrics_lib.compile_seconds() > before
+
+
+def test_eta_comes_from_steady_steps_and_compile_time_is_shown_apart(tmp_path, monkeypatch):
+    clock = {"now": 1000.0, "compile": 7.0}
+    monkeypatch.setattr(metrics_lib.time, "time", lambda: clock["now"])
+    monkeypatch.setattr(metrics_lib, "compile_seconds", lambda: clock["compile"])
+    stream = io.StringIO()
+    writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=600, stream=stream)
+
+    # 50 steps in 60 s, 55 s of which JAX spent compiling: 0.1 s per steady step.
+    clock["now"], clock["compile"] = 1060.0, 62.0
+    writer.write(50, {"loss": 0.5})
+    first = stream.getvalue().splitlines()[-1]
+    assert "0.10s/step eta 0.9m | compile 55s" in first    # 550 steps x 0.1 s = 55 s
+    # The next 50 steps take 5 s with no compilation: still 0.1 s per step.
+    clock["now"] = 1065.0
+    writer.write(100, {"loss": 0.25})
+    second = stream.getvalue().splitlines()[-1]
+    assert "0.10s/step eta 0.8m | compile 55s" in second   # 500 x 0.1 s = 50 s
+    writer.close()
+
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [50, 100]
+    assert [r["time_compile"] for r in rows] == [55.0, 0.0]   # per interval, not cumulative
+    assert [r["loss"] for r in rows] == [0.5, 0.25]
