@@ -5,7 +5,8 @@ make them what they are. Nothing in grpo_jax reads a field with a fallback defau
 so a field missing here is a bug, not an option.
 
 Arguments (after the colon of a config path): ``runlocal`` shrinks the run to the tiny
-CPU model and a few prompts, so any recipe runs on a laptop.
+CPU model and a few prompts, so any recipe runs on a laptop. Each recipe states its
+paper's rollout regime with `set_regime`, which also says how ``runlocal`` scales it.
 """
 
 from ml_collections import config_dict
@@ -17,9 +18,19 @@ def get_config(arg=None):
     arg = config_lib.parse_arg(arg, runlocal=False)
     config = config_dict.ConfigDict()
     config.seed = 0
-    config.mode = "rl"                   # rl | sft | demo (sft warm start, rl, sft control)
-    config.mesh = (("data", -1), ("fsdp", 1), ("tensor", 1))
-    config.distributed = False           # jax.distributed.initialize() (also GRPO_JAX_DISTRIBUTED=1)
+    config.mode = "rl"                   # rl | sft | demo (sft warm start, rl, sft control) | eval
+    # name=size pairs; one size may be -1 (the rest of the devices). Rows split over every
+    # axis but "tensor"; weights over the axes their sharding rules name.
+    config.mesh = "data=-1,fsdp=1,tensor=1"
+
+    # Several processes (one per host): jax.distributed.initialize(). With enabled and the
+    # three addresses unset, JAX detects the cluster (Cloud TPU, SLURM, Open MPI); setting
+    # the three starts it explicitly (also GRPO_JAX_DISTRIBUTED=1 in the environment).
+    config.distributed = config_dict.ConfigDict()
+    config.distributed.enabled = False
+    config.distributed.coordinator_address = config_dict.placeholder(str)   # "host:port"
+    config.distributed.num_processes = config_dict.placeholder(int)
+    config.distributed.process_id = config_dict.placeholder(int)
 
     # The policy: a local HF checkpoint directory, or a named shape initialised at random
     # with a character tokenizer trained on the task (the tiny CPU models).
@@ -30,6 +41,9 @@ def get_config(arg=None):
     config.model.dtype = "float32"       # compute dtype
     config.model.param_dtype = "float32"
     config.model.remat = False
+    # Start RL from a supervised warm start of model.name, built once with the sft section
+    # below and cached under task.data_dir (RL from a random model has no signal at all).
+    config.model.sft_warm_start = False
 
     # The task: a grpo_jax.data builder and its knobs, the prompt format, the rewards.
     config.task = config_dict.ConfigDict()
@@ -40,6 +54,9 @@ def get_config(arg=None):
     config.task.chat_template = False    # format prompts with the tokenizer's chat template
     config.task.system_prompt = ""
     config.task.eval_split = "test"
+    # Several processes: "main" builds the dataset in process 0 while the others wait (a
+    # data_dir every host shares); "every" builds it in each process (per-host local dirs).
+    config.task.prepare_on = "main"
 
     # Registered grpo_jax.rewards as (name, weight) pairs: summed with the weights, or
     # kept as [B, K] columns when objective.advantage.estimator is "gdpo".
@@ -49,22 +66,34 @@ def get_config(arg=None):
     config.reward.timeout_s = 10.0       # per row, for graders that run in the process pool
 
     # Rollouts: P prompts x G completions, a prompt's G rows consecutive (docs/design.md).
+    # P, G, the budget and the updates per batch are the recipe's regime (set_regime).
     config.rollout = config_dict.ConfigDict()
     config.rollout.prompts_per_batch = 64
     config.rollout.max_new_tokens = 1024
-    config.rollout.temperature = 1.0
-    config.rollout.top_p = 1.0
+    config.rollout.temperature = 1.0     # log-probs in every ratio and KL use it too
+    config.rollout.top_p = 1.0           # at most one of top_p < 1, top_k > 0, min_p > 0;
+    config.rollout.top_k = 0             # none of them: no truncation step runs at all
+    config.rollout.min_p = 0.0
     config.rollout.rules = "sampling"    # weights' sharding rule set while sampling
+    # Asynchronous RL's staleness: the rollouts of step t come from the parameters of step
+    # t - policy_lag (0: the current ones). The lagged copies are kept and checkpointed.
+    config.rollout.policy_lag = 0
 
     config.train = config_dict.ConfigDict()
     config.train.steps = 200
-    config.train.epochs = 1              # mu: passes over each rollout batch
-    config.train.minibatches = 1         # optimizer steps per epoch
+    config.train.epochs = 1              # passes over each rollout batch
+    config.train.minibatches = 1         # optimizer steps per pass: epochs x minibatches
+                                         # updates per rollout batch, off-policy after the first
     config.train.micro_batches = 1       # gradient accumulation per optimizer step
-    config.train.behaviour_logp = "recompute"   # or "sampler" (corrected by objective.importance)
+    # pi_old in the ratio: "recompute" = the trainer's forward pass with the parameters that
+    # sampled (the sampler's own log-probs stay available as behaviour_logp, for
+    # objective.importance to correct sampler/trainer mismatch); "sampler" = the sampler's
+    # log-probs themselves (no extra forward pass, no correction possible).
+    config.train.old_logp = "recompute"
     config.train.eval_every = 50
     config.train.checkpoint_every = 25
     config.train.keep_checkpoints = 3
+    config.train.ref_reset_every = 0     # > 0: the KL reference becomes the policy every N steps
     config.train.export = True           # save_pretrained(workdir/export) at the end
 
     config.optimizer = _optimizer(learning_rate=1e-6)
@@ -87,19 +116,48 @@ def get_config(arg=None):
     config.filtering = config_dict.ConfigDict()
     config.filtering.dynamic_sampling = False
     config.filtering.max_gen_batches = 3
+    # When max_gen_batches draws still leave the batch short: "error" stops with a message
+    # (DAPO's behaviour: keep drawing until full); "pad" tops it up with masked groups.
+    config.filtering.short_batch = "error"
 
     config.objective = _objective()
     config.rollout.group_size = config.objective.get_ref("group_size")
-    config.objective.overlong.max_len = config.rollout.get_ref("max_new_tokens")
 
     if arg.runlocal:
         _runlocal(config)
+    set_regime(config, prompts=64, group_size=8, updates=1, max_new_tokens=1024,
+               learning_rate=1e-6, warmup_steps=10, runlocal=arg.runlocal)
     return config
+
+
+def set_regime(config, *, prompts, group_size, updates, max_new_tokens, learning_rate,
+               warmup_steps, runlocal):
+    """A paper's rollout regime, or its ``runlocal`` scaling.
+
+    The regime: `prompts` x `group_size` answers per rollout batch, `updates` optimizer
+    steps on each batch (train.minibatches, one epoch; from the second on the policy is
+    off the one that sampled), a completion budget, the learning rate and its warmup.
+
+    ``runlocal`` keeps the shape and scales the sizes to the tiny CPU model: 16 prompts x
+    min(G, 4) answers, min(updates, 4) updates (still off-policy where the paper is),
+    40 new tokens (a 3-digit addition scratchpad is ~35), learning rate 1e-4 (a
+    0.66M-parameter model moves little at 1e-6) with 5 warmup steps.
+    """
+    if runlocal:
+        prompts, group_size, updates = 16, min(group_size, 4), min(updates, 4)
+        max_new_tokens, learning_rate, warmup_steps = 40, 1e-4, 5
+    config.rollout.prompts_per_batch = prompts
+    config.objective.group_size = group_size
+    config.train.minibatches, config.train.epochs = updates, 1
+    config.rollout.max_new_tokens = max_new_tokens
+    config.optimizer.learning_rate = learning_rate
+    config.optimizer.warmup_steps = warmup_steps
 
 
 def _runlocal(config):
     """The tiny CPU setting: a 0.6M-parameter model on 3-digit addition, minutes per run."""
     config.model.name = "tiny"
+    config.model.sft_warm_start = True
     config.task.name = "arithmetic"
     config.task.knobs = config_dict.ConfigDict(dict(
         digits=3, ops=("+",), scratchpad=True, teacher_fraction=0.5, forget_carry_p=1.0,
@@ -107,14 +165,9 @@ def _runlocal(config):
     config.task.data_dir = "~/tensorflow_datasets/grpo_jax_runlocal"
     config.reward.specs = (("integer_answer", 1.0),)
     config.reward.correct = "integer_answer"
-    config.rollout.prompts_per_batch = 16
-    config.rollout.max_new_tokens = 40
-    config.objective.group_size = 4
     config.train.steps = 20
     config.train.eval_every = 10
     config.train.checkpoint_every = 10
-    config.optimizer.learning_rate = 1e-4
-    config.optimizer.warmup_steps = 5
     config.sft.steps = 300
     config.sft.optimizer.learning_rate = 1e-3
     config.eval.num_prompts = 200
@@ -140,13 +193,13 @@ def _objective():
     obj.advantage = config_dict.ConfigDict()
     obj.advantage.estimator = "group"
     obj.advantage.scale = "group"        # group: divide by group std; batch; none (Dr. GRPO)
-    obj.advantage.ddof = 0               # 0 = population std (the seed); 1 = TRL/verl
+    obj.advantage.ddof = 0               # 0 = population std (docs/design.md); 1 = TRL/verl
     obj.advantage.eps = 1e-6
     obj.advantage.gamma = 1.0            # reinforce_pp discount
     obj.advantage.baseline = False       # reinforce_pp: subtract the group mean first
-    obj.advantage.reward_weights = ()    # gdpo: one weight per reward column; () = all 1
+    # (gdpo weighs its reward columns with the weights of reward.specs)
 
-    # Per-token policy loss: "ppo_clip", "gspo", "cispo", "sapo".
+    # Per-token policy loss: "ppo_clip", "gspo", "cispo", "sapo", "pg" (no clip).
     obj.loss = config_dict.ConfigDict()
     obj.loss.kind = "ppo_clip"
     obj.loss.eps_low = 0.2
@@ -158,20 +211,25 @@ def _objective():
     obj.aggregation = config_dict.ConfigDict()
     obj.aggregation.mode = "token-mean"
     obj.aggregation.norm_len = config_dict.placeholder(int)  # seq-mean-token-sum-norm; None = T
+    obj.aggregation.allow_other_modes = False   # gspo/sapo are defined with seq-mean-token-mean
 
     obj.kl = config_dict.ConfigDict()
     obj.kl.beta = 0.0                    # > 0 loads a frozen reference model
-    obj.kl.kind = "k3"
+    obj.kl.kind = "k3"                   # k1 | k2 | k3 | k3_unbiased (DeepSeek-V3.2)
     obj.kl.in_reward = False             # reinforce_pp: fold -beta*KL into token rewards
 
     obj.entropy_coef = 0.0
 
-    # Overlong handling: "none", "mask" (drop truncated completions from the loss),
-    # "penalty" (DAPO's soft penalty over the last cache_len tokens before max_len).
+    # Overlong filtering: "none", or "mask" (truncated completions leave the loss and its
+    # token count). DAPO's soft length penalty is a reward: ("overlong", w, {...}).
     obj.overlong = config_dict.ConfigDict()
     obj.overlong.mode = "none"
-    obj.overlong.max_len = 0             # tied to rollout.max_new_tokens in get_config
-    obj.overlong.cache_len = 0
+
+    # DeepSeek-V3.2's off-policy sequence masking: drop answers with A < 0 whose mean
+    # log(pi_behaviour / pi_theta) exceeds delta.
+    obj.offpolicy_mask = config_dict.ConfigDict()
+    obj.offpolicy_mask.enabled = False
+    obj.offpolicy_mask.delta = 0.5
 
     # Sampler/trainer mismatch correction (truncated importance sampling).
     obj.importance = config_dict.ConfigDict()

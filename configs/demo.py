@@ -23,14 +23,17 @@ def get_config(arg=None):
     # 60% of the SFT targets forget every carry: greedy decoding after SFT forgets them
     # too, while sampling still writes the carry often enough for RL to find it.
     config.task.knobs.teacher_fraction = 0.6
+    config.model.sft_warm_start = False  # the demo's first stage is the warm start itself
+    # DAPO's runlocal regime (4 updates per rollout batch, 40 tokens) on a larger batch:
+    # 64 prompts x 8 answers. Dynamic sampling draws at most 3 batches and then pads, to
+    # bound the demo's time once the policy solves most prompts.
     config.rollout.prompts_per_batch = 64
     config.objective.group_size = 8
-    config.rollout.max_new_tokens = 40
+    config.filtering.max_gen_batches = 3
+    config.filtering.short_batch = "pad"
     config.train.steps = 20
     config.train.eval_every = 10**9      # the table evaluates every stage once, at the end
     config.train.checkpoint_every = 5
-    config.optimizer.learning_rate = 1e-4
-    config.optimizer.warmup_steps = 5
     config.sft.steps = 600
     config.sft.batch_size = 32
     config.sft.optimizer.learning_rate = 1e-3

@@ -19,6 +19,7 @@ from grpo_jax.data.arithmetic import Arithmetic
 from grpo_jax.data.arithmetic import ArithmeticConfig
 from grpo_jax.data.gsm8k import Gsm8k
 from grpo_jax.data.loader import BUILDERS
+from grpo_jax.data.loader import builder_config
 from grpo_jax.data.loader import data_source
 from grpo_jax.data.loader import make_loader
 from grpo_jax.data.loader import shard_bounds

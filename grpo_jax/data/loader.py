@@ -37,6 +37,25 @@ BUILDERS = {
                     gsm8k.Gsm8k, math500.Math500, rpt.Rpt)
 }
 
+# The builders whose examples are generated from knobs (a run's ``config.task.knobs``).
+CONFIG_CLASSES = {"arithmetic": arithmetic.ArithmeticConfig,
+                  "reasoning_gym": reasoning_gym_tasks.ReasoningGymConfig,
+                  "rpt": rpt.RptConfig}
+
+
+def builder_config(name: str, knobs: dict[str, Any]) -> tfds.core.BuilderConfig | None:
+    """The builder config of dataset `name` from its knobs (None for fixed datasets).
+
+    >>> builder_config("gsm8k", {}) is None
+    True
+    """
+    if name not in CONFIG_CLASSES:
+        if knobs:
+            raise ValueError(f"task.knobs {sorted(knobs)} given, but {name!r} takes none; "
+                             f"knobs apply to {sorted(CONFIG_CLASSES)}")
+        return None
+    return CONFIG_CLASSES[name](**knobs)
+
 
 def data_source(name: str, *, split: str, data_dir: str,
                 config: tfds.core.BuilderConfig | str | None = None,

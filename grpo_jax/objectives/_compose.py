@@ -178,12 +178,18 @@ class PolicyObjective:
                 max_len=cfg.overlong.max_len, cache_len=cfg.overlong.cache_len)
         return self.advantage_fn(cfg, batch, rewards)
 
+    def loss_mask(self, batch):
+        """`[B, T]`: the tokens the loss is normalised over (truncated answers dropped
+        when overlong.mode is "mask"); count global num_tokens from this."""
+        mask = batch["mask"]
+        if self.config.overlong.mode == "mask":
+            mask = truncated_mask(mask, _require(batch, "truncated", "overlong.mode='mask'"))
+        return mask
+
     def __call__(self, logp, batch):
         """Returns `(loss, metrics)`: the scalar loss to minimise and scalar metrics."""
         cfg = self.config
-        mask = batch["mask"]
-        if cfg.overlong.mode == "mask":
-            mask = truncated_mask(mask, _require(batch, "truncated", "overlong.mode='mask'"))
+        mask = self.loss_mask(batch)
         adv = batch["advantages"] if "advantages" in batch else self.advantages(batch)
         per_token, diagnostics = self.loss_fn(logp, batch["old_logp"], adv, mask, **self.loss_kwargs)
         if cfg.importance.enabled:
@@ -213,7 +219,7 @@ class PolicyObjective:
         return loss, metrics
 
 
-def policy_objective(config):
+def policy_objective(config, *, reward_weights=None):
     """Builds the objective selected by an ``objective`` config section.
 
     Args:

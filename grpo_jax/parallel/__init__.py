@@ -1,6 +1,16 @@
-"""Meshes from configs and multi-host start-up (TPU pods, multi-GPU)."""
+"""Meshes from configs, how rows split over them, and multi-process start-up (TPU pods, multi-GPU)."""
 
-from grpo_jax.parallel.mesh import batch_ways
+from grpo_jax.parallel.hosts import agree_max
+from grpo_jax.parallel.hosts import allgather_json
+from grpo_jax.parallel.hosts import global_rows
+from grpo_jax.parallel.hosts import initialize
+from grpo_jax.parallel.hosts import is_main
+from grpo_jax.parallel.hosts import local_rows
+from grpo_jax.parallel.hosts import setup_mesh
+from grpo_jax.parallel.hosts import sync
 from grpo_jax.parallel.mesh import make_mesh
-from grpo_jax.parallel.mesh import maybe_initialize_distributed
+from grpo_jax.parallel.mesh import parse_mesh
+from grpo_jax.parallel.mesh import row_axes
+from grpo_jax.parallel.mesh import row_sharding
+from grpo_jax.parallel.mesh import row_ways
 from grpo_jax.parallel.mesh import use_cpu_cores

@@ -1,17 +1,42 @@
-"""A device mesh from the config's axis list, and the batch sharding over it.
+"""A device mesh from the config, and how rows of a batch split over it.
 
-The config declares the mesh as ``(("data", -1), ("fsdp", 1), ("tensor", 1))``: one
-size may be -1 (all remaining devices). Axes are Auto, so jit places what the
-shardings of its inputs and outputs leave open (``jax.make_mesh`` defaults to Explicit).
+The config declares the mesh as ``"data=-1,fsdp=1,tensor=1"`` (or the same as a tuple
+of ``(name, size)`` pairs): one size may be -1 (all remaining devices). Axes are Auto, so
+jit places what the shardings of its inputs and outputs leave open (``jax.make_mesh``
+defaults to Explicit).
+
+Rows (prompts, completions, their rewards) split over every axis but ``"tensor"``: the
+``data`` axis by definition, ``fsdp`` because fully sharded data parallelism is data
+parallelism with sharded weights, ``expert`` likewise. This is the one definition the
+trainer, the sampler and the multi-host row exchange (`parallel.hosts`) share.
 """
 
 import math
 import os
 
 import jax
-from jax.sharding import AxisType
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-BATCH_AXES = ("data", "fsdp")   # the batch is split over both: FSDP shards data too
+NOT_ROW_AXES = ("tensor",)   # weights split over it, rows never are
+
+
+def parse_mesh(spec):
+    """``"data=-1,fsdp=2,tensor=1"`` (or ``[("data", -1), ...]``) -> ``(("data", -1), ...)``."""
+    if not isinstance(spec, str):
+        return tuple((str(name), int(size)) for name, size in spec)
+    axes = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, size = item.partition("=")
+        try:
+            axes.append((name.strip(), int(size)))
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise ValueError(f"mesh {spec!r}: write it as name=size pairs separated by commas, "
+                             "e.g. 'data=-1,fsdp=2,tensor=1'")
+    if not axes:
+        raise ValueError(f"mesh {spec!r} names no axis; e.g. 'data=-1,fsdp=1,tensor=1'")
+    return tuple(axes)
 
 
 def _resolve_sizes(axes, num_devices):
@@ -34,15 +59,25 @@ def _resolve_sizes(axes, num_devices):
 
 
 def make_mesh(axes, devices=None):
-    """`jax.sharding.Mesh` from ``[(name, size), ...]`` (one size may be -1)."""
+    """`jax.sharding.Mesh` from ``"data=-1,tensor=1"`` or ``[(name, size), ...]`` (one size may be -1)."""
     devices = jax.devices() if devices is None else devices
-    names, sizes = _resolve_sizes(axes, len(devices))
+    names, sizes = _resolve_sizes(parse_mesh(axes), len(devices))
     return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
 
 
-def batch_ways(mesh):
-    """How many ways the batch dimension is split."""
-    return math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.shape)
+def row_axes(mesh):
+    """The mesh axes a batch's rows split over (every axis but "tensor")."""
+    return tuple(a for a in mesh.axis_names if a not in NOT_ROW_AXES)
+
+
+def row_ways(mesh):
+    """How many ways rows split: the product of the row axes' sizes."""
+    return math.prod(mesh.shape[a] for a in row_axes(mesh))
+
+
+def row_sharding(mesh, leading=0):
+    """`NamedSharding` splitting axis `leading` of an array over the row axes."""
+    return NamedSharding(mesh, PartitionSpec(*[None] * leading, row_axes(mesh)))
 
 
 def cpu_cores():
@@ -80,17 +115,3 @@ def use_cpu_cores(max_devices=8):
     count = 2 ** int(math.log2(max(1, min(cpu_cores(), max_devices))))
     jax.config.update("jax_num_cpu_devices", count)
     return count
-
-
-def maybe_initialize_distributed(enabled=None):
-    """Calls `jax.distributed.initialize()` on multi-host launches.
-
-    On when `enabled` is True or, when it is None, when the environment variable
-    GRPO_JAX_DISTRIBUTED=1 is set (TPU pods and SLURM/multi-GPU launches set the rest
-    of what jax.distributed needs).
-    """
-    if enabled is None:
-        enabled = os.environ.get("GRPO_JAX_DISTRIBUTED", "0") == "1"
-    if enabled and not jax.distributed.is_initialized():   # the demo asks once per stage
-        jax.distributed.initialize()
-    return enabled

@@ -12,7 +12,8 @@ Countdown rows add "numbers" and "target", RPT rows "context" and "continuation"
 | `format`      | the whole completion                 | exactly the `tags` blocks, in order                   |
 | `self_verify` | final `<verify>correct|incorrect</verify>` | the verdict matches the `grader`'s judgement    |
 | `rpt`         | last `\\boxed{}`                      | a token-boundary prefix of "continuation"             |
-| `overlong`    | "completion_length" (tokens)         | (a penalty in [-1, 0], DAPO's soft overlong shaping)  |
+| `overlong`    | "completion_length", "max_new_tokens" | (a penalty in [-1, 0], DAPO's soft overlong shaping) |
+| `length_budget` | "completion_length", "max_new_tokens" | the answer has at most `budget` tokens (GDPO)      |
 
 `score_batch` scores a batch with several rewards (weighted sum, or `[B, K]` for GDPO);
 graders that may hang run in a `GraderPool` under a time budget; failures score 0 and
@@ -26,6 +27,7 @@ from grpo_jax.rewards._countdown import is_valid_solution
 from grpo_jax.rewards._format import format_reward
 from grpo_jax.rewards._format import has_format
 from grpo_jax.rewards._integer import integer_answer_reward
+from grpo_jax.rewards._length import length_budget_reward
 from grpo_jax.rewards._length import overlong_reward
 from grpo_jax.rewards._math import answers_match
 from grpo_jax.rewards._math import gsm8k_reward

@@ -99,6 +99,7 @@ def score_batch(
     *,
     pool: _pool.GraderPool | None = None,
     completion_lengths: Sequence[int] | np.ndarray | None = None,
+    max_new_tokens: int | None = None,
     combine: Literal["sum", "separate"] = "sum",
 ) -> tuple[np.ndarray, dict[str, float]]:
     """Scores B rows with every reward in `specs`.
@@ -110,6 +111,9 @@ def score_batch(
         pool they run in this process with no time budget (tests, debugging).
       completion_lengths: `[B]` completion lengths in tokens; when given, each row's
         example gets a "completion_length" entry (read by length shaping).
+      max_new_tokens: the run's completion budget in tokens; when given, each row's
+        example gets a "max_new_tokens" entry (length shaping's default limit, so the
+        penalty follows the budget when it is overridden).
       combine: "sum" gives `[B]` = sum_k weight_k * reward_k; "separate" gives the
         unweighted `[B, K]` columns in spec order, for GDPO.
 
@@ -128,6 +132,8 @@ def score_batch(
         if len(completion_lengths) != num_rows:
             raise ValueError(f"completion_lengths must have {num_rows} entries, got {len(completion_lengths)}")
         examples = [dict(ex, completion_length=int(n)) for ex, n in zip(examples, completion_lengths)]
+    if max_new_tokens is not None:
+        examples = [dict(ex, max_new_tokens=int(max_new_tokens)) for ex in examples]
     if combine not in ("sum", "separate"):
         raise ValueError(f"combine must be 'sum' or 'separate', got {combine!r}")
     columns, metrics = [], {}

@@ -1,14 +1,17 @@
-"""Orbax checkpoints of the whole run: parameters, optimizer state, step, RNG, data position.
+"""Orbax checkpoints of the whole run: parameters, optimizer state, step, data positions.
 
 Saving is asynchronous (training goes on while the files are written) and keeps the
-last `keep` steps. Restoring places every array straight into the sharding of the
-abstract target, so a resumed run on a mesh never holds a full copy per device.
+last `keep` steps. Every process takes part in saving and restoring the (global) arrays;
+each process's data position is gathered into the checkpoint's JSON, so every process
+resumes its own shard of the data exactly where it stopped. Restoring places every array
+straight into the sharding of the abstract target, so a resumed run on a mesh never holds
+a full copy per device.
 """
 
 import jax
 import orbax.checkpoint as ocp
 
-from grpo_jax import paths
+from grpo_jax import parallel, paths
 
 
 class Checkpointer:
@@ -40,6 +43,27 @@ class Checkpointer:
         restored = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
         return restored.state, restored.meta
+
+    def save_run(self, step, state, data_iterator, **meta):
+        """Saves `state` and every process's position in its data stream at `step`."""
+        positions = parallel.allgather_json(data_iterator.get_state())
+        self.save(step, state, {"step": step, "data": positions, **meta})
+
+    def restore_run(self, state, data_iterator):
+        """Restores the newest checkpoint into `state`'s shardings and moves `data_iterator`
+        to where this process stopped; returns ``(step, state)``, or ``(0, state)`` if
+        there is no checkpoint."""
+        step = self.latest_step()
+        if step is None:
+            return 0, state
+        state, meta = self.restore(step, state)
+        positions = meta["data"]
+        if len(positions) != jax.process_count():
+            raise ValueError(f"the checkpoint of step {step} was written by {len(positions)} "
+                             f"processes, this run has {jax.process_count()}; resume with the same "
+                             "number of processes (each reads its own shard of the data)")
+        data_iterator.set_state(positions[jax.process_index()])
+        return step, state
 
     def wait(self):
         """Blocks until every started save is on disk."""

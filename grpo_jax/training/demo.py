@@ -11,8 +11,8 @@ import time
 import jax
 from flax import nnx
 
-from grpo_jax import config_lib, models, paths
-from grpo_jax.training import common, evaluation, rl, sft, task as task_lib
+from grpo_jax import config_lib, models, parallel, paths, sampling
+from grpo_jax.training import evaluation, policy as policy_lib, rl, sft, task as task_lib
 
 
 def _stage_config(config, **changes):
@@ -20,23 +20,22 @@ def _stage_config(config, **changes):
     return config_lib.apply_overrides(config.copy_and_resolve_references(), changes)
 
 
-def _done(workdir):
-    return os.path.exists(os.path.join(workdir, "export", "config.json"))
-
-
 def evaluate_export(config, path):
     """Held-out metrics of a saved policy, through the same loading code as any checkpoint."""
-    mesh = common.make_mesh(config)
+    mesh = parallel.setup_mesh(config)
     model, tokenizer = models.from_pretrained(path, mesh=mesh, rules=config.model.rules)
     graphdef, params = nnx.split(model)
-    policy = rl.Policy(mesh, graphdef, params, tokenizer, config.task, config.rollout.rules)
+    policy = policy_lib.Policy(graphdef, params, tokenizer)
     source = task_lib.data_source(config.task, config.task.eval_split)
-    examples = [task_lib.data.decode_example(source[i])
-                for i in range(min(config.eval.num_prompts, len(source)))]
-    scorer = task_lib.Scorer(config.reward, separate=False)
+    scorer = task_lib.Scorer(config.reward, separate=False,
+                             max_new_tokens=config.rollout.max_new_tokens)
+    method = sampling.make_method(temperature=config.rollout.temperature,
+                                  top_p=config.rollout.top_p, top_k=config.rollout.top_k,
+                                  min_p=config.rollout.min_p)
     try:
-        return evaluation.evaluate(policy, scorer, examples, config,
-                                   rng=jax.random.key(config.seed + 1))
+        return evaluation.evaluate(policy, mesh, scorer,
+                                   evaluation.own_examples(source, config.eval.num_prompts),
+                                   config, rng=jax.random.key(config.seed + 1), method=method)
     finally:
         scorer.close()
 
@@ -47,10 +46,11 @@ def evaluate_to_file(config, workdir):
         raise ValueError("mode 'eval' needs --config.model.path, a checkpoint to evaluate")
     workdir = paths.resolve_run_paths(config, workdir)
     metrics = evaluate_export(config, config.model.path)
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "eval.json"), "w") as f:
-        json.dump(metrics, f, indent=2)
-    print(json.dumps(metrics, indent=2), flush=True)
+    if parallel.is_main():
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, "eval.json"), "w") as f:
+            json.dump(metrics, f, indent=2)
+        print(json.dumps(metrics, indent=2), flush=True)
     return metrics
 
 
@@ -60,8 +60,10 @@ def _timed(workdir, fn):
     if not os.path.exists(record):
         start = time.time()
         fn()
-        with open(record, "w") as f:
-            json.dump({"seconds": time.time() - start}, f)
+        if parallel.is_main():
+            with open(record, "w") as f:
+                json.dump({"seconds": time.time() - start}, f)
+        parallel.sync(f"{record} written")
     with open(record) as f:
         return json.load(f)["seconds"]
 
@@ -73,11 +75,12 @@ def run(config, workdir):
     warm = os.path.join(sft_dir, "export")
 
     sft_seconds = _timed(sft_dir, lambda: sft.train(config, sft_dir))
-    rl_config = _stage_config(config, **{"model.path": warm, "model.name": ""})
+    rl_config = _stage_config(config, **{"model.path": warm, "model.name": "",
+                                         "model.sft_warm_start": False})
     rl_seconds = _timed(rl_dir, lambda: rl.train(rl_config, rl_dir))
     control_config = _stage_config(config, **{"model.path": warm, "model.name": "",
                                               "sft.steps": 10**9, "sft.eval_every": 10**9})
-    _timed(control_dir, lambda: sft.SftTrainer(control_config, control_dir).run(seconds=rl_seconds))
+    _timed(control_dir, lambda: sft.train(control_config, control_dir, seconds=rl_seconds))
 
     rows = [("SFT warm start", warm, sft_seconds),
             ("+ DAPO (RL)", os.path.join(rl_dir, "export"), rl_seconds),
@@ -86,15 +89,16 @@ def run(config, workdir):
     for name, path, seconds in rows:
         metrics = evaluate_export(config, path)
         results.append({"stage": name, "seconds": round(seconds, 1), **metrics})
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    print(format_table(results, k=config.eval.samples, prompts=config.eval.num_prompts), flush=True)
+    if parallel.is_main():
+        with open(os.path.join(workdir, "results.json"), "w") as f:
+            json.dump(results, f, indent=2)
+        print(format_table(results, k=config.eval.samples, prompts=config.eval.num_prompts), flush=True)
     return results
 
 
 def format_table(results, *, k, prompts):
     lines = [f"held-out accuracy on {prompts} prompts (greedy pass@1; mean@{k} and pass@{k} "
-             "at temperature 1)",
+             "at the rollout temperature)",
              f"{'stage':36s} {'pass@1':>7s} {f'mean@{k}':>7s} {f'pass@{k}':>7s} {'time':>8s}"]
     for r in results:
         lines.append(f"{r['stage']:36s} {r['eval_accuracy']:7.1%} {r.get('eval_mean_at_k', 0):7.1%} "

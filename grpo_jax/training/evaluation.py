@@ -1,46 +1,85 @@
-"""Held-out evaluation: greedy pass@1, and mean@k / pass@k over k samples per prompt."""
+"""Held-out evaluation: greedy pass@1, and mean@k / pass@k over k samples per prompt.
+
+Each process evaluates its own share of the held-out prompts on the shared mesh and the
+counts are summed over processes, so every process returns the same numbers.
+"""
 
 import jax
 import numpy as np
 
-from grpo_jax import sampling
-from grpo_jax.training import rollouts
+from grpo_jax import data, parallel, sampling
+from grpo_jax.training import rollout as rollout_lib
+from grpo_jax.training import task as task_lib
 
-EVAL_CHUNK = 256   # prompts per sampler call
+EVAL_CHUNK = 256   # prompts per sampler call (per process)
 
 
-def _score(policy, scorer, examples, *, rng, method, group_size, max_new_tokens):
-    """`[len(examples) * group_size]` bool correctness, in chunks of prompts."""
+def own_examples(source, count):
+    """This process's share of the first `count` held-out examples of `source`.
+
+    Returns `(examples, real)`: every process gets the same number of examples (the
+    sampler runs on all processes at once), the last `len(examples) - real` of them
+    repeats that only pad the share and are not counted.
+    """
+    count = min(count, len(source))
+    share = -(-count // jax.process_count())
+    start = min(jax.process_index() * share, count)
+    stop = min(start + share, count)
+    indices = list(range(start, stop)) or [count - 1]
+    examples = [data.decode_example(source[i]) for i in indices]
+    return examples + [examples[-1]] * (share - len(examples)), stop - start
+
+
+def _padded(examples, mesh, group_size):
+    """`examples` topped up (repeating the last) so the rows split over the mesh."""
+    ways = parallel.row_ways(mesh) // jax.process_count()
+    multiple = max(ways // np.gcd(ways, group_size), 1)
+    return list(examples) + [examples[-1]] * (-len(examples) % multiple)
+
+
+def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size):
+    """`[len(examples) * group_size]` bool correctness of this process's examples."""
     correct = []
     for start in range(0, len(examples), EVAL_CHUNK):
         chunk = examples[start:start + EVAL_CHUNK]
-        host, prompts, completions = rollouts.sample_groups(
-            policy, chunk, rng=jax.random.fold_in(rng, start), method=method,
-            group_size=group_size, max_new_tokens=max_new_tokens)
-        repeated = [ex for ex in chunk for _ in range(group_size)]
-        correct.append(scorer(prompts, completions, repeated, host.lengths)[1])
-    return np.concatenate(correct)
+        padded = _padded(chunk, mesh, group_size)
+        texts, tokens, mask = task_lib.prompt_rows(config.task, padded, policy.tokenizer)
+        prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
+        rollout = rollout_lib.sample_on_mesh(
+            policy, mesh, prompts, rng=jax.random.fold_in(rng, start), method=method,
+            group_size=group_size, max_new_tokens=config.rollout.max_new_tokens,
+            rules=config.rollout.rules)
+        _, ok, _ = rollout_lib.score_own_rows(rollout, texts, padded, scorer, policy.tokenizer,
+                                              group_size)
+        correct.append(ok[:len(chunk) * group_size])
+    return np.concatenate(correct) if correct else np.zeros(0, bool)
 
 
-def evaluate(policy, scorer, examples, config, *, rng):
-    """Accuracy on held-out `examples`: ``config.eval.samples`` samples per prompt at
-    ``config.rollout.temperature``, at most ``config.rollout.max_new_tokens`` tokens.
+def evaluate(policy, mesh, scorer, own, config, *, rng, method):
+    """Accuracy on held-out examples: ``config.eval.samples`` samples per prompt with the
+    rollout's sampling `method`, at most ``config.rollout.max_new_tokens`` tokens.
+
+    Args:
+      own: `(examples, real)` from `own_examples`: this process's share.
 
     Returns:
       ``eval_accuracy`` (greedy pass@1), ``eval_mean_at_k`` (mean correctness of k
-      samples at `temperature`, an estimate of sampled pass@1), ``eval_pass_at_k``
-      (share of prompts with at least one correct sample), and ``eval_k``.
+      samples at the rollout temperature, an estimate of sampled pass@1),
+      ``eval_pass_at_k`` (share of prompts with at least one correct sample), ``eval_k``.
     """
-    samples = config.eval.samples
-    kwargs = dict(max_new_tokens=config.rollout.max_new_tokens)
-    greedy = _score(policy, scorer, examples, rng=rng, method=sampling.Greedy(), group_size=1,
-                    **kwargs)
-    metrics = {"eval_accuracy": float(greedy.mean())}
-    if samples > 0:
-        sampled = _score(policy, scorer, examples, rng=jax.random.fold_in(rng, 1),
-                         method=sampling.Temperature(config.rollout.temperature),
-                         group_size=samples, **kwargs)
-        per_prompt = sampled.reshape(len(examples), samples)
-        metrics.update(eval_mean_at_k=float(per_prompt.mean()),
-                       eval_pass_at_k=float(per_prompt.any(axis=1).mean()), eval_k=float(samples))
-    return metrics
+    examples, real = own
+    k = config.eval.samples
+    greedy = _correct(policy, mesh, scorer, examples, config, rng=rng, method=sampling.Greedy(),
+                      group_size=1)[:real]
+    totals = [greedy.sum(), greedy.size]
+    if k > 0:
+        sampled = _correct(policy, mesh, scorer, examples, config, rng=jax.random.fold_in(rng, 1),
+                           method=method, group_size=k)
+        per_prompt = sampled.reshape(len(examples), k)[:real]
+        totals += [per_prompt.sum(), per_prompt.any(axis=1).sum()]
+    summed = np.sum(parallel.allgather_json([int(t) for t in totals]), axis=0)
+    metrics = {"eval_accuracy": summed[0] / max(summed[1], 1)}
+    if k > 0:
+        metrics.update(eval_mean_at_k=summed[2] / max(summed[1] * k, 1),
+                       eval_pass_at_k=summed[3] / max(summed[1], 1), eval_k=float(k))
+    return {name: float(value) for name, value in metrics.items()}

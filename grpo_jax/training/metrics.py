@@ -50,6 +50,20 @@ def compile_seconds():
     return _compile_seconds[0]
 
 
+WATCHED = ("loss", "policy_loss", "grad_norm", "update_norm", "kl_ref", "kl_old")
+
+
+def stop_if_not_finite(metrics, step, checkpointer):
+    """Raises FloatingPointError before a non-finite step can be saved over a good one."""
+    for name in WATCHED:
+        if name in metrics and not math.isfinite(metrics[name]):
+            checkpointer.wait()
+            raise FloatingPointError(
+                f"step {step}: {name} = {metrics[name]} is not finite; stopping without saving. "
+                f"The last good checkpoint is step {checkpointer.latest_step()}; lower "
+                "optimizer.learning_rate or optimizer.grad_clip and re-run to resume from it.")
+
+
 def progress_bar(done, total, width=20):
     filled = min(int(width * done / max(total, 1)), width)
     return "[" + "#" * filled + "." * (width - filled) + "]"

@@ -1,13 +1,30 @@
-"""The policy network and its tokenizer, created or loaded directly in their sharding."""
+"""The policy network and its tokenizer: created or loaded in their sharding, exported."""
 
+import dataclasses
 import os
 
 import transformers
+from flax import nnx
 
-from grpo_jax import models, paths
+from grpo_jax import models, parallel, paths
 from grpo_jax.training.tokenizer import train_char_tokenizer
 
 VOCAB_MULTIPLE = 64   # pad a trained tokenizer's vocabulary so any tensor axis divides it
+
+
+@dataclasses.dataclass
+class Policy:
+    """The weights being trained and what turns text into tokens for them.
+
+    Attributes:
+      graphdef: the model's `nnx.GraphDef` (static structure).
+      params: its `nnx.State`, sharded on the run's mesh.
+      tokenizer: a `transformers` tokenizer (pad, eos set).
+    """
+
+    graphdef: object
+    params: object
+    tokenizer: object
 
 
 def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
@@ -45,6 +62,22 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     return models.init_model(cfg, seed=seed, mesh=mesh, rules=model_cfg.rules), tokenizer
 
 
-def load_saved_tokenizer(path):
-    """The tokenizer a run saved in its workdir."""
-    return transformers.AutoTokenizer.from_pretrained(path)
+def start_policy(config, mesh, workdir, tokenizer_texts):
+    """The run's starting `Policy`; the tokenizer is kept in ``workdir/tokenizer``, so a
+    resumed run (or another process) uses the one the run started with."""
+    model, tokenizer = load_policy(config.model, mesh, tokenizer_texts=tokenizer_texts,
+                                   seed=config.seed)
+    saved = os.path.join(workdir, "tokenizer")
+    if parallel.is_main() and not os.path.isdir(saved):
+        tokenizer.save_pretrained(saved)
+    parallel.sync("tokenizer saved")
+    graphdef, params = nnx.split(model)
+    return Policy(graphdef, params, transformers.AutoTokenizer.from_pretrained(saved))
+
+
+def export(policy, path):
+    """Writes the policy as a Hugging Face checkpoint (config, safetensors, tokenizer)."""
+    models.save_pretrained(nnx.merge(policy.graphdef, policy.params), path,
+                           tokenizer=policy.tokenizer)
+    if parallel.is_main():
+        print(f"exported the policy to {path}", flush=True)

@@ -1,13 +1,21 @@
-"""The RL loop: rollout -> rewards -> advantages -> filter -> updates -> metrics -> checkpoints.
+"""The RL loop, top to bottom: rollout -> rewards -> advantages -> updates -> metrics -> checkpoint.
 
     python -m grpo_jax.main --config configs/dapo.py:runlocal=True --workdir /tmp/dapo
 
+The batch lives on the mesh from the moment its prompts enter it: the sampler's tokens,
+the behaviour, old and reference log-probs, the advantages and the minibatches are
+global arrays whose rows are split over the mesh's row axes. A process's host sees the
+rows it scores (`rollout.draw`) and the metrics, nothing else. Each step makes
+``train.epochs x train.minibatches`` optimizer updates on one rollout batch, so from the
+second update on the policy is off the behaviour policy and the clip (or gate, or cap)
+of the recipe acts.
+
 Re-running the same command resumes from the last checkpoint: parameters, optimizer
-state, step and data position are restored, and the step's RNG is `fold_in(seed, step)`,
-so the resumed run continues exactly as an uninterrupted one would.
+state, step and every process's data position are restored, and the step's RNG is
+`fold_in(seed, step)`, so the resumed run continues exactly as an uninterrupted one would.
 """
 
-import dataclasses
+import functools
 import os
 import time
 
@@ -16,166 +24,198 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import objectives, parallel, paths, sampling
-from grpo_jax.training import batching, common, evaluation, rollouts
+from grpo_jax.training import batch as batch_lib
+from grpo_jax.training import checkpoint, evaluation, metrics as metrics_lib, optimizer
+from grpo_jax.training import policy as policy_lib
+from grpo_jax.training import rollout, steps, task as task_lib, warm_start
+
+OLD_LOGP = ("recompute", "sampler")
+RNG_STREAMS = ("rollout", "shuffle", "eval")
 
 
-@dataclasses.dataclass
-class Policy:
-    """The live policy: what rollouts and evaluation read."""
-
-    mesh: object
-    graphdef: object
-    params: object
-    tokenizer: object
-    task_cfg: object
-    sampling_rules: str
+def step_rng(seed, stream, step):
+    """The key of `stream` ("rollout", "shuffle", "eval") at `step`: fold_in(seed, ...)."""
+    key = jax.random.fold_in(jax.random.key(seed), RNG_STREAMS.index(stream))
+    return jax.random.fold_in(key, step)
 
 
 def check_config(config, mesh):
     """Raises ValueError naming the field for settings the loop cannot run."""
     objectives.validate_objective_config(config.objective)
-    P, G = config.rollout.prompts_per_batch, config.objective.group_size
-    rows = P * G
-    parts = config.train.minibatches * config.train.micro_batches
-    if rows % parts:
-        raise ValueError(f"rollout.prompts_per_batch * objective.group_size = {rows} rows must "
-                         f"divide into train.minibatches * train.micro_batches = {parts} pieces")
-    ways = parallel.batch_ways(mesh)
-    if (rows // parts) % ways:
-        raise ValueError(f"a micro-batch of {rows // parts} rows does not split over the "
-                         f"{ways}-way data axes of mesh {dict(mesh.shape)}; change "
-                         "rollout.prompts_per_batch, train.micro_batches or the mesh")
-    if config.train.behaviour_logp not in ("recompute", "sampler"):
-        raise ValueError("train.behaviour_logp must be 'recompute' or 'sampler', got "
-                         f"{config.train.behaviour_logp!r}")
-    weights = config.objective.advantage.reward_weights
-    if config.objective.advantage.estimator == "gdpo" and weights and len(weights) != len(config.reward.specs):
-        raise ValueError(f"objective.advantage.reward_weights has {len(weights)} weights but "
-                         f"reward.specs names {len(config.reward.specs)} rewards; give one each")
+    rows = config.rollout.prompts_per_batch * config.objective.group_size
+    minibatches, micro = config.train.minibatches, config.train.micro_batches
     if config.train.epochs < 1:
         raise ValueError(f"train.epochs must be >= 1, got {config.train.epochs}")
+    if rows % (minibatches * micro):
+        raise ValueError(f"rollout.prompts_per_batch * objective.group_size = {rows} rows must "
+                         f"divide into train.minibatches * train.micro_batches = "
+                         f"{minibatches * micro} pieces")
+    ways = parallel.row_ways(mesh)
+    if (rows // (minibatches * micro)) % ways:
+        raise ValueError(f"a micro-batch of {rows // (minibatches * micro)} rows does not split "
+                         f"over the {ways}-way row axes of mesh {dict(mesh.shape)}; change "
+                         "rollout.prompts_per_batch, train.minibatches, train.micro_batches or the mesh")
+    if config.train.old_logp not in OLD_LOGP:
+        raise ValueError(f"train.old_logp must be one of {OLD_LOGP}, got {config.train.old_logp!r}")
+    if config.train.old_logp == "sampler" and config.objective.importance.enabled:
+        raise ValueError("objective.importance.enabled corrects the trainer's pi_old against the "
+                         "sampler's log-probs; with train.old_logp='sampler' they are the same "
+                         "numbers and the weight is 1. Use train.old_logp='recompute'")
+    if config.rollout.policy_lag < 0:
+        raise ValueError(f"rollout.policy_lag must be >= 0, got {config.rollout.policy_lag}")
+    if config.train.ref_reset_every and config.objective.kl.beta <= 0:
+        raise ValueError("train.ref_reset_every replaces the KL reference, but objective.kl.beta "
+                         "is 0 (no reference); set kl.beta > 0 or ref_reset_every = 0")
+    if config.filtering.short_batch not in rollout.SHORT_BATCH:
+        raise ValueError(f"filtering.short_batch must be one of {rollout.SHORT_BATCH}, got "
+                         f"{config.filtering.short_batch!r}")
 
 
-class Trainer:
-    """Holds the run's state; `run()` is the loop."""
+def make_loss(objective, temperature):
+    """The loss of one micro-batch: completion log-probs at the rollout temperature ->
+    the recipe's objective (+ the MoE load-balancing loss)."""
 
-    def __init__(self, config, workdir):
-        self.config, self.workdir = config, paths.resolve_run_paths(config, workdir)
-        self.mesh = common.make_mesh(config)
-        check_config(config, self.mesh)
-        self.setup = common.RunSetup(config, self.workdir, self.mesh,
-                                     batch_size=config.rollout.prompts_per_batch)
-        s = self.setup
-        self.policy = Policy(self.mesh, s.graphdef, s.params, s.tokenizer, config.task,
-                             config.rollout.rules)
-        self.objective = objectives.policy_objective(config.objective)
-        updates = config.train.steps * config.train.epochs * config.train.minibatches
-        self.opt = common.Optimizer(config.optimizer, updates, s.graphdef, s.params, self.mesh,
-                                    self._loss)
-        self.ref_params = None
-        if config.objective.kl.beta > 0:
-            self.ref_params = jax.tree.map(jnp.copy, s.params)   # frozen copy of the start
-        self.method = sampling.TopP(config.rollout.top_p, temperature=config.rollout.temperature)
-        self.logp_fn = jax.jit(batching.make_logprob_fn(s.graphdef))
-        self.step = 0
-
-    # --- the loss of one micro-batch, differentiated by common.Optimizer -------------------
-
-    def _loss(self, model, micro):
-        logp, entropy, aux_loss = batching.completion_logprobs(model, micro, with_stats=True)
-        batch = {k: v for k, v in micro.items() if k in batching.LOSS_KEYS}
-        loss, metrics = self.objective(logp, {**batch, "entropy": entropy})
-        if model.cfg.n_experts:   # MoE: keep the experts balanced
-            share = micro["mask"].sum() / micro["num_tokens"]   # micro-batches add up to 1
+    def loss_fn(model, micro):
+        logp, entropy, aux_loss = batch_lib.completion_logprobs(
+            model, micro, temperature=temperature, with_stats=True)
+        loss, metrics = objective(logp, {**micro, "entropy": entropy})
+        if model.cfg.n_experts:   # keep the experts balanced; micro-batches add up to 1
+            share = jnp.sum(micro["mask"]) / jnp.maximum(micro["num_tokens"], 1)
             loss = loss + model.cfg.router_aux_loss_coef * aux_loss * share
             metrics = {**metrics, "router_aux_loss": aux_loss * share}
         return loss, metrics
 
-    def rng(self, stream, step):
-        """The key of `stream` ("rollout", "shuffle", "eval") at `step`: fold_in(seed, ...)."""
-        stream_id = ("rollout", "shuffle", "eval").index(stream)
-        return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed), stream_id), step)
+    return loss_fn
 
-    def rollout_rng(self, step):
-        return self.rng("rollout", step)
 
-    @property
-    def train_iter(self):
-        return self.setup.train_iter
+def make_counts(objective):
+    """A minibatch's global counts: the tokens the loss is normalised over, the real rows."""
 
-    @property
-    def scorer(self):
-        return self.setup.scorer
+    def count_fn(minibatch):
+        return {"num_tokens": jnp.sum(objective.loss_mask(minibatch), dtype=jnp.float32),
+                "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
 
-    # --- one step ------------------------------------------------------------------------
+    return count_fn
 
-    def prepare(self, host):
-        """Behaviour and reference log-probs, then advantages over the full batch."""
-        cfg = self.config
-        start = time.time()
-        batch = dict(host)
-        pieces = cfg.train.minibatches * cfg.train.micro_batches
-        if cfg.train.behaviour_logp == "recompute":
-            batch["old_logp"] = batching.logprobs_in_pieces(
-                self.logp_fn, self.policy.params, batch, pieces, self.mesh)
-        else:
-            batch["old_logp"] = batch["behaviour_logp"]
-        if self.ref_params is not None:
-            batch["ref_logp"] = batching.logprobs_in_pieces(
-                self.logp_fn, self.ref_params, batch, pieces, self.mesh)
-        batch["advantages"] = np.asarray(self.objective.advantages(batch))
-        return batch, {"time_old_logp": time.time() - start}
 
-    def update(self, batch, step):
-        cfg = self.config
-        start, all_metrics = time.time(), []
-        rows = batch["mask"].shape[0]
-        for epoch in range(cfg.train.epochs):
-            shuffle_rng = jax.random.fold_in(self.rng("shuffle", step), epoch)
-            order = np.asarray(jax.random.permutation(shuffle_rng, rows))
-            for part in np.array_split(order, cfg.train.minibatches):
-                minibatch = batching.minibatch(batch, part, cfg.train.micro_batches, self.mesh)
-                self.policy.params, metrics = self.opt.apply(self.policy.params, minibatch)
-                all_metrics.append(metrics)
-        metrics = {k: float(np.mean([m[k] for m in all_metrics])) for k in all_metrics[0]}
-        seconds = time.time() - start
-        tokens = float(np.sum(batch["mask"])) * cfg.train.epochs
-        metrics.update(time_update=seconds, update_tokens_per_s=tokens / max(seconds, 1e-9))
-        return metrics
-
-    def run(self):
-        cfg, s = self.config, self.setup
-        self.step = s.restore(self.policy, self.opt)
-        writer = common.metric_writer(self.workdir, cfg.train.steps, start_step=self.step)
-        try:
-            for step in range(self.step + 1, cfg.train.steps + 1):
-                host, metrics = rollouts.collect(self, step)
-                batch, prep_metrics = self.prepare(host)
-                metrics.update(prep_metrics)
-                metrics.update(self.update(batch, step))
-                common.stop_if_not_finite(metrics, step, s.checkpointer)
-                if step % cfg.train.eval_every == 0:
-                    metrics.update(self.evaluate(step))
-                writer.write(step, metrics)
-                if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
-                    s.save(step, self.policy, self.opt)
-                self.step = step
-        finally:
-            writer.close()
-            s.close()
-        if cfg.train.export:
-            common.export(self.policy, self.setup, os.path.join(self.workdir, "export"))
-        return self.step
-
-    def evaluate(self, step):
-        cfg = self.config
-        start = time.time()
-        metrics = evaluation.evaluate(self.policy, self.scorer, self.setup.eval_examples, cfg,
-                                      rng=self.rng("eval", step))
-        metrics["time_eval"] = time.time() - start
-        return metrics
+def update_on_batch(update, params, opt_state, batch, rng, *, epochs, minibatches):
+    """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
+    fresh random order of its rows; returns (params, opt_state, mean metrics)."""
+    rows = batch["mask"].shape[0]
+    per_update = []
+    for epoch in range(epochs):
+        order = jax.random.permutation(jax.random.fold_in(rng, epoch), rows)
+        for index in jnp.split(order, minibatches):
+            params, opt_state, metrics = update(params, opt_state, batch, index)
+            per_update.append(metrics)
+    per_update = jax.device_get(per_update)
+    mean = {k: float(np.mean([m[k] for m in per_update])) for k in per_update[0]}
+    return params, opt_state, mean
 
 
 def train(config, workdir):
-    """Runs (or resumes) the RL loop; returns the last step."""
-    return Trainer(config, workdir).run()
+    """Runs (or resumes) the RL loop in `workdir`; returns the last step."""
+    # --- set-up: mesh, data, policy, objective, optimizer, checkpoint --------------------
+    workdir = paths.resolve_run_paths(config, workdir)
+    mesh = parallel.setup_mesh(config)
+    check_config(config, mesh)
+    warm_start.use_if_configured(config)
+    cfg = config
+    train_source = task_lib.data_source(cfg.task, "train")
+    eval_source = task_lib.data_source(cfg.task, cfg.task.eval_split)
+    texts = None if cfg.model.path else task_lib.tokenizer_corpus(train_source)
+    policy = policy_lib.start_policy(cfg, mesh, workdir, texts)
+    train_iter = iter(task_lib.loader(train_source, cfg, batch_size=cfg.rollout.prompts_per_batch))
+    held_out = evaluation.own_examples(eval_source, cfg.eval.num_prompts)
+    scorer = task_lib.Scorer(cfg.reward, separate=cfg.objective.advantage.estimator == "gdpo",
+                             max_new_tokens=cfg.rollout.max_new_tokens)
+    objective = objectives.policy_objective(cfg.objective, reward_weights=scorer.weights)
+    method = sampling.make_method(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                  top_k=cfg.rollout.top_k, min_p=cfg.rollout.min_p)
+    temperature = cfg.rollout.temperature
+
+    updates = cfg.train.steps * cfg.train.epochs * cfg.train.minibatches
+    tx = optimizer.make_optimizer(cfg.optimizer, updates)
+    opt_state = steps.init_optimizer_state(tx, policy.params, mesh)
+    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+    update = steps.make_update_step(
+        policy.graphdef, tx, make_loss(objective, temperature), make_counts(objective), mesh=mesh,
+        param_shardings=shardings(policy.params), opt_shardings=shardings(opt_state),
+        micro_batches=cfg.train.micro_batches)
+    pieces = cfg.train.minibatches * cfg.train.micro_batches   # rows per log-prob pass as an update's
+    logp_fn = batch_lib.make_logprob_fn(policy.graphdef, mesh, temperature=temperature,
+                                        num_pieces=pieces)
+    advantages_fn = jax.jit(objective.advantages)
+    copy = lambda params: jax.tree.map(jnp.copy, params)
+    # The run's state: what a checkpoint holds. The KL reference and the lagged rollout
+    # parameters are state only when they can differ from the starting policy.
+    state = {"params": policy.params, "opt_state": opt_state,
+             "lagged": tuple(copy(policy.params) for _ in range(cfg.rollout.policy_lag))}
+    ref_params = copy(policy.params) if cfg.objective.kl.beta > 0 else None
+    if cfg.train.ref_reset_every:
+        state["ref_params"] = ref_params
+
+    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                           keep=cfg.train.keep_checkpoints)
+    start, state = checkpointer.restore_run(state, train_iter)
+    policy.params, opt_state, lagged = state["params"], state["opt_state"], list(state["lagged"])
+    ref_params = state.get("ref_params", ref_params)
+    if start and parallel.is_main():
+        print(f"resumed from the checkpoint of step {start} in {workdir}", flush=True)
+    writer = metrics_lib.MetricWriter(workdir, total_steps=cfg.train.steps, start_step=start)
+
+    # --- the loop ------------------------------------------------------------------------
+    try:
+        for step in range(start + 1, cfg.train.steps + 1):
+            # 1. Rollouts and rewards (DAPO's dynamic sampling draws more if asked), sampled
+            #    by the parameters of `policy_lag` steps ago (asynchronous RL's staleness).
+            behaviour = policy_lib.Policy(policy.graphdef, lagged[0], policy.tokenizer) if lagged else policy
+            batch, metrics = rollout.collect(behaviour, mesh, train_iter, config=cfg,
+                                             scorer=scorer, method=method,
+                                             rng=step_rng(cfg.seed, "rollout", step))
+            if lagged:
+                lagged = lagged[1:] + [copy(policy.params)]
+            # 2. pi_old (the parameters that sampled, recomputed) and pi_ref, then advantages.
+            begin = time.time()
+            if cfg.train.old_logp == "recompute":
+                batch["old_logp"] = logp_fn(behaviour.params, batch)
+            else:
+                batch["old_logp"] = batch["behaviour_logp"]
+            if ref_params is not None:
+                batch["ref_logp"] = logp_fn(ref_params, batch)
+            batch["advantages"] = advantages_fn(batch)
+            jax.block_until_ready(batch["advantages"])
+            metrics["time_old_logp"] = time.time() - begin
+            # 3. Updates: epochs x minibatches optimizer steps on the batch.
+            begin = time.time()
+            policy.params, opt_state, update_metrics = update_on_batch(
+                update, policy.params, opt_state, batch, step_rng(cfg.seed, "shuffle", step),
+                epochs=cfg.train.epochs, minibatches=cfg.train.minibatches)
+            metrics.update(update_metrics)
+            seconds = time.time() - begin
+            tokens = float(jnp.sum(batch["mask"])) * cfg.train.epochs
+            metrics.update(time_update=seconds, update_tokens_per_s=tokens / max(seconds, 1e-9),
+                           updates_per_step=float(cfg.train.epochs * cfg.train.minibatches))
+            metrics_lib.stop_if_not_finite(metrics, step, checkpointer)
+            if cfg.train.ref_reset_every and step % cfg.train.ref_reset_every == 0:
+                ref_params = copy(policy.params)   # DeepSeek-R1: the reference follows the policy
+            # 4. Held-out evaluation, metrics, checkpoint.
+            if step % cfg.train.eval_every == 0:
+                begin = time.time()
+                metrics.update(evaluation.evaluate(policy, mesh, scorer, held_out, cfg,
+                                                   rng=step_rng(cfg.seed, "eval", step),
+                                                   method=method))
+                metrics["time_eval"] = time.time() - begin
+            writer.write(step, metrics)
+            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
+                state = {"params": policy.params, "opt_state": opt_state, "lagged": tuple(lagged)}
+                if cfg.train.ref_reset_every:
+                    state["ref_params"] = ref_params
+                checkpointer.save_run(step, state, train_iter, seed=cfg.seed)
+    finally:
+        writer.close()
+        checkpointer.close()
+        scorer.close()
+    if cfg.train.export:
+        policy_lib.export(policy, os.path.join(workdir, "export"))
+    return max(start, cfg.train.steps)

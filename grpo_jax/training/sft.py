@@ -12,18 +12,20 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import objectives, paths, sampling
-from grpo_jax.training import batching, common, evaluation, task as task_lib
-from grpo_jax.training.rl import Policy
+from grpo_jax import objectives, parallel, paths, sampling
+from grpo_jax.training import batch as batch_lib
+from grpo_jax.training import checkpoint, evaluation, metrics as metrics_lib, optimizer
+from grpo_jax.training import policy as policy_lib
+from grpo_jax.training import steps, task as task_lib
 
 
 def target_rows(examples, task_cfg, tokenizer, completion_len):
-    """Prompt and target (solution + eos) token rows; targets cut at `completion_len`."""
-    _, prompt_ids = task_lib.encode_prompts(task_cfg, examples, tokenizer)
-    prompt_tokens, prompt_mask = sampling.pad_prompts(prompt_ids, pad_id=tokenizer.pad_token_id,
-                                                      buckets=task_lib.PROMPT_BUCKETS)
+    """This process's prompt and target (solution + eos) rows as numpy; targets are cut
+    at `completion_len` tokens. Returns `(rows, share of targets cut)`."""
+    _, prompt_tokens, prompt_mask = task_lib.prompt_rows(task_cfg, examples, tokenizer)
     targets = tokenizer([ex["solution"] for ex in examples], add_special_tokens=False)["input_ids"]
     tokens = np.full((len(examples), completion_len), tokenizer.pad_token_id, np.int32)
     mask = np.zeros((len(examples), completion_len), np.int32)
@@ -39,64 +41,77 @@ def target_rows(examples, task_cfg, tokenizer, completion_len):
 
 def nll_loss(model, micro):
     """Token-mean negative log-likelihood of the targets, over the GLOBAL token count."""
-    logp = batching.completion_logprobs(model, micro)
+    logp = batch_lib.completion_logprobs(model, micro)
     loss = objectives.aggregate(-logp, micro["mask"], mode="token-mean",
                                 num_tokens=micro["num_tokens"])
     return loss, {"loss": loss}
 
 
-class SftTrainer:
-    """Holds the SFT run; `run()` is the loop."""
+def token_counts(minibatch):
+    return {"num_tokens": jnp.sum(minibatch["mask"], dtype=jnp.float32),
+            "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
 
-    def __init__(self, config, workdir):
-        self.config, self.workdir = config, paths.resolve_run_paths(config, workdir)
-        self.mesh = common.make_mesh(config)
-        self.setup = s = common.RunSetup(config, self.workdir, self.mesh, batch_size=config.sft.batch_size)
-        self.policy = Policy(self.mesh, s.graphdef, s.params, s.tokenizer, config.task,
-                             config.rollout.rules)
-        self.opt = common.Optimizer(config.sft.optimizer, config.sft.steps, s.graphdef, s.params,
-                                    self.mesh, nll_loss)
 
-    def train_step(self):
-        """One optimizer step on the next batch; returns its metrics."""
-        examples = next(self.setup.train_iter)
-        rows, cut = target_rows(examples, self.config.task, self.setup.tokenizer,
-                                self.config.rollout.max_new_tokens)
-        batch = batching.minibatch(rows, np.arange(len(examples)), self.config.train.micro_batches,
-                                   self.mesh)
-        self.policy.params, metrics = self.opt.apply(self.policy.params, batch)
-        return {**metrics, "targets_cut": cut}
-
-    def evaluate(self, step):
-        rng = jax.random.fold_in(jax.random.key(self.config.seed + 1), step)
-        return evaluation.evaluate(self.policy, self.setup.scorer, self.setup.eval_examples,
-                                   self.config, rng=rng)
-
-    def run(self, *, seconds=None):
-        """Trains to `sft.steps` (or for `seconds` of wall time); returns the last step."""
-        cfg, s = self.config, self.setup
-        step = s.restore(self.policy, self.opt)
-        writer = common.metric_writer(self.workdir, cfg.sft.steps, start_step=step, total_seconds=seconds,
+def train(config, workdir, *, seconds=None):
+    """Trains to ``sft.steps`` (or for `seconds` of wall time, the demo's control) in
+    `workdir`, resuming it; exports the policy; returns the last step."""
+    # --- set-up ------------------------------------------------------------------------
+    workdir = paths.resolve_run_paths(config, workdir)
+    mesh = parallel.setup_mesh(config)
+    cfg = config
+    train_source = task_lib.data_source(cfg.task, "train")
+    eval_source = task_lib.data_source(cfg.task, cfg.task.eval_split)
+    texts = None if cfg.model.path else task_lib.tokenizer_corpus(train_source)
+    policy = policy_lib.start_policy(cfg, mesh, workdir, texts)
+    train_iter = iter(task_lib.loader(train_source, cfg, batch_size=cfg.sft.batch_size))
+    held_out = evaluation.own_examples(eval_source, cfg.eval.num_prompts)
+    scorer = task_lib.Scorer(cfg.reward, separate=False, max_new_tokens=cfg.rollout.max_new_tokens)
+    method = sampling.make_method(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                  top_k=cfg.rollout.top_k, min_p=cfg.rollout.min_p)
+    tx = optimizer.make_optimizer(cfg.sft.optimizer, cfg.sft.steps)
+    opt_state = steps.init_optimizer_state(tx, policy.params, mesh)
+    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+    update = steps.make_update_step(
+        policy.graphdef, tx, nll_loss, token_counts, mesh=mesh,
+        param_shardings=shardings(policy.params), opt_shardings=shardings(opt_state),
+        micro_batches=cfg.train.micro_batches)
+    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                           keep=cfg.train.keep_checkpoints)
+    step, state = checkpointer.restore_run({"params": policy.params, "opt_state": opt_state},
+                                           train_iter)
+    policy.params, opt_state = state["params"], state["opt_state"]
+    if step and parallel.is_main():
+        print(f"resumed from the checkpoint of step {step} in {workdir}", flush=True)
+    writer = metrics_lib.MetricWriter(workdir, total_steps=cfg.sft.steps, start_step=step,
+                                      total_seconds=seconds,
                                       prefix="sft " if seconds is None else "sft (timed) ")
-        start = time.time()
-        try:
-            while step < cfg.sft.steps and (seconds is None or time.time() - start < seconds):
-                step += 1
-                metrics = self.train_step()
-                common.stop_if_not_finite(metrics, step, s.checkpointer)
-                last = step == cfg.sft.steps
-                if step % cfg.sft.eval_every == 0:
-                    metrics.update(self.evaluate(step))
-                if step % cfg.sft.log_every == 0 or last or "eval_accuracy" in metrics:
-                    writer.write(step, metrics)
-                if step % cfg.sft.checkpoint_every == 0 or last:
-                    s.save(step, self.policy, self.opt)
-        finally:
-            writer.close()
-            s.close()
-        common.export(self.policy, s, os.path.join(self.workdir, "export"))
-        return step
+    index = jnp.arange(cfg.sft.batch_size)
 
-
-def train(config, workdir):
-    return SftTrainer(config, workdir).run()
+    # --- the loop ------------------------------------------------------------------------
+    start = time.time()
+    try:
+        while step < cfg.sft.steps and (seconds is None or time.time() - start < seconds):
+            step += 1
+            rows, cut = target_rows(next(train_iter), cfg.task, policy.tokenizer,
+                                    cfg.rollout.max_new_tokens)
+            batch = parallel.global_rows(mesh, rows)
+            policy.params, opt_state, metrics = update(policy.params, opt_state, batch, index)
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            metrics["targets_cut"] = float(np.mean(parallel.allgather_json(cut)))
+            metrics_lib.stop_if_not_finite(metrics, step, checkpointer)
+            last = step == cfg.sft.steps
+            if step % cfg.sft.eval_every == 0:
+                metrics.update(evaluation.evaluate(
+                    policy, mesh, scorer, held_out, cfg, method=method,
+                    rng=jax.random.fold_in(jax.random.key(cfg.seed + 1), step)))
+            if step % cfg.sft.log_every == 0 or last or "eval_accuracy" in metrics:
+                writer.write(step, metrics)
+            if step % cfg.sft.checkpoint_every == 0 or last:
+                checkpointer.save_run(step, {"params": policy.params, "opt_state": opt_state},
+                                      train_iter, seed=cfg.seed)
+    finally:
+        writer.close()
+        checkpointer.close()
+        scorer.close()
+    policy_lib.export(policy, os.path.join(workdir, "export"))
+    return step

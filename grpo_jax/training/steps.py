@@ -1,49 +1,41 @@
-"""The jitted update: gradient accumulation over micro-batches, then one optax step.
+"""The jitted update: one minibatch's rows gathered on the mesh, gradients accumulated
+over micro-batches, then one optax step.
 
-A minibatch arrives as arrays with a leading micro-batch axis `[M, b, ...]`. Every
-micro-batch's loss is normalised by the GLOBAL counts of the minibatch (the loss
-functions read ``num_tokens``/``num_seqs`` from the batch), so the summed gradient is
-the full minibatch's gradient whatever M is, and so are the summed metrics.
+The batch stays on the mesh: the update receives the whole rollout batch and the indices
+of the minibatch's rows, gathers them on device and splits them into micro-batches
+(`batch.pieces`). Every micro-batch's loss is normalised by the GLOBAL counts of the
+minibatch (``num_tokens``, ``num_seqs``, computed before the split by `count_fn`), so the
+summed gradient is the full minibatch's gradient whatever the number of micro-batches,
+and so are the summed metrics.
 """
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax.parallel import mesh as mesh_lib
+from grpo_jax import parallel
+from grpo_jax.training import batch as batch_lib
 
 
-def split_micro_batches(batch, num_micro):
-    """`[B, ...]` leaves -> `[num_micro, B / num_micro, ...]`."""
-    rows = jax.tree.leaves(batch)[0].shape[0]
-    if rows % num_micro:
-        raise ValueError(f"train.micro_batches={num_micro} does not divide the minibatch of "
-                         f"{rows} rows; choose a divisor")
-    return jax.tree.map(lambda x: x.reshape(num_micro, rows // num_micro, *x.shape[1:]), batch)
-
-
-def micro_batch_shardings(tree, mesh):
-    """Shardings for `[M, b, ...]` leaves: rows over the batch axes; `[M]` leaves whole."""
-    axes = tuple(a for a in mesh_lib.BATCH_AXES if a in mesh.shape)
-    return jax.tree.map(
-        lambda x: NamedSharding(mesh, P(None, axes) if np.ndim(x) >= 2 else P()), tree)
-
-
-def make_update_step(graphdef, optimizer, loss_fn, *, param_shardings, opt_shardings, mesh):
-    """Returns the jitted ``update(params, opt_state, batch) -> (params, opt_state, metrics)``.
+def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shardings,
+                     opt_shardings, micro_batches):
+    """Returns the jitted ``update(params, opt_state, rows, index) -> (params, opt_state, metrics)``.
 
     Args:
       graphdef: the model's `nnx.GraphDef`; `params` is its `nnx.State`.
       optimizer: an optax GradientTransformation.
-      loss_fn: ``(model, micro_batch) -> (loss, metrics)``; the loss of one micro-batch
-        normalised by the global counts in the micro-batch.
+      loss_fn: ``(model, micro_batch) -> (loss, metrics)``, the loss of one micro-batch
+        normalised by the global counts it finds in the micro-batch.
+      count_fn: ``minibatch -> {"num_tokens": [], "num_seqs": []}``, the minibatch's
+        global counts (over the mask the loss is normalised by).
+      mesh: the device mesh; rows are split over its row axes.
       param_shardings, opt_shardings: trees of `NamedSharding` for params and opt state.
-      mesh: the device mesh (batch leaves are `[M, b, ...]`, rows over its batch axes).
+      micro_batches: gradient accumulation steps per update.
 
-    The params and optimizer state are donated: their buffers are reused in place.
+    The update reads ``rows`` (a dict of `[B, ...]` global arrays) at ``index`` (`[b]`
+    int32 row numbers); params and optimizer state are donated: their buffers are reused.
     """
 
     def micro_loss(params, micro):
@@ -51,15 +43,20 @@ def make_update_step(graphdef, optimizer, loss_fn, *, param_shardings, opt_shard
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def update(params, opt_state, batch):
-        def accumulate(carry, micro):
-            (loss, metrics), grads = grad_fn(params, micro)
+    def update(params, opt_state, rows, index):
+        minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), rows)
+        counts = count_fn(minibatch)
+        micro = batch_lib.pieces(minibatch, micro_batches, mesh)
+        micro.update({k: jnp.broadcast_to(v, (micro_batches,)) for k, v in counts.items()})
+
+        def accumulate(carry, piece):
+            (loss, metrics), grads = grad_fn(params, piece)
             return jax.tree.map(jnp.add, carry, (grads, metrics)), None
 
-        first = jax.tree.map(lambda x: x[0], batch)
+        first = jax.tree.map(lambda x: x[0], micro)
         shapes = jax.eval_shape(grad_fn, params, first)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], shapes[0][1]))
-        (grads, metrics), _ = jax.lax.scan(accumulate, zeros, batch)
+        (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {**metrics, "grad_norm": optax.tree.norm(grads),
@@ -67,19 +64,8 @@ def make_update_step(graphdef, optimizer, loss_fn, *, param_shardings, opt_shard
         return params, opt_state, metrics
 
     replicated = NamedSharding(mesh, P())
-    compiled = {}   # one jit per batch structure (the keys a recipe uses are fixed per run)
-
-    def step(params, opt_state, batch):
-        key = tuple(sorted(batch))
-        if key not in compiled:
-            compiled[key] = jax.jit(
-                update,
-                in_shardings=(param_shardings, opt_shardings, micro_batch_shardings(batch, mesh)),
-                out_shardings=(param_shardings, opt_shardings, replicated),
-                donate_argnums=(0, 1))
-        return compiled[key](params, opt_state, batch)
-
-    return step
+    return jax.jit(update, out_shardings=(param_shardings, opt_shardings, replicated),
+                   donate_argnums=(0, 1))
 
 
 def init_optimizer_state(optimizer, params, mesh):

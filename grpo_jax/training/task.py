@@ -1,24 +1,45 @@
-"""The task side of a run: prompts from a dataset, their token ids, and their rewards."""
+"""The task side of a run: its datasets, prompts as token rows, completions back to text, rewards."""
 
+import jax
 import numpy as np
 
-from grpo_jax import data, paths, rewards
+from grpo_jax import data, parallel, paths, rewards, sampling
 
 # Prompt widths a run compiles for: powers of two from 8 (short arithmetic prompts waste
 # half of a 16-wide bucket, and every column costs compute in every step).
 PROMPT_BUCKETS = tuple(2**i for i in range(3, 17))
-
-_KNOB_CLASSES = {"arithmetic": data.ArithmeticConfig, "reasoning_gym": data.ReasoningGymConfig,
-                 "rpt": data.RptConfig}
+PREPARE_ON = ("main", "every")
 
 
 def data_source(task_cfg, split):
-    """The TFDS data source of `split`, built on first use into ``task.data_dir``."""
-    knobs = task_cfg.knobs.to_dict()
-    config = _KNOB_CLASSES[task_cfg.name](**knobs) if task_cfg.name in _KNOB_CLASSES else None
-    return data.data_source(
-        task_cfg.name, split=split, data_dir=paths.resolve(task_cfg.data_dir), config=config,
-        manual_dir=paths.resolve(task_cfg.manual_dir) or None)
+    """The TFDS data source of `split`, built on first use into ``task.data_dir``.
+
+    With several processes and ``task.prepare_on = "main"`` (a data dir every host
+    shares), process 0 builds the dataset while the others wait, then all open it;
+    ``"every"`` builds it in each process (per-host local data dirs).
+    """
+    if task_cfg.prepare_on not in PREPARE_ON:
+        raise ValueError(f"task.prepare_on must be one of {PREPARE_ON}, got {task_cfg.prepare_on!r}")
+    kwargs = dict(split=split, data_dir=paths.resolve(task_cfg.data_dir),
+                  config=data.builder_config(task_cfg.name, task_cfg.knobs.to_dict()),
+                  manual_dir=paths.resolve(task_cfg.manual_dir) or None)
+    if task_cfg.prepare_on == "every" or parallel.is_main():
+        source = data.data_source(task_cfg.name, **kwargs)
+    parallel.sync(f"dataset {task_cfg.name} {split} prepared")
+    if task_cfg.prepare_on == "main" and not parallel.is_main():
+        source = data.data_source(task_cfg.name, prepare=False, **kwargs)
+    return source
+
+
+def loader(source, config, *, batch_size):
+    """This process's endless, shuffled stream of example batches (`batch_size` examples,
+    the process's share of the global batch)."""
+    processes = jax.process_count()
+    if batch_size % processes:
+        raise ValueError(f"a batch of {batch_size} examples does not split over {processes} "
+                         "processes; make rollout.prompts_per_batch (sft.batch_size) a multiple")
+    return data.make_loader(source, seed=config.seed, num_epochs=None,
+                            batch_size=batch_size // processes, drop_remainder=True)
 
 
 def prompt_text(task_cfg, example, tokenizer):
@@ -27,11 +48,17 @@ def prompt_text(task_cfg, example, tokenizer):
                               system_prompt=task_cfg.system_prompt or None)
 
 
-def encode_prompts(task_cfg, examples, tokenizer):
-    """`(prompt strings, token-id lists)` of a list of examples."""
+def prompt_rows(task_cfg, examples, tokenizer):
+    """`(texts, prompt_tokens [P, S], prompt_mask [P, S])`, left-padded numpy rows.
+
+    S is the smallest bucket that holds every process's longest prompt, so the rows of
+    all processes stack into one global array.
+    """
     texts = [prompt_text(task_cfg, ex, tokenizer) for ex in examples]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return texts, ids
+    width = parallel.agree_max(sampling.bucket_length(max(map(len, ids)), buckets=PROMPT_BUCKETS))
+    tokens, mask = sampling.pad_prompts(ids, pad_id=tokenizer.pad_token_id, buckets=(width,))
+    return texts, tokens, mask
 
 
 def tokenizer_corpus(source, limit=2000):
@@ -50,11 +77,12 @@ def decode_completions(tokenizer, tokens_bn, mask_bn):
 class Scorer:
     """Scores completions with the config's rewards; slow graders run in a process pool.
 
-    Rewards are kept as `[B, K]` columns for GDPO (``separate=True``) and summed with
-    their weights otherwise; the column named by ``reward.correct`` gives accuracy.
+    Rewards come back as `[B, K]` columns for GDPO (``separate=True``), each normalised
+    within its group before the weighted sum, and summed with their ``reward.specs``
+    weights otherwise; the column named by ``reward.correct`` gives accuracy.
     """
 
-    def __init__(self, reward_cfg, *, separate):
+    def __init__(self, reward_cfg, *, separate, max_new_tokens):
         self.specs = rewards.as_specs(reward_cfg.specs)
         names = [s.name for s in self.specs]
         if reward_cfg.correct not in names:
@@ -63,6 +91,7 @@ class Scorer:
         self.correct_column = names.index(reward_cfg.correct)
         self.weights = rewards.spec_weights(self.specs)
         self.separate = separate
+        self.max_new_tokens = max_new_tokens
         needs_pool = any(rewards.get_reward(n).where == "pool" for n in names)
         self.pool = rewards.GraderPool(timeout_s=reward_cfg.timeout_s) if needs_pool else None
 
@@ -70,7 +99,7 @@ class Scorer:
         """-> (rewards `[B]` or `[B, K]` float32, correct `[B]` bool, metrics)."""
         columns, metrics = rewards.score_batch(
             self.specs, prompts, completions, examples, pool=self.pool,
-            completion_lengths=lengths, combine="separate")
+            completion_lengths=lengths, max_new_tokens=self.max_new_tokens, combine="separate")
         correct = columns[:, self.correct_column] >= 1.0
         values = columns if self.separate else columns @ self.weights
         return values.astype(np.float32), correct, metrics

@@ -111,3 +111,25 @@ def test_missing_length_message_names_the_fix():
 
 def test_registered_as_batch_reward():
     assert rewards.get_reward("overlong").where == "batch"
+
+
+@pytest.mark.parametrize("options, lengths, budget_tokens, expected", [
+    ({"budget": 10}, [3, 10, 11, 40], 40, [1.0, 1.0, 0.0, 0.0]),
+    ({"budget_fraction": 0.5}, [3, 20, 21, 40], 40, [1.0, 1.0, 0.0, 0.0]),
+    ({"budget_fraction": 0.5}, [3, 20, 21, 40], 80, [1.0, 1.0, 1.0, 1.0]),   # follows the budget
+])
+def test_length_budget_reward(options, lengths, budget_tokens, expected):
+    examples = [{"completion_length": n, "max_new_tokens": budget_tokens} for n in lengths]
+    got = rewards.length_budget_reward([""] * 4, [""] * 4, examples, **options)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_overlong_reward_follows_the_run_budget():
+    """cache_fraction and the default max_len come from the run's max_new_tokens."""
+    def penalty(length, budget):
+        example = {"completion_length": length, "max_new_tokens": budget}
+        return float(rewards.overlong_reward([""], [""], [example], cache_fraction=0.2)[0])
+    assert penalty(16, 20) == 0.0 and penalty(18, 20) == -0.5 and penalty(21, 20) == -1.0
+    assert penalty(36, 40) == -0.5 and penalty(18, 40) == 0.0   # budget doubled: zone doubled
+    with pytest.raises(ValueError, match="exactly one of the options cache_len"):
+        rewards.overlong_reward([""], [""], [{"completion_length": 1, "max_new_tokens": 4}])

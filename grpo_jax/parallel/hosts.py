@@ -1,0 +1,137 @@
+"""Several processes, one mesh: start-up, and rows moving between a process and the mesh.
+
+On a TPU pod (or several GPU hosts) every host runs the same command; after
+`initialize`, `jax.devices()` lists every chip of every host and one mesh spans them.
+Each process reads its own shard of the data, and a batch crosses into the mesh as one
+global array whose rows are the processes' local rows in process order (`global_rows`);
+a process reads back only the rows it holds (`local_rows`), the rows of its own
+examples, so it can score them. With one process both are a plain device transfer.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
+
+from grpo_jax.parallel import mesh as mesh_lib
+
+_EXPLICIT = ("coordinator_address", "num_processes", "process_id")
+
+
+def initialize(cfg):
+    """Joins this process to the others (`jax.distributed.initialize`) when asked.
+
+    Asked when ``cfg.enabled`` is True, when any of ``cfg.coordinator_address``,
+    ``cfg.num_processes``, ``cfg.process_id`` is set (then all three must be), or when
+    the environment sets GRPO_JAX_DISTRIBUTED=1. With none of the three set, JAX detects
+    the cluster itself (Cloud TPU, SLURM, Open MPI). Collectives between CPU devices use
+    gloo. Safe to call more than once (the demo calls it per stage).
+
+    Args:
+      cfg: the ``config.distributed`` section.
+
+    Returns:
+      True when this process runs distributed.
+    """
+    given = {name: cfg[name] for name in _EXPLICIT if cfg[name] not in (None, "")}
+    if given and len(given) < len(_EXPLICIT):
+        missing = [f"distributed.{name}" for name in _EXPLICIT if name not in given]
+        raise ValueError(f"set {', '.join(missing)} too: an explicit multi-process launch "
+                         f"needs all of {', '.join('distributed.' + n for n in _EXPLICIT)} "
+                         "(or none, to let JAX detect the cluster)")
+    enabled = bool(cfg.enabled or given or os.environ.get("GRPO_JAX_DISTRIBUTED", "0") == "1")
+    if enabled and not jax.distributed.is_initialized():
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(**given)
+    return enabled
+
+
+_ANNOUNCED_MESHES = set()   # the demo builds one mesh per stage; each is printed once
+
+
+def setup_mesh(config):
+    """The config's mesh, after joining the other processes if the run is distributed;
+    the first time a process builds it, process 0 says on which devices it runs."""
+    initialize(config.distributed)
+    mesh = mesh_lib.make_mesh(config.mesh)
+    hosts = jax.process_count()
+    line = (f"mesh {dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].platform} device(s)"
+            f"{f' in {hosts} processes' if hosts > 1 else ''}")
+    if is_main() and line not in _ANNOUNCED_MESHES:
+        _ANNOUNCED_MESHES.add(line)
+        print(line, flush=True)
+    return mesh
+
+
+def is_main():
+    """True on process 0, the one that prints and writes metrics and exports."""
+    return jax.process_index() == 0
+
+
+def sync(name):
+    """Waits until every process reaches this point (a no-op with one process)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def agree_max(value):
+    """The largest of every process's integer `value` (e.g. a prompt width)."""
+    if jax.process_count() == 1:
+        return int(value)
+    return int(np.max(multihost_utils.process_allgather(np.asarray(value, np.int64))))
+
+
+def allgather_json(obj):
+    """`[obj of process 0, obj of process 1, ...]` for a JSON-serialisable `obj`."""
+    if jax.process_count() == 1:
+        return [obj]
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    width = agree_max(len(data))
+    padded = np.zeros(width + 1, np.int32)
+    padded[0], padded[1:len(data) + 1] = len(data), data
+    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    return [json.loads(bytes(row[1:row[0] + 1].astype(np.uint8)).decode()) for row in gathered]
+
+
+def _row_sharding(mesh, rows):
+    """Rows over the row axes; a single process may replicate rows that do not split."""
+    if rows % mesh_lib.row_ways(mesh) == 0:
+        return mesh_lib.row_sharding(mesh)
+    if jax.process_count() > 1:
+        raise ValueError(
+            f"{rows} rows per process do not split over the mesh's {mesh_lib.row_ways(mesh)}-way "
+            f"row axes {mesh_lib.row_axes(mesh)} across {jax.process_count()} processes; make "
+            "rollout.prompts_per_batch (and sft.batch_size) a multiple of the row ways")
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def global_rows(mesh, local):
+    """This process's rows (a pytree of `[r, ...]` arrays) as rows of global mesh arrays.
+
+    Process i's rows land at rows ``[i r, (i + 1) r)`` of the global `[n r, ...]` arrays,
+    split over the row axes of `mesh`. Every process must pass the same pytree structure,
+    the same `r`, and the same trailing shapes.
+    """
+    def put(x):
+        x = np.asarray(x)
+        sharding = _row_sharding(mesh, x.shape[0] * jax.process_count())
+        return jax.make_array_from_process_local_data(sharding, x)
+
+    return jax.tree.map(put, local)
+
+
+def local_rows(array):
+    """The rows of a global array that this process holds, in row order, as numpy.
+
+    For an array from `global_rows` (or any computation that keeps its rows split over
+    the row axes) these are exactly the rows this process put in; with one process, the
+    whole array.
+    """
+    blocks = {}
+    for shard in array.addressable_shards:
+        start = (shard.index[0].start or 0) if shard.index else 0
+        blocks.setdefault(start, shard.data)
+    return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])

@@ -1,0 +1,75 @@
+"""A batch of rows on the mesh: its layout, the log-probs of its completions, and its pieces.
+
+Row layout (the sampler's): prompts left-padded to S columns, completions right-padded
+to N columns, so column S is every row's first completion token. The model reads the
+concatenation `[B, S + N]`; the logits at column c score the token at column c + 1.
+
+Every function here takes and returns global arrays whose rows are split over the mesh's
+row axes (`parallel.row_axes`); nothing here moves data to the host.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from grpo_jax import parallel
+from grpo_jax.models import chunked_token_logprobs
+
+TOKEN_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
+
+
+def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False):
+    """`[B, N]` float32 log-probs of the completion tokens, from logits / temperature.
+
+    The temperature is the rollout's, so the log-probs that enter a ratio or a KL belong
+    to the distribution the sampler drew from (before any top-p/top-k truncation). Goes
+    through the model's chunked log-prob path: the `[B, S+N, V]` logits are never
+    materialised whole. Values past a row's last token are meaningless; the losses mask
+    them. With `with_stats`, returns `(logp, entropy [B, N], aux_loss [])`, the entropy
+    of the tempered distribution and the MoE load-balancing loss (0 for dense models).
+    """
+    tokens = jnp.concatenate([rows["prompt_tokens"], rows["tokens"]], axis=1)
+    attention = jnp.concatenate([rows["prompt_mask"], rows["mask"]], axis=1)
+    hidden, aux_loss = model.hidden_states(tokens[:, :-1], attention_mask=attention[:, :-1])
+    start = rows["prompt_tokens"].shape[1] - 1
+    out = chunked_token_logprobs(hidden[:, start:], model.unembedding(), tokens[:, start + 1:],
+                                 temperature=temperature, with_entropy=with_stats)
+    return (*out, aux_loss) if with_stats else out
+
+
+def pieces(tree, count, mesh):
+    """`[B, ...]` leaves -> `[count, B / count, ...]`, piece m holding rows m, m + count, ...
+
+    Interleaving keeps each piece spread over every device (a device's block of rows
+    holds rows of every piece), so no rows move between devices.
+    """
+    rows = jax.tree.leaves(tree)[0].shape[0]
+    if rows % count:
+        raise ValueError(f"{rows} rows do not split into {count} pieces; choose a divisor "
+                         "(train.micro_batches, train.minibatches)")
+    sharding = NamedSharding(mesh, PartitionSpec(None, parallel.row_axes(mesh)))
+
+    def split(x):
+        x = x.reshape(rows // count, count, *x.shape[1:]).swapaxes(0, 1)
+        return jax.lax.with_sharding_constraint(x, sharding) if (rows // count) % parallel.row_ways(mesh) == 0 else x
+
+    return jax.tree.map(split, tree)
+
+
+def unpieces(x):
+    """The inverse of `pieces` for one `[count, b, ...]` array -> `[count * b, ...]`."""
+    return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
+
+
+def make_logprob_fn(graphdef, mesh, *, temperature, num_pieces):
+    """Jitted ``(params, rows) -> [B, N]`` completion log-probs, `B / num_pieces` rows at a time."""
+
+    def fn(params, rows):
+        model = nnx.merge(graphdef, params)
+        split = pieces({k: rows[k] for k in TOKEN_KEYS}, num_pieces, mesh)
+        logp = jax.lax.map(lambda piece: completion_logprobs(model, piece, temperature=temperature),
+                           split)
+        return unpieces(logp)
+
+    return jax.jit(fn, out_shardings=parallel.row_sharding(mesh))

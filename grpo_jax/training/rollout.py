@@ -1,0 +1,196 @@
+"""Rollouts on the mesh: sample G completions per prompt, score this process's rows, keep
+groups with signal.
+
+One draw, every array global with its rows split over the mesh's row axes:
+
+    this process's examples -> prompt rows [P/n, S] --global_rows--> [P, S] on the mesh
+    -> sampling.generate -> completions [B = P G, N], kept on the mesh
+    --local_rows--> this process's B/n rows: decoded and scored against its own examples
+    --global_rows--> rewards [B] (or [B, K]) back on the mesh
+
+Only the rows a process scores cross to its host. DAPO's dynamic sampling (Yu et al.,
+arXiv:2503.14476, sec. 3.2) draws again until the batch holds P groups whose rewards
+differ; choosing the groups is one jitted gather on the mesh. With
+``filtering.short_batch = "error"`` (the paper's behaviour) running out of draws is an
+error; with ``"pad"`` the batch is topped up with groups whose masks are zeroed, which
+add nothing to the loss or to any count, and `row_valid` says which rows are real.
+"""
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import objectives, parallel, sampling
+from grpo_jax.training import task as task_lib
+
+SHORT_BATCH = ("error", "pad")
+
+
+def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules):
+    """`sampling.generate` on global prompt rows; returns the `Rollout` on the mesh."""
+    tokenizer = policy.tokenizer
+    with jax.set_mesh(mesh):
+        return sampling.generate(
+            policy.graphdef, policy.params, prompts["tokens"], prompts["mask"], rng=rng,
+            method=method, group_size=group_size, max_new_tokens=max_new_tokens,
+            stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
+            max_len_bucket=max_new_tokens, rules=rules)   # fixed buffer: one compile
+
+
+def score_own_rows(rollout, texts, examples, scorer, tokenizer, group_size):
+    """Decodes and scores the rows of `rollout` this process holds: its own prompts'.
+
+    Returns `(rewards [b] or [b, K], correct [b], reward metrics)` as numpy, b = this
+    process's rows.
+    """
+    tokens, mask, lengths = (parallel.local_rows(x) for x in (rollout.tokens, rollout.mask,
+                                                              rollout.lengths))
+    completions = task_lib.decode_completions(tokenizer, tokens, mask)
+    repeat = lambda items: [item for item in items for _ in range(group_size)]
+    return scorer(repeat(texts), completions, repeat(examples), lengths)
+
+
+def combine_reward_metrics(per_process):
+    """Every process's reward metrics -> one dict: counts summed, means averaged."""
+    keys = per_process[0].keys()
+    is_count = lambda k: k.startswith(("reward_errors", "reward_timeouts"))
+    return {k: float(np.sum([m[k] for m in per_process]) if is_count(k)
+                     else np.mean([m[k] for m in per_process])) for k in keys}
+
+
+def draw(policy, mesh, examples, *, config, scorer, rng, method):
+    """Samples and scores one prompt batch; returns `(rows, reward metrics)`.
+
+    `rows` holds global `[B, ...]` arrays: prompt_tokens, prompt_mask, tokens, mask,
+    behaviour_logp (the sampler's), lengths, truncated, rewards, correct.
+    """
+    group_size = config.objective.group_size
+    texts, tokens, mask = task_lib.prompt_rows(config.task, examples, policy.tokenizer)
+    prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
+    rollout = sample_on_mesh(policy, mesh, prompts, rng=rng, method=method, group_size=group_size,
+                             max_new_tokens=config.rollout.max_new_tokens, rules=config.rollout.rules)
+    rewards, correct, metrics = score_own_rows(rollout, texts, examples, scorer, policy.tokenizer,
+                                               group_size)
+    scored = parallel.global_rows(mesh, {"rewards": rewards, "correct": correct})
+    rows = {"prompt_tokens": rollout.prompt_tokens, "prompt_mask": rollout.prompt_mask,
+            "tokens": rollout.tokens, "mask": rollout.mask, "behaviour_logp": rollout.logp,
+            "lengths": rollout.lengths, "truncated": rollout.truncated, **scored}
+    return rows, combine_reward_metrics(parallel.allgather_json(metrics))
+
+
+def _signal_values(rows):
+    """What "the group's rewards differ" is judged on: the reward, or for several reward
+    columns (GDPO) the correctness."""
+    rewards = rows["rewards"]
+    return rows["correct"].astype(jnp.float32) if rewards.ndim > 1 else rewards
+
+
+@functools.partial(jax.jit, static_argnames=("group_size",))
+def groups_with_signal(rows, group_size):
+    """`[]` int32: how many of a draw's groups have rewards that differ."""
+    return jnp.sum(objectives.group_has_signal(_signal_values(rows), group_size), dtype=jnp.int32)
+
+
+def _left_pad(x, width, value):
+    return jnp.pad(x, ((0, 0), (width - x.shape[1], 0)), constant_values=value)
+
+
+@functools.partial(jax.jit, static_argnames=("group_size", "num_groups", "dynamic", "pad_id"))
+def select_groups(draws, *, group_size, num_groups, dynamic, pad_id):
+    """The train batch: `num_groups` whole groups from the draws, on the mesh.
+
+    With `dynamic` (DAPO's dynamic sampling), groups with signal come first, in draw
+    order, and the rest fill up with their rows marked invalid (`row_valid` False,
+    `mask` zeroed); without it, the first draw as it is.
+
+    Args:
+      draws: a tuple of row dicts from `draw` (their prompt widths may differ).
+      group_size: G.
+      num_groups: P, the groups of the train batch.
+      dynamic: filter groups by signal.
+      pad_id: the tokenizer's pad id (prompts are left-padded to the widest draw).
+
+    Returns:
+      The rows of the batch, with ``row_valid`` `[P G]` bool added.
+    """
+    width = max(d["prompt_tokens"].shape[1] for d in draws)
+    padded = [{**d, "prompt_tokens": _left_pad(d["prompt_tokens"], width, pad_id),
+               "prompt_mask": _left_pad(d["prompt_mask"], width, 0)} for d in draws]
+    rows = {k: jnp.concatenate([d[k] for d in padded]) for k in padded[0]}
+    signal = objectives.group_has_signal(_signal_values(rows), group_size)
+    order = jnp.argsort(~signal, stable=True) if dynamic else jnp.arange(signal.shape[0])
+    groups = order[:num_groups]
+    index = (groups[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
+    batch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), rows)
+    valid = signal[groups] if dynamic else jnp.ones((num_groups,), bool)
+    batch["row_valid"] = jnp.repeat(valid, group_size)
+    batch["mask"] = batch["mask"] * batch["row_valid"][:, None]
+    return batch
+
+
+@functools.partial(jax.jit, static_argnames=("group_size",))
+def rollout_statistics(draws, reward_weights, *, group_size):
+    """Metrics of every drawn row (all draws of the step), reduced on the mesh.
+
+    ``reward_mean`` is the mean of the scalar reward that enters the advantages (with
+    several reward columns, their weighted sum).
+    """
+    cat = lambda k: jnp.concatenate([d[k] for d in draws])
+    rewards, correct, lengths, truncated = cat("rewards"), cat("correct"), cat("lengths"), cat("truncated")
+    scalar = rewards @ reward_weights if rewards.ndim > 1 else rewards
+    signal = jnp.concatenate([objectives.group_has_signal(_signal_values(d), group_size) for d in draws])
+    lengths = lengths.astype(jnp.float32)
+    mean_where = lambda x, w: jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1)
+    return {
+        "reward_mean": jnp.mean(scalar),
+        "accuracy": jnp.mean(correct.astype(jnp.float32)),
+        "response_length_mean": jnp.mean(lengths),
+        "response_length_max": jnp.max(lengths),
+        "response_length_correct": mean_where(lengths, correct),
+        "response_length_wrong": mean_where(lengths, ~correct),
+        "truncation_rate": jnp.mean(truncated.astype(jnp.float32)),
+        "groups_without_signal": 1.0 - jnp.mean(signal.astype(jnp.float32)),
+        "generated_tokens": jnp.sum(lengths),
+    }
+
+
+def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
+    """One train batch of P x G rows on the mesh, and the step's rollout metrics.
+
+    Draws `filtering.max_gen_batches` prompt batches at most (one without dynamic
+    sampling); the i-th draw samples with `fold_in(rng, i)`.
+    """
+    cfg, group_size = config, config.objective.group_size
+    num_groups = cfg.rollout.prompts_per_batch
+    dynamic = cfg.filtering.dynamic_sampling
+    draws_allowed = cfg.filtering.max_gen_batches if dynamic else 1
+    draws, reward_metrics, kept, seconds = [], [], 0, 0.0
+    for index in range(draws_allowed):
+        start = time.time()
+        rows, metrics = draw(policy, mesh, next(train_iter), config=cfg, scorer=scorer,
+                             rng=jax.random.fold_in(rng, index), method=method)
+        kept += int(groups_with_signal(rows, group_size))
+        seconds += time.time() - start
+        draws.append(rows)
+        reward_metrics.append(metrics)
+        if kept >= num_groups:
+            break
+    if dynamic and kept < num_groups and cfg.filtering.short_batch == "error":
+        raise RuntimeError(
+            f"dynamic sampling found {kept} groups with signal in {len(draws)} draws of "
+            f"{num_groups} prompts, fewer than the {num_groups} a batch needs: the policy solves "
+            "(or fails) almost every prompt. Raise filtering.max_gen_batches, use harder prompts, "
+            "or set filtering.short_batch='pad' to train on the groups found")
+    batch = select_groups(tuple(draws), group_size=group_size, num_groups=num_groups,
+                          dynamic=dynamic, pad_id=int(policy.tokenizer.pad_token_id))
+    stats = jax.device_get(rollout_statistics(tuple(draws), jnp.asarray(scorer.weights),
+                                              group_size=group_size))
+    metrics = {k: float(v) for k, v in stats.items()}
+    metrics.update(combine_reward_metrics(reward_metrics))
+    metrics.update(gen_batches=float(len(draws)), time_rollout=seconds,
+                   batch_filled=min(kept, num_groups) / num_groups if dynamic else 1.0,
+                   rollout_tokens_per_s=metrics.pop("generated_tokens") / max(seconds, 1e-9))
+    return batch, metrics

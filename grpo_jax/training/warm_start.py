@@ -1,0 +1,59 @@
+"""A supervised warm start, built once and cached, for RL runs that start from a named shape.
+
+RL from a randomly initialised model learns nothing: every answer is wrong, every group
+has equal rewards, and every advantage and gradient is 0. A run with
+``model.sft_warm_start = True`` (the ``runlocal`` setting of every recipe) first trains
+the named model with the config's ``sft`` section on the task's reference solutions, and
+starts RL from that checkpoint. The SFT run lives in
+``task.data_dir/warm_starts/<model>-<hash>``, the hash covering everything the warm start
+depends on (task, model, sft section, seed, completion budget), so every run with the same
+settings reuses it, and an interrupted build resumes.
+"""
+
+import hashlib
+import json
+import os
+
+from grpo_jax import config_lib, parallel, paths
+
+# The config sections and fields the warm-start checkpoint depends on.
+_DEPENDS_ON = ("task", "model.name", "model.dtype", "model.param_dtype", "sft", "seed",
+               "rollout.max_new_tokens", "mesh")
+
+
+def _key(config):
+    resolved = config.copy_and_resolve_references()
+    parts = {}
+    for dotted in _DEPENDS_ON:
+        value = resolved
+        for name in dotted.split("."):
+            value = value[name]
+        parts[dotted] = value.to_dict() if hasattr(value, "to_dict") else value
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def warm_start_dir(config):
+    """Where the warm start of `config` is (or will be) built."""
+    return os.path.join(paths.resolve(config.task.data_dir), "warm_starts",
+                        f"{config.model.name}-{_key(config)}")
+
+
+def use_if_configured(config):
+    """With ``model.sft_warm_start`` and no ``model.path``: builds the warm start unless it is
+    cached, then points ``model.path`` at it (in place). Otherwise changes nothing."""
+    if not config.model.sft_warm_start or config.model.path:
+        return
+    from grpo_jax.training import sft   # sft imports the trainer's modules; import late
+    directory = warm_start_dir(config)
+    export = os.path.join(directory, "export")
+    if not os.path.exists(os.path.join(export, "config.json")):
+        if parallel.is_main():
+            print(f"building the SFT warm start ({config.sft.steps} steps) in {directory}",
+                  flush=True)
+        sft_config = config_lib.apply_overrides(config.copy_and_resolve_references(),
+                                                {"mode": "sft", "model.sft_warm_start": False})
+        sft.train(sft_config, directory)
+    elif parallel.is_main():
+        print(f"starting from the cached SFT warm start {export}", flush=True)
+    config.model.path, config.model.name = export, ""
