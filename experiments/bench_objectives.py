@@ -178,9 +178,9 @@ def torch_dapo(torch, eps_low, eps_high):
         loss.backward()
         with torch.no_grad():
             mean = lambda x: (x * mask).sum() / count
-            kl = torch.clamp(torch.expm1(-log_ratio) + log_ratio, min=0.0)
+            kl_old = torch.clamp(torch.expm1(log_ratio) - log_ratio, min=0.0)   # r - 1 - log r
             metrics = {"loss": loss.detach(), "policy_loss": loss.detach(),
-                       "ratio": mean(ratio), "approx_kl": mean(kl),
+                       "ratio": mean(ratio), "kl_old": mean(kl_old),
                        "clip_high": mean(((adv > 0) & (ratio > 1 + eps_high)).float()),
                        "clip_low": mean(((adv < 0) & (ratio < 1 - eps_low)).float())}
         return (loss.detach(), metrics), logp.grad

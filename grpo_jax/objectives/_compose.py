@@ -1,8 +1,8 @@
 """The registry and the composer: a config section in, a pure objective out.
 
-``policy_objective(config.objective)`` returns a `PolicyObjective`, a callable
-``(logp, batch) -> (loss, metrics)`` that a trainer differentiates without knowing which
-recipe it runs. Adding a variant is one function, one registry line and one config:
+``policy_objective(config.objective, reward_weights=...)`` returns a `PolicyObjective`, a
+callable ``(logp, batch) -> (loss, metrics)`` that a trainer differentiates without knowing
+which recipe it runs. Adding a variant is one function, one registry line and one config:
 
       register_policy_loss("my_loss", my_loss_fn, fields=("eps_low", "eps_high"))
 
@@ -11,24 +11,63 @@ The batch is a dict of arrays (B = P * G rows, T response tokens):
   ====================  ========  ===================================================
   key                   shape     needed
   ====================  ========  ===================================================
-  ``old_logp``          [B, T]    always (behaviour log-probs)
+  ``old_logp``          [B, T]    always: log-probs under pi_old, the policy the
+                                  loss's ratio divides by
   ``mask``              [B, T]    always (response mask)
   ``advantages``        [B]/[B,T] or ``rewards``; precompute them over the FULL batch
                                   (``objective.advantages(batch)``) before splitting
-  ``rewards``           [B]/[B,K] to compute advantages inside the call
-  ``ref_logp``          [B, T]    kl.beta > 0
-  ``entropy``           [B, T]    entropy_coef != 0; computed inside the
-                                  differentiated function (`entropy_from_logits`)
-  ``behaviour_logp``    [B, T]    importance.enabled (sampler log-probs; ``old_logp``
-                                  then holds the trainer's recomputed ones)
+  ``rewards``           [B]/[B,K] to compute advantages inside the call ([B, K] for
+                                  gdpo, one column per reward)
+  ``ref_logp``          [B, T]    kl.beta > 0 (a loss term, or kl.in_reward)
+  ``entropy``           [B, T]    entropy_coef != 0 (computed inside the
+                                  differentiated function, `entropy_from_logits`);
+                                  reported as a metric whenever present
+  ``behaviour_logp``    [B, T]    importance.enabled (the sampler's log-probs;
+                                  ``old_logp`` then holds the trainer's); read by
+                                  offpolicy_mask when present, else ``old_logp``
   ``truncated``         [B]       overlong.mode == "mask"
-  ``lengths``           [B]       overlong.mode == "penalty"
-  ``num_tokens``        scalar    optional: GLOBAL valid-token count (micro-batching)
-  ``num_seqs``          scalar    optional: GLOBAL row count (micro-batching)
+  ``num_tokens``        scalar    optional: GLOBAL count of `loss_mask` tokens
+  ``num_seqs``          scalar    optional: GLOBAL count of real rows
   ====================  ========  ===================================================
 
-Every metric is normalised by the same global counts as the loss, so the metrics of
-micro-batches add up to those of the full batch.
+Global counts (micro-batching, sharding): ``num_tokens`` is ``loss_mask(batch).sum()``
+over the whole minibatch, the tokens the loss is normalised over (truncated answers
+already removed when overlong.mode == "mask"); ``num_seqs`` counts the real rows (padding
+rows excluded, truncated rows included, as `aggregate`'s default B does). With them the
+losses and metrics of micro-batches add up to those of the full batch.
+
+Metrics, each a scalar:
+
+  =====================  ===============================================  ================
+  name                   what it is                                       averaged
+  =====================  ===============================================  ================
+  ``loss``               the loss minimised: policy + beta KL - entropy   aggregation mode
+  ``policy_loss``        the policy term alone, after importance weights  aggregation mode
+                         and the off-policy mask
+  ``kl_ref``             the KL-to-reference estimate (kl.kind) of        aggregation mode
+                         KL(pi_theta || pi_ref), before beta; when
+                         kl.beta > 0 and not kl.in_reward
+  ``ratio``              pi_theta / pi_old per token (gspo: s_i)          token mean
+  ``kl_old``             r - 1 - log r: the k3 estimate of                token mean
+                         KL(pi_old || pi_theta) from pi_old's samples
+  ``clip_low``           share of tokens the lower clip binds             token mean
+                         (ppo_clip, gspo, cispo)
+  ``clip_high``          share of tokens the upper (eps_high) clip binds  token mean
+                         (ppo_clip, gspo, cispo)
+  ``clip_dual``          share of tokens the dual clip caps (ppo_clip     token mean
+                         with loss.dual_clip)
+  ``gate_scale``         sapo's factor on each token's policy gradient    token mean
+  ``importance_weight``  the sampler/trainer correction weight            token mean
+                         (importance.enabled)
+  ``entropy``            the token entropy (batch has ``entropy``)        token mean
+  ``offpolicy_masked``   share of rows the off-policy sequence mask       sum / num_seqs
+                         drops (offpolicy_mask.enabled)
+  =====================  ===============================================  ================
+
+"Token mean" is the sum over `loss_mask` tokens / num_tokens, "sum / num_seqs" the count
+over rows / num_seqs: both use the same global counts as the loss, so the metrics of
+micro-batches add up to those of the full batch. The per-token diagnostics cover every
+token of `loss_mask`, rows the off-policy mask drops included.
 """
 
 import dataclasses
@@ -41,26 +80,31 @@ from grpo_jax.objectives._advantages import (gdpo_advantages, group_advantages,
                                              reinforce_pp_advantages, rloo_advantages)
 from grpo_jax.objectives._aggregation import AGGREGATION_MODES, aggregate
 from grpo_jax.objectives._kl import KL_KINDS, kl_penalty
-from grpo_jax.objectives._policy_losses import cispo_loss, gspo_loss, ppo_clip_loss, sapo_loss
+from grpo_jax.objectives._policy_losses import (cispo_loss, gspo_loss, pg_loss, ppo_clip_loss,
+                                                sapo_loss)
 from grpo_jax.objectives._shaping import (IMPORTANCE_LEVELS, IMPORTANCE_MODES,
-                                          importance_weights, overlong_penalty,
+                                          importance_weights, offpolicy_sequence_mask,
                                           truncated_mask)
 
-OVERLONG_MODES = ("none", "mask", "penalty")
+OVERLONG_MODES = ("none", "mask")
+# Losses whose paper defines the objective per answer: 1/G sum_i 1/|y_i| sum_t.
+PER_ANSWER_LOSSES = {"gspo": "Zheng et al., arXiv:2507.18071, eq. 5",
+                     "sapo": "Gao et al., arXiv:2511.20347, the SAPO objective"}
 
 
-# --- Advantage estimators: (objective config, batch, rewards [B] or [B,K]) -> advantages.
+# --- Advantage estimators: (objective config, batch, rewards [B] or [B,K], reward_weights)
+# -> advantages. reward_weights is one weight per reward column, or None.
 
-def _group(cfg, batch, rewards):
+def _group(cfg, batch, rewards, reward_weights):
     a = cfg.advantage
     return group_advantages(rewards, cfg.group_size, scale=a.scale, ddof=a.ddof, eps=a.eps)
 
 
-def _rloo(cfg, batch, rewards):
+def _rloo(cfg, batch, rewards, reward_weights):
     return rloo_advantages(rewards, cfg.group_size)
 
 
-def _reinforce_pp(cfg, batch, rewards):
+def _reinforce_pp(cfg, batch, rewards, reward_weights):
     token_rewards = None
     if cfg.kl.in_reward:
         token_rewards = -cfg.kl.beta * kl_penalty(
@@ -71,8 +115,13 @@ def _reinforce_pp(cfg, batch, rewards):
         group_size=cfg.group_size if cfg.advantage.baseline else None)
 
 
-def _gdpo(cfg, batch, rewards):
-    weights = tuple(cfg.advantage.reward_weights) or None
+def _gdpo(cfg, batch, rewards, reward_weights):
+    if reward_weights is not None and rewards.ndim == 2 and len(reward_weights) != rewards.shape[1]:
+        raise ValueError(
+            f"objective.advantage.estimator='gdpo' got {len(reward_weights)} reward weights for "
+            f"{rewards.shape[1]} reward columns; reward.specs must name one (reward, weight) "
+            "per column")
+    weights = None if reward_weights is None else jnp.asarray(reward_weights, jnp.float32)
     return gdpo_advantages(rewards, cfg.group_size, weights=weights, eps=cfg.advantage.eps)
 
 
@@ -86,6 +135,7 @@ ADVANTAGE_ESTIMATORS = {
 # --- Policy losses: name -> (function, the loss-config fields passed as keywords).
 
 POLICY_LOSSES = {
+    "pg": (pg_loss, ()),
     "ppo_clip": (ppo_clip_loss, ("eps_low", "eps_high", "dual_clip")),
     "gspo": (gspo_loss, ("eps_low", "eps_high")),
     "cispo": (cispo_loss, ("eps_low", "eps_high")),
@@ -94,7 +144,7 @@ POLICY_LOSSES = {
 
 
 def register_advantage_estimator(name, fn):
-    """Adds `fn(objective_config, batch, rewards) -> advantages` under `name`."""
+    """Adds `fn(objective_config, batch, rewards, reward_weights) -> advantages` as `name`."""
     ADVANTAGE_ESTIMATORS[name] = fn
 
 
@@ -117,6 +167,11 @@ def validate_objective_config(cfg):
     _checks.check_choice("objective.loss.kind", cfg.loss.kind, tuple(POLICY_LOSSES))
     _checks.check_choice("objective.aggregation.mode", cfg.aggregation.mode, AGGREGATION_MODES)
     _checks.check_choice("objective.kl.kind", cfg.kl.kind, KL_KINDS)
+    if cfg.overlong.mode == "penalty":
+        raise ValueError("objective.overlong.mode='penalty' is gone: DAPO's soft overlong "
+                         "penalty is a reward; add (\"overlong\", weight, {\"max_len\": ..., "
+                         "\"cache_len\": ...}) to reward.specs and set objective.overlong.mode "
+                         "to 'none' (or 'mask' to also drop truncated answers)")
     _checks.check_choice("objective.overlong.mode", cfg.overlong.mode, OVERLONG_MODES)
     _checks.check_choice("objective.importance.level", cfg.importance.level, IMPORTANCE_LEVELS)
     _checks.check_choice("objective.importance.mode", cfg.importance.mode, IMPORTANCE_MODES)
@@ -126,16 +181,29 @@ def validate_objective_config(cfg):
     if cfg.loss.dual_clip is not None:
         _checks.check_greater("objective.loss.dual_clip", cfg.loss.dual_clip, 1.0)
     _checks.check_nonnegative("objective.kl.beta", cfg.kl.beta)
+    _checks.check_nonnegative("objective.offpolicy_mask.delta", cfg.offpolicy_mask.delta)
     if cfg.advantage.estimator == "rloo" and cfg.group_size < 2:
         raise ValueError(f"objective.group_size must be >= 2 for rloo, got {cfg.group_size}")
     if cfg.kl.in_reward and cfg.advantage.estimator != "reinforce_pp":
         raise ValueError("objective.kl.in_reward=True needs objective.advantage.estimator="
                          f"'reinforce_pp' (token rewards); got {cfg.advantage.estimator!r}")
-    if cfg.overlong.mode == "penalty":
-        _checks.check_greater("objective.overlong.cache_len", cfg.overlong.cache_len, 0)
-        if cfg.advantage.estimator == "gdpo":
-            raise ValueError("objective.overlong.mode='penalty' adds to a scalar reward; with "
-                             "gdpo add the length reward as one of the reward columns instead")
+    if cfg.kl.in_reward and cfg.kl.kind == "k3_unbiased":
+        raise ValueError("objective.kl.kind='k3_unbiased' corrects the KL loss's gradient; "
+                         "a KL folded into the reward (objective.kl.in_reward=True) has none: "
+                         "use kind 'k1', 'k2' or 'k3' there")
+    _check_aggregation_defined(cfg)
+
+
+def _check_aggregation_defined(cfg):
+    """GSPO and SAPO are defined per answer; another mode is a different objective."""
+    kind, mode = cfg.loss.kind, cfg.aggregation.mode
+    if (kind in PER_ANSWER_LOSSES and mode != "seq-mean-token-mean"
+            and not cfg.aggregation.allow_other_modes):
+        raise ValueError(
+            f"objective.aggregation.mode={mode!r} changes the {kind} objective, which its paper "
+            f"({PER_ANSWER_LOSSES[kind]}) defines with 'seq-mean-token-mean'; set "
+            "objective.aggregation.mode='seq-mean-token-mean', or "
+            "objective.aggregation.allow_other_modes=True to run this variant on purpose")
 
 
 def _token_means(named, mask, num_tokens):
@@ -163,24 +231,25 @@ class PolicyObjective:
     advantage_fn: Callable
     loss_fn: Callable
     loss_kwargs: dict
+    reward_weights: tuple | None = None
 
     def advantages(self, batch):
-        """`[B]` or `[B, T]` advantages from ``batch["rewards"]`` (+ overlong penalty).
+        """`[B]` or `[B, T]` advantages from ``batch["rewards"]``.
 
         Group and batch statistics make this a whole-batch computation: call it once on
         the full rollout batch, before splitting into micro-batches.
         """
-        cfg = self.config
         rewards = _require(batch, "rewards", "advantages").astype(jnp.float32)
-        if cfg.overlong.mode == "penalty":
-            rewards = rewards + overlong_penalty(
-                _require(batch, "lengths", "overlong.mode='penalty'"),
-                max_len=cfg.overlong.max_len, cache_len=cfg.overlong.cache_len)
-        return self.advantage_fn(cfg, batch, rewards)
+        return self.advantage_fn(self.config, batch, rewards, self.reward_weights)
 
     def loss_mask(self, batch):
-        """`[B, T]`: the tokens the loss is normalised over (truncated answers dropped
-        when overlong.mode is "mask"); count global num_tokens from this."""
+        """`[B, T]`: the tokens the loss is normalised over.
+
+        ``batch["mask"]`` with every token of a truncated answer zeroed when
+        overlong.mode == "mask" (DAPO's overlong filtering), and nothing else. A trainer
+        that splits the batch counts ``num_tokens`` from this mask over the whole
+        minibatch, so the split loss equals the whole batch's.
+        """
         mask = batch["mask"]
         if self.config.overlong.mode == "mask":
             mask = truncated_mask(mask, _require(batch, "truncated", "overlong.mode='mask'"))
@@ -190,27 +259,36 @@ class PolicyObjective:
         """Returns `(loss, metrics)`: the scalar loss to minimise and scalar metrics."""
         cfg = self.config
         mask = self.loss_mask(batch)
+        num_tokens, num_seqs = batch.get("num_tokens"), batch.get("num_seqs")
         adv = batch["advantages"] if "advantages" in batch else self.advantages(batch)
         per_token, diagnostics = self.loss_fn(logp, batch["old_logp"], adv, mask, **self.loss_kwargs)
-        if cfg.importance.enabled:
+        metrics = {}
+        if cfg.importance.enabled:   # pi_old (trainer) vs the sampler's behaviour policy
             weights = importance_weights(
                 batch["old_logp"], _require(batch, "behaviour_logp", "importance.enabled"), mask,
                 level=cfg.importance.level, cap=cfg.importance.cap, mode=cfg.importance.mode)
             per_token = per_token * weights
             diagnostics = {**diagnostics, "importance_weight": weights}
-
-        def reduce(x, mode=cfg.aggregation.mode):
-            return aggregate(x, mask, mode=mode, num_tokens=batch.get("num_tokens"),
-                             num_seqs=batch.get("num_seqs"), norm_len=cfg.aggregation.norm_len)
-
+        if cfg.offpolicy_mask.enabled:   # against the policy that sampled the tokens
+            keep = offpolicy_sequence_mask(
+                logp, batch.get("behaviour_logp", batch["old_logp"]), adv, mask,
+                delta=cfg.offpolicy_mask.delta)
+            per_token = per_token * keep[:, None]
+            metrics["offpolicy_masked"] = jnp.sum(1.0 - keep) / (
+                mask.shape[0] if num_seqs is None else num_seqs)
         if "entropy" in batch:
             diagnostics = {**diagnostics, "entropy": batch["entropy"]}
-        metrics = {"policy_loss": reduce(per_token),
-                   **_token_means(diagnostics, mask, batch.get("num_tokens"))}
+
+        def reduce(x):
+            return aggregate(x, mask, mode=cfg.aggregation.mode, num_tokens=num_tokens,
+                             num_seqs=num_seqs, norm_len=cfg.aggregation.norm_len)
+
+        metrics.update(policy_loss=reduce(per_token), **_token_means(diagnostics, mask, num_tokens))
         total = per_token
         if cfg.kl.beta > 0 and not cfg.kl.in_reward:
-            kl = kl_penalty(logp, _require(batch, "ref_logp", "kl.beta > 0"), kind=cfg.kl.kind)
-            metrics["kl"] = reduce(kl)
+            kl = kl_penalty(logp, _require(batch, "ref_logp", "kl.beta > 0"), kind=cfg.kl.kind,
+                            old_logp=batch["old_logp"])
+            metrics["kl_ref"] = reduce(kl)
             total = total + cfg.kl.beta * kl
         if cfg.entropy_coef != 0:
             total = total - cfg.entropy_coef * _require(batch, "entropy", "entropy_coef != 0")
@@ -225,10 +303,13 @@ def policy_objective(config, *, reward_weights=None):
     Args:
       config: an ml_collections ConfigDict (``config.objective`` of a recipe; see
         configs/base.py for every field and its default).
+      reward_weights: one weight per reward column, in the order of the run's reward
+        specs (``reward.specs``), or None for all 1. The gdpo estimator weights its
+        normalised columns with them; the others see a single (already summed) reward.
 
     Returns:
-      a `PolicyObjective`: ``objective(logp, batch) -> (loss, metrics)`` and
-      ``objective.advantages(batch)``.
+      a `PolicyObjective`: ``objective(logp, batch) -> (loss, metrics)``,
+      ``objective.advantages(batch)`` and ``objective.loss_mask(batch)``.
 
     Raises:
       ValueError: naming the field, when a name is unknown or a value impossible.
@@ -239,4 +320,5 @@ def policy_objective(config, *, reward_weights=None):
         config=config,
         advantage_fn=ADVANTAGE_ESTIMATORS[config.advantage.estimator],
         loss_fn=loss_fn,
-        loss_kwargs={f: config.loss[f] for f in fields})
+        loss_kwargs={f: config.loss[f] for f in fields},
+        reward_weights=None if reward_weights is None else tuple(float(w) for w in reward_weights))

@@ -1,4 +1,5 @@
-"""Reward shaping, filtering and off-policy correction (DAPO; sampler/trainer mismatch)."""
+"""Reward shaping, filtering and off-policy corrections (DAPO; sampler/trainer mismatch;
+DeepSeek-V3.2's off-policy sequence masking)."""
 
 import jax
 import jax.numpy as jnp
@@ -131,3 +132,52 @@ def importance_weights(old_logp, behaviour_logp, mask, *, level="token", cap=2.0
     else:
         w = jnp.where((w >= 1.0 / cap) & (w <= cap), w, 0.0)
     return jax.lax.stop_gradient(jnp.where(valid, w, 0.0))
+
+
+def offpolicy_sequence_mask(logp, old_logp, adv, mask, *, delta):
+    r"""DeepSeek-V3.2's off-policy sequence mask: drop negative answers gone stale.
+
+    .. math::
+        M_i = \begin{cases} 0 & A_i < 0 \text{ and } \frac{1}{|o_i|} \sum_t
+              \log\frac{\pi_{old}(o_{i,t})}{\pi_\theta(o_{i,t})} > \delta \\
+              1 & \text{otherwise} \end{cases}
+
+    The mean log-ratio is the k1 estimate of KL(pi_old || pi_theta) over answer i's
+    tokens. An answer is dropped only when it is both bad (A_i < 0) and too far off the
+    current policy: the model learns mostly from its own mistakes, and pushing down
+    tokens it no longer produces adds noise. Multiply answer i's per-token policy loss
+    by M_i; the loss keeps its normalisation (the paper multiplies the clipped term by
+    M_{i,t} inside the same 1/G sum_i 1/|o_i| sum_t, eq. 8), and the KL term is not
+    masked. pi_old is the policy that sampled the tokens (the sampler's log-probs where
+    they differ from the trainer's recomputation).
+
+    Args:
+      logp: `[B, T]` log-probs under the current policy (read without gradient).
+      old_logp: `[B, T]` log-probs under the policy that sampled the tokens.
+      adv: `[B]` advantages, or `[B, T]` per-token advantages; then A_i is their mean over
+        the row's valid tokens (REINFORCE++ with gamma = 1 and no token rewards gives
+        every token of a row the same advantage, so this is the paper's rule exactly).
+      mask: `[B, T]` response mask.
+      delta: the threshold, >= 0. A row without valid tokens is kept (M = 1).
+
+    Returns:
+      `[B]` float32 in {0, 1}, stop-gradient.
+
+    Example:
+      >>> logp = jnp.log(jnp.array([[0.2, 0.5], [0.2, 0.5]]))
+      >>> old = jnp.log(jnp.array([[0.4, 0.5], [0.4, 0.5]]))   # mean log(old/new) = 0.35
+      >>> offpolicy_sequence_mask(logp, old, jnp.array([-1.0, 1.0]), jnp.ones((2, 2)), delta=0.1)
+      Array([0., 1.], dtype=float32)
+
+    References:
+      DeepSeek-AI, DeepSeek-V3.2 (arXiv:2512.02556), sec. 3.1, eq. 8-9.
+    """
+    _checks.check_nonnegative("delta", delta)
+    valid = mask.astype(bool)
+    count = jnp.maximum(jnp.sum(valid, axis=-1, dtype=jnp.float32), 1.0)
+    log_old_over_new = jnp.where(valid, old_logp - logp, 0.0).astype(jnp.float32)
+    divergence = jnp.sum(log_old_over_new, axis=-1) / count
+    if adv.ndim == 2:   # the row's sum has the sign of its mean
+        adv = jnp.sum(jnp.where(valid, adv, 0.0), axis=-1)
+    drop = (adv < 0) & (divergence > delta)
+    return jax.lax.stop_gradient((~drop).astype(jnp.float32))

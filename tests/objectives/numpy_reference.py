@@ -56,9 +56,9 @@ def _clamped_diff(a, b):
   return d, 1.0
 
 
-def _k3(d):
-  """exp(-d) + d - 1 for d = logp - other_logp."""
-  return math.expm1(-d) + d
+def _kl_old(d):
+  """r - 1 - log r for r = exp(d), d = logp - old_logp: KL(pi_old || pi) from pi_old's samples."""
+  return math.expm1(d) - d
 
 
 # --------------------------------------------------------------------------- advantages
@@ -261,7 +261,7 @@ def ppo_clip_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=0.2, dual_
   """Returns (loss, d sum(loss)/d logp, diagnostics)."""
   logp, old, adv, mask = f64(logp), f64(old_logp), f64(adv), f64(mask)
   loss, grad = np.zeros_like(logp), np.zeros_like(logp)
-  diag = _empty_diagnostics(logp.shape, "ratio", "approx_kl", "clip_low", "clip_high")
+  diag = _empty_diagnostics(logp.shape, "ratio", "kl_old", "clip_low", "clip_high", "clip_dual")
   for b in range(mask.shape[0]):
     for t in _valid_ts(mask[b]):
       d, dd = _clamped_diff(logp[b, t], old[b, t])
@@ -279,9 +279,26 @@ def ppo_clip_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=0.2, dual_
           diag["clip_high"][b, t] = 1.0
       if dual_clip is not None and a < 0 and value > -dual_clip * a:
         value, g = -dual_clip * a, 0.0
+        diag["clip_dual"][b, t] = 1.0
       loss[b, t], grad[b, t] = value, g
       diag["ratio"][b, t] = r
-      diag["approx_kl"][b, t] = _k3(d)
+      diag["kl_old"][b, t] = _kl_old(d)
+  return loss, grad, diag
+
+
+def pg_loss(logp, old_logp, adv, mask):
+  """L = -r A; d L / d logp = -r A (0 where the log-ratio clamp is active)."""
+  logp, old, adv, mask = f64(logp), f64(old_logp), f64(adv), f64(mask)
+  loss, grad = np.zeros_like(logp), np.zeros_like(logp)
+  diag = _empty_diagnostics(logp.shape, "ratio", "kl_old")
+  for b in range(mask.shape[0]):
+    for t in _valid_ts(mask[b]):
+      d, dd = _clamped_diff(logp[b, t], old[b, t])
+      r = math.exp(d)
+      a = _adv_at(adv, b, t)
+      loss[b, t], grad[b, t] = -r * a, -r * a * dd
+      diag["ratio"][b, t] = r
+      diag["kl_old"][b, t] = _kl_old(d)
   return loss, grad, diag
 
 
@@ -295,7 +312,7 @@ def gspo_loss(logp, old_logp, adv, mask, *, eps_low=3e-4, eps_high=4e-4):
   """
   logp, old, adv, mask = f64(logp), f64(old_logp), f64(adv), f64(mask)
   loss, grad = np.zeros_like(logp), np.zeros_like(logp)
-  diag = _empty_diagnostics(logp.shape, "ratio", "approx_kl", "clip_low", "clip_high")
+  diag = _empty_diagnostics(logp.shape, "ratio", "kl_old", "clip_low", "clip_high")
   for b in range(mask.shape[0]):
     valid = _valid_ts(mask[b])
     if not valid:
@@ -312,14 +329,14 @@ def gspo_loss(logp, old_logp, adv, mask, *, eps_low=3e-4, eps_high=4e-4):
         loss[b, t], grad[b, t] = -clipped, 0.0
         diag["clip_low" if s < 1.0 - eps_low else "clip_high"][b, t] = 1.0
       diag["ratio"][b, t] = s
-      diag["approx_kl"][b, t] = _k3(logp[b, t] - old[b, t])
+      diag["kl_old"][b, t] = _kl_old(logp[b, t] - old[b, t])
   return loss, grad, diag
 
 
 def cispo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high):
   logp, old, adv, mask = f64(logp), f64(old_logp), f64(adv), f64(mask)
   loss, grad = np.zeros_like(logp), np.zeros_like(logp)
-  diag = _empty_diagnostics(logp.shape, "ratio", "approx_kl", "clip_low", "clip_high")
+  diag = _empty_diagnostics(logp.shape, "ratio", "kl_old", "clip_low", "clip_high")
   for b in range(mask.shape[0]):
     for t in _valid_ts(mask[b]):
       d, _ = _clamped_diff(logp[b, t], old[b, t])
@@ -329,7 +346,7 @@ def cispo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high):
       loss[b, t] = -weight * a * logp[b, t]
       grad[b, t] = -weight * a
       diag["ratio"][b, t] = r
-      diag["approx_kl"][b, t] = _k3(d)
+      diag["kl_old"][b, t] = _kl_old(d)
       diag["clip_low"][b, t] = float(r < 1.0 - eps_low)
       diag["clip_high"][b, t] = float(r > 1.0 + eps_high)
   return loss, grad, diag
@@ -338,7 +355,7 @@ def cispo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high):
 def sapo_loss(logp, old_logp, adv, mask, *, tau_pos=1.0, tau_neg=1.05):
   logp, old, adv, mask = f64(logp), f64(old_logp), f64(adv), f64(mask)
   loss, grad = np.zeros_like(logp), np.zeros_like(logp)
-  diag = _empty_diagnostics(logp.shape, "ratio", "approx_kl", "gate_scale")
+  diag = _empty_diagnostics(logp.shape, "ratio", "kl_old", "gate_scale")
   for b in range(mask.shape[0]):
     for t in _valid_ts(mask[b]):
       d, dd = _clamped_diff(logp[b, t], old[b, t])
@@ -351,7 +368,7 @@ def sapo_loss(logp, old_logp, adv, mask, *, tau_pos=1.0, tau_neg=1.05):
       gate_scale = 4.0 * sig * (1.0 - sig) * r * dd
       grad[b, t] = -a * gate_scale
       diag["ratio"][b, t] = r
-      diag["approx_kl"][b, t] = _k3(d)
+      diag["kl_old"][b, t] = _kl_old(d)
       diag["gate_scale"][b, t] = gate_scale
   return loss, grad, diag
 
@@ -359,19 +376,46 @@ def sapo_loss(logp, old_logp, adv, mask, *, tau_pos=1.0, tau_neg=1.05):
 # ------------------------------------------------------------------------ KL and logits
 
 
-def kl_penalty(logp, ref_logp, *, kind="k3"):
+def kl_penalty(logp, ref_logp, *, kind="k3", old_logp=None):
+  return kl_penalty_and_grad(logp, ref_logp, kind=kind, old_logp=old_logp)[0]
+
+
+def kl_penalty_and_grad(logp, ref_logp, *, kind="k3", old_logp=None):
+  """Per-token estimate and its derivative d/d logp (ref and old log-probs held fixed)."""
   logp, ref = f64(logp), f64(ref_logp)
-  out = np.zeros_like(logp)
+  out, grad = np.zeros_like(logp), np.zeros_like(logp)
   for idx in np.ndindex(logp.shape):
-    d, _ = _clamped_diff(logp[idx], ref[idx])
+    d, dd = _clamped_diff(logp[idx], ref[idx])
     if kind == "k1":
-      out[idx] = d
+      out[idx], grad[idx] = d, dd
     elif kind == "k2":
-      out[idx] = d * d / 2.0
-    elif kind == "k3":
-      out[idx] = math.expm1(-d) + d  # exp(ref - logp) - (ref - logp) - 1
+      out[idx], grad[idx] = d * d / 2.0, d * dd
+    elif kind in ("k3", "k3_unbiased"):
+      k3 = math.expm1(-d) + d  # exp(ref - logp) - (ref - logp) - 1
+      dk3 = (1.0 - math.exp(-d)) * dd
+      if kind == "k3":
+        out[idx], grad[idx] = k3, dk3
+      else:  # DeepSeek-V3.2: r k3 with r = pi/pi_old, differentiated through r as well
+        e, de = _clamped_diff(logp[idx], float(f64(old_logp)[idx]))
+        r = math.exp(e)
+        out[idx], grad[idx] = r * k3, r * de * k3 + r * dk3
     else:
       raise ValueError(kind)
+  return out, grad
+
+
+def offpolicy_sequence_mask(logp, old_logp, adv, mask, *, delta):
+  """M_i = 0 if A_i < 0 and mean_t log(pi_old / pi) > delta, else 1 (DeepSeek-V3.2)."""
+  logp, old, adv, mask = f64(logp), f64(old_logp), f64(adv), f64(mask)
+  out = np.ones(mask.shape[0])
+  for b in range(mask.shape[0]):
+    valid = _valid_ts(mask[b])
+    if not valid:
+      continue
+    divergence = sum(old[b, t] - logp[b, t] for t in valid) / len(valid)
+    a = adv[b] if adv.ndim == 1 else sum(adv[b, t] for t in valid) / len(valid)
+    if a < 0 and divergence > delta:
+      out[b] = 0.0
   return out
 
 

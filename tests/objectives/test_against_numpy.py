@@ -413,7 +413,7 @@ class TestPpoClipLoss:
     adv = signed_advantages(rng, mask.shape if per_token_adv else mask.shape[:1])
     _, exp_grad, exp_diag = _check_loss(
         obj.ppo_clip_loss, ref.ppo_clip_loss, logp, old, adv, mask,
-        ("ratio", "approx_kl", "clip_low", "clip_high"), eps_low=eps_low, eps_high=eps_high)
+        ("ratio", "kl_old", "clip_low", "clip_high"), eps_low=eps_low, eps_high=eps_high)
     # The inputs exercise both clip sides and the unclipped region.
     valid = mask > 0
     assert exp_diag["clip_low"].sum() > 0 and exp_diag["clip_high"].sum() > 0
@@ -423,11 +423,20 @@ class TestPpoClipLoss:
   def test_dual_clip(self, dual_clip):
     logp, old, mask = policy_inputs(22, spread=2.0)
     adv = signed_advantages(np.random.default_rng(23), mask.shape)
-    exp_loss, _, _ = _check_loss(obj.ppo_clip_loss, ref.ppo_clip_loss, logp, old, adv, mask,
-                                 ("ratio",), eps_low=0.2, eps_high=0.28, dual_clip=dual_clip)
-    # The dual clip binds somewhere.
-    plain, _, _ = ref.ppo_clip_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28)
+    exp_loss, _, exp_diag = _check_loss(
+        obj.ppo_clip_loss, ref.ppo_clip_loss, logp, old, adv, mask,
+        ("ratio", "kl_old", "clip_low", "clip_high", "clip_dual"),
+        eps_low=0.2, eps_high=0.28, dual_clip=dual_clip)
+    # The dual clip binds somewhere, and is counted apart from the eps_high clip.
+    plain, _, plain_diag = ref.ppo_clip_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28)
     assert (exp_loss < plain).any()
+    assert exp_diag["clip_dual"].sum() > 0
+    np.testing.assert_array_equal(exp_diag["clip_high"], plain_diag["clip_high"])
+
+  def test_clip_dual_only_with_a_dual_clip(self):
+    logp, old, mask = policy_inputs(24)
+    _, diag = jax.jit(obj.ppo_clip_loss)(logp, old, f32(np.ones(mask.shape[0])), mask)
+    assert set(diag) == {"ratio", "kl_old", "clip_low", "clip_high"}
 
   @FEW
   @hypothesis.given(seed=st.integers(0, 2**31 - 1), eps_low=st.floats(0.01, 0.5),
@@ -451,6 +460,33 @@ class TestPpoClipLoss:
     logp, old = np.log(f32([[0.75, 0.5]])), np.log(f32([[0.5, 0.5]]))
     loss, _ = jax.jit(obj.ppo_clip_loss)(f32(logp), f32(old), f32([1.0]), np.ones((1, 2), np.float32))
     close(loss, ref.ppo_clip_loss(logp, old, [1.0], np.ones((1, 2)))[0])
+
+
+class TestPgLoss:
+
+  @pytest.mark.parametrize("per_token_adv", [False, True])
+  @pytest.mark.parametrize("spread", [0.6, 2.0])
+  def test_values_gradients_diagnostics(self, per_token_adv, spread):
+    logp, old, mask = policy_inputs(25, spread=spread)
+    adv = signed_advantages(np.random.default_rng(26),
+                            mask.shape if per_token_adv else mask.shape[:1])
+    _, exp_grad, _ = _check_loss(obj.pg_loss, ref.pg_loss, logp, old, adv, mask,
+                                 ("ratio", "kl_old"))
+    # No clip: every valid token with A != 0 keeps its gradient.
+    valid = mask > 0
+    adv_tok = np.broadcast_to(adv if per_token_adv else adv[:, None], mask.shape)
+    np.testing.assert_array_equal(exp_grad[valid] != 0, adv_tok[valid] != 0)
+
+  def test_log_ratio_is_clamped(self):
+    old = f32([[-30.0, -1.0, -2.0, -26.0]])
+    logp = f32([[-5.0, -26.0, -2.0, -1.0]])
+    _check_loss(obj.pg_loss, ref.pg_loss, logp, old, f32([[-1.0, 1.0, 0.5, -2.0]]),
+                np.ones((1, 4), np.float32), ("ratio", "kl_old"))
+
+  def test_docstring_example(self):
+    logp, old = np.log(f32([[0.75, 0.5]])), np.log(f32([[0.5, 0.5]]))
+    loss, _ = jax.jit(obj.pg_loss)(f32(logp), f32(old), f32([2.0]), np.ones((1, 2), np.float32))
+    close(loss, ref.pg_loss(logp, old, [2.0], np.ones((1, 2)))[0])
 
 
 class TestGspoLoss:
@@ -515,7 +551,7 @@ class TestCispoLoss:
     adv = signed_advantages(rng, mask.shape if per_token_adv else mask.shape[:1])
     _, exp_grad, exp_diag = _check_loss(
         obj.cispo_loss, ref.cispo_loss, logp, old, adv, mask,
-        ("ratio", "approx_kl", "clip_low", "clip_high"), eps_low=eps_low, eps_high=eps_high)
+        ("ratio", "kl_old", "clip_low", "clip_high"), eps_low=eps_low, eps_high=eps_high)
     assert exp_diag["clip_high"].sum() > 0
     # Every valid token with A != 0 keeps a gradient, clipped or not.
     valid = mask > 0
@@ -538,7 +574,7 @@ class TestSapoLoss:
     rng = np.random.default_rng(51)
     adv = signed_advantages(rng, mask.shape if per_token_adv else mask.shape[:1])
     _check_loss(obj.sapo_loss, ref.sapo_loss, logp, old, adv, mask,
-                ("ratio", "approx_kl", "gate_scale"), tau_pos=tau_pos, tau_neg=tau_neg)
+                ("ratio", "kl_old", "gate_scale"), tau_pos=tau_pos, tau_neg=tau_neg)
 
   def test_on_policy_gradient_is_policy_gradient(self):
     logp, _, mask = policy_inputs(52)
@@ -552,21 +588,42 @@ class TestSapoLoss:
 
 class TestKlPenalty:
 
-  @pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
-  def test_matches_reference(self, kind):
+  @pytest.mark.parametrize("kind", obj.KL_KINDS)
+  def test_value_and_gradient_match_reference(self, kind):
     rng = np.random.default_rng(60)
     ref_logp = f32(rng.uniform(-8.0, -0.01, (6, 9)))
     logp = f32(ref_logp + rng.uniform(-5.0, 5.0, ref_logp.shape))
-    got = jitted(obj.kl_penalty, kind=kind)(logp, ref_logp)
+    old_logp = f32(logp + rng.uniform(-0.7, 0.7, logp.shape))
+    fn = functools.partial(obj.kl_penalty, kind=kind, old_logp=old_logp)
+    got = jax.jit(fn)(logp, ref_logp)
+    grad = jax.jit(jax.grad(lambda lp: jnp.sum(fn(lp, ref_logp))))(logp)
+    exp_value, exp_grad = ref.kl_penalty_and_grad(logp, ref_logp, kind=kind, old_logp=old_logp)
     # k3 reaches exp(5) ~ 150: float32 rounding of the inputs' difference, not of the
-    # formula, dominates; rtol 1e-5 still holds.
-    close(got, ref.kl_penalty(logp, ref_logp, kind=kind))
+    # formula, dominates; rtol 1e-5 still holds (the gradient is a few ulps looser).
+    close(got, exp_value)
+    close(grad, exp_grad, rtol=3e-5)
 
-  @pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+  @pytest.mark.parametrize("kind", obj.KL_KINDS)
   def test_difference_is_clamped(self, kind):
     logp, ref_logp = f32([[-0.5, -45.0, -1.0]]), f32([[-40.0, -1.0, -1.0]])
-    got = jitted(obj.kl_penalty, kind=kind)(logp, ref_logp)
-    close(got, ref.kl_penalty(logp, ref_logp, kind=kind))
+    old_logp = f32([[-30.0, -1.0, -1.5]])   # the ratio's clamp binds on the first token
+    fn = functools.partial(obj.kl_penalty, kind=kind, old_logp=old_logp)
+    got = jax.jit(fn)(logp, ref_logp)
+    grad = jax.jit(jax.grad(lambda lp: jnp.sum(fn(lp, ref_logp))))(logp)
+    exp_value, exp_grad = ref.kl_penalty_and_grad(logp, ref_logp, kind=kind, old_logp=old_logp)
+    close(got, exp_value)
+    close(grad, exp_grad)
+
+  def test_k3_unbiased_is_k3_on_policy_with_the_gradient_r_d(self):
+    # At pi = pi_old the estimate equals k3, but its gradient is d = logp - ref_logp,
+    # not k3's 1 - pi_ref / pi: the ratio carries gradient (DeepSeek-V3.2, eq. 7).
+    rng = np.random.default_rng(62)
+    ref_logp = f32(rng.uniform(-4.0, -0.1, (3, 5)))
+    logp = f32(ref_logp + rng.uniform(-2.0, 2.0, ref_logp.shape))
+    fn = functools.partial(obj.kl_penalty, kind="k3_unbiased", old_logp=logp)
+    close(jax.jit(fn)(logp, ref_logp), ref.kl_penalty(logp, ref_logp, kind="k3"))
+    grad = jax.jit(jax.grad(lambda lp: jnp.sum(fn(lp, ref_logp))))(logp)
+    close(grad, ref.f64(logp) - ref.f64(ref_logp), rtol=1e-5, atol=1e-6)
 
   def test_k3_never_negative_near_zero(self):
     rng = np.random.default_rng(61)
@@ -579,6 +636,8 @@ class TestKlPenalty:
   def test_docstring_example(self):
     logp, ref_logp = np.log(f32([[0.5]])), np.log(f32([[0.25]]))
     close(jax.jit(obj.kl_penalty)(logp, ref_logp), ref.kl_penalty(logp, ref_logp))
+    got = jitted(obj.kl_penalty, kind="k3_unbiased")(logp, ref_logp, old_logp=ref_logp)
+    close(got, ref.kl_penalty(logp, ref_logp, kind="k3_unbiased", old_logp=ref_logp))
 
 
 class TestEntropyFromLogits:
@@ -680,3 +739,32 @@ class TestAggregate:
     loss, mask = f32([[1, 1, 0], [2, 0, 0]]), f32([[1, 1, 0], [1, 0, 0]])
     for mode in MODES:
       close(jitted(obj.aggregate, mode=mode)(loss, mask), ref.aggregate(loss, mask, mode=mode))
+
+
+class TestOffpolicySequenceMask:
+
+  @pytest.mark.parametrize("delta", [0.0, 0.05, 0.3])
+  @pytest.mark.parametrize("per_token_adv", [False, True])
+  def test_matches_reference(self, delta, per_token_adv):
+    logp, old, mask = policy_inputs(13, spread=0.2, row_offset=0.4)
+    rng = np.random.default_rng(14)
+    adv = signed_advantages(rng, mask.shape[:1])
+    if per_token_adv:  # a row's tokens scattered around its advantage, same mean sign
+      adv = f32(adv[:, None] + rng.uniform(-0.05, 0.05, mask.shape))
+    got = jitted(obj.offpolicy_sequence_mask, delta=delta)(logp, old, adv, mask)
+    expected = ref.offpolicy_sequence_mask(logp, old, adv, mask, delta=delta)
+    assert got.shape == (mask.shape[0],) and got.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got), expected)
+
+  def test_drops_some_rows_and_keeps_others(self):
+    logp, old, mask = policy_inputs(13, spread=0.2, row_offset=0.4)
+    adv = signed_advantages(np.random.default_rng(14), mask.shape[:1])
+    expected = ref.offpolicy_sequence_mask(logp, old, adv, mask, delta=0.05)
+    assert 0 < expected.sum() < len(expected)   # the fixture exercises both outcomes
+
+  def test_stop_gradient(self):
+    logp, old, mask = policy_inputs(15, spread=0.5)
+    adv = -np.ones(mask.shape[0], np.float32)
+    grad = jax.jit(jax.grad(lambda lp: jnp.sum(obj.offpolicy_sequence_mask(
+        lp, old, adv, mask, delta=0.0))))(logp)
+    np.testing.assert_array_equal(np.asarray(grad), 0.0)

@@ -26,7 +26,6 @@ def _batch(seed=0, B=8, T=6):
         "behaviour_logp": old + rng.normal(0, 0.5, (B, T)).astype(np.float32),
         "entropy": rng.uniform(0, 2, (B, T)).astype(np.float32),
         "truncated": np.array([0, 1, 0, 0, 0, 1, 0, 0], bool)[:B],
-        "lengths": np.array([10, 16, 1, 14, 0, 16, 12, 15])[:B],
     }
     logp = old + rng.normal(0, 0.3, (B, T)).astype(np.float32)
     return jnp.asarray(logp), {k: jnp.asarray(v) for k, v in arrays.items()}
@@ -40,15 +39,33 @@ class TestMatchesHandComposition:
         loss, metrics = jax.jit(objectives.policy_objective(cfg))(logp, b)
         adv = objectives.group_advantages(b["rewards"], 4)
         per_token, diag = objectives.ppo_clip_loss(logp, b["old_logp"], adv, b["mask"])
-        per_token = (per_token + 0.04 * objectives.kl_penalty(logp, b["ref_logp"])
-                     - 0.01 * b["entropy"])
-        expected = objectives.aggregate(per_token, b["mask"], mode="seq-mean-token-mean")
-        np.testing.assert_allclose(loss, expected, rtol=1e-6)
-        np.testing.assert_allclose(metrics["loss"], expected, rtol=1e-6)
+        kl = objectives.kl_penalty(logp, b["ref_logp"])
+        per_token_total = per_token + 0.04 * kl - 0.01 * b["entropy"]
+
+        def reduce(x):
+            return objectives.aggregate(x, b["mask"], mode="seq-mean-token-mean")
+
+        np.testing.assert_allclose(loss, reduce(per_token_total), rtol=1e-6)
+        np.testing.assert_allclose(metrics["loss"], reduce(per_token_total), rtol=1e-6)
+        np.testing.assert_allclose(metrics["policy_loss"], reduce(per_token), rtol=1e-6)
+        np.testing.assert_allclose(metrics["kl_ref"], reduce(kl), rtol=1e-6)
         m = np.asarray(b["mask"]) > 0
-        np.testing.assert_allclose(metrics["clip_high"], np.asarray(diag["clip_high"])[m].mean(), rtol=1e-6)
-        assert set(metrics) == {"loss", "policy_loss", "kl", "entropy", "ratio", "approx_kl",
+        for name in ("ratio", "kl_old", "clip_low", "clip_high"):
+            np.testing.assert_allclose(metrics[name], np.asarray(diag[name])[m].mean(), rtol=1e-6)
+        np.testing.assert_allclose(metrics["entropy"], np.asarray(b["entropy"])[m].mean(), rtol=1e-6)
+        assert set(metrics) == {"loss", "policy_loss", "kl_ref", "entropy", "ratio", "kl_old",
                                 "clip_low", "clip_high"}
+
+    def test_dual_clip_reports_its_own_metric(self):
+        cfg = _config("grpo", **{"loss.dual_clip": 1.1})
+        logp, b = _batch()
+        metrics = objectives.policy_objective(cfg)(logp, b)[1]
+        adv = objectives.group_advantages(b["rewards"], 4)
+        diag = objectives.ppo_clip_loss(logp, b["old_logp"], adv, b["mask"], dual_clip=1.1)[1]
+        m = np.asarray(b["mask"]) > 0
+        assert float(metrics["clip_dual"]) > 0
+        np.testing.assert_allclose(metrics["clip_dual"], np.asarray(diag["clip_dual"])[m].mean(),
+                                   rtol=1e-6)
 
     def test_precomputed_advantages_equal_computed(self):
         objective = objectives.policy_objective(_config("dapo"))
@@ -57,23 +74,22 @@ class TestMatchesHandComposition:
         outside = objective(logp, {**b, "advantages": objective.advantages(b)})[0]
         np.testing.assert_allclose(inside, outside, rtol=1e-7)
 
-    def test_dapo_overlong_penalty_shapes_rewards(self):
-        cfg = _config("dapo", **{"overlong.max_len": 16, "overlong.cache_len": 4})
-        logp, b = _batch()
-        adv = objectives.policy_objective(cfg).advantages(b)
-        shaped = b["rewards"] + objectives.overlong_penalty(b["lengths"], max_len=16, cache_len=4)
-        np.testing.assert_allclose(adv, objectives.group_advantages(shaped, 4), rtol=1e-6)
-        assert float(jnp.min(shaped)) < 0   # the batch really hits the zone
-
     def test_overlong_mask_drops_truncated_rows(self):
         objective = objectives.policy_objective(_config(**{"overlong.mode": "mask"}))
         logp, b = _batch()
         adv = objective.advantages(b)
         got = objective(logp, {**b, "advantages": adv})[0]
         m = objectives.truncated_mask(b["mask"], b["truncated"])
+        np.testing.assert_array_equal(objective.loss_mask(b), m)
         expected = objectives.aggregate(
             objectives.ppo_clip_loss(logp, b["old_logp"], adv, m)[0], m, mode="token-mean")
         np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+    def test_loss_mask_is_the_mask_without_overlong_masking(self):
+        objective = objectives.policy_objective(_config())
+        _, b = _batch()
+        del b["truncated"]   # not needed
+        np.testing.assert_array_equal(objective.loss_mask(b), b["mask"])
 
     def test_importance_weights_multiply_the_policy_term(self):
         objective = objectives.policy_objective(_config("olmo3"))
@@ -95,7 +111,7 @@ class TestMatchesHandComposition:
         kl = objectives.kl_penalty(b["old_logp"], b["ref_logp"], kind="k1")
         expected = objectives.reinforce_pp_advantages(b["rewards"], b["mask"], token_rewards=-0.01 * kl)
         np.testing.assert_allclose(objective.advantages(b), expected, rtol=1e-6)
-        assert "kl" not in objective(logp, b)[1]   # the KL is in the reward, not the loss
+        assert "kl_ref" not in objective(logp, b)[1]   # the KL is in the reward, not the loss
 
     @pytest.mark.parametrize("recipe, kind", [("gspo", "gspo"), ("cispo", "cispo"), ("sapo", "sapo")])
     def test_recipe_selects_its_loss(self, recipe, kind):
@@ -106,6 +122,87 @@ class TestMatchesHandComposition:
         per_token = loss_fn(logp, b["old_logp"], adv, b["mask"], **{f: cfg.loss[f] for f in fields})[0]
         expected = objectives.aggregate(per_token, b["mask"], mode=cfg.aggregation.mode)
         np.testing.assert_allclose(objectives.policy_objective(cfg)(logp, b)[0], expected, rtol=1e-6)
+
+    def test_pg_with_leave_one_out_advantages(self):
+        cfg = _config("rloo", **{"loss.kind": "pg"})
+        logp, b = _batch()
+        loss, metrics = objectives.policy_objective(cfg)(logp, b)
+        adv = objectives.rloo_advantages(b["rewards"], 4)
+        per_token = objectives.pg_loss(logp, b["old_logp"], adv, b["mask"])[0]
+        np.testing.assert_allclose(loss, objectives.aggregate(per_token, b["mask"], mode="token-mean"),
+                                   rtol=1e-6)
+        assert set(metrics) == {"loss", "policy_loss", "entropy", "ratio", "kl_old"}
+
+    def test_k3_unbiased_kl_term(self):
+        cfg = _config("grpo", **{"kl.kind": "k3_unbiased"})
+        logp, b = _batch()
+        loss, metrics = objectives.policy_objective(cfg)(logp, b)
+        adv = objectives.group_advantages(b["rewards"], 4)
+        per_token = objectives.ppo_clip_loss(logp, b["old_logp"], adv, b["mask"])[0]
+        kl = objectives.kl_penalty(logp, b["ref_logp"], kind="k3_unbiased", old_logp=b["old_logp"])
+
+        def reduce(x):
+            return objectives.aggregate(x, b["mask"], mode="seq-mean-token-mean")
+
+        np.testing.assert_allclose(loss, reduce(per_token + 0.04 * kl), rtol=1e-6)
+        np.testing.assert_allclose(metrics["kl_ref"], reduce(kl), rtol=1e-6)
+        # Off-policy it is not plain k3.
+        assert abs(float(metrics["kl_ref"] - reduce(objectives.kl_penalty(logp, b["ref_logp"])))) > 1e-3
+
+
+class TestGdpoRewardWeights:
+
+    def _rewards(self):
+        rng = np.random.default_rng(4)
+        return jnp.asarray(rng.integers(0, 3, (8, 2)).astype(np.float32))
+
+    @pytest.mark.parametrize("weights", [None, (1.0, 0.5)])
+    def test_weights_from_the_caller(self, weights):
+        objective = objectives.policy_objective(_config("gdpo"), reward_weights=weights)
+        rewards = self._rewards()
+        expected = objectives.gdpo_advantages(
+            rewards, 4, weights=None if weights is None else jnp.asarray(weights))
+        np.testing.assert_allclose(objective.advantages({"rewards": rewards}), expected, rtol=1e-6)
+
+    def test_weights_change_the_advantages(self):
+        rewards = self._rewards()
+        even = objectives.policy_objective(_config("gdpo")).advantages({"rewards": rewards})
+        skewed = objectives.policy_objective(_config("gdpo"), reward_weights=(1.0, 0.25))
+        assert np.max(np.abs(np.asarray(skewed.advantages({"rewards": rewards}) - even))) > 1e-3
+
+    def test_wrong_number_of_weights_names_reward_specs(self):
+        objective = objectives.policy_objective(_config("gdpo"), reward_weights=(1.0, 0.5, 2.0))
+        with pytest.raises(ValueError, match=r"got 3 reward weights for 2 reward columns; "
+                                             r"reward.specs must name one"):
+            objective.advantages({"rewards": self._rewards()})
+
+
+class TestAggregationTheLossDefines:
+
+    @pytest.mark.parametrize("kind", ["gspo", "sapo"])
+    @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+    def test_other_modes_are_rejected_with_the_fix(self, kind, mode):
+        with pytest.raises(ValueError, match=(
+                rf"objective.aggregation.mode='{mode}' changes the {kind} objective, which its "
+                r"paper \(.*\) defines with 'seq-mean-token-mean'; set objective.aggregation.mode="
+                r"'seq-mean-token-mean', or objective.aggregation.allow_other_modes=True")):
+            objectives.policy_objective(_config(kind, **{"aggregation.mode": mode}))
+
+    @pytest.mark.parametrize("kind", ["gspo", "sapo"])
+    def test_override_runs_the_variant(self, kind):
+        cfg = _config(kind, **{"aggregation.mode": "token-mean", "aggregation.allow_other_modes": True})
+        logp, b = _batch()
+        loss_fn, fields = objectives.POLICY_LOSSES[kind]
+        adv = objectives.group_advantages(b["rewards"], 4)
+        per_token = loss_fn(logp, b["old_logp"], adv, b["mask"], **{f: cfg.loss[f] for f in fields})[0]
+        expected = objectives.aggregate(per_token, b["mask"], mode="token-mean")
+        np.testing.assert_allclose(objectives.policy_objective(cfg)(logp, b)[0], expected, rtol=1e-6)
+
+    @pytest.mark.parametrize("kind", ["pg", "ppo_clip", "cispo"])
+    def test_token_losses_take_every_mode(self, kind):
+        for mode in objectives.AGGREGATION_MODES:
+            objectives.policy_objective(_config(**{"loss.kind": kind, "aggregation.mode": mode,
+                                                   "loss.eps_low": 0.2, "loss.eps_high": 0.2}))
 
 
 class TestRegistry:
@@ -125,21 +222,43 @@ class TestRegistry:
         expected = jnp.sum(jnp.where(b["mask"] > 0, -1.5 * adv[:, None] * logp, 0)) / jnp.sum(b["mask"])
         np.testing.assert_allclose(objective(logp, b)[0], expected, rtol=1e-6)
 
+    def test_new_estimator_receives_the_reward_weights(self):
+        def weighted_mean(cfg, batch, rewards, reward_weights):
+            return rewards @ jnp.asarray(reward_weights) - jnp.mean(rewards @ jnp.asarray(reward_weights))
+
+        objectives.register_advantage_estimator("weighted_mean", weighted_mean)
+        try:
+            objective = objectives.policy_objective(
+                _config(**{"advantage.estimator": "weighted_mean"}), reward_weights=(2.0, -1.0))
+        finally:
+            del objectives.ADVANTAGE_ESTIMATORS["weighted_mean"]
+        rewards = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+        np.testing.assert_allclose(objective.advantages({"rewards": rewards}),
+                                   [1.5, -1.5, 0.5, -0.5], rtol=1e-6)
+
 
 class TestConfigErrors:
 
     @pytest.mark.parametrize("overrides, message", [
-        ({"loss.kind": "ppo"}, r"objective.loss.kind must be one of 'ppo_clip', 'gspo', 'cispo', 'sapo'; got 'ppo'"),
+        ({"loss.kind": "ppo"},
+         r"objective.loss.kind must be one of 'pg', 'ppo_clip', 'gspo', 'cispo', 'sapo'; got 'ppo'"),
         ({"loss.eps_high": -0.1}, r"objective.loss.eps_high must be >= 0, got -0.1"),
         ({"loss.dual_clip": 1.0}, r"objective.loss.dual_clip must be > 1.0, got 1.0"),
-        ({"kl.kind": "k4"}, r"objective.kl.kind must be one of 'k1', 'k2', 'k3'; got 'k4'"),
+        ({"kl.kind": "k4"},
+         r"objective.kl.kind must be one of 'k1', 'k2', 'k3', 'k3_unbiased'; got 'k4'"),
         ({"aggregation.mode": "mean"}, r"objective.aggregation.mode must be one of"),
         ({"advantage.estimator": "ppo"}, r"objective.advantage.estimator must be one of 'group', 'rloo'"),
         ({"advantage.estimator": "rloo", "group_size": 1}, r"objective.group_size must be >= 2 for rloo"),
         ({"kl.in_reward": True}, r"objective.kl.in_reward=True needs"),
-        ({"overlong.mode": "penalty"}, r"objective.overlong.cache_len must be > 0, got 0"),
-        ({"overlong.mode": "soft"}, r"objective.overlong.mode must be one of 'none', 'mask', 'penalty'"),
+        ({"advantage.estimator": "reinforce_pp", "kl.in_reward": True, "kl.kind": "k3_unbiased"},
+         r"objective.kl.kind='k3_unbiased' corrects the KL loss's gradient; a KL folded into the "
+         r"reward \(objective.kl.in_reward=True\) has none"),
+        ({"overlong.mode": "penalty"},
+         r"objective.overlong.mode='penalty' is gone: DAPO's soft overlong penalty is a reward; "
+         r"add \(\"overlong\", weight, .*\) to reward.specs"),
+        ({"overlong.mode": "soft"}, r"objective.overlong.mode must be one of 'none', 'mask'; got 'soft'"),
         ({"kl.beta": -1.0}, r"objective.kl.beta must be >= 0"),
+        ({"offpolicy_mask.delta": -0.1}, r"objective.offpolicy_mask.delta must be >= 0, got -0.1"),
     ])
     def test_names_the_field(self, overrides, message):
         with pytest.raises(ValueError, match=message):

@@ -20,8 +20,8 @@ def test_every_public_function_documents_shapes_example_and_paper():
     for name in ("group_advantages", "rloo_advantages", "reinforce_pp_advantages",
                  "gdpo_advantages", "gae", "length_adaptive_lambda", "masked_whiten",
                  "overlong_penalty", "truncated_mask", "group_has_signal", "importance_weights",
-                 "ppo_clip_loss", "gspo_loss", "cispo_loss", "sapo_loss", "kl_penalty",
-                 "aggregate"):
+                 "offpolicy_sequence_mask", "pg_loss", "ppo_clip_loss", "gspo_loss", "cispo_loss",
+                 "sapo_loss", "kl_penalty", "aggregate"):
         doc = getattr(objectives, name).__doc__
         for section in ("Args:", "Returns:", "Example:", "References:", "["):
             assert section in doc, f"{name} docstring lacks {section!r}"

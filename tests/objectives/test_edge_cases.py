@@ -53,7 +53,8 @@ class TestDegenerateGroups:
 class TestEmptyRows:
 
     @pytest.mark.parametrize("mode", objectives.AGGREGATION_MODES)
-    @pytest.mark.parametrize("loss_fn", [objectives.ppo_clip_loss, objectives.gspo_loss,
+    @pytest.mark.parametrize("loss_fn", [objectives.pg_loss, objectives.ppo_clip_loss,
+                                         objectives.gspo_loss,
                                          functools.partial(objectives.cispo_loss, eps_low=1.0, eps_high=1.0),
                                          objectives.sapo_loss])
     def test_fully_masked_rows_contribute_zero_and_no_nan(self, mode, loss_fn):
@@ -124,7 +125,8 @@ class TestErrors:
         z = jnp.zeros((2, 2))
         _raises(r"mode must be one of 'token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', "
                 r"'seq-mean-token-sum-norm'; got 'sum'", objectives.aggregate, z, z, mode="sum")
-        _raises(r"kind must be one of 'k1', 'k2', 'k3'; got 'k4'", objectives.kl_penalty, z, z, kind="k4")
+        _raises(r"kind must be one of 'k1', 'k2', 'k3', 'k3_unbiased'; got 'k4'",
+                objectives.kl_penalty, z, z, kind="k4")
         _raises(r"scale must be one of 'group', 'batch', 'none'; got 'std'",
                 objectives.group_advantages, self.r8, 4, scale="std")
         _raises(r"level must be one of 'token', 'sequence'; got 'seq'",
@@ -142,6 +144,13 @@ class TestErrors:
         _raises(r"alpha must be > 0", objectives.length_adaptive_lambda, jnp.ones(2), alpha=0.0)
         _raises(r"tau_neg must be > 0.0", objectives.sapo_loss, z, z, jnp.ones(2), z, tau_neg=0.0)
         _raises(r"rewards must be \[B, K\]", objectives.gdpo_advantages, self.r8, 4)
+
+    def test_offpolicy_corrections_arguments(self):
+        z = jnp.zeros((2, 2))
+        _raises(r"kind='k3_unbiased' needs old_logp, the log-probs of the policy that sampled "
+                r"the tokens; pass old_logp=...", objectives.kl_penalty, z, z, kind="k3_unbiased")
+        _raises(r"delta must be >= 0, got -0.1", objectives.offpolicy_sequence_mask, z, z,
+                jnp.ones(2), z, delta=-0.1)
 
 
 class TestCompilesOnce:
@@ -161,8 +170,7 @@ class TestCompilesOnce:
             B, T = 16, 12
             batch = {"old_logp": jnp.asarray(rng.normal(size=(B, T)), jnp.float32),
                      "mask": jnp.asarray(rng.integers(0, 2, (B, T)), jnp.float32),
-                     "rewards": jnp.asarray(rng.integers(0, 2, B), jnp.float32),
-                     "lengths": jnp.asarray(rng.integers(1, 1024, B), jnp.int32)}
+                     "rewards": jnp.asarray(rng.integers(0, 2, B), jnp.float32)}
             step(jnp.asarray(rng.normal(size=(B, T)), jnp.float32), batch)
         assert len(traces) == 1
         assert step._cache_size() == 1

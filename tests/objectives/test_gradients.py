@@ -52,8 +52,27 @@ class TestPPOClip:
         assert float(jnp.max(loss)) <= 6.0
         g = jax.grad(lambda lp: loss_fn(lp, old, adv, jnp.ones((1, 4)))[0].sum())(logp)
         np.testing.assert_allclose(np.asarray(g), [[0.0, 4.0, 0.0, 0.0]], rtol=1e-6)
-        np.testing.assert_array_equal(np.asarray(diag["clip_high"]), [[0, 0, 1, 1]])
+        # The dual bound binds at r = 4 and 10; clip_high counts only the eps_high clip
+        # (A > 0), so none here.
+        np.testing.assert_array_equal(np.asarray(diag["clip_dual"]), [[0, 0, 1, 1]])
+        np.testing.assert_array_equal(np.asarray(diag["clip_high"]), [[0, 0, 0, 0]])
         np.testing.assert_array_equal(np.asarray(diag["clip_low"]), [[1, 0, 0, 0]])
+
+
+class TestPG:
+
+    def test_on_policy_gradient_is_reinforce(self):
+        # r = 1: d(-r A)/d logp = -A, REINFORCE's -A grad log pi (RLOO's update).
+        _, old, adv, mask = _batch()
+        g = _token_grad(objectives.pg_loss, old, old, adv, mask)
+        np.testing.assert_allclose(g, -np.asarray(adv)[:, None] * np.asarray(mask), rtol=1e-6)
+
+    def test_off_policy_gradient_is_ratio_weighted_and_never_clipped(self):
+        logp, old, adv, mask = _batch(spread=2.0)
+        g = np.asarray(_token_grad(objectives.pg_loss, logp, old, adv, mask))
+        r = np.exp(np.asarray(logp - old, np.float64))
+        np.testing.assert_allclose(g, -r * np.asarray(adv)[:, None] * np.asarray(mask), rtol=1e-5)
+        assert (r[np.asarray(mask) > 0] > 1.28).sum() >= 5   # beyond any clip range used here
 
 
 class TestCISPO:
@@ -138,6 +157,7 @@ class TestCheckGrads:
     """
 
     @pytest.mark.parametrize("loss_fn, kw", [
+        (objectives.pg_loss, {}),
         (objectives.ppo_clip_loss, dict(eps_low=10.0, eps_high=10.0)),
         (objectives.gspo_loss, dict(eps_low=10.0, eps_high=10.0)),
         (objectives.sapo_loss, {}),

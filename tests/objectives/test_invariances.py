@@ -9,7 +9,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from grpo_jax import config_lib, objectives
 
-LOSS_KINDS = ("ppo_clip", "gspo", "cispo", "sapo")
+LOSS_KINDS = ("pg", "ppo_clip", "gspo", "cispo", "sapo")
 G = 4
 
 
@@ -18,6 +18,7 @@ def _objective(kind, mode, **changes):
     config.group_size = G
     config.loss.kind = kind
     config.aggregation.mode = mode
+    config.aggregation.allow_other_modes = True   # every loss under every mode
     config.loss.eps_low, config.loss.eps_high = (1.0, 0.3) if kind == "cispo" else (0.2, 0.28)
     return objectives.policy_objective(config_lib.apply_overrides(config, changes))
 
@@ -31,8 +32,25 @@ def _batch(seed, B=16, T=9):
     logp = (old + rng.normal(0, 0.3, (B, T))).astype(np.float32)
     rewards = rng.integers(0, 2, size=B).astype(np.float32)
     batch = {"old_logp": old, "mask": mask, "rewards": rewards,
-             "ref_logp": (old + rng.normal(0, 0.1, (B, T))).astype(np.float32)}
+             "ref_logp": (old + rng.normal(0, 0.1, (B, T))).astype(np.float32),
+             "truncated": rng.random(B) < 0.3}
     return jnp.asarray(logp), {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def _split_value_and_grad(objective, logp, batch, pieces):
+    """Losses, gradients and metrics of `pieces` equal row slices, each a separate call."""
+    vg = jax.jit(jax.value_and_grad(objective, has_aux=True))
+    rows = logp.shape[0] // pieces
+    losses, grads, metrics = [], [], []
+    for i in range(pieces):
+        part = slice(i * rows, (i + 1) * rows)
+        micro = {k: (v[part] if v.ndim else v) for k, v in batch.items()}
+        (loss, metric), grad = vg(logp[part], micro)
+        losses.append(loss)
+        grads.append(grad)
+        metrics.append(metric)
+    total = {name: sum(m[name] for m in metrics) for name in metrics[0]}
+    return sum(losses), np.concatenate(grads), total
 
 
 def _value_and_grad(objective):
@@ -42,28 +60,52 @@ def _value_and_grad(objective):
 class TestMicroBatching:
     """Global counts make micro-batch losses and gradients add up to the full batch."""
 
+    @pytest.mark.slow
     @settings(max_examples=16, deadline=None)
     @given(kind=st.sampled_from(LOSS_KINDS), mode=st.sampled_from(objectives.AGGREGATION_MODES),
-           pieces=st.sampled_from([2, 4]), seed=st.integers(0, 2**16), kl=st.booleans())
-    def test_split_equals_full(self, kind, mode, pieces, seed, kl):
-        objective = _objective(kind, mode, **({"kl.beta": 0.1} if kl else {}))
+           pieces=st.sampled_from([2, 4]), seed=st.integers(0, 2**16),
+           kl=st.sampled_from([None, "k3", "k3_unbiased"]), offpolicy_mask=st.booleans())
+    def test_split_equals_full(self, kind, mode, pieces, seed, kl, offpolicy_mask):
+        changes = {"offpolicy_mask.enabled": offpolicy_mask, "offpolicy_mask.delta": 0.02}
+        if kl:
+            changes.update({"kl.beta": 0.1, "kl.kind": kl})
+        objective = _objective(kind, mode, **changes)
         logp, batch = _batch(seed)
         batch["advantages"] = objective.advantages(batch)   # once, over the full batch
         batch["num_tokens"] = jnp.sum(batch["mask"])
         batch["num_seqs"] = jnp.float32(logp.shape[0])
-        vg = _value_and_grad(objective)
-        full_loss, full_grad = vg(logp, batch)
+        (full_loss, full_metrics), full_grad = jax.jit(jax.value_and_grad(objective, has_aux=True))(
+            logp, batch)
+        loss, grad, metrics = _split_value_and_grad(objective, logp, batch, pieces)
+        np.testing.assert_allclose(loss, full_loss, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(grad, full_grad, rtol=2e-5, atol=1e-7)
+        for name in full_metrics:
+            np.testing.assert_allclose(metrics[name], full_metrics[name], rtol=2e-5, atol=1e-6)
 
-        rows = logp.shape[0] // pieces
-        losses, grads = [], []
-        for i in range(pieces):
-            part = slice(i * rows, (i + 1) * rows)
-            micro = {k: (v[part] if v.ndim else v) for k, v in batch.items()}
-            loss, grad = vg(logp[part], micro)
-            losses.append(loss)
-            grads.append(grad)
-        np.testing.assert_allclose(sum(losses), full_loss, rtol=2e-5, atol=1e-6)
-        np.testing.assert_allclose(np.concatenate(grads), full_grad, rtol=2e-5, atol=1e-7)
+    @pytest.mark.parametrize("kind", LOSS_KINDS)
+    @pytest.mark.parametrize("mode", objectives.AGGREGATION_MODES)
+    def test_overlong_mask_counts_from_loss_mask(self, kind, mode):
+        """Counts from `loss_mask`: split = full call = the pure functions on the narrowed mask."""
+        objective = _objective(kind, mode, **{"overlong.mode": "mask"})
+        logp, batch = _batch(17)
+        assert bool(jnp.any(batch["truncated"] & (batch["mask"].sum(-1) > 0)))
+        batch["advantages"] = objective.advantages(batch)
+        full_loss = objective(logp, batch)[0]
+        kept = objectives.truncated_mask(batch["mask"], batch["truncated"])
+        loss_fn, fields = objectives.POLICY_LOSSES[kind]
+        per_token = loss_fn(logp, batch["old_logp"], batch["advantages"], kept,
+                            **{f: objective.config.loss[f] for f in fields})[0]
+        pure = objectives.aggregate(per_token, kept, mode=mode)
+        np.testing.assert_allclose(full_loss, pure, rtol=1e-6, atol=1e-7)
+
+        counted = {**batch, "num_tokens": jnp.sum(objective.loss_mask(batch)),
+                   "num_seqs": jnp.float32(logp.shape[0])}
+        split_loss, _, _ = _split_value_and_grad(objective, logp, counted, pieces=4)
+        np.testing.assert_allclose(split_loss, pure, rtol=2e-5, atol=1e-6)
+        if mode == "token-mean":   # the control: counting before narrowing shrinks the loss
+            wrong = {**counted, "num_tokens": jnp.sum(batch["mask"])}
+            wrong_loss, _, _ = _split_value_and_grad(objective, logp, wrong, pieces=4)
+            assert abs(float(wrong_loss) - float(pure)) > 1e-3 * abs(float(pure))
 
     def test_local_counts_would_differ(self):
         """The control: without global counts, token-mean micro-batches do not add up."""
