@@ -19,6 +19,7 @@ setuptools.setup(
         "transformers>=5.0,<6",
         "tokenizers>=0.21,<0.25",
         "safetensors>=0.5,<0.9",
+        "gguf>=0.19,<1",
         "tensorflow-datasets>=4.9.9,<5",
         "importlib_resources>=6.0",
         "grain>=0.2.12,<0.3",
@@ -35,6 +36,7 @@ setuptools.setup(
             "pytest>=8,<10",
             "hypothesis>=6.100,<7",
             "pytest-xdist>=3.6,<4",
+            "accelerate>=1.0,<2",  # transformers' own GGUF loader, the converter's reference
         ],
         "tpu": ["jax[tpu]>=0.10.0,<0.12"],
     },
