@@ -171,6 +171,8 @@ def model_config(metadata, tensors, *, param_dtype="float32", source="the GGUF f
     scaling = None
     if ROPE_FREQS in tensors:
         scaling = _llama3_scaling(dequantized(tensors[ROPE_FREQS]), head_dim, theta, source)
+    if "token_embd.weight" not in tensors:
+        raise KeyError(f"{source} has no token_embd.weight (the token embedding)")
     vocab_size = get(Keys.LLM.VOCAB_SIZE, int(tensors["token_embd.weight"].shape[1]))
     n_tokens = len(metadata.get(Keys.Tokenizer.LIST, []))
     if n_tokens > vocab_size:
@@ -220,7 +222,7 @@ def hf_tensors(tensors, cfg, *, dtype="float32", source="the GGUF file"):
             array = unpermute_rope(array, cfg.n_heads)
         elif cfg.model_type == "llama" and ".attn_k." in name:
             array = unpermute_rope(array, cfg.n_kv_heads)
-        out[target] = array.astype(_NUMPY_DTYPES[dtype])
+        out[target] = array.astype(_NUMPY_DTYPES[dtype], copy=False)
     missing = [n for entry in hf.weight_map(cfg) for n in entry.hf_names if n not in out]
     if missing:
         raise KeyError(f"{source} lacks {len(missing)} tensors a {cfg.model_type} model needs: {missing[:5]}")

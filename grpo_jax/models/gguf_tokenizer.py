@@ -39,12 +39,14 @@ class PreTokenizer:
       individual_digits: split every digit off first (SmolLM, StarCoder).
       nfc: NFC-normalise the text first (Qwen2's tokenizer.json does).
       ignore_merges: a piece already in the vocabulary is one token (Llama 3's BPE).
+      add_bos: whether to prepend BOS when the file has no `tokenizer.ggml.add_bos_token`.
     """
 
     split: str | None = None
     individual_digits: bool = False
     nfc: bool = False
     ignore_merges: bool = False
+    add_bos: bool = False
 
     def build(self):
         """`(normalizer or None, pre_tokenizer)` for a `tokenizers.Tokenizer`."""
@@ -60,17 +62,16 @@ class PreTokenizer:
         return (normalizers.NFC() if self.nfc else None), pre_tokenizers.Sequence(steps)
 
 
-# `tokenizer.ggml.pre` -> split; the groups follow llama.cpp's `llama_vocab::impl::load`.
-# llama.cpp's "default" (a file that names none) stacks four regexes no tokenizer.json
-# spells, so it is not rebuilt.
+# `tokenizer.ggml.pre` -> split; the groups and their defaults follow llama.cpp's
+# `llama_vocab::impl::load`. Its "default" (for a file that names none) stacks four
+# regexes that no tokenizer.json spells, so it is not rebuilt.
 PRE_TOKENIZERS = {
     "gpt-2": PreTokenizer(),
     "smollm": PreTokenizer(individual_digits=True),
     "starcoder": PreTokenizer(individual_digits=True),
-    "llama-bpe": PreTokenizer(_LLAMA3_SPLIT, ignore_merges=True),
-    "llama3": PreTokenizer(_LLAMA3_SPLIT, ignore_merges=True),
-    "llama-v3": PreTokenizer(_LLAMA3_SPLIT, ignore_merges=True),
-    "smaug-bpe": PreTokenizer(_LLAMA3_SPLIT, ignore_merges=True),
+    "llama-bpe": PreTokenizer(_LLAMA3_SPLIT, ignore_merges=True, add_bos=True),
+    "llama3": PreTokenizer(_LLAMA3_SPLIT, ignore_merges=True, add_bos=True),
+    "llama-v3": PreTokenizer(_LLAMA3_SPLIT, ignore_merges=True, add_bos=True),
     "qwen2": PreTokenizer(_QWEN2_SPLIT, nfc=True),
     "deepseek-r1-qwen": PreTokenizer(_QWEN2_SPLIT, nfc=True),
 }
@@ -86,7 +87,8 @@ def _byte_level_bpe(metadata, source):
         )
     pre = PRE_TOKENIZERS[pre_name]
     tokens = metadata[Keys.Tokenizer.LIST]
-    merges = [tuple(m.split(" ")) for m in metadata.get(Keys.Tokenizer.MERGES, [])]
+    # "a b": split at the first space after the first character, as llama.cpp does.
+    merges = [(m[: m.index(" ", 1)], m[m.index(" ", 1) + 1 :]) for m in metadata.get(Keys.Tokenizer.MERGES, [])]
     tokenizer = Tokenizer(models.BPE(
         vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=pre.ignore_merges
     ))
@@ -129,6 +131,7 @@ def hf_tokenizer(metadata, *, model_max_length=None, source="the GGUF file"):
     template, which `transformers.AutoTokenizer.from_pretrained` reads back.
     """
     tokens = metadata[Keys.Tokenizer.LIST]
+    pre = PRE_TOKENIZERS.get(metadata.get(Keys.Tokenizer.PRE), PreTokenizer())
 
     def token(key):
         index = metadata.get(key)
@@ -140,8 +143,7 @@ def hf_tokenizer(metadata, *, model_max_length=None, source="the GGUF file"):
         eos_token=token(Keys.Tokenizer.EOS_ID),
         unk_token=token(Keys.Tokenizer.UNK_ID),
         pad_token=token(Keys.Tokenizer.PAD_ID),
-        # llama.cpp adds no BOS to a BPE vocabulary unless the file says so.
-        add_bos_token=bool(metadata.get(Keys.Tokenizer.ADD_BOS, False)),
+        add_bos_token=bool(metadata.get(Keys.Tokenizer.ADD_BOS, pre.add_bos)),
         add_eos_token=bool(metadata.get(Keys.Tokenizer.ADD_EOS, False)),
         clean_up_tokenization_spaces=False,
         **({} if model_max_length is None else {"model_max_length": model_max_length}),

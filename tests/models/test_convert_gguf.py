@@ -337,6 +337,16 @@ def test_embedded_tokenizer_json_is_taken_as_is(trained_bpe):
     assert [ours.encode(t).ids for t in SAMPLES] == [reference.encode(t).ids for t in SAMPLES]
 
 
+@pytest.mark.parametrize("pre, added", [("llama-bpe", True), ("smollm", False), ("qwen2", False)])
+def test_bos_default_follows_llama_cpp(trained_bpe, pre, added):
+    """A file without tokenizer.ggml.add_bos_token gets llama.cpp's default for its pre-tokenizer."""
+    tokens, merges = trained_bpe
+    keys = gguf.Keys.Tokenizer
+    metadata = {keys.MODEL: "gpt2", keys.PRE: pre, keys.LIST: tokens, keys.MERGES: merges, keys.BOS_ID: 1}
+    ids = gguf_tokenizer.hf_tokenizer(metadata)("hi")["input_ids"]
+    assert (ids[0] == 1) == added
+
+
 class TestRopePermutation:
     @pytest.mark.parametrize("shape", [(4 * 16, 24), (4 * 16,)])
     def test_inverts_llama_cpp(self, shape):
