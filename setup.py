@@ -20,6 +20,7 @@ setuptools.setup(
         "jinja2>=3.1,<4",             # chat templates (transformers needs it, does not declare it)
         "tokenizers>=0.21,<0.25",
         "safetensors>=0.5,<0.9",
+        "gguf>=0.19,<1",
         "tensorflow-datasets>=4.9.9,<5",
         "importlib_resources>=6.0",   # tensorflow-datasets imports it without declaring it
         "etils[epath]>=1.7,<2",
@@ -38,6 +39,7 @@ setuptools.setup(
             "pytest>=8,<10",
             "hypothesis>=6.100,<7",
             "pytest-xdist>=3.6,<4",
+            "accelerate>=1.0,<2",  # transformers' own GGUF loader, the converter's reference
         ],
         "tpu": ["jax[tpu]>=0.10.0,<0.12"],
     },
