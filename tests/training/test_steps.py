@@ -122,6 +122,7 @@ def test_adam_moments_live_in_their_parameters_shards():
     assert count.sharding.spec == jax.P() and len(count.addressable_shards) == 8
 
 
+@pytest.mark.slow
 def test_adamw_step_keeps_shardings_and_adam_moments():
     mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
     base = config_lib.load_config("configs/base.py").optimizer
