@@ -68,13 +68,40 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
                    donate_argnums=(0, 1))
 
 
-def init_optimizer_state(optimizer, params, mesh):
-    """The optimizer state, created on device in the parameters' shardings.
+def optimizer_state_shardings(optimizer, params, mesh):
+    """The `NamedSharding` of every leaf of ``optimizer.init(params)``, computed without memory.
 
-    Moments take their parameter's sharding through jit; scalars such as Adam's step
-    count come out on one device and are replicated over the mesh.
+    A state leaf that mirrors a parameter (its tree path ends with the parameter's path
+    and it has the parameter's shape: Adam's `mu` and `nu`, accumulated gradients) takes
+    that parameter's sharding, so each device keeps only its slice of every moment, as
+    with the weights (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054). Everything else
+    (step counts, Adafactor's factored rows) is replicated over `mesh`. This holds for
+    any optax transformation whose `init` can be traced.
+
+    Args:
+      optimizer: an optax GradientTransformation.
+      params: a tree of `jax.Array`s or `jax.ShapeDtypeStruct`s carrying their shardings.
+      mesh: the device mesh the parameters live on.
     """
-    state = jax.jit(optimizer.init)(params)
+    flat_params = jax.tree_util.tree_flatten_with_path(params)[0]
+    param_by_path = {tuple(path): leaf for path, leaf in flat_params}
     replicated = NamedSharding(mesh, P())
-    return jax.tree.map(
-        lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated), state)
+
+    def sharding_of(path, leaf):
+        for start in range(len(path)):   # longest suffix first
+            param = param_by_path.get(tuple(path[start:]))
+            if param is not None and param.shape == leaf.shape:
+                return param.sharding
+        return replicated
+
+    return jax.tree.map_with_path(sharding_of, jax.eval_shape(optimizer.init, params))
+
+
+def init_optimizer_state(optimizer, params, mesh):
+    """``optimizer.init(params)`` created on device in `optimizer_state_shardings`.
+
+    Without out_shardings, jit places the moments whole on every device, since they
+    do not depend on the parameters' values.
+    """
+    shardings = optimizer_state_shardings(optimizer, params, mesh)
+    return jax.jit(optimizer.init, out_shardings=shardings)(params)

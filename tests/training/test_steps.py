@@ -6,8 +6,8 @@ import optax
 import pytest
 from flax import nnx
 
-from grpo_jax import models, objectives, parallel
-from grpo_jax.training import batching
+from grpo_jax import config_lib, models, objectives, parallel
+from grpo_jax.training import batching, optimizer
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
 
 B, S, N, V = 16, 5, 7, 64
@@ -32,21 +32,32 @@ def _loss(objective):
     return loss_fn
 
 
-def _step(mesh, rows, micro_batches, mode):
+def _sharded_model(mesh):
     cfg = models.get_model_config("tiny", vocab_size=V)
-    model = models.init_model(cfg, seed=3, mesh=mesh, rules="fsdp")
-    graphdef, params = nnx.split(model)
-    tx = optax.sgd(1.0)  # Adam's first step is ~lr*sign(g): tiny gradients would amplify float noise
+    return nnx.split(models.init_model(cfg, seed=3, mesh=mesh, rules="fsdp"))
+
+
+def _shardings(tree):
+    return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def _update(mesh, tx, rows, micro_batches, mode="token-mean"):
+    """One optimizer step of the tiny model: (params, opt_state) before, after, metrics."""
+    graphdef, params = _sharded_model(mesh)
     opt_state = init_optimizer_state(tx, params, mesh)
-    from grpo_jax import config_lib
     obj_cfg = config_lib.load_config("configs/base.py").objective
     obj_cfg.aggregation.mode = mode
     objective = objectives.policy_objective(obj_cfg)
-    shard = lambda t: jax.tree.map(lambda x: x.sharding, t)
-    update = make_update_step(graphdef, tx, _loss(objective), param_shardings=shard(params),
-                              opt_shardings=shard(opt_state), mesh=mesh)
+    update = make_update_step(graphdef, tx, _loss(objective), param_shardings=_shardings(params),
+                              opt_shardings=_shardings(opt_state), mesh=mesh)
+    before = _shardings((params, opt_state))
     batch = batching.minibatch(rows, np.arange(B), micro_batches, mesh)
-    params, opt_state, metrics = update(params, opt_state, batch)
+    return before, update(params, opt_state, batch)
+
+
+def _step(mesh, rows, micro_batches, mode):
+    tx = optax.sgd(1.0)  # Adam's first step is ~lr*sign(g): tiny gradients would amplify float noise
+    _, (params, _, metrics) = _update(mesh, tx, rows, micro_batches, mode)
     return jax.device_get(nnx.to_pure_dict(params)), jax.device_get(metrics)
 
 
@@ -85,3 +96,54 @@ def test_mesh_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"train.micro_batches=3 does not divide"):
         from grpo_jax.training.steps import split_micro_batches
         split_micro_batches({"x": np.zeros((8, 2))}, 3)
+
+
+def _project_adamw():
+    return optimizer.make_optimizer(config_lib.load_config("configs/base.py").optimizer, 10)
+
+
+def _moments(opt_state):
+    """Adam's (count, mu, nu) inside the project's clip-then-AdamW chain."""
+    adam = opt_state[1][0]
+    return adam.count, adam.mu, adam.nu
+
+
+def test_adam_moments_live_in_their_parameters_shards():
+    mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
+    _, params = _sharded_model(mesh)
+    count, mu, nu = _moments(init_optimizer_state(_project_adamw(), params, mesh))
+    for moments in (mu, nu):
+        for param, moment in zip(jax.tree.leaves(params), jax.tree.leaves(moments), strict=True):
+            assert moment.sharding == param.sharding
+            assert [s.data.shape for s in moment.addressable_shards] == (
+                [s.data.shape for s in param.addressable_shards])
+    # [V, D] embedding with D over fsdp=4: each of the 8 devices holds [64, 128 / 4]
+    assert {s.data.shape for s in mu["embed"].addressable_shards} == {(V, 32)}
+    assert count.sharding.spec == jax.P() and len(count.addressable_shards) == 8
+
+
+@pytest.mark.slow
+def test_adamw_step_keeps_shardings_and_adam_moments():
+    mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
+    base = config_lib.load_config("configs/base.py").optimizer
+    before, (params, opt_state, _) = _update(mesh, _project_adamw(), _rows(2), 2)
+    assert _shardings((params, opt_state)) == before
+    count, mu, nu = _moments(opt_state)
+    assert int(count) == 1
+    # From zero moments, one step gives mu = (1 - b1) g and nu = (1 - b2) g^2.
+    for m, n in zip(jax.tree.leaves(mu), jax.tree.leaves(nu), strict=True):
+        np.testing.assert_allclose(n, (1 - base.b2) / (1 - base.b1) ** 2 * np.square(m),
+                                   rtol=1e-5, atol=1e-30)
+    assert max(float(np.abs(m).max()) for m in jax.tree.leaves(mu)) > 0
+
+
+def test_state_that_does_not_mirror_a_parameter_is_replicated():
+    mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
+    _, params = _sharded_model(mesh)
+    tx = optax.adafactor(1e-3, min_dim_size_to_factor=32)   # factors the [V, D] embedding
+    factored = init_optimizer_state(tx, params, mesh)[0]
+    assert factored.v_row["embed"].shape == (V,)
+    assert factored.v_row["embed"].sharding.spec == jax.P()
+    assert factored.v_col["embed"].sharding.spec == jax.P()
+    accumulated = init_optimizer_state(optax.MultiSteps(optax.sgd(1.0), 2), params, mesh)
+    assert accumulated.acc_grads["embed"].sharding == params["embed"].sharding

@@ -1,0 +1,57 @@
+"""tpu_scripts/sweep_runs.py: the flags it prints set what the sweep entry sets."""
+
+import pathlib
+import shlex
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from grpo_jax import config_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sweep_runs = config_lib.load_module(REPO / "tpu_scripts" / "sweep_runs.py")
+SWEPT = sorted(p.name for p in (REPO / "configs").glob("*.py")
+               if hasattr(config_lib.load_module(p), "get_sweep"))
+
+
+def _parse_like_the_trainer(spec, flag_line):
+    """The config that `python -m grpo_jax.main --config=SPEC FLAGS` builds."""
+    argv = ["main", f"--config={spec}", *shlex.split(flag_line)]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, sys_argv=argv)
+    flag_values(argv)
+    return flag_values.config
+
+
+@pytest.mark.parametrize("name", SWEPT)
+def test_printed_flags_build_the_entrys_config(name, monkeypatch):
+    monkeypatch.chdir(REPO)
+    spec = f"configs/{name}:runlocal=True"
+    entries = config_lib.load_module(REPO / "configs" / name).get_sweep()
+    runs = sweep_runs.sweep_runs(spec)
+    assert len(runs) == len(entries) >= 2
+    assert len({run_name for run_name, _ in runs}) == len(runs)   # one workdir each
+    for (run_name, flag_line), overrides in zip(runs, entries):
+        expected = config_lib.apply_overrides(config_lib.load_config(spec), overrides)
+        assert _parse_like_the_trainer(spec, flag_line).to_dict() == expected.to_dict(), run_name
+
+
+def test_names_and_quoting():
+    assert sweep_runs.run_name(0, {"objective.loss.eps_high": 0.2,
+                                   "objective.aggregation.mode": "token-mean"}) == (
+        "00_eps_high-0.2_mode-token-mean")
+    assert sweep_runs.run_name(12, {"a.path": "gs://b/x y"}) == "12_path-gs-b-x-y"
+    assert sweep_runs.override_flags({"a.b": "x y", "c": True}) == "'--config.a.b=x y' --config.c=True"
+
+
+def test_unknown_field_fails_before_any_run(tmp_path):
+    recipe = tmp_path / "recipe.py"
+    recipe.write_text(
+        "from ml_collections import config_dict\n"
+        "def get_config(arg=None):\n"
+        "    return config_dict.ConfigDict({'train': {'steps': 1}})\n"
+        "def get_sweep():\n"
+        "    return [{'train.steps': 2}, {'train.step': 3}]\n")
+    with pytest.raises(KeyError, match="'train.step' names no config field"):
+        sweep_runs.sweep_runs(str(recipe))
