@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib, objectives
+from grpo_jax import config_lib, objectives, rewards
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(pathlib.Path(p).name for p in glob.glob(str(REPO / "configs" / "*.py")))
@@ -23,7 +23,7 @@ def _tiny_batch(config):
     G = config.objective.group_size
     B, T = 2 * G, 5
     rng = np.random.default_rng(0)
-    K = len(config.objective.advantage.reward_weights)
+    K = len(config.reward.specs)
     rewards = rng.integers(0, 2, (B, K) if config.objective.advantage.estimator == "gdpo" else B)
     old = np.log(rng.uniform(0.1, 0.9, (B, T)))
     return jnp.asarray(old + 0.1, jnp.float32), {
@@ -31,6 +31,11 @@ def _tiny_batch(config):
         "behaviour_logp": jnp.asarray(old, jnp.float32), "mask": jnp.ones((B, T)),
         "rewards": jnp.asarray(rewards, jnp.float32), "lengths": jnp.full(B, T),
         "truncated": jnp.zeros(B, bool)}
+
+
+def _objective(config):
+    weights = rewards.spec_weights(rewards.as_specs(config.reward.specs))
+    return objectives.policy_objective(config.objective, reward_weights=weights)
 
 
 def test_every_recipe_of_the_design_table_has_a_config():
@@ -43,7 +48,7 @@ def test_config_builds_its_objective_and_runs(name, arg):
     config = _load(name, arg)
     module = config_lib.load_module(REPO / "configs" / name)
     assert module.__doc__ and len(module.__doc__.strip().splitlines()) >= 3, "header docstring"
-    objective = objectives.policy_objective(config.objective)
+    objective = _objective(config)
     logp, batch = _tiny_batch(config)
     loss, metrics = jax.jit(objective)(logp, batch)
     assert np.isfinite(float(loss)) and all(np.isfinite(float(v)) for v in metrics.values())
@@ -61,33 +66,55 @@ def test_every_sweep_entry_builds(name):
             for part in dotted.split("."):
                 section = section[part]
             assert section == value
-        objectives.policy_objective(config.objective)
+        _objective(config)
 
 
 def test_runlocal_shrinks_and_references_follow():
     big, small = _load("dapo.py"), _load("dapo.py", "runlocal=True")
     assert small.rollout.max_new_tokens < big.rollout.max_new_tokens
-    assert small.objective.overlong.max_len == small.rollout.max_new_tokens
-    assert big.objective.overlong.cache_len == big.rollout.max_new_tokens // 5
-    small.rollout.max_new_tokens = 100
-    assert small.objective.overlong.cache_len == 20
+    # The soft length penalty is a reward whose zone is a fraction of whatever budget the
+    # run has (the trainer passes rollout.max_new_tokens), so it follows an override.
+    assert ("overlong", 1.0, {"cache_fraction": 0.2}) in big.reward.specs
     small.rollout.group_size = 16
     assert small.objective.group_size == 16
     dr = _load("dr_grpo.py")
     assert dr.objective.aggregation.norm_len == dr.rollout.max_new_tokens
+    dr.rollout.max_new_tokens = 77
+    assert dr.objective.aggregation.norm_len == 77
+
+
+# The papers' regimes: prompts x G per rollout, optimizer updates per rollout, budget.
+REGIMES = {
+    "grpo": (512, 16, 16, 32768), "dr_grpo": (128, 8, 8, 3000), "dapo": (512, 16, 16, 20480),
+    "gspo": (512, 16, 4, 8192), "cispo": (512, 16, 16, 20480), "sapo": (512, 16, 4, 8192),
+    "rloo": (128, 4, 1, 1024), "reinforce_pp": (256, 4, 8, 1024), "gdpo": (512, 16, 16, 8000),
+    "olmo3": (64, 8, 1, 32768),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGIMES))
+def test_recipes_run_in_their_papers_regime_and_runlocal_scales_it(name):
+    def regime(c):
+        return (c.rollout.prompts_per_batch, c.objective.group_size,
+                c.train.epochs * c.train.minibatches, c.rollout.max_new_tokens)
+
+    prompts, group, updates, budget = REGIMES[name]
+    assert regime(_load(f"{name}.py")) == REGIMES[name]
+    # runlocal: 16 prompts x min(G, 4), min(updates, 4) updates, 40 tokens.
+    assert regime(_load(f"{name}.py", "runlocal=True")) == (16, min(group, 4), min(updates, 4), 40)
 
 
 def test_recipes_differ_from_base_as_the_design_table_says():
     expect = {
-        "grpo": ("group", "group", "ppo_clip", "seq-mean-token-mean", 0.2, 0.2, 0.04),
+        "grpo": ("group", "group", "ppo_clip", "seq-mean-token-mean", 0.2, 0.2, 0.001),
         "dr_grpo": ("group", "none", "ppo_clip", "seq-mean-token-sum-norm", 0.2, 0.2, 0.0),
         "dapo": ("group", "group", "ppo_clip", "token-mean", 0.2, 0.28, 0.0),
         "gspo": ("group", "group", "gspo", "seq-mean-token-mean", 3e-4, 4e-4, 0.0),
         "sapo": ("group", "group", "sapo", "seq-mean-token-mean", 0.2, 0.2, 0.0),
-        "rloo": ("rloo", "group", "ppo_clip", "token-mean", 0.2, 0.2, 0.0),
+        "rloo": ("rloo", "group", "pg", "token-mean", 0.2, 0.2, 0.0),
         "reinforce_pp": ("reinforce_pp", "group", "ppo_clip", "token-mean", 0.2, 0.2, 0.0),
         "gdpo": ("gdpo", "group", "ppo_clip", "token-mean", 0.2, 0.28, 0.0),
-        "olmo3": ("group", "none", "ppo_clip", "token-mean", 0.2, 0.28, 0.0),
+        "olmo3": ("group", "none", "ppo_clip", "token-mean", 0.2, 0.272, 0.0),
     }
     for name, row in expect.items():
         o = _load(f"{name}.py").objective
@@ -95,8 +122,11 @@ def test_recipes_differ_from_base_as_the_design_table_says():
                o.loss.eps_low, o.loss.eps_high, o.kl.beta)
         assert got == row, name
     assert _load("dapo.py").filtering.dynamic_sampling and _load("olmo3.py").filtering.dynamic_sampling
-    assert _load("dapo.py").objective.overlong.mode == "penalty"
+    assert [s[0] for s in _load("dapo.py").reward.specs] == ["gsm8k", "overlong"]
+    assert [s[0] for s in _load("gdpo.py").reward.specs] == ["gsm8k", "length_budget"]
     assert _load("cispo.py").objective.loss.kind == "cispo"
+    assert _load("olmo3.py").rollout.policy_lag == 8
+    assert _load("grpo.py").train.ref_reset_every == 400
 
 
 def test_unknown_config_argument_is_named():

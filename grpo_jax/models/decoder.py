@@ -82,15 +82,17 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = layers.param(rngs, (cfg.d_model,), ("norm",), cfg.param_dtype, init="ones")
         self.mlp = layers.MoeMlp(cfg, rngs=rngs) if moe else layers.Mlp(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None, prefix=None):
-        """`[B, S, D]` -> (`[B, S, D]`, new kv_cache, routing stats `[2, E]` or None)."""
+    def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None, prefix=None,
+                 routing=None):
+        """`[B, S, D]` -> (`[B, S, D]`, new kv_cache, routing stats `[2, E]` or None,
+        experts `[B, S, k]` or None); `routing` replays an MoE block's experts."""
         eps = self.cfg.norm_eps
         h, kv_cache = self.attn(
             layers.rms_norm(x, self.attn_norm[...], eps), positions, mask, kv_cache, cache_index, prefix
         )
         x = x + h
-        h, stats = self.mlp(layers.rms_norm(x, self.mlp_norm[...], eps), token_mask)
-        return x + h, kv_cache, stats
+        h, stats, experts = self.mlp(layers.rms_norm(x, self.mlp_norm[...], eps), token_mask, routing)
+        return x + h, kv_cache, stats, experts
 
 
 def _call_layer(layer, *args):
@@ -144,35 +146,45 @@ class Decoder(nnx.Module):
             with_entropy=with_entropy,
         )
 
-    def _run(self, tokens, token_mask, positions, mask, cache=None):
-        """Embeds, runs every layer and the final norm; returns (hidden, cache, aux loss)."""
+    def _run(self, tokens, token_mask, positions, mask, cache=None, routing=None):
+        """Embeds, runs every layer and the final norm.
+
+        Returns (hidden, (keys, values), aux loss, experts): experts `[L_moe, B, S, k]`
+        int32, the experts of each MoE layer, or None for a dense model; `routing` (the
+        same shape) replays them.
+        """
         cfg = self.cfg
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)
         call = nnx.remat(_call_layer) if cfg.remat else _call_layer
-        new_k, new_v, stats = [], [], []
+        new_k, new_v, stats, chosen = [], [], [], []
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             index = None if cache is None else cache.index
             prefix = None if cache is None else cache.prefix_layer(i)
-            x, kv, layer_stats = call(layer, x, positions, mask, token_mask, kv, index, prefix)
+            replay = None if routing is None or not cfg.is_moe_layer(i) else routing[len(chosen)]
+            x, kv, layer_stats, experts = call(layer, x, positions, mask, token_mask, kv, index,
+                                               prefix, replay)
             if cache is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
             if layer_stats is not None:
                 stats.append(layer_stats)
+                chosen.append(experts)
         hidden = layers.rms_norm(x, self.final_norm[...], cfg.norm_eps)
         aux = jnp.zeros((), jnp.float32)
         if stats:
             aux = layers.load_balancing_loss(sum(stats), len(stats), jnp.sum(token_mask))
-        return hidden, (new_k, new_v), aux
+        return hidden, (new_k, new_v), aux, jnp.stack(chosen) if chosen else None
 
-    def hidden_states(self, tokens, *, attention_mask=None, positions=None):
+    def hidden_states(self, tokens, *, attention_mask=None, positions=None, routing=None):
         """Final (normed) hidden states and the MoE load-balancing loss.
 
         Args:
           tokens: `[B, S]` int32 token ids.
           attention_mask: `[B, S]` 1 on real tokens, 0 on padding (default: all real).
           positions: `[B, S]` rope positions (default: `default_positions(attention_mask)`).
+          routing: MoE only: `[L_moe, B, S, k]` expert ids to replay (keep routing), as
+            `prefill(..., with_routing=True)` and the sampler record them.
 
         Returns:
           `(hidden [B, S, D] in the compute dtype, aux_loss [])`; aux_loss is the
@@ -186,7 +198,7 @@ class Decoder(nnx.Module):
             positions = default_positions(attention_mask)
         causal = jnp.tril(jnp.ones((s, s), bool))
         mask = causal[None] & attention_mask.astype(bool)[:, None, :]
-        hidden, _, aux = self._run(tokens, attention_mask, positions, mask)
+        hidden, _, aux, _ = self._run(tokens, attention_mask, positions, mask, routing=routing)
         return hidden, aux
 
     def __call__(self, tokens, *, attention_mask=None, positions=None):
@@ -219,7 +231,7 @@ class Decoder(nnx.Module):
             index=jnp.zeros((), jnp.int32), prefix=prefix,
         )
 
-    def prefill(self, tokens, cache, *, attention_mask=None):
+    def prefill(self, tokens, cache, *, attention_mask=None, with_routing=False):
         """Appends `S` tokens to the cache and returns the next-token logits after them.
 
         Used once with the (left-padded) prompts; `decode_step` is the same with S = 1.
@@ -229,9 +241,11 @@ class Decoder(nnx.Module):
           tokens: `[B, S]` int32.
           cache: a `KVCache` from `init_cache` or a previous call.
           attention_mask: `[B, S]` 1 on real tokens (default: all real).
+          with_routing: also return the experts each token went to (MoE).
 
         Returns:
-          `(logits [B, V] float32 at the last column, updated cache)`.
+          `(logits [B, V] float32 at the last column, updated cache)`, and with
+          `with_routing` a third item, `[L_moe, B, S, k]` int32 experts (None if dense).
         """
         b, s = tokens.shape
         max_len = cache.valid.shape[1]
@@ -245,13 +259,16 @@ class Decoder(nnx.Module):
         slots = jnp.arange(max_len)
         causal = slots[None, :] <= cache.index + jnp.arange(s)[:, None]  # [S, L]
         mask = causal[None] & valid[:, None, :]
-        hidden, (k, v), _ = self._run(tokens, attention_mask, positions, mask, cache)
+        hidden, (k, v), _, experts = self._run(tokens, attention_mask, positions, mask, cache)
         cache = cache.replace(k=tuple(k), v=tuple(v), valid=valid, index=cache.index + s)
+        if with_routing:
+            return self.logits(hidden[:, -1]), cache, experts
         return self.logits(hidden[:, -1]), cache
 
-    def decode_step(self, tokens, cache):
-        """One token per row: `[B]` int32 -> (`[B, V]` float32 logits, updated cache)."""
-        return self.prefill(tokens[:, None], cache)
+    def decode_step(self, tokens, cache, *, with_routing=False):
+        """One token per row: `[B]` int32 -> (`[B, V]` float32 logits, updated cache), and
+        with `with_routing` the experts the token went to, `[L_moe, B, 1, k]`."""
+        return self.prefill(tokens[:, None], cache, with_routing=with_routing)
 
 
 def abstract_model(cfg):

@@ -235,11 +235,12 @@ class Mlp(nnx.Module):
         self.up = param(rngs, (d, f), ("embed", "mlp"), pdt)
         self.down = param(rngs, (f, d), ("mlp", "embed"), pdt)
 
-    def __call__(self, x, token_mask):
-        """`[B, S, D]` -> (`[B, S, D]`, None): no routing statistics in a dense block."""
-        del token_mask
+    def __call__(self, x, token_mask, routing=None):
+        """`[B, S, D]` -> (`[B, S, D]`, None, None): no routing in a dense block."""
+        del token_mask, routing
         dt = x.dtype
-        return swiglu(x, self.gate[...].astype(dt), self.up[...].astype(dt), self.down[...].astype(dt)), None
+        out = swiglu(x, self.gate[...].astype(dt), self.up[...].astype(dt), self.down[...].astype(dt))
+        return out, None, None
 
 
 class MoeMlp(nnx.Module):
@@ -249,6 +250,15 @@ class MoeMlp(nnx.Module):
     dropped, so the result equals transformers' loop over experts. Tokens are sorted by
     expert and each expert's rows are multiplied by its weights with `jax.lax.ragged_dot`:
     compute is k/E of running every expert on every token.
+
+    Keep routing (DeepSeek-V3.2, arXiv:2512.02556, sec. 3.1; GSPO's routing replay,
+    arXiv:2507.18071, sec. 5.3): given the experts the sampler chose (`routing`), a
+    training forward sends every token to those experts instead of its own top k, so the
+    trainer's pi_theta and the sampler's pi_old use the same expert parameters. Neither
+    paper says how the gate weights over the replayed experts are formed; here they are
+    the current router's probabilities at those experts (renormalised when
+    `norm_topk_prob`), so the router keeps its gradient and, with unchanged parameters,
+    the weights equal the sampler's.
     """
 
     def __init__(self, cfg, *, rngs):
@@ -259,25 +269,31 @@ class MoeMlp(nnx.Module):
         self.up = param(rngs, (e, d, f), ("expert", "embed", "mlp"), pdt)
         self.down = param(rngs, (e, f, d), ("expert", "mlp", "embed"), pdt)
 
-    def __call__(self, x, token_mask):
+    def __call__(self, x, token_mask, routing=None):
         """Routes and mixes the experts.
 
         Args:
           x: `[B, S, D]` normed activations.
           token_mask: `[B, S]` 1 on real tokens; padding is routed (as in transformers)
             but left out of the routing statistics.
+          routing: None, or `[B, S, k]` int expert ids to replay instead of the top k.
 
         Returns:
-          `([B, S, D], stats)`, stats `[2, E]` float32: the number of top-k assignments
-          per expert and the summed router probability per expert over real tokens, the
-          two factors of the load-balancing loss (`load_balancing_loss`).
+          `([B, S, D], stats, experts)`: stats `[2, E]` float32, the number of top-k
+          assignments per expert and the summed router probability per expert over real
+          tokens, the two factors of the load-balancing loss (`load_balancing_loss`);
+          experts `[B, S, k]` int32, the experts each token went to.
         """
         b, s, d = x.shape
         dt, k, e = x.dtype, self.cfg.n_experts_per_tok, self.cfg.n_experts
         x_td = x.reshape(b * s, d)
         router_logits = x_td @ self.router[...].astype(dt)
         probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)  # [T, E]
-        top_p, top_e = jax.lax.top_k(probs, k)  # [T, k]
+        if routing is None:
+            top_p, top_e = jax.lax.top_k(probs, k)  # [T, k]
+        else:
+            top_e = routing.reshape(b * s, k).astype(jnp.int32)
+            top_p = jnp.take_along_axis(probs, top_e, axis=-1)
         if self.cfg.norm_topk_prob:
             top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
         flat_e = top_e.reshape(-1)  # [T*k]
@@ -292,7 +308,7 @@ class MoeMlp(nnx.Module):
         m = token_mask.reshape(-1, 1).astype(jnp.float32)
         counts = jnp.sum(jax.nn.one_hot(top_e, e, dtype=jnp.float32).sum(1) * m, axis=0)
         prob_sums = jnp.sum(probs * m, axis=0)
-        return out, jnp.stack([counts, prob_sums])
+        return out, jnp.stack([counts, prob_sums]), top_e.reshape(b, s, k)
 
 
 def load_balancing_loss(stats, n_moe_layers, n_tokens):

@@ -98,8 +98,8 @@ def _left_pad(x, width, value):
     return jnp.pad(x, ((0, 0), (width - x.shape[1], 0)), constant_values=value)
 
 
-@functools.partial(jax.jit, static_argnames=("group_size", "num_groups", "dynamic", "pad_id"))
-def select_groups(draws, *, group_size, num_groups, dynamic, pad_id):
+@functools.partial(jax.jit, static_argnames=("mesh", "group_size", "num_groups", "dynamic", "pad_id"))
+def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id):
     """The train batch: `num_groups` whole groups from the draws, on the mesh.
 
     With `dynamic` (DAPO's dynamic sampling), groups with signal come first, in draw
@@ -112,6 +112,7 @@ def select_groups(draws, *, group_size, num_groups, dynamic, pad_id):
       num_groups: P, the groups of the train batch.
       dynamic: filter groups by signal.
       pad_id: the tokenizer's pad id (prompts are left-padded to the widest draw).
+      mesh: the batch's rows are split over its row axes.
 
     Returns:
       The rows of the batch, with ``row_valid`` `[P G]` bool added.
@@ -128,6 +129,8 @@ def select_groups(draws, *, group_size, num_groups, dynamic, pad_id):
     valid = signal[groups] if dynamic else jnp.ones((num_groups,), bool)
     batch["row_valid"] = jnp.repeat(valid, group_size)
     batch["mask"] = batch["mask"] * batch["row_valid"][:, None]
+    if (num_groups * group_size) % parallel.row_ways(mesh) == 0:
+        batch = jax.lax.with_sharding_constraint(batch, parallel.row_sharding(mesh))
     return batch
 
 
@@ -184,7 +187,7 @@ def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
             f"{num_groups} prompts, fewer than the {num_groups} a batch needs: the policy solves "
             "(or fails) almost every prompt. Raise filtering.max_gen_batches, use harder prompts, "
             "or set filtering.short_batch='pad' to train on the groups found")
-    batch = select_groups(tuple(draws), group_size=group_size, num_groups=num_groups,
+    batch = select_groups(tuple(draws), mesh=mesh, group_size=group_size, num_groups=num_groups,
                           dynamic=dynamic, pad_id=int(policy.tokenizer.pad_token_id))
     stats = jax.device_get(rollout_statistics(tuple(draws), jnp.asarray(scorer.weights),
                                               group_size=group_size))

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from grpo_jax.training import demo
-from training_setups import tiny_config
+from tests.training.training_setups import tiny_config
 
 
 @pytest.mark.slow

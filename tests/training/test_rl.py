@@ -7,16 +7,17 @@ import subprocess
 import sys
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import objectives
-from grpo_jax.training import rl, rollouts
-from training_setups import REPO, tiny_config
+from grpo_jax import objectives, parallel, sampling
+from grpo_jax.training import evaluation, policy as policy_lib, rl, rollout, task as task_lib
+from tests.training.training_setups import REPO, runlocal_config, tiny_config
 
 RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(str(REPO / "configs" / "*.py"))
-                 if not p.endswith("demo.py"))   # demo: tests/training/test_demo.py
+                 if not p.endswith(("demo.py", "base.py")))   # demo: tests/training/test_demo.py
 TIMING = ("time", "tokens_per_s", "s/step")
 
 
@@ -29,20 +30,44 @@ def _comparable(row):
     return {k: v for k, v in row.items() if not any(t in k for t in TIMING)}
 
 
+def _off_policy_activity(recipe, row):
+    """How much the recipe's clip (or gate, or cap) acted in a step: 0 when it did not."""
+    if recipe == "sapo":
+        return abs(row["gate_scale"] - 1.0)   # the gate's factor on the gradient moved off 1
+    if recipe == "gspo":
+        return row["clip_low"] + row["clip_high"]   # whole answers clipped (their tokens counted)
+    return row["clip_low"] + row["clip_high"]
+
+
+# Recipes whose paper trains on-policy, one update per rollout batch with the parameters
+# that sampled: their ratio is exactly 1, so there is nothing to clip.
+ON_POLICY = {"rloo", "base"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_every_recipe_runs_two_steps(recipe, data_dir, tmp_path):
-    config = tiny_config(recipe, data_dir)
-    assert rl.train(config, str(tmp_path)) == 2
+def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
+    """Three steps of the recipe's runlocal regime from a warm start with signal: groups
+    with signal, non-zero gradients, every metric finite, and (off-policy recipes) the
+    clip, gate or cap acting by the last update."""
+    config = runlocal_config(recipe, data_dir, **{"train.steps": 3, "train.eval_every": 3})
+    assert rl.train(config, str(tmp_path)) == 3
     rows = _metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2]
-    ratio_key = "gate_scale" if recipe == "sapo" else "clip_high"   # SAPO has a gate, no clip
-    for key in ("loss", "reward_mean", "accuracy", "response_length_mean", ratio_key, "entropy",
-                "approx_kl", "groups_without_signal", "gen_batches", "truncation_rate",
-                "rollout_tokens_per_s", "update_tokens_per_s", "time_rollout", "time_update"):
-        assert key in rows[-1] and np.isfinite(rows[-1][key]), key
-    assert "eval_accuracy" in rows[-1] and "eval_mean_at_k" in rows[-1]
-    assert os.path.isdir(tmp_path / "checkpoints" / "2")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert all(np.isfinite(v) for v in row.values()), row
+        assert row["groups_without_signal"] < 1.0 and row["grad_norm"] > 0, row
+        assert row["updates_per_step"] == config.train.minibatches * config.train.epochs
+    for key in ("loss", "reward_mean", "accuracy", "response_length_mean", "entropy", "kl_old",
+                "gen_batches", "truncation_rate", "rollout_tokens_per_s", "update_tokens_per_s",
+                "time_rollout", "time_update", "eval_accuracy", "eval_mean_at_k"):
+        assert key in rows[-1], key
+    if recipe in ON_POLICY:
+        assert all(r["kl_old"] == 0.0 and r["ratio"] == 1.0 for r in rows)
+    else:
+        assert max(_off_policy_activity(recipe, r) for r in rows) > 0, rows
+        assert max(r["kl_old"] for r in rows) > 0
+    assert os.path.isdir(tmp_path / "checkpoints" / "3")
     assert os.path.isdir(tmp_path / "tensorboard")
 
 
@@ -55,16 +80,14 @@ def _config_file(tmp_path, data_dir, overrides):
     """A config file for `python -m grpo_jax.main`: the tiny dapo setting with `overrides`."""
     config_file = tmp_path / "cli_config.py"
     config_file.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(REPO / 'tests' / 'training')!r})\n"
-        "from training_setups import tiny_config\n\n\n"
+        "from tests.training.training_setups import tiny_config\n\n\n"
         "def get_config(arg=None):\n"
         f"    return tiny_config('dapo', {data_dir!r}, **{overrides!r})\n")
     return config_file
 
 
 def _cli(args, cwd, **env):
-    """`python -m grpo_jax.main ARGS` from `cwd` (this checkout's grpo_jax on the path)."""
+    """`python -m grpo_jax.main ARGS` from `cwd` (this checkout's grpo_jax and tests importable)."""
     environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
     return [sys.executable, "-m", "grpo_jax.main", *args], dict(cwd=cwd, env=environment)
 
@@ -107,6 +130,25 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(d
 
 
 @pytest.mark.slow
+def test_lagged_rollouts_and_reference_resets_resume_exactly(data_dir, tmp_path):
+    """The state beyond parameters (lagged rollout parameters, a reset KL reference) is
+    checkpointed: a run stopped at step 2 and resumed equals an uninterrupted one."""
+    overrides = {"train.steps": 4, "train.checkpoint_every": 2, "train.eval_every": 100,
+                 "rollout.policy_lag": 2, "objective.kl.beta": 0.01, "train.ref_reset_every": 3}
+    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "whole"))
+    rl.train(tiny_config("dapo", data_dir, **{**overrides, "train.steps": 2}), str(tmp_path / "cut"))
+    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "cut"))
+    whole, cut = _metrics(tmp_path / "whole"), _metrics(tmp_path / "cut")
+    assert [r["step"] for r in cut] == [1, 2, 3, 4]
+    for got, want in zip(cut, whole):
+        for key, value in _comparable(want).items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+    # With a lag of 2, steps 1 and 2 sample with the starting parameters, which the update
+    # of step 1 has already left by step 2: the ratio moves off 1 before any minibatch.
+    assert whole[0]["kl_old"] < whole[1]["kl_old"]
+
+
+@pytest.mark.slow
 def test_home_relative_paths_are_expanded(tmp_path):
     """`~` in --workdir, task.data_dir and model.path means the user's home directory."""
     home = tmp_path / "home"
@@ -131,6 +173,8 @@ def test_home_relative_paths_are_expanded(tmp_path):
 class _PatternScorer:
     """Group g of each draw: all correct (g % 4 == 0), all wrong (1, 3) or mixed (2)."""
 
+    weights = np.ones(1, np.float32)
+
     def __call__(self, prompts, completions, examples, lengths):
         rows = len(prompts)
         group = np.arange(rows) // 4
@@ -138,27 +182,42 @@ class _PatternScorer:
         values = np.where(group % 4 == 0, 1.0, np.where(group % 4 == 2, mixed, 0.0)).astype(np.float32)
         return values, values >= 1, {}
 
-    def close(self):
-        pass
+
+def _collect_with_pattern(data_dir, tmp_path, **overrides):
+    config = tiny_config("dapo", data_dir, **{"model.sft_warm_start": False, **overrides})
+    mesh = parallel.setup_mesh(config)
+    source = task_lib.data_source(config.task, "train")
+    policy = policy_lib.start_policy(config, mesh, str(tmp_path), task_lib.tokenizer_corpus(source))
+    train_iter = iter(task_lib.loader(source, config, batch_size=config.rollout.prompts_per_batch))
+    return rollout.collect(policy, mesh, train_iter, config=config, scorer=_PatternScorer(),
+                           rng=jax.random.key(0), method=sampling.Temperature(1.0))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("max_gen_batches, draws, filled", [(3, 3, 0.75), (5, 4, 1.0)])
 def test_dynamic_sampling_keeps_only_groups_with_signal(data_dir, tmp_path, max_gen_batches,
                                                         draws, filled):
-    config = tiny_config("dapo", data_dir, **{"filtering.max_gen_batches": max_gen_batches})
-    trainer = rl.Trainer(config, str(tmp_path))
-    trainer.setup.scorer = _PatternScorer()
-    batch, metrics = rollouts.collect(trainer, step=1)
+    batch, metrics = _collect_with_pattern(
+        data_dir, tmp_path, **{"filtering.max_gen_batches": max_gen_batches,
+                               "filtering.short_batch": "pad"})
     assert metrics["gen_batches"] == draws
     assert metrics["groups_without_signal"] == 0.75   # 3 of every 4 groups drawn
     assert metrics["batch_filled"] == filled
-    valid = batch["row_valid"]
+    valid = np.asarray(batch["row_valid"])
     assert valid.sum() == 16 * filled
     signal = np.asarray(objectives.group_has_signal(jnp.asarray(batch["rewards"]), 4))
     assert signal[:int(4 * filled)].all()
-    assert np.all(batch["mask"][~valid] == 0)      # top-up rows count for nothing
-    trainer.setup.close()
+    assert np.all(np.asarray(batch["mask"])[~valid] == 0)      # top-up rows count for nothing
+    # The batch stays on the mesh, its rows split 8 ways (one block per device).
+    assert len({shard.index[0].start for shard in batch["tokens"].addressable_shards}) == 8
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, tmp_path):
+    with pytest.raises(RuntimeError, match=r"dynamic sampling found 3 groups with signal in 3 "
+                                            r"draws.*filtering.max_gen_batches"):
+        _collect_with_pattern(data_dir, tmp_path, **{"filtering.max_gen_batches": 3,
+                                                     "filtering.short_batch": "error"})
 
 
 @pytest.mark.parametrize("overrides, error, message", [
@@ -166,15 +225,21 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(data_dir, tmp_path, max_
     ({"objective.loss.dual_clip": 1.0}, ValueError, r"objective.loss.dual_clip must be > 1.0"),
     ({"objective.kl.kind": "k9"}, ValueError, r"objective.kl.kind must be one of 'k1', 'k2', 'k3'"),
     ({"train.micro_batches": 3}, ValueError, r"16 rows must divide into train.minibatches \* "
-                                             r"train.micro_batches = 3 pieces"),
-    ({"train.micro_batches": 4, "mesh": (("data", 8), ("fsdp", 1), ("tensor", 1))}, ValueError,
-     r"a micro-batch of 4 rows does not split over the 8-way data axes"),
-    ({"train.behaviour_logp": "vllm"}, ValueError, r"train.behaviour_logp must be 'recompute' or 'sampler'"),
+                                             r"train.micro_batches = 6 pieces"),
+    ({"train.micro_batches": 2, "mesh": "data=8,fsdp=1,tensor=1"}, ValueError,
+     r"a micro-batch of 4 rows does not split over the 8-way row axes"),
+    ({"train.old_logp": "vllm"}, ValueError, r"train.old_logp must be one of \('recompute', 'sampler'\)"),
+    ({"train.old_logp": "sampler", "objective.importance.enabled": True}, ValueError,
+     r"with train.old_logp='sampler' they are the same numbers"),
+    ({"filtering.short_batch": "skip"}, ValueError, r"filtering.short_batch must be one of"),
+    ({"rollout.policy_lag": -1}, ValueError, r"rollout.policy_lag must be >= 0"),
+    ({"train.ref_reset_every": 5}, ValueError, r"train.ref_reset_every replaces the KL reference"),
+    ({"mesh": "data:8"}, ValueError, r"write it as name=size pairs"),
     ({"model.path": "/no/such/checkpoint"}, FileNotFoundError, r"model.path '/no/such/checkpoint' is not a directory"),
 ])
 def test_bad_configs_name_the_field(data_dir, tmp_path, overrides, error, message):
     with pytest.raises(error, match=message):
-        rl.Trainer(tiny_config("dapo", data_dir, **overrides), str(tmp_path))
+        rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path))
 
 
 def test_unknown_recipe_and_field_fail_at_the_command_line(tmp_path):
@@ -206,3 +271,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_
         del objectives.POLICY_LOSSES["nan_loss"]
     assert sorted(int(os.path.basename(p)) for p in glob.glob(str(tmp_path / "checkpoints" / "*"))) [-1] == 2
     assert [r["step"] for r in _metrics(tmp_path)] == [1, 2]
+
+
+def test_held_out_shares_are_equal_sized_and_cover_every_example():
+    source = [{"task": "t", "question": str(i), "answer": str(i), "solution": ""} for i in range(7)]
+    examples, real = evaluation.own_examples(source, 5)   # one process: all of it
+    assert real == 5 and [e["question"] for e in examples] == ["0", "1", "2", "3", "4"]

@@ -1,13 +1,14 @@
 """The jitted update: micro-batching and sharding do not change the step."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 
 from grpo_jax import config_lib, models, objectives, parallel
-from grpo_jax.training import batching, optimizer
+from grpo_jax.training import batch as batch_lib, optimizer
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
 
 B, S, N, V = 16, 5, 7, 64
@@ -27,9 +28,15 @@ def _rows(seed=0):
 
 def _loss(objective):
     def loss_fn(model, micro):
-        logp = batching.completion_logprobs(model, micro)
-        return objective(logp, {k: v for k, v in micro.items() if k in batching.LOSS_KEYS})
+        return objective(batch_lib.completion_logprobs(model, micro), micro)
     return loss_fn
+
+
+def _counts(objective):
+    def count_fn(minibatch):
+        return {"num_tokens": jnp.sum(objective.loss_mask(minibatch), dtype=jnp.float32),
+                "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
+    return count_fn
 
 
 def _sharded_model(mesh):
@@ -48,11 +55,12 @@ def _update(mesh, tx, rows, micro_batches, mode="token-mean"):
     obj_cfg = config_lib.load_config("configs/base.py").objective
     obj_cfg.aggregation.mode = mode
     objective = objectives.policy_objective(obj_cfg)
-    update = make_update_step(graphdef, tx, _loss(objective), param_shardings=_shardings(params),
-                              opt_shardings=_shardings(opt_state), mesh=mesh)
+    update = make_update_step(graphdef, tx, _loss(objective), _counts(objective), mesh=mesh,
+                              param_shardings=_shardings(params),
+                              opt_shardings=_shardings(opt_state), micro_batches=micro_batches)
     before = _shardings((params, opt_state))
-    batch = batching.minibatch(rows, np.arange(B), micro_batches, mesh)
-    return before, update(params, opt_state, batch)
+    batch = parallel.global_rows(mesh, rows)
+    return before, update(params, opt_state, batch, jnp.arange(B))
 
 
 def _step(mesh, rows, micro_batches, mode):
@@ -93,9 +101,8 @@ def test_mesh_errors_name_the_problem():
         parallel.make_mesh((("data", 3), ("fsdp", 1)))
     with pytest.raises(ValueError, match=r"at most one mesh axis may have size -1"):
         parallel.make_mesh((("data", -1), ("fsdp", -1)))
-    with pytest.raises(ValueError, match=r"train.micro_batches=3 does not divide"):
-        from grpo_jax.training.steps import split_micro_batches
-        split_micro_batches({"x": np.zeros((8, 2))}, 3)
+    with pytest.raises(ValueError, match=r"8 rows do not split into 3 pieces"):
+        batch_lib.pieces({"x": np.zeros((8, 2))}, 3, parallel.make_mesh("data=-1"))
 
 
 def _project_adamw():

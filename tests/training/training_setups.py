@@ -1,4 +1,9 @@
-"""Tiny end-to-end settings for the trainer tests: a few rows, a few tokens, shared data."""
+"""End-to-end settings for the trainer tests: each recipe's runlocal regime on a smaller task.
+
+Every RL test starts from a supervised warm start (200 steps on 2-digit addition with a
+scratchpad, built once per data_dir and cached) that answers right some of the time: its
+groups have signal, so the losses, gradients and clip activity are real.
+"""
 
 import pathlib
 
@@ -7,23 +12,15 @@ from grpo_jax import config_lib
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def tiny_config(recipe, data_dir, **overrides):
-    """`configs/<recipe>.py:runlocal=True`, shrunk further so a step takes seconds.
-
-    The task is 2-digit addition with a scratchpad, and the RL policy starts from a
-    supervised warm start (200 steps, built once per data_dir and cached) that answers
-    right some of the time: its groups have signal, so the losses and gradients are real.
-    """
+def runlocal_config(recipe, data_dir, **overrides):
+    """`configs/<recipe>.py:runlocal=True` as it is (prompts, G, updates per rollout batch,
+    learning rate), on 2-digit addition with a 28-token budget and a shorter warm start."""
     config = config_lib.load_config(f"{REPO / 'configs' / recipe}.py:runlocal=True")
     config.task.data_dir = data_dir
     config.task.knobs.digits = 2
     config.task.knobs.num_train = 512
     config.task.knobs.num_test = 16
-    config.rollout.prompts_per_batch = 4
-    config.objective.group_size = 4
     config.rollout.max_new_tokens = 28
-    config.train.minibatches = 2
-    config.train.epochs = 1
     config.train.steps = 2
     config.train.eval_every = 2
     config.train.checkpoint_every = 1
@@ -36,3 +33,10 @@ def tiny_config(recipe, data_dir, **overrides):
     config.sft.eval_every = 200
     config.sft.log_every = 50
     return config_lib.apply_overrides(config, overrides)
+
+
+def tiny_config(recipe, data_dir, **overrides):
+    """`runlocal_config` with 4 prompts x 4 answers and 2 updates per batch: a step in seconds."""
+    small = {"rollout.prompts_per_batch": 4, "objective.group_size": 4, "train.minibatches": 2,
+             "train.epochs": 1}
+    return runlocal_config(recipe, data_dir, **{**small, **overrides})
