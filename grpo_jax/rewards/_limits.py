@@ -15,13 +15,13 @@ predicted answer is checked before and after parsing, and the rest runs under a 
 | `MAX_NESTING`         | characters times the brackets around them | scores 0, not parsed        |
 | `MAX_NUMBER_DIGITS`   | digits of any exact number sympy may build (powers, factorials) | scores 0, not compared |
 | `MAX_EXPANDED_TERMS`  | monomials of the expanded answer (`(a+b)(c+d)...`, `(x+1)^{n}`) | scores 0, not compared |
-| `TIME_LIMIT_S`        | wall time of parsing and comparing  | `TimeoutError` ("timeout" outcome, 0) |
+| `TIME_LIMIT_S`        | CPU time of parsing and comparing   | `TimeoutError` ("timeout" outcome, 0) |
 
 A gold longer or more nested than the caps raises them to twice its own measures, so a
-prediction may always be written like the gold. The timer is SIGALRM, so it acts in the main thread only (where `score_batch` and the
-pool's workers call graders); in another thread the size bounds alone hold, and they
-keep the work of any answer to a fraction of a second. Gold answers come from the
-dataset and are trusted: only the timer applies to them.
+prediction may always be written like the gold. Golds come from the dataset and are
+trusted: only the timer applies to them. The timer is a signal, so it acts in the main
+thread only (where `score_batch` and the pool's workers call graders); in another thread
+the size bounds alone hold, and they keep any answer to a fraction of a second of work.
 """
 
 import contextlib
@@ -33,8 +33,8 @@ import time
 import sympy
 
 MAX_ANSWER_CHARS = 200
-MAX_DEPTH = 8
-MAX_NESTING = 128
+MAX_DEPTH = 5
+MAX_NESTING = 64
 MAX_NUMBER_DIGITS = 10_000
 MAX_EXPANDED_TERMS = 64
 TIME_LIMIT_S = 1.0
@@ -75,7 +75,8 @@ def text_within_limits(predicted: str, gold: str) -> bool:
 
 
 def _magnitude(expr: sympy.Basic, digits: float) -> float:
-    """|value| of a numeric expression of at most 7 digits; inf beyond, or if it has none."""
+    """|value| of a numeric expression whose numbers have at most 7 digits; inf beyond,
+    or when it has no finite value."""
     if digits > 7:
         return math.inf
     try:
@@ -92,19 +93,20 @@ def _monomials(terms: float, power: float) -> float:
     if math.isinf(terms) or math.isinf(power):
         return math.inf
     power = math.floor(power)
-    return math.exp(min(700.0, math.lgamma(power + terms) - math.lgamma(terms) - math.lgamma(power + 1)))
+    log_count = math.lgamma(power + terms) - math.lgamma(terms) - math.lgamma(power + 1)
+    return math.inf if log_count > 700 else float(round(math.exp(log_count)))
 
 
 def _cost(expr: sympy.Basic) -> tuple[float, float]:
-    """(digits, terms): upper bounds on the decimal digits of any exact number sympy may
+    """(digits, terms): upper bounds on the decimal digits of the exact numbers sympy may
     build when it evaluates `expr`, and on the monomials of its expansion."""
     if isinstance(expr, sympy.Rational):
-        return (abs(expr.p).bit_length() + expr.q.bit_length()) * _LOG10_2 + 1, 1.0
+        return math.log10(max(abs(expr.p), 1)) + math.log10(expr.q), 1.0
     if isinstance(expr, sympy.Float):
         _, _, exponent, bits = expr._mpf_
-        return (abs(bits) + abs(exponent)) * _LOG10_2 + 1, 1.0
+        return (abs(bits) + abs(exponent)) * _LOG10_2, 1.0
     costs = [_cost(arg) for arg in expr.args if isinstance(arg, sympy.Basic)]
-    digits = sum(d for d, _ in costs) or 1.0
+    digits = sum(d for d, _ in costs)
     if expr.is_Add:
         return digits, sum(t for _, t in costs)
     if expr.is_Mul:
@@ -112,6 +114,8 @@ def _cost(expr: sympy.Basic) -> tuple[float, float]:
     if expr.is_Pow and expr.exp.is_number:
         (base_digits, base_terms), (exp_digits, _) = costs
         power = _magnitude(expr.exp, exp_digits)
+        if math.isinf(power):
+            return math.inf, math.inf
         return base_digits * max(1.0, power) + exp_digits, _monomials(base_terms, power)
     if isinstance(expr, _FACTORIALS) and expr.is_number:
         n = max(_magnitude(arg, d) for arg, (d, _) in zip(expr.args, costs))
@@ -127,6 +131,8 @@ def expression_within_limits(parsed: list) -> bool:
       False
     """
     for expr in parsed:
+        if isinstance(expr, sympy.MatrixBase):  # math-verify's matrices are mutable, not Basic
+            expr = sympy.Tuple(*expr)
         if isinstance(expr, sympy.Basic):
             digits, terms = _cost(expr)
             if not (digits <= MAX_NUMBER_DIGITS and terms <= MAX_EXPANDED_TERMS):
@@ -140,12 +146,14 @@ class _Expired(BaseException):
 
 @contextlib.contextmanager
 def time_limit(seconds: float, what: str):
-    """Raises TimeoutError when the block runs past `seconds` of wall time.
+    """Raises TimeoutError when the block uses more than `seconds` of CPU time.
 
-    A SIGALRM timer (`setitimer`, so sub-second): in the main thread only, elsewhere the
-    block runs unbounded. Python code is stopped between bytecodes; one long C call is
-    not, which is what the size bounds are for. A timer already running (an outer limit,
-    pytest-timeout) gets its handler back and is re-armed with the time it has left.
+    A SIGVTALRM timer on the process's user CPU time (`setitimer(ITIMER_VIRTUAL)`, so
+    sub-second): the verdict on an answer does not depend on how loaded the machine is,
+    and the pool's wall-clock budget stays the outer bound. Main thread only; elsewhere
+    the block runs unbounded. Python code is stopped between bytecodes; one long C call
+    is not, which is what the size bounds are for. A timer already running gets its
+    handler back and is re-armed with the time it had left.
     """
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
@@ -154,17 +162,18 @@ def time_limit(seconds: float, what: str):
     def expire(signum, frame):
         raise _Expired
 
-    previous_handler = signal.signal(signal.SIGALRM, expire)
-    outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
-    start = time.monotonic()
+    previous_handler = signal.signal(signal.SIGVTALRM, expire)
+    outer_delay, outer_interval = signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+    start = time.process_time()
     try:
         try:
             yield
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
     except _Expired:
-        raise TimeoutError(f"{what} took over {seconds} s") from None
+        raise TimeoutError(f"{what} took over {seconds} s of CPU time") from None
     finally:
-        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous_handler is None else previous_handler)
+        signal.signal(signal.SIGVTALRM, signal.SIG_DFL if previous_handler is None else previous_handler)
         if outer_delay:
-            signal.setitimer(signal.ITIMER_REAL, max(outer_delay - (time.monotonic() - start), 1e-3), outer_interval)
+            remaining = max(outer_delay - (time.process_time() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_VIRTUAL, remaining, outer_interval)

@@ -14,10 +14,11 @@ same way):
 
 Answers written in words (`twelve`) do not parse to a number and score 0.
 
-math-verify's own timeouts stay off: they are `signal.alarm` with whole seconds per call
-(up to three calls per answer), a timeout while parsing the gold would read as an
-unparseable dataset row, and they raise outside the main thread. `_limits.time_limit`
-bounds the whole comparison instead, and the `GraderPool` still kills a worker stuck in C.
+math-verify's own timeouts stay off: they are `signal.alarm` with whole seconds of wall
+time per call (up to three calls per answer), a timeout while parsing the gold would
+read as an unparseable dataset row, and they raise outside the main thread.
+`_limits.time_limit` bounds the whole comparison instead (`_limits.TIME_LIMIT_S` of CPU
+time, main thread), and the `GraderPool` still kills a worker stuck in C.
 """
 
 import functools
@@ -51,7 +52,7 @@ def answers_match(predicted: str, gold: str) -> bool:
 
     Raises:
       ValueError: the gold answer does not parse; the dataset row needs fixing.
-      TimeoutError: math-verify ran past `_limits.TIME_LIMIT_S` (main thread only).
+      TimeoutError: math-verify used more than `_limits.TIME_LIMIT_S` of CPU (main thread only).
 
     Example:
       >>> answers_match("10\\\\,080", "10080"), answers_match("50\\\\%", "0.5")
