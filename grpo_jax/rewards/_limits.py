@@ -75,8 +75,8 @@ def text_within_limits(predicted: str, gold: str) -> bool:
 
 
 def _magnitude(expr: sympy.Basic, digits: float) -> float:
-    """|value| of a numeric expression whose numbers have at most 7 digits; inf beyond,
-    or when it has no finite value."""
+    """|value| of a numeric expression, evaluated only when `digits` (its `_cost`) is at
+    most 7, so cheaply; inf otherwise, or when it has no finite value."""
     if digits > 7:
         return math.inf
     try:
@@ -150,7 +150,9 @@ def time_limit(seconds: float, what: str):
 
     A SIGVTALRM timer on the process's user CPU time (`setitimer(ITIMER_VIRTUAL)`, so
     sub-second): the verdict on an answer does not depend on how loaded the machine is,
-    and the pool's wall-clock budget stays the outer bound. Main thread only; elsewhere
+    and the pool's wall-clock budget stays the outer bound. The count covers all of the
+    process's threads, so it runs early while other threads compute (not in the pool's
+    workers, which run nothing else). Main thread only; elsewhere
     the block runs unbounded. Python code is stopped between bytecodes; one long C call
     is not, which is what the size bounds are for. A timer already running gets its
     handler back and is re-armed with the time it had left.

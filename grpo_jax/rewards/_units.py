@@ -57,8 +57,9 @@ def strip_units(answer: str, *, prose: bool) -> str | None:
         box, where only words in text mode (`\\text{}`, `\\mbox{}`, ...) are.
 
     Returns:
-      The number as written (`"$1200"`), the answer unchanged when it is not one number
-      followed by unit words, or None when a hedge word follows the number.
+      The number, digits normalised (`"$1200"` for `"$1,200 per month"`), the answer
+      unchanged when it is not one number followed by unit words, or None when a hedge
+      word follows the number.
 
     Example:
       >>> strip_units("72 books.", prose=True), strip_units("18 or more", prose=True)
@@ -68,16 +69,16 @@ def strip_units(answer: str, *, prose: bool) -> str | None:
     """
     if len(answer) > MAX_UNIT_ANSWER_CHARS:
         return answer
-    digits = _normalise.normalise_digits(answer)
-    text = _LATEX_SPACE.sub(" ", _TEXT_MODE.sub(lambda m: f" {m.group(1)} ", digits))
+    latex = _normalise.normalise_digits(answer)
+    text = _LATEX_SPACE.sub(" ", _TEXT_MODE.sub(lambda m: f" {m.group(1)} ", latex))  # text mode as prose
     number = _LEADING_NUMBER.match(text)
     if number is None:
         return answer
     rest = text[number.end() :]
-    if _has_hedge(rest if prose else " ".join(_TEXT_MODE.findall(digits))):
+    if _has_hedge(rest if prose else " ".join(_TEXT_MODE.findall(latex))):
         return None
     if not _UNIT_WORDS.fullmatch(rest):
         return answer
-    if not prose and not _AT_MOST_A_NUMBER.fullmatch(_LATEX_SPACE.sub(" ", _TEXT_MODE.sub(" ", digits))):
+    if not prose and not _AT_MOST_A_NUMBER.fullmatch(_LATEX_SPACE.sub(" ", _TEXT_MODE.sub(" ", latex))):
         return answer  # letters outside text mode: math (3x), not a unit
     return number.group(1)
