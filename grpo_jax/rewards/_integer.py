@@ -1,7 +1,8 @@
 """Exact integer answers (`#### 734`) for the procedural arithmetic tasks.
 
-Cheap and bounded (a regex and an int comparison), so it runs inline: the tiny CPU
-models score hundreds of completions per step with it.
+Cheap and bounded (a regex and a comparison of digit strings), so it runs inline: the
+tiny CPU models score hundreds of completions per step with it. Golds of any length
+compare without `int()` (no int-string limit); answers longer than 64 digits score 0.
 """
 
 import re
@@ -26,4 +27,7 @@ def integer_answer_reward(prompt: str, completion: str, example: dict) -> float:
     text = _normalise.normalise_digits(marker.content).strip().rstrip(".")
     if not _INTEGER.fullmatch(text):
         return 0.0
-    return float(int(text) == int(example["answer"]))
+    gold = _normalise.canonical_integer(_normalise.normalise_digits(str(example["answer"])).strip())
+    if gold is None:
+        raise ValueError(f"example['answer'] = {example['answer']!r} is not an integer; integer_answer needs one")
+    return float(_normalise.canonical_integer(text) == gold)

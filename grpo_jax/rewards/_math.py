@@ -1,23 +1,50 @@
 """Math answer correctness: our extraction and normalisation, math-verify for equivalence.
 
-The final answer is the last marker (see `_answers`), rewritten by
+The final answer is the last marker (see `_answers`), without its unit words (see
+`_units`: `#### 18 dollars` is 18, `#### 18 or more` no answer), rewritten by
 `_normalise.normalise_answer`, and compared with `example["answer"]` (rewritten the
-same way) by math-verify, so `\\frac{1}{2}`, `0.5` and `1/2` agree, as do `x = 3`
-and `3`. Answers written in words (`twelve`) do not parse to a number and score 0.
+same way):
 
-math-verify's own signal-based timeouts are switched off: they only work in a main
-thread, and the `GraderPool` already enforces (and counts) a time budget per call.
+- two integers are compared as digit strings, at any length (a 9,000-digit gold
+  included, past Python's int-string limit), without math-verify;
+- anything else goes to math-verify, so `\\frac{1}{2}`, `0.5` and `1/2` agree, as do
+  `x = 3` and `3`, within the bounds of `_limits` (answer length and nesting, the size
+  of the numbers and expansions sympy would build, a time limit). An integer gold too
+  long for sympy (over `LONGEST_SYMBOLIC_INTEGER` digits) is matched by integers only.
+
+Answers written in words (`twelve`) do not parse to a number and score 0.
+
+math-verify's own timeouts stay off: they are `signal.alarm` with whole seconds of wall
+time per call (up to three calls per answer), a timeout while parsing the gold would
+read as an unparseable dataset row, and they raise outside the main thread.
+`_limits.time_limit` bounds the whole comparison instead (`_limits.TIME_LIMIT_S` of CPU
+time, main thread), and the `GraderPool` still kills a worker stuck in C.
 """
+
+import functools
 
 import math_verify
 
 from grpo_jax.rewards import _answers
+from grpo_jax.rewards import _limits
 from grpo_jax.rewards import _normalise
+from grpo_jax.rewards import _units
 from grpo_jax.rewards._registry import register
+
+# Python refuses str -> int past 4300 digits (sys.get_int_max_str_digits), so sympy
+# cannot read a longer integer; stay below it.
+LONGEST_SYMBOLIC_INTEGER = 4000
 
 
 def _parse(answer: str) -> list:
-    return math_verify.parse(f"${_normalise.normalise_answer(answer)}$", parsing_timeout=None)
+    return math_verify.parse(f"${answer}$", parsing_timeout=None)
+
+
+@functools.cache
+def _warm_up() -> None:
+    """math-verify builds its parser and sympy its caches on first use (tenths of a
+    second); done once, outside any answer's time limit."""
+    math_verify.verify(_parse("1"), _parse("1"), timeout_seconds=None)
 
 
 def answers_match(predicted: str, gold: str) -> bool:
@@ -25,16 +52,42 @@ def answers_match(predicted: str, gold: str) -> bool:
 
     Raises:
       ValueError: the gold answer does not parse; the dataset row needs fixing.
+      TimeoutError: math-verify used more than `_limits.TIME_LIMIT_S` of CPU (main thread only).
 
     Example:
       >>> answers_match("10\\\\,080", "10080"), answers_match("50\\\\%", "0.5")
       (True, False)
+      >>> answers_match("1" * 5000, "1" * 5000), answers_match("1" * 5000, "1" * 4999 + "2")
+      (True, False)
     """
-    gold_parsed = _parse(gold)
-    if not gold_parsed:
-        raise ValueError(f"example['answer'] = {gold!r} does not parse as math; fix the dataset row")
-    predicted_parsed = _parse(predicted)
-    return bool(predicted_parsed) and math_verify.verify(gold_parsed, predicted_parsed, timeout_seconds=None)
+    predicted, gold = _normalise.normalise_answer(predicted), _normalise.normalise_answer(gold)
+    gold_integer = _normalise.canonical_integer(gold)
+    if gold_integer is not None:
+        predicted_integer = _normalise.canonical_integer(predicted)
+        if predicted_integer is not None:
+            return predicted_integer == gold_integer
+        if len(gold_integer.lstrip("-")) > LONGEST_SYMBOLIC_INTEGER:
+            return False
+    if not _limits.text_within_limits(predicted, gold):
+        return False
+    _warm_up()
+    with _limits.time_limit(_limits.TIME_LIMIT_S, "math-verify"):
+        gold_parsed = _parse(gold)
+        if not gold_parsed:
+            raise ValueError(f"example['answer'] = {gold!r} does not parse as math; fix the dataset row")
+        predicted_parsed = _parse(predicted)
+        return (
+            bool(predicted_parsed)
+            and _limits.expression_within_limits(predicted_parsed)
+            and math_verify.verify(gold_parsed, predicted_parsed, timeout_seconds=None)
+        )
+
+
+def _answer(marker: _answers.Marker | None) -> str | None:
+    """A marker's answer without its unit words; None when it has none or hedges."""
+    if marker is None or marker.content is None:
+        return None
+    return _units.strip_units(marker.content, prose=marker.kind == "hash")
 
 
 def _score(answer: str | None, example: dict) -> float:
@@ -48,7 +101,7 @@ def math_reward(prompt: str, completion: str, example: dict) -> float:
     No box, or an empty or unclosed last box, scores 0 (MATH-500 style).
     """
     del prompt  # the answer alone decides
-    return _score(_answers.final_boxed_answer(completion), example)
+    return _score(_answer(_answers.last_boxed(completion)), example)
 
 
 @register("gsm8k", where="pool")
@@ -59,4 +112,5 @@ def gsm8k_reward(prompt: str, completion: str, example: dict) -> float:
     without either, the last number in the completion.
     """
     del prompt
-    return _score(_answers.final_gsm8k_answer(completion), example)
+    marker = _answers.final_gsm8k_marker(completion)
+    return _score(_answer(marker) if marker else _answers.last_number(completion), example)

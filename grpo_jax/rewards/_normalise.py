@@ -9,6 +9,9 @@ plain `1,000`, but misreads other ways models write numbers:
 | `５`, `٥`       | nothing parsed               | 5                        |
 | `50\\%`         | 0.5, and equal to 0.5        | 50 (the issue's rule)    |
 | `5.` in a box  | the string '5.'              | 5                        |
+
+Integers are compared as digit strings (`canonical_integer`), never through `int()` or
+sympy, so golds past Python's 4300-digit int-string limit compare exactly.
 """
 
 import re
@@ -21,6 +24,7 @@ _SPACED_THOUSANDS = re.compile(r"(?<=\d)(?:\\,|\\!|\\ |~|\{,\}|[\u2009\u202f\u00
 _COMMA_THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d])")
 _DOLLAR = re.compile(r"\\?\$")
 _PERCENT = re.compile(r"\\?%")
+_INTEGER = re.compile(r"([+-]?)0*([0-9]+)")
 
 
 def normalise_digits(text: str) -> str:
@@ -46,3 +50,18 @@ def normalise_answer(answer: str) -> str:
     """
     answer = _PERCENT.sub("", _DOLLAR.sub("", normalise_digits(answer)))
     return answer.strip().rstrip(".").strip()
+
+
+def canonical_integer(text: str) -> str | None:
+    """`text` as a canonical integer string (no `+`, no leading zeros, `-0` is `0`), or None
+    when it is not an optional sign and ASCII digits only. Any length: no `int()` is built.
+
+    Example:
+      >>> canonical_integer("+007"), canonical_integer("-0"), canonical_integer("7.0")
+      ('7', '0', None)
+    """
+    match = _INTEGER.fullmatch(text)
+    if match is None:
+        return None
+    sign, digits = match.groups()
+    return digits if sign != "-" or digits == "0" else "-" + digits

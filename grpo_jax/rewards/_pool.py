@@ -48,9 +48,12 @@ def to_outcome(value: object) -> Outcome:
 
 
 def run_contained(fn: Callable[..., object], args: tuple, kwargs: dict) -> Outcome:
-    """Calls `fn(*args, **kwargs)`; an exception or a non-finite value becomes a 0.0 "error"."""
+    """Calls `fn(*args, **kwargs)`; a TimeoutError (a grader's own time limit) becomes a 0.0
+    "timeout", any other exception or a non-finite value a 0.0 "error"."""
     try:
         return to_outcome(fn(*args, **kwargs))
+    except TimeoutError as error:
+        return Outcome(0.0, "timeout", str(error))
     except Exception as error:  # a grader bug must not stop training
         return error_outcome(error)
 

@@ -96,6 +96,23 @@ TABLE = [
     ("<answer>25 / (6 - 6)</answer>", [25, 6, 6], 0, 0.0),
     ("<answer>The answer is (6 - 2) * 25</answer>", NUMS, 100, 0.0),
     ("<Answer>(6 - 2) * 25</Answer>", NUMS, 100, 0.0),  # tags are case-sensitive
+    # power bombs: powers are not in the grammar, so nothing is computed
+    ("<answer>2^2^2^2</answer>", [2, 2, 2, 2], 16, 0.0),
+    ("<answer>2 ** 2 ** 2 ** 2</answer>", [2, 2, 2, 2], 65536, 0.0),
+    ("<answer>" + "9**" * 60 + "9</answer>", [9] * 61, 0, 0.0),
+    ("<answer>" + "9 ** " * 1990 + "9</answer>", [9] * 1991, 0, 0.0),
+    # nesting and length, up to MAX_EXPRESSION_CHARS = 256 and past it
+    ("<answer>" + "(" * 127 + "25" + ")" * 127 + "</answer>", NUMS, 25, 1.0),
+    ("<answer>" + "(" * 128 + "25" + ")" * 128 + "</answer>", NUMS, 25, 0.0),
+    ("<answer>" + "(" * 4990 + "25" + ")" * 4990 + "</answer>", NUMS, 25, 0.0),
+    ("<answer>" + "1+" * 127 + "1</answer>", [1] * 128, 128, 1.0),
+    ("<answer>" + "1+" * 128 + "1</answer>", [1] * 129, 129, 0.0),
+    ("<answer>" + "9" * 9980 + "</answer>", NUMS, 0, 0.0),
+    # long completions
+    ("<answer>" * 1250, NUMS, 100, 0.0),
+    ("<answer>(6 - 2) * 25</answer>" * 340, NUMS, 100, 1.0),
+    ("<answer>(6 - 2) * 25</answer>" * 339 + "<answer>", NUMS, 100, 0.0),
+    ("<think>" + "6 - 2 = 4. " * 900 + "</think><answer>(6 - 2) * 25</answer>", NUMS, 100, 1.0),
 ]
 
 

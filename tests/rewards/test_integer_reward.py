@@ -77,6 +77,16 @@ TABLE = [
     ("#### " + "9" * 65, "9" * 65, 0.0),  # longer numbers are refused, not parsed
     ("#### " + "9" * 100_000, "734", 0.0),
     ("#### 734" + "\u200b", "734", 0.0),  # zero-width space is not whitespace
+    # golds of any length compare as digit strings, never through int()
+    ("#### 5", "9" * 5000, 0.0),
+    ("#### " + "9" * 5000, "9" * 5000, 0.0),  # longer than 64 digits: refused, as above
+    ("#### " + "9" * 64, "0" * 10 + "9" * 64, 1.0),
+    ("#### " + "9" * 64, "9" * 9000, 0.0),
+    ("#### 734", "٧٣٤", 1.0),  # a gold in another digit script, as int() read it
+    # long completions
+    ("#### 734\n" * 1100, "734", 1.0),
+    ("####" * 2500, "734", 0.0),
+    ("#### " + "{" * 5000 + "734" + "}" * 4990, "734", 0.0),
 ]
 
 
@@ -88,6 +98,11 @@ def test_table_is_big_enough():
 def test_integer_answer_reward(completion, gold, expected):
     example = {"task": "arithmetic", "question": "q", "answer": gold}
     assert rewards.integer_answer_reward("prompt", completion, example) == expected
+
+
+def test_gold_that_is_not_an_integer_raises_naming_the_field():
+    with pytest.raises(ValueError, match=r"example\['answer'\] = '7.5' is not an integer"):
+        rewards.integer_answer_reward("p", "#### 7", {"answer": "7.5"})
 
 
 def test_registered_inline():

@@ -93,6 +93,59 @@ MATH_TABLE = [
     (r"\boxed{" + "9" * 400 + "}", "9" * 400, 1.0),
     (r"\boxed{\infty}", "5", 0.0),
     (r"\boxed{\frac{5}{0}}", "5", 0.0),
+    # a unit in text mode is dropped; bare letters in a box are math; a hedge is no answer
+    (r"\boxed{\text{18 dollars}}", "18", 1.0),
+    (r"\boxed{\text{18 dollars}}", "19", 0.0),
+    (r"\boxed{18 \text{ dollars}}", "18", 1.0),
+    (r"\boxed{18\ \mathrm{cm}}", "18", 1.0),
+    (r"\boxed{\mbox{5 apples}}", "5", 1.0),
+    (r"\boxed{\text{1/2 cup}}", "0.5", 1.0),
+    (r"\boxed{\text{\$1,200 per month}}", "1200", 1.0),
+    (r"\boxed{3 x}", "3", 0.0),  # 3x
+    (r"\boxed{18 dollars}", "18", 0.0),  # 18 d o l l a r s, a product of variables
+    (r"\boxed{18 \text{ or more}}", "18", 0.0),  # math-verify alone gives 1.0
+    (r"\boxed{\text{18 or 19}}", "18", 0.0),
+    (r"\boxed{18 \text{ dollars or 19}}", "18", 0.0),  # math-verify alone gives 1.0
+    (r"\boxed{\text{about } 18}", "18", 0.0),
+    (r"\boxed{\text{neither}}", r"\text{neither}", 1.0),  # a hedge word with no number is an answer
+    (r"\boxed{1 \over 2}", "0.5", 1.0),  # \over is LaTeX, not a word
+    # integers of any length, past Python's 4300-digit int-string limit
+    (r"\boxed{" + "1" * 5000 + "}", "1" * 5000, 1.0),
+    (r"\boxed{" + "1" * 5000 + "}", "1" * 4999 + "2", 0.0),
+    (r"\boxed{" + "9" * 9000 + "}", "9" * 9000, 1.0),
+    (r"\boxed{" + "9" * 9000 + "}", "9" * 8999, 0.0),
+    (r"\boxed{0" + "9" * 9000 + "}", "9" * 9000, 1.0),
+    (r"\boxed{-" + "9" * 5000 + "}", "9" * 5000, 0.0),
+    (r"\boxed{3 + 69}", "9" * 5000, 0.0),  # a non-integer answer to a huge gold: no raise
+    (r"\boxed{10^{5000}}", "1" + "0" * 5000, 0.0),  # golds over 4,000 digits match integers only
+    (r"\boxed{2^{1000}}", str(2**1000), 1.0),
+    (r"\boxed{2^{1000} + 1}", str(2**1000), 0.0),
+    # nesting and length: past the caps scores 0 without parsing
+    (r"\boxed{" + "{" * 3 + "5" + "}" * 3 + "}", "5", 1.0),
+    (r"\boxed{" + "{" * 6 + "5" + "}" * 6 + "}", "5", 0.0),  # deeper than MAX_DEPTH = 5
+    (r"\boxed{(" + "1+" * 20 + "1)}", "21", 1.0),
+    (r"\boxed{(" + "1+" * 40 + "1)}", "41", 0.0),  # nesting 83 > MAX_NESTING = 64
+    (r"\boxed{" + "{" * 1000 + "5" + "}" * 1001, "5", 0.0),
+    (r"\boxed{" + "{" * 4990 + "5" + "}" * 4991, "5", 0.0),
+    ("\\boxed{" * 1000 + "5" + "}" * 1000, "5", 1.0),  # nested boxes unwrap in one pass
+    ("\\boxed{" * 1400, "5", 0.0),
+    ("\\boxed{4}" * 1100 + "\\boxed{5}", "5", 1.0),
+    (r"\boxed{" + r"\frac{\sqrt{2}}{3}+" * 520 + "1}", "5", 0.0),  # 9,900 characters of LaTeX
+    ("7" * 10_000, "5", 0.0),
+    # numbers sympy would build for minutes are refused; small ones are computed
+    (r"\boxed{9^{9^{9^{9}}}}", "5", 0.0),
+    (r"\boxed{10^{-10^{7}}}", "5", 0.0),
+    (r"\boxed{(10^{10})!}", "5", 0.0),
+    (r"\boxed{\binom{10^{8}}{5 \cdot 10^{7}}}", "5", 0.0),
+    (r"\boxed{(a+b)(c+d)(e+f)(g+h)(i+j)(k+l)(m+n)(o+p)(q+r)(s+t)}", "5", 0.0),  # 1,024 monomials
+    (r"\boxed{(x+y+1)^{30}}", "5", 0.0),
+    (r"\boxed{2^{10}}", "1024", 1.0),
+    (r"\boxed{10!}", "3628800", 1.0),
+    (r"\boxed{\binom{10}{5}}", "252", 1.0),
+    (r"\boxed{(x+1)^{2}}", "x^2+2x+1", 1.0),
+    (r"\boxed{(a+b)(c+d)}", "ac+ad+bc+bd", 1.0),
+    (r"\boxed{\begin{pmatrix} 1 & 2 \end{pmatrix}}", r"\begin{pmatrix} 1 & 2 \end{pmatrix}", 1.0),
+    (r"\boxed{\begin{pmatrix} 9^{9^{9}} & 2 \end{pmatrix}}", r"\begin{pmatrix} 1 & 2 \end{pmatrix}", 0.0),
 ]
 
 # (completion, GSM8K gold answer, expected reward)
@@ -165,6 +218,47 @@ GSM8K_TABLE = [
     ("<answer>72</answer> and the last number is 3", "72", 0.0),
     ("#### 3 + 69", "72", 1.0),  # an expression equal to the gold
     ("#### 144/2", "72", 1.0),
+    # unit words after the number are dropped
+    ("#### 18 dollars", "18", 1.0),
+    ("#### 18 dollars", "19", 0.0),
+    ("#### 72 books.", "72", 1.0),
+    ("She has 72 books.\n#### 72 books.", "72", 1.0),
+    ("#### $1,200 per month", "1200", 1.0),
+    ("#### 5 apples!", "5", 1.0),
+    ("#### 1/2 cup", "0.5", 1.0),
+    ("#### 1/2 cup", "0.25", 0.0),
+    ("#### ７２ books", "72", 1.0),
+    ("#### -5 degrees", "-5", 1.0),
+    ("#### 3.5 hours", "3.5", 1.0),
+    ("#### 18 km/h", "18", 1.0),
+    ("#### 18 sq. ft.", "18", 1.0),
+    ("#### 50% off", "50", 1.0),
+    ("\\boxed{\\text{18 dollars}}", "18", 1.0),
+    ("\\boxed{18 dollars}", "18", 0.0),  # bare letters in a box are math
+    # ... but a hedge after the number is no answer
+    ("#### 18 or 19", "18", 0.0),
+    ("#### 18 or 19", "19", 0.0),
+    ("#### 18 or more", "18", 0.0),  # math-verify alone gives 1.0
+    ("#### 18 dollars or less", "18", 0.0),
+    ("#### 18 dollars at most", "18", 0.0),
+    ("#### 18 degrees below zero", "18", 0.0),
+    ("#### about 18", "18", 0.0),
+    ("#### 5!", "120", 1.0),  # no words: a factorial, as math-verify reads it
+    ("#### 5!", "5", 0.0),
+    # integers of any length, past Python's 4300-digit int-string limit
+    ("#### " + "9" * 9000, "9" * 9000, 1.0),
+    ("#### " + "9" * 9000, "9" * 8999 + "8", 0.0),
+    ("#### 1" + "0" * 5000, "1" + "0" * 5000, 1.0),
+    ("#### " + "1" * 5000, "1" * 4999, 0.0),
+    ("7" * 10_000, "7" * 10_000, 1.0),  # the last number
+    ("#### 72", "9" * 5000, 0.0),
+    # long and adversarial completions
+    ("####" * 2500, "72", 0.0),
+    ("#### 72\n" * 1250, "72", 1.0),
+    ("#### " + "{" * 1000 + "72" + "}" * 1000, "72", 0.0),
+    ("(" * 4995 + ")" * 4995, "72", 0.0),
+    ("\\boxed{9^{9^{9^{9}}}}", "72", 0.0),
+    ("#### 10^{10^{10}}", "72", 0.0),
 ]
 
 
@@ -219,7 +313,7 @@ HANGING_ANSWERS = [r"\boxed{9^{9^{9^{9}}}}", r"\boxed{10^{10^{10}}}", "#### 10^{
 
 @pytest.fixture(scope="module")
 def pool():
-    """A short budget, so hanging answers cost little test time."""
+    """A short budget, so a hanging answer would cost little test time."""
     with rewards.GraderPool(2, timeout_s=1.0) as grader_pool:
         yield grader_pool
 
@@ -232,15 +326,17 @@ def patient_pool():
 
 
 @pytest.mark.slow
-def test_answers_that_hang_sympy_time_out_in_the_pool(pool):
-    """Towers of powers make sympy compute huge integers for minutes; the pool stops them."""
+def test_answers_that_hung_sympy_are_refused_in_the_pool(pool):
+    """Towers of powers made sympy compute huge integers for minutes, until the pool killed
+    the worker; the size bounds now refuse them before sympy evaluates anything."""
     specs = rewards.as_specs([("gsm8k", 1.0)])
     n = len(HANGING_ANSWERS) + 1
     completions = HANGING_ANSWERS + ["#### 5"]
+    replaced = pool.replaced_workers
     values, metrics = rewards.score_batch(specs, ["p"] * n, completions, [_example("5")] * n, pool=pool)
     assert values.tolist() == [0.0] * len(HANGING_ANSWERS) + [1.0]
-    assert metrics["reward_timeouts"] == len(HANGING_ANSWERS)
-    assert metrics["reward_errors"] == 0.0
+    assert metrics["reward_timeouts"] == metrics["reward_errors"] == 0.0
+    assert pool.replaced_workers == replaced
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["_answers", "_countdown", "_format", "_math", "_normalise", "_pool", "_rpt", "_self_verify"]
+MODULES = ["_answers", "_countdown", "_format", "_limits", "_math", "_normalise", "_pool", "_rpt", "_self_verify", "_units"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import rewards
+from grpo_jax.rewards import _limits
 
 
 # Graders for the pool must be importable by name, so they live at module level.
@@ -19,6 +20,13 @@ def hanging_grader(prompt, completion, example):
 def spinning_grader(prompt, completion, example):
     if completion == "hang":
         while True:  # holds the GIL, deaf to signals, like a runaway sympy power
+            pass
+    return 1.0
+
+
+def self_limited_grader(prompt, completion, example):
+    with _limits.time_limit(0.1, "self-limited grader"):
+        while completion == "slow":  # Python code, so the grader's own time limit stops it
             pass
     return 1.0
 
@@ -55,6 +63,8 @@ def registered():
     entries = {
         "test_hanging": (hanging_grader, "pool"),
         "test_spinning": (spinning_grader, "pool"),
+        "test_self_limited": (self_limited_grader, "pool"),
+        "test_self_limited_inline": (self_limited_grader, "inline"),
         "test_raising": (raising_grader, "pool"),
         "test_raising_inline": (raising_grader, "inline"),
         "test_crashing": (crashing_grader, "pool"),
@@ -101,6 +111,15 @@ class TestContainment:
         values, metrics = _score([(name, 1.0)], ["ok"] * 4, pool=pool)
         np.testing.assert_array_equal(values, [1.0] * 4)
         assert metrics["reward_timeouts"] == 0.0
+
+    @pytest.mark.parametrize("name", ["test_self_limited", "test_self_limited_inline"])
+    def test_grader_time_limit_is_a_counted_timeout_without_replacing_a_worker(self, registered, pool, name):
+        replaced = pool.replaced_workers
+        values, metrics = _score([(name, 1.0)], ["ok", "slow", "ok"], pool=pool)
+        np.testing.assert_array_equal(values, [1.0, 0.0, 1.0])
+        assert metrics["reward_timeouts"] == 1.0 and metrics[f"reward_timeouts/{name}"] == 1.0
+        assert metrics["reward_errors"] == 0.0
+        assert pool.replaced_workers == replaced
 
     @pytest.mark.parametrize("name", ["test_raising", "test_raising_inline"])
     def test_raising_grader_scores_zero_and_counts(self, registered, pool, name):

@@ -71,6 +71,10 @@ TABLE = [
     ("#### 1,000 " + V_OK, "gsm8k", {"answer": "1000"}, 1.0),
     ("#### ７２ " + V_OK, "gsm8k", {"answer": "72"}, 1.0),
     ("#### 72\n#### " + V_BAD, "gsm8k", {"answer": "72"}, 1.0),  # empty last marker: not correct
+    ("#### 72 books.\n" + V_OK, "gsm8k", {"answer": "72"}, 1.0),  # a unit after the number
+    ("#### 72 or more\n" + V_BAD, "gsm8k", {"answer": "72"}, 1.0),  # a hedge is not correct
+    ("#### " + "9" * 5000 + "\n" + V_OK, "gsm8k", {"answer": "9" * 5000}, 1.0),
+    ("#### " + "{" * 1000 + "72" + "}" * 1000 + V_BAD, "gsm8k", {"answer": "72"}, 1.0),
     # Countdown grader
     ("<answer>(6 - 2) * 25</answer>" + V_OK, "countdown", CD, 1.0),
     ("<answer>(6 - 2) * 25</answer>" + V_BAD, "countdown", CD, 0.0),
