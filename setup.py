@@ -31,6 +31,7 @@ setuptools.setup(
         "absl-py>=2.1,<3",
         "tensorboardX>=2.6,<3",
         "math-verify>=0.8,<0.10",
+        "sympy>=1.12,<2",             # the graders bound sympy's work before math-verify runs it
         "latex2sympy2_extended>=1.10,<2",
         "reasoning-gym>=0.1.23,<0.2",
     ],

@@ -1,18 +1,24 @@
 """Process set-up: parallel.use_cpu_cores (one XLA CPU device per core, unless a count was
-already chosen) and maybe_initialize_distributed (once per process).
+already chosen), parallel.initialize (jax.distributed, once per process), the mesh spec,
+and rows moving between a process and the mesh.
 
 use_cpu_cores cases run in a fresh interpreter: the device count is fixed once JAX
 starts, and the test process itself already runs on 8 forced devices (conftest.py).
 """
 
 import os
+import pathlib
 import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
-from grpo_jax.parallel import mesh as mesh_lib
+from grpo_jax import config_lib
+from grpo_jax.parallel import hosts, mesh as mesh_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 PROBE = """
 from grpo_jax import parallel
@@ -57,17 +63,65 @@ def test_a_count_in_xla_flags_wins():
 
 
 
+def _distributed(**fields):
+    config = config_lib.load_config(str(REPO / "configs" / "base.py"))
+    return config_lib.apply_overrides(config.distributed, fields)
+
+
 @pytest.mark.parametrize("already, calls", [(False, 1), (True, 0)])
 def test_distributed_start_up_happens_once(monkeypatch, already, calls):
     started = []
     monkeypatch.setattr(jax.distributed, "is_initialized", lambda: already or bool(started))
-    monkeypatch.setattr(jax.distributed, "initialize", lambda: started.append(1))
-    assert mesh_lib.maybe_initialize_distributed(True) is True
-    assert mesh_lib.maybe_initialize_distributed(True) is True   # the demo's second stage
-    assert len(started) == calls
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: started.append(kw))
+    assert hosts.initialize(_distributed(enabled=True)) is True
+    assert hosts.initialize(_distributed(enabled=True)) is True   # the demo's second stage
+    assert started == [{}] * calls   # nothing explicit: JAX detects the cluster
+
+
+def test_explicit_addresses_start_it_and_must_come_together(monkeypatch):
+    started = []
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: bool(started))
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: started.append(kw))
+    fields = dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=1)
+    assert hosts.initialize(_distributed(**fields)) is True
+    assert started == [fields]
+    with pytest.raises(ValueError, match=r"set distributed.process_id too"):
+        hosts.initialize(_distributed(coordinator_address="h:1", num_processes=2))
 
 
 def test_distributed_start_up_is_off_by_default(monkeypatch):
     monkeypatch.delenv("GRPO_JAX_DISTRIBUTED", raising=False)
-    monkeypatch.setattr(jax.distributed, "initialize", lambda: pytest.fail("started jax.distributed"))
-    assert mesh_lib.maybe_initialize_distributed() is False
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: pytest.fail("started jax.distributed"))
+    assert hosts.initialize(_distributed()) is False
+
+
+@pytest.mark.parametrize("spec, axes", [
+    ("data=-1,fsdp=2,tensor=1", (("data", -1), ("fsdp", 2), ("tensor", 1))),
+    (" data = 8 ", (("data", 8),)),
+    ((("data", -1), ("tensor", 2)), (("data", -1), ("tensor", 2))),
+])
+def test_mesh_spec_parses(spec, axes):
+    assert mesh_lib.parse_mesh(spec) == axes
+
+
+@pytest.mark.parametrize("spec", ["data:8", "data=x", "", "=4"])
+def test_a_bad_mesh_spec_names_the_form(spec):
+    with pytest.raises(ValueError, match="name=size|names no axis"):
+        mesh_lib.parse_mesh(spec)
+
+
+def test_rows_split_over_every_axis_but_tensor():
+    mesh = mesh_lib.make_mesh("data=2,fsdp=2,tensor=2")
+    assert mesh_lib.row_axes(mesh) == ("data", "fsdp") and mesh_lib.row_ways(mesh) == 4
+
+
+def test_global_rows_and_local_rows_round_trip_on_one_process():
+    mesh = mesh_lib.make_mesh("data=-1,tensor=1")
+    rows = {"x": np.arange(32).reshape(16, 2), "y": np.arange(16) % 3 == 0}
+    placed = hosts.global_rows(mesh, rows)
+    assert len({s.index[0].start for s in placed["x"].addressable_shards}) == 8
+    for key in rows:
+        np.testing.assert_array_equal(hosts.local_rows(placed[key]), rows[key])
+    odd = hosts.global_rows(mesh, {"x": np.arange(6)})["x"]   # 6 rows do not split 8 ways
+    np.testing.assert_array_equal(hosts.local_rows(odd), np.arange(6))
+    assert hosts.allgather_json({"a": [1, 2]}) == [{"a": [1, 2]}] and hosts.agree_max(7) == 7

@@ -72,8 +72,25 @@ def progress_bar(done, total, width=20):
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def _drop_steps_after(path, step):
+    """Removes from a metrics.jsonl the rows of steps after `step`: a resumed run redoes
+    them, and each step keeps one row."""
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    if len(kept) != len(lines):
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+
+
 class MetricWriter:
-    """Writes scalar metrics to ``workdir/metrics.jsonl``, TensorBoard and the console."""
+    """Writes scalar metrics to ``workdir/metrics.jsonl``, TensorBoard and the console.
+
+    A run resumed at `start_step` first drops the rows of later steps from
+    metrics.jsonl (written before an interruption, and about to be redone).
+    """
 
     def __init__(self, workdir, *, total_steps, start_step=0, total_seconds=None, prefix="",
                  stream=sys.stdout):
@@ -88,7 +105,9 @@ class MetricWriter:
         self._jsonl = self._tb = None
         if self.is_main:
             os.makedirs(workdir, exist_ok=True)
-            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+            path = os.path.join(workdir, "metrics.jsonl")
+            _drop_steps_after(path, start_step)
+            self._jsonl = open(path, "a", encoding="utf-8")
             import tensorboardX   # imported lazily: only the writing process needs it
             self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
 

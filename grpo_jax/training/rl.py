@@ -30,11 +30,11 @@ from grpo_jax.training import policy as policy_lib
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
 
 OLD_LOGP = ("recompute", "sampler")
-RNG_STREAMS = ("rollout", "shuffle", "eval")
+RNG_STREAMS = ("rollout", "eval")
 
 
 def step_rng(seed, stream, step):
-    """The key of `stream` ("rollout", "shuffle", "eval") at `step`: fold_in(seed, ...)."""
+    """The key of `stream` ("rollout", "eval") at `step`: fold_in(seed, ...)."""
     key = jax.random.fold_in(jax.random.key(seed), RNG_STREAMS.index(stream))
     return jax.random.fold_in(key, step)
 
@@ -98,14 +98,15 @@ def make_counts(objective):
     return count_fn
 
 
-def update_on_batch(update, params, opt_state, batch, rng, *, epochs, minibatches):
+def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatches):
     """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
-    fresh random order of its rows; returns (params, opt_state, mean metrics)."""
+    fresh random order of its rows (drawn from `seed`, the same on every process);
+    returns (params, opt_state, mean metrics)."""
     rows = batch["mask"].shape[0]
     per_update = []
     for epoch in range(epochs):
-        order = jax.random.permutation(jax.random.fold_in(rng, epoch), rows)
-        for index in jnp.split(order, minibatches):
+        order = np.random.default_rng([*seed, epoch]).permutation(rows).astype(np.int32)
+        for index in np.split(order, minibatches):
             params, opt_state, metrics = update(params, opt_state, batch, index)
             per_update.append(metrics)
     per_update = jax.device_get(per_update)
@@ -175,6 +176,9 @@ def train(config, workdir):
                                              rng=step_rng(cfg.seed, "rollout", step))
             if lagged:
                 lagged = lagged[1:] + [copy(policy.params)]
+            if cfg.train.log_rollouts_every and step % cfg.train.log_rollouts_every == 0:
+                rollout.write_samples(batch, policy.tokenizer,
+                                      os.path.join(workdir, "rollouts", f"{step}.jsonl"))
             # 2. pi_old (the parameters that sampled, recomputed) and pi_ref, then advantages.
             begin = time.time()
             if cfg.train.old_logp == "recompute":
@@ -189,7 +193,7 @@ def train(config, workdir):
             # 3. Updates: epochs x minibatches optimizer steps on the batch.
             begin = time.time()
             policy.params, opt_state, update_metrics = update_on_batch(
-                update, policy.params, opt_state, batch, step_rng(cfg.seed, "shuffle", step),
+                update, policy.params, opt_state, batch, (cfg.seed, step),
                 epochs=cfg.train.epochs, minibatches=cfg.train.minibatches)
             metrics.update(update_metrics)
             seconds = time.time() - begin

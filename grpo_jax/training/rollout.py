@@ -17,11 +17,14 @@ add nothing to the loss or to any count, and `row_valid` says which rows are rea
 """
 
 import functools
+import json
+import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from grpo_jax import objectives, parallel, sampling
 from grpo_jax.training import task as task_lib
@@ -197,3 +200,27 @@ def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
                    batch_filled=min(kept, num_groups) / num_groups if dynamic else 1.0,
                    rollout_tokens_per_s=metrics.pop("generated_tokens") / max(seconds, 1e-9))
     return batch, metrics
+
+
+def write_samples(batch, tokenizer, path):
+    """Writes every row of a train batch as one JSON line: the prompt, the completion,
+    its reward(s), correctness, length and whether the row counts (``row_valid``).
+
+    For reading what the policy writes (``train.log_rollouts_every``): it gathers the
+    whole batch to every host, so it is not free on a large run. Process 0 writes.
+    """
+    keys = ("prompt_tokens", "prompt_mask", "tokens", "rewards", "correct", "row_valid", "lengths")
+    rows = {k: np.asarray(multihost_utils.process_allgather(batch[k], tiled=True)) for k in keys}
+    if not parallel.is_main():
+        return
+    prompts = task_lib.decode_completions(tokenizer, rows["prompt_tokens"], rows["prompt_mask"])
+    generated = np.arange(rows["tokens"].shape[1])[None] < rows["lengths"][:, None]
+    completions = task_lib.decode_completions(tokenizer, rows["tokens"], generated)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+            f.write(json.dumps({"prompt": prompt, "completion": completion,
+                                "reward": rows["rewards"][i].tolist(),
+                                "correct": bool(rows["correct"][i]),
+                                "length": int(rows["lengths"][i]),
+                                "row_valid": bool(rows["row_valid"][i])}) + "\n")

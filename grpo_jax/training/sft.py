@@ -85,7 +85,7 @@ def train(config, workdir, *, seconds=None):
     writer = metrics_lib.MetricWriter(workdir, total_steps=cfg.sft.steps, start_step=step,
                                       total_seconds=seconds,
                                       prefix="sft " if seconds is None else "sft (timed) ")
-    index = jnp.arange(cfg.sft.batch_size)
+    index = np.arange(cfg.sft.batch_size, dtype=np.int32)
 
     # --- the loop ------------------------------------------------------------------------
     start = time.time()

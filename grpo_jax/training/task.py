@@ -1,5 +1,6 @@
 """The task side of a run: its datasets, prompts as token rows, completions back to text, rewards."""
 
+import grain
 import jax
 import numpy as np
 
@@ -32,14 +33,21 @@ def data_source(task_cfg, split):
 
 
 def loader(source, config, *, batch_size):
-    """This process's endless, shuffled stream of example batches (`batch_size` examples,
-    the process's share of the global batch)."""
-    processes = jax.process_count()
-    if batch_size % processes:
-        raise ValueError(f"a batch of {batch_size} examples does not split over {processes} "
+    """This process's share of an endless, shuffled stream of global batches.
+
+    Every process walks the same stream of `batch_size`-example batches (a function of
+    the seed alone) and keeps its slice: process i of n the examples
+    ``[i b / n, (i + 1) b / n)``. So the global batch of a step is the same on any number
+    of processes, and their rows join in process order (`parallel.global_rows`).
+    """
+    count, index = jax.process_count(), jax.process_index()
+    if batch_size % count:
+        raise ValueError(f"a batch of {batch_size} examples does not split over {count} "
                          "processes; make rollout.prompts_per_batch (sft.batch_size) a multiple")
-    return data.make_loader(source, seed=config.seed, num_epochs=None,
-                            batch_size=batch_size // processes, drop_remainder=True)
+    share = batch_size // count
+    stream = data.make_loader(source, seed=config.seed, num_epochs=None, batch_size=batch_size,
+                              drop_remainder=True, shard_options=grain.sharding.NoSharding())
+    return stream.map(lambda batch: batch[index * share:(index + 1) * share])
 
 
 def prompt_text(task_cfg, example, tokenizer):

@@ -19,10 +19,7 @@ import pytest
 
 from grpo_jax import objectives as obj
 
-try:  # rootdir on sys.path (python -m pytest), tests/ a (namespace) package
-  from tests.objectives import numpy_reference as ref
-except ImportError:  # pytest's rootdir-less "prepend" import of this directory
-  import numpy_reference as ref
+from tests.objectives import numpy_reference as ref
 
 RTOL, ATOL = 1e-5, 1e-6
 # Row lengths of the standard ragged batch: a fully masked row (0) and a length-1 row.

@@ -73,7 +73,7 @@ EXAMPLE = {
     "continuation": "brown fox",
     "completion_length": 10,
 }
-OPTIONS = {"overlong": {"max_len": 20, "cache_len": 5}}
+OPTIONS = {"overlong": {"max_len": 20, "cache_len": 5}, "length_budget": {"budget": 20}}
 
 
 def _completions(name):

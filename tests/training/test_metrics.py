@@ -39,3 +39,14 @@ def test_eta_comes_from_steady_steps_and_compile_time_is_shown_apart(tmp_path, m
     assert [r["step"] for r in rows] == [50, 100]
     assert [r["time_compile"] for r in rows] == [55.0, 0.0]   # per interval, not cumulative
     assert [r["loss"] for r in rows] == [0.5, 0.25]
+
+
+def test_a_resumed_run_drops_the_rows_it_redoes(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in (1, 2, 3, 4)))
+    writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=6, start_step=2,
+                                      stream=io.StringIO())
+    writer.write(3, {"loss": 0.75})
+    writer.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 0.75)]
