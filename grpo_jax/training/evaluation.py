@@ -30,10 +30,10 @@ def own_examples(source, count):
     return examples + [examples[-1]] * (share - len(examples)), stop - start
 
 
-def _padded(examples, mesh, group_size):
-    """`examples` topped up (repeating the last) so the rows split over the mesh."""
-    ways = parallel.row_ways(mesh) // jax.process_count()
-    multiple = max(ways // np.gcd(ways, group_size), 1)
+def _padded(examples, mesh):
+    """`examples` topped up (repeating the last) so that every process's prompt rows, and
+    so the completions, split over the mesh's row axes."""
+    multiple = max(parallel.row_ways(mesh) // jax.process_count(), 1)
     return list(examples) + [examples[-1]] * (-len(examples) % multiple)
 
 
@@ -42,7 +42,7 @@ def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size)
     correct = []
     for start in range(0, len(examples), EVAL_CHUNK):
         chunk = examples[start:start + EVAL_CHUNK]
-        padded = _padded(chunk, mesh, group_size)
+        padded = _padded(chunk, mesh)
         texts, tokens, mask = task_lib.prompt_rows(config.task, padded, policy.tokenizer)
         prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
         rollout = rollout_lib.sample_on_mesh(
