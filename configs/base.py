@@ -78,6 +78,11 @@ def get_config(arg=None):
     # Asynchronous RL's staleness: the rollouts of step t come from the parameters of step
     # t - policy_lag (0: the current ones). The lagged copies are kept and checkpointed.
     config.rollout.policy_lag = 0
+    # DeepSeek-V3.2's keep sampling mask: the top-p/top-k set of every sampled position is
+    # kept, and pi_old and pi_theta are both renormalised over it (needs a truncation).
+    config.rollout.keep_sampling_mask = False
+    # ... and keep routing: an MoE's training forward replays the sampler's experts.
+    config.rollout.keep_routing = False
 
     config.train = config_dict.ConfigDict()
     config.train.steps = 200

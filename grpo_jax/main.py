@@ -32,7 +32,7 @@ MODES = ("rl", "sft", "demo", "eval")
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)   # orbax and tfds log every file at INFO
+    logging.set_verbosity(logging.ERROR)   # orbax and tfds log every file (and config) otherwise
     config = _CONFIG.value
     if config.mode not in MODES:
         raise app.UsageError(f"config.mode must be one of {MODES}, got {config.mode!r}")
