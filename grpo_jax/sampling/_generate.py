@@ -96,6 +96,13 @@ def _batch_axes(mesh, rules):
     return tuple(a for a in mesh.axis_names if a not in _rule_axes(rules))
 
 
+def row_multiple(rules="sampling"):
+    """What `generate`'s P*G rows must be a multiple of under the current mesh (1 without
+    one): the size of the mesh axes the rows split over."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty else math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
+
+
 def _shard_rows(tree, batch_axes, ways=1):
     """Constrains every array's leading (row) axis to `batch_axes`, the rest left to XLA.
 
@@ -301,7 +308,7 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
                 f"the {rules!r} sharding rules split weights over mesh axes {missing}, which the mesh "
                 f"{dict(mesh.shape)} lacks; add them to the mesh (size 1 is fine)"
             )
-        ways = math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
+        ways = row_multiple(rules)
         if (p * group_size) % ways:
             raise ValueError(
                 f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes ({ways} ways); "

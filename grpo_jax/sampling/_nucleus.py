@@ -92,5 +92,7 @@ def nucleus_floor(q_bv, p, max_candidates):
     # is more than p (the factor e covers float32 rounding of the total).
     bound = (1.0 - p) / (np.e * v)
     lo_b = jnp.where(fits_b, _order_key(floor_b) - 1, _order_key(jnp.full((b,), bound, jnp.float32)))
-    hi_b = jnp.where(fits_b, _order_key(floor_b), _order_key(top_bk[:, 0]))
+    # The largest probability from the row, not `top_bk[:, 0]`: XLA:CPU rewrites top-k as
+    # a full sort when its values are sliced to other widths than k.
+    hi_b = jnp.where(fits_b, _order_key(floor_b), _order_key(jnp.max(q_bv, axis=-1)))
     return _bisect_floor(q_bv, p, lo_b, hi_b), ids_bk

@@ -12,7 +12,7 @@ import tokenizers
 import transformers
 from flax import nnx
 
-from grpo_jax import models, sampling
+from grpo_jax import models, parallel, sampling
 
 PROMPTS = ["the cat", "a dog ran"]
 
@@ -52,20 +52,38 @@ def test_greedy_texts_decode_the_generated_tokens(checkpoint):
     assert np.all(rollout.lengths >= 1)
 
 
+def test_a_mesh_gives_the_same_texts(checkpoint):
+    """Under an 8-device mesh, 2 prompts x 3 samples are topped up to rows that split 8
+    ways; the texts equal those sampled on one device."""
+    model, tokenizer = models.from_pretrained(checkpoint)
+    method = sampling.make_method(temperature=0.9, top_p=0.8)
+    expected = sampling.sample_texts(model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=8, method=method, seed=2)
+    mesh = parallel.make_mesh([("data", -1), ("tensor", 1)])
+    spread, _ = models.from_pretrained(checkpoint, mesh=mesh, rules="sampling")
+    with jax.set_mesh(mesh):
+        got = sampling.sample_texts(spread, tokenizer, PROMPTS, num_samples=3, max_new_tokens=8, method=method, seed=2)
+    assert got == expected and len(got) == 2 and all(len(group) == 3 for group in got)
+
+
 @pytest.mark.slow
 def test_command_line_prints_what_sample_texts_returns(checkpoint):
+    """The command splits the host into one device per core and samples on all of them;
+    the texts equal one device's."""
     model, tokenizer = models.from_pretrained(checkpoint)
     expected = sampling.sample_texts(
         model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=10,
         method=sampling.make_method(temperature=0.8, top_p=0.9), seed=5,
     )
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")  # one device, as a user runs it
-    out = subprocess.run(
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")  # the device count a user gets
+    run = subprocess.run(
         [sys.executable, "-m", "grpo_jax.sampling", f"--checkpoint={checkpoint}",
          f"--prompt={PROMPTS[0]}", f"--prompt={PROMPTS[1]}", "--num_samples=3",
          "--max_new_tokens=10", "--temperature=0.8", "--top_p=0.9", "--seed=5"],
         capture_output=True, text=True, env=env, check=True, timeout=300,
-    ).stdout
+    )
+    cores = 2 ** int(np.log2(min(len(os.sched_getaffinity(0)), 8)))  # parallel.use_cpu_cores
+    assert f"'data': {cores}, 'tensor': 1}} over {cores} cpu device(s)" in run.stderr
+    out = run.stdout
     lines = [f"=== prompt {i}: {p!r}" for i, p in enumerate(PROMPTS)]
     assert all(line in out for line in lines)
     for i, group in enumerate(expected):
