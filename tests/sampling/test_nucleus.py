@@ -174,3 +174,14 @@ def test_kept_sets_match_transformers_warpers(method, warper, value):
     ours = np.isfinite(np.asarray(jax.jit(method.log_probs)(logits)))
     clear = clear_of_rounding(probabilities(logits, method.temperature), value) if warper == "TopPLogitsWarper" else True
     np.testing.assert_array_equal(ours[clear], np.isfinite(scores.numpy())[clear])
+
+
+@pytest.mark.parametrize("with_support", [False, True])
+@pytest.mark.parametrize("method", [sampling.TopP(0.9), sampling.TopK(20), sampling.MinP(0.1)],
+                         ids=lambda m: type(m).__name__)
+def test_the_compiled_sampler_sorts_nothing(method, with_support):
+    """No sort in the compiled program: XLA:CPU keeps `lax.top_k` as its partial-sort
+    kernel (it falls back to a full sort when top-k values are sliced to other widths)."""
+    draw = jax.jit(lambda m, z: sampling.sample(m, jax.random.key(0), z, with_support=with_support))
+    hlo = draw.lower(method, jnp.zeros((8, 4096))).compile().as_text()
+    assert " sort(" not in hlo
