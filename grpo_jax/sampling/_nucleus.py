@@ -65,12 +65,13 @@ def nucleus_floor(q_bv, p, max_candidates):
     whichever tied tokens its sort order puts first).
 
     Equality with the full sort. The floor is one of the row's probabilities, found by
-    comparisons, so it equals the floor of a full descending sort followed by a
-    cumulative sum (`TopP`'s definition) except when the mass preceding some token lies
-    within float32 rounding of p (|mass - p| below ~1e-6): the candidates' cumulative
-    sum and the bisection's masked sums add the same numbers in a different order.
-    Ties, `-inf` logits (probability 0, never kept unless p = 1 with rounding) and
-    nuclei larger than the candidates are handled exactly.
+    comparisons, so it equals the floor of a full descending sort followed by a float32
+    cumulative sum (how `TopP` and transformers computed it) except when the mass
+    preceding some token lies within float32 rounding of p (|mass - p| below ~1e-6; in
+    the tests, about 1 row in 100 of a 2,000-token nucleus): the candidates' cumulative
+    sum and the bisection's masked sums add the same numbers in another order, and there
+    either result is as close to the exact nucleus. Ties at the floor, `-inf` logits
+    (probability 0: never kept) and nuclei larger than the candidates are exact.
 
     Args:
       q_bv: `[B, V]` float32 probabilities of the tempered distribution.
