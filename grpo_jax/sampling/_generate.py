@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from grpo_jax.models import KVCache, sharding
 from grpo_jax.objectives import token_logprobs
 from grpo_jax.sampling._buckets import bucket_length
-from grpo_jax.sampling._methods import sample
+from grpo_jax.sampling._sample import sample
 
 SEGMENT = 64  # cache slots for the first completion tokens; segments are multiples of it
 
@@ -48,6 +48,12 @@ class Rollout:
       lengths: `[B]` int32 completion lengths (mask.sum(-1)).
       truncated: `[B]` bool, hit max_new_tokens without a stop token.
       stop_reason: `[B]` int32, `STOP_TOKEN` (0) or `MAX_NEW_TOKENS` (1).
+      support_ids: `[B, N, K]` int32 or None: with `generate(record_support=True)`, the
+        tokens the method's cut kept at each position (keep-sampling-mask), in
+        descending probability then -1; see `Support`. -1 where mask is 0.
+      support_size: `[B, N]` int32 or None: how many tokens the cut kept; a position
+        with size > K did not fit in the K candidates (its support is not recorded:
+        train it on the full softmax). 0 where mask is 0.
     """
 
     prompt_tokens: jax.Array
@@ -59,6 +65,8 @@ class Rollout:
     lengths: jax.Array
     truncated: jax.Array
     stop_reason: jax.Array
+    support_ids: jax.Array | None = None
+    support_size: jax.Array | None = None
 
 
 @struct.dataclass
@@ -73,6 +81,8 @@ class _Loop:
     sample_logp: jax.Array  # [B, N] float32
     done: jax.Array  # [B] bool, the row has sampled a stop token
     lengths: jax.Array  # [B] int32, tokens generated per row (the stop token included)
+    support_ids: jax.Array | None  # [B, N, K] int32 when recording the support, else None
+    support_size: jax.Array | None  # [B, N] int32 when recording the support, else None
 
 
 def _rule_axes(rules):
@@ -84,6 +94,13 @@ def _rule_axes(rules):
 def _batch_axes(mesh, rules):
     """The mesh axes the rows are split over: every axis the weights' rules do not use."""
     return tuple(a for a in mesh.axis_names if a not in _rule_axes(rules))
+
+
+def row_multiple(rules="sampling"):
+    """What `generate`'s P*G rows must be a multiple of under the current mesh (1 without
+    one): the size of the mesh axes the rows split over."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty else math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
 
 
 def _shard_rows(tree, batch_axes, ways=1):
@@ -145,8 +162,11 @@ def _grow(cache, slots):
 
 
 def _sample_column(loop, rng, method, stop_tokens, pad_id):
-    """Samples column `loop.step` from `loop.logits`; finished rows get pad_id and zeros."""
-    token_b, sample_logp_b = sample(method, jax.random.fold_in(rng, loop.step), loop.logits)
+    """Samples column `loop.step` from `loop.logits`; finished rows get pad_id and zeros
+    (and an empty support when it is recorded)."""
+    record = loop.support_ids is not None
+    drawn = sample(method, jax.random.fold_in(rng, loop.step), loop.logits, with_support=record)
+    token_b, sample_logp_b = drawn[:2]
     live_b = ~loop.done
     token_b = jnp.where(live_b, token_b, pad_id)
     logp_b = jnp.where(live_b, token_logprobs(loop.logits, token_b), 0.0)
@@ -155,6 +175,12 @@ def _sample_column(loop, rng, method, stop_tokens, pad_id):
     def put(buf_bn, col_b):
         return jax.lax.dynamic_update_slice_in_dim(buf_bn, col_b[:, None], loop.step, axis=1)
 
+    if record:
+        support = drawn[2]
+        loop = loop.replace(
+            support_ids=put(loop.support_ids, jnp.where(live_b[:, None], support.ids, -1)),
+            support_size=put(loop.support_size, jnp.where(live_b, support.size, 0)),
+        )
     return loop.replace(
         step=loop.step + 1,
         tokens=put(loop.tokens, token_b),
@@ -165,9 +191,16 @@ def _sample_column(loop, rng, method, stop_tokens, pad_id):
     )
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "rules"))
+def _support_bound(method, logits_bv):
+    """K, the number of support ids a step of `method` records (from shapes alone)."""
+    _, _, support = jax.eval_shape(
+        lambda m, z: sample(m, jax.random.key(0), z, with_support=True), method, logits_bv)
+    return support.ids.shape[-1]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "rules", "record_support"))
 def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tokens, pad_id,
-              max_new_tokens, *, group_size, buffer_len, rules):
+              max_new_tokens, *, group_size, buffer_len, rules, record_support):
     mesh = jax.sharding.get_abstract_mesh()
     batch_axes = () if mesh.empty else _batch_axes(mesh, rules)
     ways = 1 if mesh.empty else math.prod(mesh.shape[a] for a in batch_axes)
@@ -187,10 +220,15 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tok
         (cache, *map(repeat, (logits_pv, prompt_tokens, prompt_mask))), batch_axes, ways
     )
     zeros_bn = jnp.zeros((b, buffer_len), jnp.float32)
+    support_ids = support_size = None
+    if record_support:
+        support_ids = jnp.full((b, buffer_len, _support_bound(method, logits_bv)), -1, jnp.int32)
+        support_size = jnp.zeros((b, buffer_len), jnp.int32)
     loop = _Loop(
         step=jnp.zeros((), jnp.int32), cache=cache, logits=logits_bv,
         tokens=jnp.full((b, buffer_len), pad_id, jnp.int32), logp=zeros_bn, sample_logp=zeros_bn,
         done=jnp.zeros((b,), bool), lengths=jnp.zeros((b,), jnp.int32),
+        support_ids=support_ids, support_size=support_size,
     )
     step = functools.partial(_sample_column, rng=rng, method=method, stop_tokens=stop_tokens, pad_id=pad_id)
     loop = step(loop)
@@ -211,11 +249,12 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tok
         prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=loop.tokens, logp=loop.logp,
         sample_logp=loop.sample_logp, mask=mask_bn, lengths=loop.lengths, truncated=~loop.done,
         stop_reason=jnp.where(loop.done, STOP_TOKEN, MAX_NEW_TOKENS).astype(jnp.int32),
+        support_ids=loop.support_ids, support_size=loop.support_size,
     )
 
 
 def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size, max_new_tokens,
-             stop_tokens, pad_id, max_len_bucket=None, rules="sampling"):
+             stop_tokens, pad_id, max_len_bucket=None, rules="sampling", record_support=False):
     """Samples `group_size` completions of every prompt.
 
     Under a mesh (`jax.set_mesh`), the rows are split over every mesh axis `rules` does
@@ -238,6 +277,10 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
       max_len_bucket: N, the static completion buffer (`Rollout.tokens` is `[B, N]`);
         default `bucket_length(max_new_tokens)`, a power of two.
       rules: the weights' sharding rule set while sampling (`models.RULE_SETS`).
+      record_support: also record, per sampled position, the tokens the method's cut
+        kept (`Rollout.support_ids`, `support_size`: DeepSeek-V3.2's keep-sampling-mask,
+        arXiv:2512.02556 sec. 3.1). Static; when False nothing is computed or stored
+        for it and those fields are None.
 
     Returns:
       A `Rollout` of device arrays, rows sharded like the batch; `to_host` gathers it.
@@ -265,7 +308,7 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
                 f"the {rules!r} sharding rules split weights over mesh axes {missing}, which the mesh "
                 f"{dict(mesh.shape)} lacks; add them to the mesh (size 1 is fine)"
             )
-        ways = math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
+        ways = row_multiple(rules)
         if (p * group_size) % ways:
             raise ValueError(
                 f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes ({ways} ways); "
@@ -274,7 +317,7 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
     return _generate(
         graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, method,
         _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
-        group_size=group_size, buffer_len=int(max_len_bucket), rules=rules,
+        group_size=group_size, buffer_len=int(max_len_bucket), rules=rules, record_support=bool(record_support),
     )
 
 
