@@ -66,6 +66,11 @@ def check_config(config, mesh):
     if config.train.ref_reset_every and config.objective.kl.beta <= 0:
         raise ValueError("train.ref_reset_every replaces the KL reference, but objective.kl.beta "
                          "is 0 (no reference); set kl.beta > 0 or ref_reset_every = 0")
+    r = config.rollout
+    if r.keep_sampling_mask and r.top_p >= 1.0 and r.top_k <= 0 and r.min_p <= 0.0:
+        raise ValueError("rollout.keep_sampling_mask keeps the top-p / top-k / min-p cut of each "
+                         "sampled position, but none is configured (top_p=1, top_k=0, min_p=0); "
+                         "set one, or keep_sampling_mask=False")
     if config.filtering.short_batch not in rollout.SHORT_BATCH:
         raise ValueError(f"filtering.short_batch must be one of {rollout.SHORT_BATCH}, got "
                          f"{config.filtering.short_batch!r}")
@@ -126,6 +131,9 @@ def train(config, workdir):
     eval_source = task_lib.data_source(cfg.task, cfg.task.eval_split)
     texts = None if cfg.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(cfg, mesh, workdir, texts)
+    if cfg.rollout.keep_routing and not policy.model_config().n_experts:
+        raise ValueError("rollout.keep_routing replays an MoE's experts, but the model has none; "
+                         "set rollout.keep_routing=False for a dense model")
     train_iter = iter(task_lib.loader(train_source, cfg, batch_size=cfg.rollout.prompts_per_batch))
     held_out = evaluation.own_examples(eval_source, cfg.eval.num_prompts)
     scorer = task_lib.Scorer(cfg.reward, separate=cfg.objective.advantage.estimator == "gdpo",

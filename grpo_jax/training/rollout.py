@@ -32,7 +32,8 @@ from grpo_jax.training import task as task_lib
 SHORT_BATCH = ("error", "pad")
 
 
-def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules):
+def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules,
+                   record_support=False, record_routing=False):
     """`sampling.generate` on global prompt rows; returns the `Rollout` on the mesh."""
     tokenizer = policy.tokenizer
     with jax.set_mesh(mesh):
@@ -40,7 +41,8 @@ def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_to
             policy.graphdef, policy.params, prompts["tokens"], prompts["mask"], rng=rng,
             method=method, group_size=group_size, max_new_tokens=max_new_tokens,
             stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
-            max_len_bucket=max_new_tokens, rules=rules)   # fixed buffer: one compile
+            max_len_bucket=max_new_tokens, rules=rules,   # fixed buffer: one compile
+            record_support=record_support, record_routing=record_routing)
 
 
 def score_own_rows(rollout, texts, examples, scorer, tokenizer, group_size):
@@ -68,19 +70,28 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method):
     """Samples and scores one prompt batch; returns `(rows, reward metrics)`.
 
     `rows` holds global `[B, ...]` arrays: prompt_tokens, prompt_mask, tokens, mask,
-    behaviour_logp (the sampler's), lengths, truncated, rewards, correct.
+    behaviour_logp (the sampler's log-prob: of the tempered distribution, or with
+    ``rollout.keep_sampling_mask`` of the cut one it drew from), lengths, truncated,
+    rewards, correct; and with the keep options the sampler's records (support_ids,
+    support_size; prompt_routing, routing).
     """
     group_size = config.objective.group_size
     texts, tokens, mask = task_lib.prompt_rows(config.task, examples, policy.tokenizer)
     prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
+    keep_mask = config.rollout.keep_sampling_mask
     rollout = sample_on_mesh(policy, mesh, prompts, rng=rng, method=method, group_size=group_size,
-                             max_new_tokens=config.rollout.max_new_tokens, rules=config.rollout.rules)
+                             max_new_tokens=config.rollout.max_new_tokens, rules=config.rollout.rules,
+                             record_support=keep_mask, record_routing=config.rollout.keep_routing)
     rewards, correct, metrics = score_own_rows(rollout, texts, examples, scorer, policy.tokenizer,
                                                group_size)
     scored = parallel.global_rows(mesh, {"rewards": rewards, "correct": correct})
     rows = {"prompt_tokens": rollout.prompt_tokens, "prompt_mask": rollout.prompt_mask,
-            "tokens": rollout.tokens, "mask": rollout.mask, "behaviour_logp": rollout.logp,
+            "tokens": rollout.tokens, "mask": rollout.mask,
+            "behaviour_logp": rollout.sample_logp if keep_mask else rollout.logp,
             "lengths": rollout.lengths, "truncated": rollout.truncated, **scored}
+    for key in ("support_ids", "support_size", "prompt_routing", "routing"):
+        if getattr(rollout, key) is not None:
+            rows[key] = getattr(rollout, key)
     return rows, combine_reward_metrics(parallel.allgather_json(metrics))
 
 
@@ -98,7 +109,10 @@ def groups_with_signal(rows, group_size):
 
 
 def _left_pad(x, width, value):
-    return jnp.pad(x, ((0, 0), (width - x.shape[1], 0)), constant_values=value)
+    """`[B, S, ...]` -> `[B, width, ...]`, padded on the left of axis 1."""
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (width - x.shape[1], 0)
+    return jnp.pad(x, widths, constant_values=value)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "group_size", "num_groups", "dynamic", "pad_id"))
@@ -121,8 +135,9 @@ def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id):
       The rows of the batch, with ``row_valid`` `[P G]` bool added.
     """
     width = max(d["prompt_tokens"].shape[1] for d in draws)
-    padded = [{**d, "prompt_tokens": _left_pad(d["prompt_tokens"], width, pad_id),
-               "prompt_mask": _left_pad(d["prompt_mask"], width, 0)} for d in draws]
+    fill = {"prompt_tokens": pad_id, "prompt_mask": 0, "prompt_routing": 0}
+    padded = [{**d, **{k: _left_pad(d[k], width, fill[k]) for k in fill if k in d}}
+              for d in draws]
     rows = {k: jnp.concatenate([d[k] for d in padded]) for k in padded[0]}
     signal = objectives.group_has_signal(_signal_values(rows), group_size)
     order = jnp.argsort(~signal, stable=True) if dynamic else jnp.arange(signal.shape[0])

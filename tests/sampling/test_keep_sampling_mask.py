@@ -9,7 +9,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import lookup_model
+from tests.sampling.toy_models import lookup_model
 from flax import nnx
 
 from grpo_jax import models, sampling

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
-from conftest import lookup_model
+from tests.sampling.toy_models import lookup_model
 
 from grpo_jax import sampling
 from grpo_jax.sampling import _buckets, _methods, _sample
@@ -90,7 +90,9 @@ def test_generated_frequencies_match():
     ))
     assert rollout.mask.all()  # stop id -1 never occurs
     assert chi_square_p_value(rollout.tokens, reference(method)) > P_VALUE
-    np.testing.assert_allclose(rollout.logp, np.log(PROBS / PROBS.sum())[rollout.tokens], atol=1e-5)
+    # The behaviour log-prob: softmax(logits / 1.3), before the top-p cut.
+    tempered = np.exp(LOGITS / 1.3) / np.exp(LOGITS / 1.3).sum()
+    np.testing.assert_allclose(rollout.logp, np.log(tempered)[rollout.tokens], atol=1e-5)
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 255, 256, 257, 1000])
