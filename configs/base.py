@@ -99,6 +99,9 @@ def get_config(arg=None):
     config.train.checkpoint_every = 25
     config.train.keep_checkpoints = 3
     config.train.ref_reset_every = 0     # > 0: the KL reference becomes the policy every N steps
+    # > 0: add sft_weight x the NLL of the step's prompts' reference solutions to the RL loss
+    # (a hybrid of RL and supervised next-token prediction, as RPT's hybrid objective).
+    config.train.sft_weight = 0.0
     config.train.export = True           # save_pretrained(workdir/export) at the end
     config.train.log_rollouts_every = 0  # > 0: the batch's texts and rewards to workdir/rollouts/
 

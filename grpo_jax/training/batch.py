@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from grpo_jax import parallel
+from grpo_jax import objectives, parallel
 from grpo_jax.models import chunked_token_logprobs, support_token_logprobs
 
 # What a forward pass over rows reads: the tokens, and the sampler's records when the
@@ -63,6 +63,20 @@ def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False):
         logp = jnp.where(recorded, kept, logp)
         out = (logp, out[1]) if with_stats else logp
     return (*out, aux_loss) if with_stats else out
+
+
+def nll_loss(model, micro):
+    """Token-mean negative log-likelihood of the targets, over the GLOBAL token count."""
+    logp = completion_logprobs(model, micro)
+    loss = objectives.aggregate(-logp, micro["mask"], mode="token-mean",
+                                num_tokens=micro["num_tokens"])
+    return loss, {"loss": loss}
+
+
+def token_counts(minibatch):
+    """Global counts of supervised rows: target tokens and real rows."""
+    return {"num_tokens": jnp.sum(minibatch["mask"], dtype=jnp.float32),
+            "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
 
 
 def pieces(tree, count, mesh):

@@ -63,6 +63,12 @@ def check_config(config, mesh):
                          "numbers and the weight is 1. Use train.old_logp='recompute'")
     if config.rollout.policy_lag < 0:
         raise ValueError(f"rollout.policy_lag must be >= 0, got {config.rollout.policy_lag}")
+    if config.train.sft_weight < 0:
+        raise ValueError(f"train.sft_weight must be >= 0, got {config.train.sft_weight}")
+    if config.train.sft_weight and config.rollout.prompts_per_batch % config.train.minibatches:
+        raise ValueError(f"train.sft_weight adds the reference solutions of the "
+                         f"{config.rollout.prompts_per_batch} prompts, which must split into "
+                         f"train.minibatches = {config.train.minibatches}")
     if config.train.ref_reset_every and config.objective.kl.beta <= 0:
         raise ValueError("train.ref_reset_every replaces the KL reference, but objective.kl.beta "
                          "is 0 (no reference); set kl.beta > 0 or ref_reset_every = 0")
@@ -103,16 +109,22 @@ def make_counts(objective):
     return count_fn
 
 
-def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatches):
+def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatches,
+                    sft_rows=None):
     """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
     fresh random order of its rows (drawn from `seed`, the same on every process);
-    returns (params, opt_state, mean metrics)."""
+    returns (params, opt_state, mean metrics). With `sft_rows`, each update also takes
+    its share of them for the supervised term."""
     rows = batch["mask"].shape[0]
     per_update = []
     for epoch in range(epochs):
-        order = np.random.default_rng([*seed, epoch]).permutation(rows).astype(np.int32)
-        for index in np.split(order, minibatches):
-            params, opt_state, metrics = update(params, opt_state, batch, index)
+        rng = np.random.default_rng([*seed, epoch])
+        order = rng.permutation(rows).astype(np.int32)
+        sft_order = None if sft_rows is None else rng.permutation(
+            sft_rows["mask"].shape[0]).astype(np.int32)
+        for i, index in enumerate(np.split(order, minibatches)):
+            extra = () if sft_rows is None else (sft_rows, np.split(sft_order, minibatches)[i])
+            params, opt_state, metrics = update(params, opt_state, batch, index, *extra)
             per_update.append(metrics)
     per_update = jax.device_get(per_update)
     mean = {k: float(np.mean([m[k] for m in per_update])) for k in per_update[0]}
@@ -150,7 +162,7 @@ def train(config, workdir):
     update = steps.make_update_step(
         policy.graphdef, tx, make_loss(objective, temperature), make_counts(objective), mesh=mesh,
         param_shardings=shardings(policy.params), opt_shardings=shardings(opt_state),
-        micro_batches=cfg.train.micro_batches)
+        micro_batches=cfg.train.micro_batches, sft_weight=cfg.train.sft_weight)
     pieces = cfg.train.minibatches * cfg.train.micro_batches   # rows per log-prob pass as an update's
     logp_fn = batch_lib.make_logprob_fn(policy.graphdef, mesh, temperature=temperature,
                                         num_pieces=pieces)
@@ -179,9 +191,9 @@ def train(config, workdir):
             # 1. Rollouts and rewards (DAPO's dynamic sampling draws more if asked), sampled
             #    by the parameters of `policy_lag` steps ago (asynchronous RL's staleness).
             behaviour = policy_lib.Policy(policy.graphdef, lagged[0], policy.tokenizer) if lagged else policy
-            batch, metrics = rollout.collect(behaviour, mesh, train_iter, config=cfg,
-                                             scorer=scorer, method=method,
-                                             rng=step_rng(cfg.seed, "rollout", step))
+            batch, metrics, examples = rollout.collect(behaviour, mesh, train_iter, config=cfg,
+                                                       scorer=scorer, method=method,
+                                                       rng=step_rng(cfg.seed, "rollout", step))
             if lagged:
                 lagged = lagged[1:] + [copy(policy.params)]
             if cfg.train.log_rollouts_every and step % cfg.train.log_rollouts_every == 0:
@@ -200,9 +212,14 @@ def train(config, workdir):
             metrics["time_old_logp"] = time.time() - begin
             # 3. Updates: epochs x minibatches optimizer steps on the batch.
             begin = time.time()
+            sft_rows = None
+            if cfg.train.sft_weight:   # the reference solutions of the step's first prompts
+                local, _ = task_lib.target_rows(examples, cfg.task, policy.tokenizer,
+                                                cfg.rollout.max_new_tokens)
+                sft_rows = parallel.global_rows(mesh, local)
             policy.params, opt_state, update_metrics = update_on_batch(
                 update, policy.params, opt_state, batch, (cfg.seed, step),
-                epochs=cfg.train.epochs, minibatches=cfg.train.minibatches)
+                epochs=cfg.train.epochs, minibatches=cfg.train.minibatches, sft_rows=sft_rows)
             metrics.update(update_metrics)
             seconds = time.time() - begin
             tokens = float(jnp.sum(batch["mask"])) * cfg.train.epochs

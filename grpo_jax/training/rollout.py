@@ -179,7 +179,8 @@ def rollout_statistics(draws, reward_weights, *, group_size):
 
 
 def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
-    """One train batch of P x G rows on the mesh, and the step's rollout metrics.
+    """One train batch of P x G rows on the mesh, the step's rollout metrics, and this
+    process's examples of the first draw (for a supervised term on the same prompts).
 
     Draws `filtering.max_gen_batches` prompt batches at most (one without dynamic
     sampling); the i-th draw samples with `fold_in(rng, i)`.
@@ -188,10 +189,12 @@ def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
     num_groups = cfg.rollout.prompts_per_batch
     dynamic = cfg.filtering.dynamic_sampling
     draws_allowed = cfg.filtering.max_gen_batches if dynamic else 1
-    draws, reward_metrics, kept, seconds = [], [], 0, 0.0
+    draws, reward_metrics, kept, seconds, first = [], [], 0, 0.0, None
     for index in range(draws_allowed):
         start = time.time()
-        rows, metrics = draw(policy, mesh, next(train_iter), config=cfg, scorer=scorer,
+        examples = next(train_iter)
+        first = examples if first is None else first
+        rows, metrics = draw(policy, mesh, examples, config=cfg, scorer=scorer,
                              rng=jax.random.fold_in(rng, index), method=method)
         kept += int(groups_with_signal(rows, group_size))
         seconds += time.time() - start
@@ -214,7 +217,7 @@ def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
     metrics.update(gen_batches=float(len(draws)), time_rollout=seconds,
                    batch_filled=min(kept, num_groups) / num_groups if dynamic else 1.0,
                    rollout_tokens_per_s=metrics.pop("generated_tokens") / max(seconds, 1e-9))
-    return batch, metrics
+    return batch, metrics, first
 
 
 def write_samples(batch, tokenizer, path):

@@ -41,7 +41,7 @@ def _off_policy_activity(recipe, row):
 
 # Recipes whose paper trains on-policy, one update per rollout batch with the parameters
 # that sampled: their ratio is exactly 1, so there is nothing to clip.
-ON_POLICY = {"rloo", "base"}
+ON_POLICY = {"rloo", "rpt", "base"}
 
 
 @pytest.mark.slow
@@ -189,8 +189,10 @@ def _collect_with_pattern(data_dir, tmp_path, **overrides):
     source = task_lib.data_source(config.task, "train")
     policy = policy_lib.start_policy(config, mesh, str(tmp_path), task_lib.tokenizer_corpus(source))
     train_iter = iter(task_lib.loader(source, config, batch_size=config.rollout.prompts_per_batch))
-    return rollout.collect(policy, mesh, train_iter, config=config, scorer=_PatternScorer(),
-                           rng=jax.random.key(0), method=sampling.Temperature(1.0))
+    batch, metrics, _ = rollout.collect(policy, mesh, train_iter, config=config,
+                                        scorer=_PatternScorer(), rng=jax.random.key(0),
+                                        method=sampling.Temperature(1.0))
+    return batch, metrics
 
 
 @pytest.mark.slow
