@@ -46,7 +46,8 @@ def _word_checksum(x):
         x = x.astype(jnp.uint8)
     width = x.dtype.itemsize
     if width < 4:
-        words = jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16}[width]).astype(jnp.uint32)
+        narrow = {1: jnp.uint8, 2: jnp.uint16}[width]
+        words = jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32)
     else:   # 8-byte words become a trailing pair of 4-byte ones
         words = jax.lax.bitcast_convert_type(x, jnp.uint32)
     weights = 2 * jnp.arange(words.size, dtype=jnp.uint32).reshape(words.shape) + 1
@@ -252,7 +253,13 @@ class Checkpointer:
                 while target.exists():
                     copy += 1
                     target = root / f"{step}{UNREADABLE_SUFFIX}-{copy}"
-                (root / str(step)).rename(target)
+                source = root / str(step)
+                try:
+                    source.rename(target)
+                except Exception as error:   # e.g. a store without directory renames
+                    raise RuntimeError(f"could not move the unreadable checkpoint {source} to "
+                                       f"{target} ({_first_lines(error)}); move it yourself "
+                                       "(gsutil -m mv on GCS) and re-run") from error
                 self._say(f"moved the unreadable checkpoint of step {step} to {target} (kept, "
                           f"not deleted); resuming from step {resume_step}")
         parallel.sync("unreadable checkpoints set aside")

@@ -47,7 +47,8 @@ def _config(data_dir, **overrides):
 def reference(data_dir, tmp_path_factory):
     """The workdir of the uninterrupted run: metrics.jsonl and export/."""
     workdir = tmp_path_factory.mktemp("uninterrupted")
-    rl.train(_config(data_dir, **{"train.checkpoint_every": 12, "train.export": True}), str(workdir))
+    config = _config(data_dir, **{"train.checkpoint_every": 12, "train.export": True})
+    rl.train(config, str(workdir))
     return workdir
 
 
@@ -292,7 +293,7 @@ def test_jax_preemption_notice_stops_the_run_and_damaged_checkpoints_are_skipped
     assert _finished_checkpoints(tmp_path) == [2, 3, 4, 5]
     _assert_rows_equal(tmp_path, reference, range(1, 6))
 
-    os.rename(directory / "5", directory / "5.orbax-checkpoint-tmp")   # as a save cut short leaves it
+    os.rename(directory / "5", directory / "5.orbax-checkpoint-tmp")   # a save cut short
     shutil.rmtree(directory / "4" / "state")
     shutil.copytree(directory / "3" / "state", directory / "4" / "state")
     truncated = _largest_data_file(directory / "3")
@@ -347,7 +348,7 @@ def _wait_for_step(process, log, step, timeout=600):
     """Waits until the run writing `log` has printed the line of `step`."""
     deadline = time.time() + timeout
     while step not in _step_lines(log.read_text()):
-        assert process.poll() is None, f"the run ended before step {step}: {log.read_text()[-3000:]}"
+        assert process.poll() is None, f"ended before step {step}: {log.read_text()[-3000:]}"
         assert time.time() < deadline, f"no step {step} after {timeout} s"
         time.sleep(0.02)
 
