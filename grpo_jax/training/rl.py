@@ -26,7 +26,7 @@ import numpy as np
 from grpo_jax import objectives, parallel, paths, sampling
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import checkpoint, evaluation, metrics as metrics_lib, optimizer
-from grpo_jax.training import policy as policy_lib
+from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
 
 OLD_LOGP = ("recompute", "sampler")
@@ -186,6 +186,7 @@ def train(config, workdir):
     writer = metrics_lib.MetricWriter(workdir, total_steps=cfg.train.steps, start_step=start)
 
     # --- the loop ------------------------------------------------------------------------
+    stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
     try:
         for step in range(start + 1, cfg.train.steps + 1):
             # 1. Rollouts and rewards (DAPO's dynamic sampling draws more if asked), sampled
@@ -236,12 +237,16 @@ def train(config, workdir):
                                                    method=method))
                 metrics["time_eval"] = time.time() - begin
             writer.write(step, metrics)
-            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
+            stopping = stop.requested() and step < cfg.train.steps   # agreed by every process
+            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or stopping:
                 state = {"params": policy.params, "opt_state": opt_state, "lagged": tuple(lagged)}
                 if cfg.train.ref_reset_every:
                     state["ref_params"] = ref_params
                 checkpointer.save_run(step, state, train_iter, seed=cfg.seed)
+            if stopping:
+                raise preemption.Stopped(step, checkpointer.directory)
     finally:
+        stop.close()
         writer.close()
         checkpointer.close()
         scorer.close()

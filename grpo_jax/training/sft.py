@@ -17,7 +17,7 @@ import numpy as np
 from grpo_jax import parallel, paths, sampling
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import checkpoint, evaluation, metrics as metrics_lib, optimizer
-from grpo_jax.training import policy as policy_lib
+from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import steps, task as task_lib
 
 
@@ -58,6 +58,7 @@ def train(config, workdir, *, seconds=None):
 
     # --- the loop ------------------------------------------------------------------------
     start = time.time()
+    stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
     try:
         while step < cfg.sft.steps and (seconds is None or time.time() - start < seconds):
             step += 1
@@ -75,10 +76,14 @@ def train(config, workdir, *, seconds=None):
                     rng=jax.random.fold_in(jax.random.key(cfg.seed + 1), step)))
             if step % cfg.sft.log_every == 0 or last or "eval_accuracy" in metrics:
                 writer.write(step, metrics)
-            if step % cfg.sft.checkpoint_every == 0 or last:
+            stopping = stop.requested() and not last   # agreed by every process
+            if step % cfg.sft.checkpoint_every == 0 or last or stopping:
                 checkpointer.save_run(step, {"params": policy.params, "opt_state": opt_state},
                                       train_iter, seed=cfg.seed)
+            if stopping:
+                raise preemption.Stopped(step, checkpointer.directory)
     finally:
+        stop.close()
         writer.close()
         checkpointer.close()
         scorer.close()
