@@ -90,10 +90,11 @@ def pieces(tree, count, mesh):
         raise ValueError(f"{rows} rows do not split into {count} pieces; choose a divisor "
                          "(train.micro_batches, train.minibatches)")
     sharding = NamedSharding(mesh, PartitionSpec(None, parallel.row_axes(mesh)))
+    spread = (rows // count) % parallel.row_ways(mesh) == 0   # else left to XLA
 
     def split(x):
         x = x.reshape(rows // count, count, *x.shape[1:]).swapaxes(0, 1)
-        return jax.lax.with_sharding_constraint(x, sharding) if (rows // count) % parallel.row_ways(mesh) == 0 else x
+        return jax.lax.with_sharding_constraint(x, sharding) if spread else x
 
     return jax.tree.map(split, tree)
 

@@ -54,7 +54,8 @@ def check_config(config, mesh):
     if (rows // (minibatches * micro)) % ways:
         raise ValueError(f"a micro-batch of {rows // (minibatches * micro)} rows does not split "
                          f"over the {ways}-way row axes of mesh {dict(mesh.shape)}; change "
-                         "rollout.prompts_per_batch, train.minibatches, train.micro_batches or the mesh")
+                         "rollout.prompts_per_batch, train.minibatches, train.micro_batches "
+                         "or the mesh")
     if config.train.old_logp not in OLD_LOGP:
         raise ValueError(f"train.old_logp must be one of {OLD_LOGP}, got {config.train.old_logp!r}")
     if config.train.old_logp == "sampler" and config.objective.importance.enabled:
@@ -131,6 +132,15 @@ def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatch
     return params, opt_state, mean
 
 
+def run_state(params, opt_state, lagged, ref_params, *, reference_moves):
+    """What a checkpoint of the run holds: parameters, optimizer state, the lagged rollout
+    parameters, and the KL reference when it can differ from the starting policy."""
+    state = {"params": params, "opt_state": opt_state, "lagged": tuple(lagged)}
+    if reference_moves:
+        state["ref_params"] = ref_params
+    return state
+
+
 def train(config, workdir):
     """Runs (or resumes) the RL loop in `workdir`; returns the last step."""
     # --- set-up: mesh, data, policy, objective, optimizer, checkpoint --------------------
@@ -168,17 +178,15 @@ def train(config, workdir):
                                         num_pieces=pieces)
     advantages_fn = jax.jit(objective.advantages)
     copy = lambda params: jax.tree.map(jnp.copy, params)
-    # The run's state: what a checkpoint holds. The KL reference and the lagged rollout
-    # parameters are state only when they can differ from the starting policy.
-    state = {"params": policy.params, "opt_state": opt_state,
-             "lagged": tuple(copy(policy.params) for _ in range(cfg.rollout.policy_lag))}
     ref_params = copy(policy.params) if cfg.objective.kl.beta > 0 else None
-    if cfg.train.ref_reset_every:
-        state["ref_params"] = ref_params
+    lagged = [copy(policy.params) for _ in range(cfg.rollout.policy_lag)]
+    reference_moves = bool(cfg.train.ref_reset_every)
 
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            keep=cfg.train.keep_checkpoints)
-    start, state = checkpointer.restore_run(state, train_iter)
+    start, state = checkpointer.restore_run(
+        run_state(policy.params, opt_state, lagged, ref_params, reference_moves=reference_moves),
+        train_iter)
     policy.params, opt_state, lagged = state["params"], state["opt_state"], list(state["lagged"])
     ref_params = state.get("ref_params", ref_params)
     if start and parallel.is_main():
@@ -191,7 +199,8 @@ def train(config, workdir):
         for step in range(start + 1, cfg.train.steps + 1):
             # 1. Rollouts and rewards (DAPO's dynamic sampling draws more if asked), sampled
             #    by the parameters of `policy_lag` steps ago (asynchronous RL's staleness).
-            behaviour = policy_lib.Policy(policy.graphdef, lagged[0], policy.tokenizer) if lagged else policy
+            behaviour = (policy_lib.Policy(policy.graphdef, lagged[0], policy.tokenizer)
+                         if lagged else policy)
             batch, metrics, examples = rollout.collect(behaviour, mesh, train_iter, config=cfg,
                                                        scorer=scorer, method=method,
                                                        rng=step_rng(cfg.seed, "rollout", step))
@@ -239,9 +248,8 @@ def train(config, workdir):
             writer.write(step, metrics)
             stopping = stop.requested() and step < cfg.train.steps   # agreed by every process
             if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or stopping:
-                state = {"params": policy.params, "opt_state": opt_state, "lagged": tuple(lagged)}
-                if cfg.train.ref_reset_every:
-                    state["ref_params"] = ref_params
+                state = run_state(policy.params, opt_state, lagged, ref_params,
+                                  reference_moves=reference_moves)
                 checkpointer.save_run(step, state, train_iter, seed=cfg.seed)
             if stopping:
                 raise preemption.Stopped(step, checkpointer.directory)

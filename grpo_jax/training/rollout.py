@@ -160,10 +160,11 @@ def rollout_statistics(draws, reward_weights, *, group_size):
     several reward columns, their weighted sum).
     """
     cat = lambda k: jnp.concatenate([d[k] for d in draws])
-    rewards, correct, lengths, truncated = cat("rewards"), cat("correct"), cat("lengths"), cat("truncated")
+    rewards, correct = cat("rewards"), cat("correct")
+    lengths, truncated = cat("lengths").astype(jnp.float32), cat("truncated")
     scalar = rewards @ reward_weights if rewards.ndim > 1 else rewards
-    signal = jnp.concatenate([objectives.group_has_signal(_signal_values(d), group_size) for d in draws])
-    lengths = lengths.astype(jnp.float32)
+    signal = jnp.concatenate([objectives.group_has_signal(_signal_values(d), group_size)
+                              for d in draws])
     mean_where = lambda x, w: jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1)
     return {
         "reward_mean": jnp.mean(scalar),

@@ -62,8 +62,8 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
                 "gen_batches", "truncation_rate", "rollout_tokens_per_s", "update_tokens_per_s",
                 "time_rollout", "time_update", "eval_accuracy", "eval_mean_at_k"):
         assert key in rows[-1], key
-    if recipe in ON_POLICY:
-        assert all(r["kl_old"] == 0.0 and r["ratio"] == 1.0 for r in rows)
+    if recipe in ON_POLICY:   # the ratio is 1 up to the rounding of two compiled programs
+        assert all(abs(r["kl_old"]) < 1e-6 and abs(r["ratio"] - 1.0) < 1e-5 for r in rows), rows
     else:
         assert max(_off_policy_activity(recipe, r) for r in rows) > 0, rows
         assert max(r["kl_old"] for r in rows) > 0

@@ -21,7 +21,8 @@ def runlocal_config(recipe, data_dir, **overrides):
         config.task.knobs.digits = 2
         config.task.knobs.num_train = 512
         config.task.knobs.num_test = 16
-        config.rollout.max_new_tokens = 28
+        # A 2-digit scratchpad is ~26 tokens; a self-verification verdict adds ~25.
+        config.rollout.max_new_tokens = 56 if config.task.knobs.get("verdicts") else 28
     else:   # rpt on the builtin corpus: fewer positions per document
         config.task.knobs.stride = 31
     config.train.steps = 2
