@@ -203,7 +203,7 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tok
               max_new_tokens, *, group_size, buffer_len, rules, record_support):
     mesh = jax.sharding.get_abstract_mesh()
     batch_axes = () if mesh.empty else _batch_axes(mesh, rules)
-    ways = 1 if mesh.empty else math.prod(mesh.shape[a] for a in batch_axes)
+    ways = row_multiple(rules)
     if not mesh.empty:
         state = _weights_in(state, rules)
     p, s = prompt_tokens.shape
