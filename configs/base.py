@@ -198,14 +198,19 @@ def _objective():
     obj = config_dict.ConfigDict()
     obj.group_size = 8
 
-    # Advantage estimator: "group" (GRPO, Dr. GRPO), "rloo", "reinforce_pp", "gdpo".
+    # Advantage estimator: "group" (GRPO, Dr. GRPO), "rloo", "reinforce_pp", "gdpo", or
+    # "gae" (PPO, VAPO: per-token GAE over the values of the `critic` section's model).
     obj.advantage = config_dict.ConfigDict()
     obj.advantage.estimator = "group"
     obj.advantage.scale = "group"        # group: divide by group std; batch; none (Dr. GRPO)
     obj.advantage.ddof = 0               # 0 = population std (docs/design.md); 1 = TRL/verl
     obj.advantage.eps = 1e-6
-    obj.advantage.gamma = 1.0            # reinforce_pp discount
+    obj.advantage.gamma = 1.0            # reinforce_pp and gae discount
     obj.advantage.baseline = False       # reinforce_pp: subtract the group mean first
+    obj.advantage.lam = 0.95             # gae: the policy's lambda (the critic's: critic.lam)
+    obj.advantage.lam_alpha = 0.0        # gae, > 0: VAPO's length-adaptive lambda
+                                         # 1 - 1/(alpha * length) replaces lam
+    obj.advantage.whiten = True          # gae: whiten over the batch's tokens (mean and std)
     # (gdpo weighs its reward columns with the weights of reward.specs)
 
     # Per-token policy loss: "ppo_clip", "gspo", "cispo", "sapo", "pg" (no clip).
@@ -228,6 +233,9 @@ def _objective():
     obj.kl.in_reward = False             # reinforce_pp: fold -beta*KL into token rewards
 
     obj.entropy_coef = 0.0
+    # VAPO's positive-example LM loss: + weight x the token-mean NLL of the batch's correct
+    # answers (self-imitation of the policy's own successes).
+    obj.positive_nll_weight = 0.0
 
     # Overlong filtering: "none", or "mask" (truncated completions leave the loss and its
     # token count). DAPO's soft length penalty is a reward: ("overlong", w, {...}).
