@@ -132,6 +132,19 @@ def get_config(arg=None):
     config.objective = _objective()
     config.rollout.group_size = config.objective.get_ref("group_size")
 
+    # PPO's critic (objective.advantage.estimator = "gae"): the policy's decoder with a
+    # scalar head, its own optimizer, trained on the policy's minibatches.
+    config.critic = config_dict.ConfigDict()
+    config.critic.enabled = False
+    config.critic.path = ""              # HF checkpoint to start from; "" = the policy's start
+    config.critic.lam = 0.95             # GAE lambda of its targets (VAPO: 1, decoupled)
+    config.critic.value_clip = config_dict.placeholder(float)   # None = unclipped value loss
+    config.critic.value_clip = 0.2       # PPO's clip of the values around the batch's
+    # VAPO's value pre-training: this many steps before train.steps train only the critic,
+    # on rollouts of the frozen starting policy, toward Monte-Carlo returns (lambda = 1).
+    config.critic.pretrain_steps = 0
+    config.critic.optimizer = _optimizer(learning_rate=2e-6)
+
     if arg.runlocal:
         _runlocal(config)
     set_regime(config, prompts=64, group_size=8, updates=1, max_new_tokens=1024,
