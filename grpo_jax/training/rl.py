@@ -108,6 +108,9 @@ def check_critic_config(config):
         raise ValueError("critic.pretrain_steps pre-trains a critic, but critic.enabled is False")
     if not 0.0 <= config.critic.lam <= 1.0:
         raise ValueError(f"critic.lam must be in [0, 1], got {config.critic.lam}")
+    if config.critic.value_clip is not None and config.critic.value_clip <= 0:
+        raise ValueError(f"critic.value_clip must be > 0 (None: no clip), got "
+                         f"{config.critic.value_clip}")
 
 
 def make_loss(objective, temperature):

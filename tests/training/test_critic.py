@@ -85,3 +85,33 @@ def test_value_pretraining_lowers_the_held_out_value_loss(data_dir, tmp_path):
           f"{steps} steps of value pre-training (best constant: {floor:.4f}; accuracy "
           f"{float(np.mean(held_out['correct'])):.3f})")
     assert floor < before and after < before - 0.5 * (before - floor)
+
+
+def test_the_critic_starts_from_the_policy_or_from_critic_path(data_dir, tmp_path):
+    config = tiny_config("vapo", data_dir, **{"model.sft_warm_start": False})
+    mesh = parallel.setup_mesh(config)
+    corpus = task_lib.tokenizer_corpus(task_lib.data_source(config.task, "train"))
+    policy = policy_lib.start_policy(config, mesh, str(tmp_path / "run"), corpus)
+    fresh = critic_lib.start_critic(config, mesh, policy)
+    model = nnx.merge(fresh.graphdef, fresh.params)
+    np.testing.assert_array_equal(model.trunk.embed[...], policy.params["embed"][...])
+    np.testing.assert_array_equal(model.head[...], 0.0)
+    head = np.linspace(-1, 1, model.head[...].shape[0], dtype=np.float32)
+    model.head[...] = jax.device_put(head, model.head[...].sharding)
+    models.save_value_model(model, str(tmp_path / "critic"))
+
+    config.critic.path = str(tmp_path / "critic")
+    started = critic_lib.start_critic(config, mesh, policy)
+    for (path, want), (_, got) in zip(nnx.to_flat_state(nnx.state(model)),
+                                      nnx.to_flat_state(started.params)):
+        np.testing.assert_array_equal(got.get_value(), want.get_value(), err_msg=str(path))
+        assert got.get_value().sharding.spec == want.get_value().sharding.spec, path
+
+    other_vocab = policy.model_config().vocab_size + 64
+    other = models.value_model_from(models.init_model(models.get_model_config(
+        "tiny", vocab_size=other_vocab)))
+    models.save_value_model(other, str(tmp_path / "other"))
+    config.critic.path = str(tmp_path / "other")
+    with pytest.raises(ValueError, match=rf"critic.path .* has a vocabulary of {other_vocab} "
+                                         r"tokens, the policy \d+: the critic reads the policy's"):
+        critic_lib.start_critic(config, mesh, policy)

@@ -271,6 +271,16 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
     ({"train.ref_reset_every": 5}, ValueError, r"train.ref_reset_every replaces the KL reference"),
     ({"mesh": "data:8"}, ValueError, r"write it as name=size pairs"),
     ({"model.path": "/no/such/checkpoint"}, FileNotFoundError, r"model.path '/no/such/checkpoint' is not a directory"),
+    ({"objective.advantage.estimator": "gae"}, ValueError,
+     r"estimator='gae' takes the critic's values; set critic.enabled=True"),
+    ({"critic.enabled": True}, ValueError, r"critic.enabled trains a value model that "
+                                          r"objective.advantage.estimator='group' never reads"),
+    ({"critic.pretrain_steps": 2}, ValueError, r"critic.pretrain_steps pre-trains a critic, but "
+                                              r"critic.enabled is False"),
+    ({"critic.enabled": True, "objective.advantage.estimator": "gae", "critic.lam": 1.5},
+     ValueError, r"critic.lam must be in \[0, 1\], got 1.5"),
+    ({"critic.enabled": True, "objective.advantage.estimator": "gae", "critic.value_clip": 0.0},
+     ValueError, r"critic.value_clip must be > 0 \(None: no clip\), got 0.0"),
 ])
 def test_bad_configs_name_the_field(data_dir, tmp_path, overrides, error, message):
     with pytest.raises(error, match=message):
