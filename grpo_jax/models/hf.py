@@ -185,18 +185,33 @@ def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dty
     """
     cfg = load_config(path, dtype=dtype, param_dtype=param_dtype, **overrides)
     graphdef, state = decoder.abstract_model(cfg)
+    loaded = read_weights(path, state, weight_map(cfg), mesh=mesh, rules=rules,
+                          param_dtype=param_dtype)
+    model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
+    return model, load_tokenizer(path)
+
+
+def read_weights(path, state, entries, *, mesh, rules, param_dtype, expected_unused=()):
+    """``{parameter path: variable}`` of each of `entries`, read from the checkpoint at `path`
+    into its sharding (one tensor at a time on the host).
+
+    Args:
+      state: the abstract `nnx.State` the entries' paths point into.
+      entries: `WeightMap`s (`weight_map`, or a model's own table built on it).
+      expected_unused: checkpoint tensors known to be unused (not warned about).
+    """
     flat = dict(nnx.to_flat_state(state))
     tensors = _open_checkpoint(path)
     loaded = {}
-    for entry in weight_map(cfg):
+    for entry in entries:
         variable = flat[entry.path]
         host = _read(entry, tensors, variable.get_value().shape, np.dtype(param_dtype))
         loaded[entry.path] = decoder.place(host, variable, entry.path, mesh, rules)
-    unused = sorted(set(tensors) - {n for e in weight_map(cfg) for n in e.hf_names})
+    used = {n for e in entries for n in e.hf_names} | set(expected_unused)
+    unused = sorted(set(tensors) - used)
     if unused:
         logging.warning("%s: ignoring %d tensors the model does not use: %s", path, len(unused), unused[:5])
-    model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
-    return model, load_tokenizer(path)
+    return loaded
 
 
 def load_tokenizer(path):
@@ -206,10 +221,10 @@ def load_tokenizer(path):
     return transformers.AutoTokenizer.from_pretrained(path)
 
 
-def _shard_plan(cfg, flat, itemsize, max_shard_bytes):
+def _shard_plan(entries, flat, itemsize, max_shard_bytes):
     """{tensor name: shard number}, filling each shard up to `max_shard_bytes` in table order."""
     plan, shard, size = {}, 0, 0
-    for entry in weight_map(cfg):
+    for entry in entries:
         shape = flat[entry.path].get_value().shape
         nbytes = math.prod(shape) * itemsize // len(entry.hf_names)
         for name in entry.hf_names:
@@ -236,9 +251,19 @@ def save_pretrained(model, path, *, tokenizer=None, dtype=None, max_shard_bytes=
     """
     cfg = model.cfg
     dtype = np.dtype(dtype or cfg.param_dtype)
+    hf_config = config_lib.to_hf_config(dataclasses.replace(cfg, param_dtype=dtype.name))
+    write_weights(nnx.state(model), weight_map(cfg), hf_config, path, tokenizer=tokenizer,
+                  dtype=dtype, max_shard_bytes=max_shard_bytes)
+
+
+def write_weights(state, entries, hf_config, path, *, tokenizer=None, dtype,
+                  max_shard_bytes=5 * 2**30):
+    """Writes `hf_config` and the tensors of `entries` (read from the `nnx.State` `state`)
+    as safetensors shards in `path`, and the tokenizer if given; see `save_pretrained`."""
+    dtype = np.dtype(dtype)
     writer = jax.process_index() == 0
-    flat = dict(nnx.to_flat_state(nnx.state(model)))
-    plan = _shard_plan(cfg, flat, dtype.itemsize, max_shard_bytes)
+    flat = dict(nnx.to_flat_state(state))
+    plan = _shard_plan(entries, flat, dtype.itemsize, max_shard_bytes)
     n_shards = max(plan.values()) + 1
     file_names = [
         SINGLE_FILE if n_shards == 1 else f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
@@ -246,9 +271,9 @@ def save_pretrained(model, path, *, tokenizer=None, dtype=None, max_shard_bytes=
     ]
     if writer:
         os.makedirs(path, exist_ok=True)
-        config_lib.to_hf_config(dataclasses.replace(cfg, param_dtype=dtype.name)).save_pretrained(path)
+        hf_config.save_pretrained(path)
     current, shard = {}, 0
-    for entry in weight_map(cfg):
+    for entry in entries:
         # Every process joins the gather; only process 0 writes.
         array = np.asarray(multihost_utils.process_allgather(flat[entry.path].get_value(), tiled=True))
         parts = list(array) if len(entry.hf_names) > 1 else [array]
@@ -267,7 +292,7 @@ def save_pretrained(model, path, *, tokenizer=None, dtype=None, max_shard_bytes=
     if n_shards > 1:
         index = {
             "metadata": {"total_size": sum(
-                math.prod(v.get_value().shape) * dtype.itemsize for v in flat.values()
+                math.prod(flat[e.path].get_value().shape) * dtype.itemsize for e in entries
             )},
             "weight_map": {name: file_names[i] for name, i in plan.items()},
         }
