@@ -23,6 +23,8 @@ budget), scaled to 2 CPU cores and a 45-minute budget: 8 prompts x 8 answers per
 20,480), learning rate 5e-6 (the paper: 1e-6 over thousands of steps), no warm-up.
 """
 
+from ml_collections import config_dict
+
 from grpo_jax import config_lib
 
 
@@ -35,9 +37,8 @@ def get_config(arg=None):
     config.model.path = arg.path
     config.model.name = ""
     config.task.name = "arithmetic"
-    config.task.knobs.digits = 2
-    config.task.knobs.scratchpad = False
-    config.task.knobs.num_test = 200
+    config.task.knobs = config_dict.ConfigDict(dict(
+        digits=2, ops=("+",), scratchpad=False, num_train=4000, num_test=200))
     config.task.chat_template = True
     config.task.data_dir = "~/tensorflow_datasets/grpo_jax_smollm2"
     config.reward.specs = (("gsm8k", 1.0), ("integer_answer", 0.5),

@@ -18,7 +18,8 @@ from grpo_jax.training import evaluation, policy as policy_lib, rl, rollout, tas
 from tests.training.training_setups import REPO, runlocal_config, tiny_config
 
 RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(str(REPO / "configs" / "*.py"))
-                 if not p.endswith("demo.py"))   # demo: tests/training/test_demo.py
+                 if not p.endswith(("demo.py", "smollm2.py")))
+# demo: tests/training/test_demo.py; smollm2 (a real checkpoint): test_smollm2_recipe.py
 TIMING = ("time", "tokens_per_s", "s/step")
 
 
