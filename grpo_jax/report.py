@@ -23,7 +23,8 @@ when it has none)::
                 "labels": ("0.2/0.2", "0.2/0.28")}   # optional: one name per entry
 
 A measure reduces one run's metric over the steps that logged it: "final" (the last
-value), "mean", "sum" or "std" (the population standard deviation over steps). A plot's
+value), "early" / "late" (the mean of the first / last fifth of the values, rounded up),
+"mean", "sum" or "std" (the population standard deviation over steps). A plot's
 x is "step", a metric whose running sum over steps is the x (``"generated_tokens"``), or
 a tuple of metrics whose per-step sum is accumulated. At each step the curve is the mean
 over seeds of x and of y, over the steps that every seed of the entry logged.
@@ -55,7 +56,14 @@ DEFAULT_REPORT = {
     "table": (("eval_accuracy", "final"), ("accuracy", "final"), ("reward_mean", "mean")),
     "plots": (("eval_accuracy", "step"), ("reward_mean", "step")),
 }
-REDUCTIONS = {"final": lambda v: v[-1], "mean": np.mean, "sum": np.sum, "std": np.std}
+REDUCTIONS = {
+    "final": lambda v: v[-1],
+    "early": lambda v: np.mean(v[:-(-len(v) // 5)]),   # the first fifth (rounded up)
+    "late": lambda v: np.mean(v[len(v) - -(-len(v) // 5):]),   # the last fifth
+    "mean": np.mean,
+    "sum": np.sum,
+    "std": np.std,
+}
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -311,7 +319,8 @@ def render(runs, module, *, write_plot):
     lines += table_lines(entries, table, labels)
     lines += ["", "Mean over the finished seeds ± their sample standard deviation (ddof=1). "
               "A measure reduces each run's metric over the steps that logged it: final = the "
-              "last value, mean, sum, std = the population std over steps.", ""]
+              "last value; early, late = the mean of the first, last fifth of the values; "
+              "mean; sum; std = the population std over steps.", ""]
     unfinished = [run for run in runs if not run.finished]
     if unfinished:
         lines += ["Not finished, left out: " + "; ".join(
