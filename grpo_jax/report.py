@@ -332,7 +332,8 @@ def render(runs, module, *, write_plot):
     for metric, x in plots:
         bands = plot_bands(entries, names, metric, x)
         if not bands:
-            lines += [f"No finished run logged both `{metric}` and `{x_name(x)}`: no plot.", ""]
+            needed = f"`{metric}`" + ("" if x == "step" else f" and `{x_name(x)}`")
+            lines += [f"No finished run logged {needed}: no plot.", ""]
             continue
         file_name = plot_file(metric, x)
         write_plot(file_name, bands, metric, x)

@@ -15,7 +15,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from grpo_jax import config_lib, sweep
+from grpo_jax import config_lib, objectives, rewards, sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -75,6 +75,8 @@ def test_dry_run_prints_every_entry_and_seed_with_the_command_that_builds_its_co
             assert argv[-1] == f"--config.seed={seed}"
             want = config_lib.apply_overrides(config_lib.load_config(spec), {**overrides, "seed": seed})
             assert _parse_like_the_trainer(argv).to_dict() == want.to_dict(), name
+            objectives.policy_objective(want.objective, reward_weights=rewards.spec_weights(
+                rewards.as_specs(want.reward.specs)))   # the entry's objective builds
     assert len(names) == len(entries)   # one workdir per entry
 
 
