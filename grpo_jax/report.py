@@ -1,10 +1,13 @@
 """A sweep's runs -> ``report.md`` and PNG plots, the same bytes every time.
 
-    python -m grpo_jax.report runs/clip_higher [--out experiments/ablations/clip_higher]
+    python -m grpo_jax.report runs/clip_higher [--out OUT]
+    python -m grpo_jax.report runs/clip_higher --collect_into experiments/ablations/clip_higher
 
 Reads every run under DIR that `grpo_jax.sweep` started (its ``sweep_run.json`` and
-``metrics.jsonl``; the checkpoints are not needed), groups the runs by sweep entry and
-writes to OUT (default DIR):
+``metrics.jsonl``, or ``metrics.jsonl.gz``; the checkpoints are not needed), groups the
+runs by sweep entry and writes to OUT (default DIR). ``--collect_into`` first copies
+those small files into a new directory (`collect_runs`) and reports there, so the
+directory holds everything needed to regenerate its report. It writes:
 
 - ``report.md``: the sweep config's docstring (the claim), the commands that make the
   runs and the report, the commits and machines the runs ran on, and a table with one
@@ -38,12 +41,13 @@ so the same runs give the same bytes (with the same matplotlib and FreeType).
 
 import argparse
 import dataclasses
+import gzip
 import inspect
 import json
 import math
-import os
 import pathlib
 import re
+import shutil
 import sys
 from typing import Any
 
@@ -89,13 +93,33 @@ class RunData:
         return [r["step"] for r in rows], [r[metric] for r in rows]
 
 
-def read_metrics(path):
-    """The rows of a metrics.jsonl (step order), or () when it does not exist."""
-    if not os.path.exists(path):
+def read_metrics(workdir):
+    """The rows of the run's metrics.jsonl, or of its gzipped copy (`collect_runs`), in
+    step order; () when it has neither."""
+    path = pathlib.Path(workdir) / "metrics.jsonl"
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+    elif path.with_suffix(".jsonl.gz").exists():
+        text = gzip.decompress(path.with_suffix(".jsonl.gz").read_bytes()).decode("utf-8")
+    else:
         return ()
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return tuple(sorted(rows, key=lambda r: r["step"]))
+
+
+def collect_runs(root, dest):
+    """Copies what the report reads, each run's sweep_run.json and its metrics.jsonl
+    (gzipped, with no name or time in the header, so the same rows give the same bytes),
+    from `root` into `dest` with the same layout: the small part of a sweep, to commit."""
+    for record_path in sorted(pathlib.Path(root).glob(f"**/{sweep.RUN_RECORD}")):
+        target = pathlib.Path(dest) / record_path.parent.relative_to(root)
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(record_path, target / sweep.RUN_RECORD)
+        metrics = record_path.parent / "metrics.jsonl"
+        if metrics.exists():
+            with open(target / "metrics.jsonl.gz", "wb") as raw, gzip.GzipFile(
+                    filename="", mode="wb", fileobj=raw, mtime=0) as packed:
+                packed.write(metrics.read_bytes())
 
 
 def load_runs(root):
@@ -105,7 +129,7 @@ def load_runs(root):
         with open(record_path, encoding="utf-8") as f:
             record = json.load(f)
         runs.append(RunData(str(record_path.parent.relative_to(root)), record,
-                            read_metrics(record_path.parent / "metrics.jsonl")))
+                            read_metrics(record_path.parent)))
     if not runs:
         raise FileNotFoundError(f"no {sweep.RUN_RECORD} under {root}: point at the "
                                 "--workdir_root of a grpo_jax.sweep run")
@@ -360,9 +384,14 @@ def main(argv=None):
     parser.add_argument("root", metavar="DIR", help="the sweep's --workdir_root")
     parser.add_argument("--out", default=None, help="where report.md and the PNGs go "
                         "(default: DIR)")
+    parser.add_argument("--collect_into", default=None, metavar="OUT", help=(
+        "first copy the runs' sweep_run.json and metrics.jsonl (gzipped) into OUT, then "
+        "report there from the copies: a sweep's small files, e.g. to commit"))
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        path = write_report(args.root, args.out)
+        if args.collect_into:
+            collect_runs(args.root, args.collect_into)
+        path = write_report(args.collect_into or args.root, args.out)
     except (FileNotFoundError, ValueError) as error:
         print(f"grpo_jax.report: {error}", file=sys.stderr)
         return 2

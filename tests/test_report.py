@@ -133,6 +133,25 @@ def test_rerunning_gives_the_same_bytes_and_the_pngs_carry_no_software_or_time(s
         assert b"Software" not in png and b"atplotlib" not in png and b"tIME" not in png
 
 
+def test_collected_copies_give_the_same_report(sweep_root, tmp_path, capsys):
+    root, _ = sweep_root
+    report.write_report(root)
+    assert report.main([str(root), "--collect_into", str(tmp_path / "kept")]) == 0
+    kept = tmp_path / "kept"
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == sorted(
+        [f"{run}/{name}" for run in ("00_learning_rate-0.1/seed-0", "00_learning_rate-0.1/seed-1",
+                                     "00_learning_rate-0.1/seed-2", "01_learning_rate-0.2/seed-0",
+                                     "01_learning_rate-0.2/seed-1", "01_learning_rate-0.2/seed-2",
+                                     "01_learning_rate-0.2/seed-3")
+         for name in ("sweep_run.json", "metrics.jsonl.gz")]
+        + ["report.md", "eval_accuracy.png", "loss_vs_generated_tokens.png"])
+    for name in ("report.md", "eval_accuracy.png", "loss_vs_generated_tokens.png"):
+        assert (kept / name).read_bytes() == (root / name).read_bytes(), name
+    gz = (kept / "00_learning_rate-0.1" / "seed-0" / "metrics.jsonl.gz").read_bytes()
+    report.collect_runs(root, tmp_path / "again")   # the same rows, the same bytes
+    assert (tmp_path / "again" / "00_learning_rate-0.1" / "seed-0" / "metrics.jsonl.gz").read_bytes() == gz
+
+
 def test_the_bands_are_the_seeds_mean_lowest_and_highest_at_their_common_steps(sweep_root):
     root, _ = sweep_root
     runs = report.load_runs(root)

@@ -164,6 +164,26 @@ class TestWhereARunStands:
         assert not sweep.is_finished(run)
 
 
+def test_missing_inputs_are_the_dataset_and_the_warm_start_the_trainer_would_build(
+        tmp_path, monkeypatch):
+    from grpo_jax import paths
+    from grpo_jax.training import task, warm_start
+    from tests.training.training_setups import tiny_config
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = tiny_config("dapo", "~/tfds")   # a path the trainer makes absolute first
+    trainer_sees = config.copy_and_resolve_references()
+    paths.resolve_run_paths(trainer_sees, "")
+    where = warm_start.warm_start_dir(trainer_sees)
+    assert where.startswith(str(tmp_path / "tfds" / "warm_starts"))
+    assert sweep.missing_inputs(config) == [f"the arithmetic dataset in {tmp_path / 'tfds'}",
+                                            f"the warm start {where}"]
+    task.data_source(trainer_sees.task, "train")
+    assert sweep.missing_inputs(config) == [f"the warm start {where}"]
+    (pathlib.Path(where) / "export").mkdir(parents=True)
+    (pathlib.Path(where) / "export" / "config.json").write_text("{}")
+    assert sweep.missing_inputs(config) == []
+
+
 class TestCores:
 
     def test_equal_disjoint_shares(self):

@@ -12,7 +12,8 @@ or 2 extra columns of zeros (35 to 53 tokens, same answers) under a 48-token bud
 the 2-column solutions do not fit, so the warm start writes answers that get cut off.
 The variants: the correctness reward alone ("none": a cut answer scores 0), the same
 with objective.overlong.mode = "mask" (cut answers leave the loss), and the correctness
-reward plus DAPO's soft overlong penalty over the last 20% of the budget.
+reward plus DAPO's soft overlong penalty over the last 20% of the budget (from 38 to 48
+tokens: it falls on the 1-column solutions, 43 to 45 tokens, and not on the plain ones).
 
 Measured: held-out accuracy, the truncation rate and the mean answer length of the drawn
 answers, early and late. The claim predicts higher accuracy with mask and with the soft
