@@ -277,6 +277,7 @@ class _Started:
     process: subprocess.Popen
     began: float
     building: bool   # started before its dataset or warm start existed
+    terms_sent: int = 0   # SIGTERMs forwarded to it
 
     def still_building(self):
         """Started to build inputs and has not logged a step yet: what it builds may be
@@ -297,6 +298,7 @@ class Launcher:
         self.commit = source_commit()
         self.machine = machine_description(len(shares[0]))
         self._stops = 0
+        self._signal_names, self._announced = [], []
         self._running = []
         self._ready = set()   # names of runs whose shared inputs were found built
 
@@ -315,6 +317,7 @@ class Launcher:
                         break
                     pending.remove(run)
                     self._start(run, done, len(runs))
+                self._forward_stops()
                 time.sleep(self.poll_seconds)
                 for started in [s for s in self._running if s.process.poll() is not None]:
                     self._running.remove(started)
@@ -333,12 +336,21 @@ class Launcher:
         return failed, stopped
 
     def _on_signal(self, signum, frame):
+        # Only counted here: the loop forwards it, so a run being started as it arrives
+        # gets it too.
         self._stops += 1
-        self.say(f"[sweep] {signal.Signals(signum).name}: stopping; SIGTERM to "
-                 f"{len(self._running)} run(s), each saves its step (a second signal: they "
-                 "exit at once)")
+        self._signal_names.append(signal.Signals(signum).name)
+
+    def _forward_stops(self):
+        """One SIGTERM to each running run per signal the sweep received."""
+        for name in self._signal_names[len(self._announced):]:
+            self._announced.append(name)
+            self.say(f"[sweep] {name}: stopping; SIGTERM to {len(self._running)} run(s), each "
+                     "saves its step (a second signal: they exit at once)")
         for started in self._running:
-            started.process.send_signal(signal.SIGTERM)
+            while started.terms_sent < self._stops and started.process.poll() is None:
+                started.process.send_signal(signal.SIGTERM)
+                started.terms_sent += 1
 
     def _next_startable(self, pending):
         """The first pending run whose shared inputs exist; else, while no run is building

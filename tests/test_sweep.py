@@ -266,7 +266,7 @@ def test_a_signal_to_the_sweep_stops_every_run_with_sigterm(tmp_path, monkeypatc
     before = signal.getsignal(signal.SIGINT)
     threading.Thread(target=interrupt_once_both_wait, daemon=True).start()
     failed, stopped = launcher.run(runs)
-    assert failed == [] and sorted(stopped) == ["00/seed-0", "01/seed-0", "02/seed-0"]
+    assert failed == [] and sorted(stopped) == ["00/seed-0", "01/seed-0", "02/seed-0"], out.getvalue()
     assert signal.getsignal(signal.SIGINT) is before   # the sweep's handler is gone
     text = out.getvalue()
     assert "SIGINT: stopping; SIGTERM to 2 run(s)" in text
