@@ -106,7 +106,8 @@ def make_loss(clip):
 
 def update_metrics(metrics):
     """The critic's update metrics under their own names (the policy's are unprefixed)."""
-    renamed = {"grad_norm": "critic_grad_norm", "update_norm": "critic_update_norm"}
+    renamed = {"grad_norm": "critic_grad_norm", "grad_norm_std": "critic_grad_norm_std",
+               "update_norm": "critic_update_norm"}
     return {renamed.get(k, k): v for k, v in metrics.items()}
 
 

@@ -150,8 +150,9 @@ def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatch
                     sft_rows=None):
     """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
     fresh random order of its rows (drawn from `seed`, the same on every process);
-    returns (params, opt_state, mean metrics). With `sft_rows`, each update also takes
-    its share of them for the supervised term."""
+    returns (params, opt_state, metrics): the mean over the updates of each metric, and
+    ``grad_norm_std``, the standard deviation (ddof=0) of the updates' gradient norms.
+    With `sft_rows`, each update also takes its share of them for the supervised term."""
     rows = batch["mask"].shape[0]
     per_update = []
     for epoch in range(epochs):
@@ -164,8 +165,9 @@ def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatch
             params, opt_state, metrics = update(params, opt_state, batch, index, *extra)
             per_update.append(metrics)
     per_update = jax.device_get(per_update)
-    mean = {k: float(np.mean([m[k] for m in per_update])) for k in per_update[0]}
-    return params, opt_state, mean
+    metrics = {k: float(np.mean([m[k] for m in per_update])) for k in per_update[0]}
+    metrics["grad_norm_std"] = float(np.std([m["grad_norm"] for m in per_update]))
+    return params, opt_state, metrics
 
 
 def run_state(params, opt_state, lagged, ref_params, *, reference_moves, critic=None):
@@ -288,6 +290,11 @@ def train(config, workdir, *, seconds=None):
                 batch["advantages"] = advantages_fn(batch)
             jax.block_until_ready(batch.get("advantages", batch.get("returns")))
             metrics["time_old_logp"] = time.time() - begin
+            if not pretraining:
+                weights = rollout.advantage_statistics(
+                    batch["advantages"], batch["correct"], batch["row_valid"],
+                    objective.loss_mask(batch), group_size=cfg.objective.group_size)
+                metrics.update({k: float(v) for k, v in jax.device_get(weights).items()})
             # 3. Updates: epochs x minibatches optimizer steps on the batch (policy, critic).
             begin = time.time()
             if not pretraining:

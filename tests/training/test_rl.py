@@ -76,8 +76,15 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
             assert 0 < row["accuracy"] < 1, row
     for key in ("loss", "reward_mean", "accuracy", "response_length_mean", "entropy", "kl_old",
                 "gen_batches", "truncation_rate", "rollout_tokens_per_s", "update_tokens_per_s",
-                "time_rollout", "time_update", "eval_accuracy", "eval_mean_at_k"):
+                "time_rollout", "time_update", "eval_accuracy", "eval_mean_at_k",
+                "generated_tokens", "grad_norm_std", "advantage_share_nearly_solved",
+                "advantage_share_nearly_failed", "groups_nearly_solved", "groups_nearly_failed"):
         assert key in rows[-1], key
+    for row in rows:   # every drawn answer's tokens, 0 < share <= 1
+        assert row["generated_tokens"] == pytest.approx(
+            row["response_length_mean"] * row["gen_batches"] * config.rollout.prompts_per_batch
+            * config.objective.group_size)
+        assert 0 <= row["advantage_share_nearly_solved"] + row["advantage_share_nearly_failed"] <= 1 + 1e-6
     if recipe in ON_POLICY:   # the ratio is 1 up to the rounding of two compiled programs
         assert all(abs(r["kl_old"]) < 1e-6 and abs(r["ratio"] - 1.0) < 1e-5 for r in rows), rows
     else:
