@@ -162,12 +162,14 @@ def set_regime(config, *, prompts, group_size, updates, max_new_tokens, learning
 
     ``runlocal`` keeps the shape and scales the sizes to the tiny CPU model: 16 prompts x
     min(G, 4) answers, min(updates, 4) updates (still off-policy where the paper is),
-    40 new tokens (a 3-digit addition scratchpad is ~35), learning rate 1e-4 (a
-    0.66M-parameter model moves little at 1e-6) with at most 5 warmup steps.
+    48 new tokens (a 3-digit addition scratchpad is at most 37 with its stop token, so
+    DAPO's soft overlong zone, the last fifth from 38.4 on, punishes only longer
+    answers), learning rate 1e-4 (a 0.66M-parameter model moves little at 1e-6) with at
+    most 5 warmup steps.
     """
     if runlocal:
         prompts, group_size, updates = 16, min(group_size, 4), min(updates, 4)
-        max_new_tokens, learning_rate, warmup_steps = 40, 1e-4, min(warmup_steps, 5)
+        max_new_tokens, learning_rate, warmup_steps = 48, 1e-4, min(warmup_steps, 5)
     config.rollout.prompts_per_batch = prompts
     config.objective.group_size = group_size
     config.train.minibatches, config.train.epochs = updates, 1

@@ -10,7 +10,7 @@ DAPO setting the paper follows), no KL.
 
 Regime (sec. 4.2): 16 answers per prompt, batch 512, 8,000 new tokens; the updates per
 rollout are DAPO's (512 x 16 answers in 16 minibatches), learning rate 1e-6.
-``runlocal``: 16 prompts x 4 answers, 4 updates, 40 tokens (configs/base.py set_regime).
+``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens (configs/base.py set_regime).
 
 Paper: Liu et al., GDPO: Group reward-Decoupled Normalization Policy Optimization for
 Multi-reward RL Optimization (arXiv:2601.05242), eq. 4-7, sec. 4.2.

@@ -16,7 +16,7 @@ off-policy after the first), actor learning rate 1e-6 and critic 2e-6, lambda 0.
 gamma 1; 20,480 new tokens (VAPO's comparison budget, as DAPO's). The paper gives no
 warmup: 20 steps as DAPO, for both.
 ``runlocal``: 64 prompts x 1 answer (the 64 rows of the other runlocal regimes), 4
-updates, 40 tokens, learning rate 1e-4 and critic 2e-4 (twice the policy's, as the
+updates, 48 tokens, learning rate 1e-4 and critic 2e-4 (twice the policy's, as the
 paper's ratio) (configs/base.py set_regime).
 
 Papers: Schulman et al., Proximal Policy Optimization Algorithms (arXiv:1707.06347) and

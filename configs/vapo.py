@@ -21,7 +21,7 @@ Regime (sec. 4.1): 512 prompts x 16 answers per rollout, mini-batches of 512 ans
 updates, off-policy after the first), actor learning rate 1e-6 and critic 2e-6; 20,480
 new tokens (the paper compares VAPO with DAPO under identical settings: DAPO's budget).
 The paper gives no warmup: 20 steps as DAPO, for both.
-``runlocal``: 16 prompts x 4 answers, 4 updates, 40 tokens, learning rate 1e-4 and critic
+``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens, learning rate 1e-4 and critic
 2e-4 (twice the policy's, as the paper's ratio) (configs/base.py set_regime); 5 steps of
 value pre-training before the 20 RL steps. alpha is not scaled: it is a share of each
 answer's length (the policy's GAE horizon 1/(1-lambda) = alpha l), so a 30-token answer
