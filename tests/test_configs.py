@@ -105,9 +105,9 @@ def test_recipes_run_in_their_papers_regime_and_runlocal_scales_it(name):
 
     prompts, group, updates, budget = REGIMES[name]
     assert regime(_load(f"{name}.py")) == REGIMES[name]
-    # runlocal: 16 prompts x min(G, 4), min(updates, 4) updates, 40 tokens (48 with a verdict);
+    # runlocal: 16 prompts x min(G, 4), min(updates, 4) updates, 48 tokens (64 with a verdict);
     # one answer per prompt: 64 prompts, the rows of the others.
-    tokens = 48 if name == "self_verify" else 40
+    tokens = 64 if name == "self_verify" else 48
     prompts = 64 if group == 1 else 16
     assert regime(_load(f"{name}.py", "runlocal=True")) == (prompts, min(group, 4), min(updates, 4),
                                                            tokens)
