@@ -67,7 +67,11 @@ def test_value_pretraining_lowers_the_held_out_value_loss(data_dir, tmp_path):
     rows = _metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all("grad_norm" not in r and "eval_accuracy" not in r for r in rows)   # frozen
-    assert all(r["critic_grad_norm"] > 0 and np.isfinite(r["value_loss"]) for r in rows)
+    assert all(np.isfinite(r["value_loss"]) for r in rows)
+    # The critic moves at every step but one whose returns it already predicts exactly (a
+    # batch without a correct answer while V is still 0: loss 0, gradient 0).
+    assert all(r["critic_grad_norm"] > 0 or r["value_loss"] == 0 for r in rows)
+    assert sum(r["critic_grad_norm"] > 0 for r in rows) >= steps - 1
     start = load_file(os.path.join(config.model.path, "model.safetensors"))   # the warm start
     end = load_file(str(tmp_path / "export" / "model.safetensors"))
     for name in start:

@@ -53,7 +53,8 @@ def test_smollm2_recipe_runs_in_chat_with_its_rewards(chat_checkpoint, tmp_path)
         "task.data_dir": str(tmp_path / "data"), "task.knobs.num_train": 64,
         "task.knobs.num_test": 8, "rollout.prompts_per_batch": 4, "objective.group_size": 4,
         "rollout.max_new_tokens": 8, "filtering.dynamic_sampling": False,
-        "train.log_rollouts_every": 1, "train.export": False, "eval.num_prompts": 4})
+        "train.micro_batches": 1, "train.log_rollouts_every": 1, "train.export": False,
+        "eval.num_prompts": 4})
     workdir = tmp_path / "run"
     assert rl.train(config, str(workdir)) == 1
 
