@@ -9,7 +9,7 @@ Each ablation is one file with `get_config(arg)` (the recipe at the tiny CPU sca
 
 `recipe` is ``configs/<name>.py:runlocal=True``: 16 prompts x min(G, 4) answers,
 min(updates, 4) optimizer updates per rollout batch (off-policy from the second, as the
-recipe's paper), 40 new tokens, learning rate 1e-4, the 0.66M-parameter model on 3-digit
+recipe's paper), 48 new tokens, learning rate 1e-4, the 0.66M-parameter model on 3-digit
 addition, from an SFT warm start built once per seed and task and cached (so a seed's
 variants start from the same policy, and the spread over seeds includes the warm
 start's). It trains for `steps` steps and evaluates every tenth of them on 200 held-out

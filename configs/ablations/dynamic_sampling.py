@@ -6,9 +6,9 @@ the batch holds only groups with signal costs more sampling per step but reaches
 accuracy in fewer steps, and DAPO reports it sooner in wall time as well.
 
 Setting: DAPO (configs/dapo.py: token-mean, clip 0.2/0.28) at the runlocal scale, 200
-steps, on 3-digit addition, rewarded for correctness alone: the recipe's soft overlong
-penalty over the last 20% of the 40-token budget (32 to 40 tokens) would fall on every
-3-digit answer (34 to 37 tokens). With dynamic sampling up to 10 prompt batches are
+steps, on 3-digit addition, with the recipe's reward: correctness plus the soft overlong
+penalty over the last 20% of the 48-token budget (38.4 to 48 tokens), which the 3-digit
+answers (34 to 37 tokens) stay clear of. With dynamic sampling up to 10 prompt batches are
 drawn per step and a batch still short is padded with masked groups
 (filtering.short_batch = "pad"). Only filtering.dynamic_sampling changes.
 
@@ -33,7 +33,6 @@ SECONDS = ("time_rollout", "time_old_logp", "time_update")
 def get_config(arg=None):
     arg = tiny.parse(arg, steps=200)
     config = tiny.recipe("dapo", steps=arg.steps)
-    config.reward.specs = (("integer_answer", 1.0),)
     config.filtering.short_batch = "pad"
     return config
 
