@@ -6,13 +6,17 @@
     save_pretrained(model, "/out/policy", tokenizer=tokenizer)
 """
 
+from grpo_jax.models.config import ATTENTION_IMPLS
 from grpo_jax.models.config import Llama3RopeScaling
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.config import REMAT_POLICIES
 from grpo_jax.models.config import SUPPORTED_MODEL_TYPES
 from grpo_jax.models.config import from_hf_config
+from grpo_jax.models.config import run_overrides
 from grpo_jax.models.config import to_hf_config
 from grpo_jax.models.decoder import Decoder
 from grpo_jax.models.decoder import KVCache
+from grpo_jax.models.decoder import abstract_model
 from grpo_jax.models.decoder import default_positions
 from grpo_jax.models.decoder import init_model
 from grpo_jax.models.hf import from_pretrained

@@ -247,3 +247,22 @@ def to_hf_config(cfg):
         dtype=cfg.param_dtype,
         **kwargs,
     )
+
+
+# A run config's ``model`` section -> the `ModelConfig` fields it sets.
+RUN_FIELDS = {"dtype": "dtype", "param_dtype": "param_dtype", "remat": "remat",
+              "attention": "attention_impl", "scan_layers": "scan_layers"}
+
+
+def run_overrides(model_section):
+    """`{ModelConfig field: value}` from a run config's ``model`` section (configs/base.py):
+    dtype, param_dtype, remat, attention (-> attention_impl) and scan_layers.
+
+    Raises:
+      ValueError naming the missing ``model.`` field.
+    """
+    missing = [f"model.{name}" for name in RUN_FIELDS if name not in model_section]
+    if missing:
+        raise ValueError(f"the config lacks {', '.join(missing)}; configs/base.py defines them "
+                         f"(attention: one of {ATTENTION_IMPLS}, remat: one of {REMAT_POLICIES})")
+    return {ours: model_section[name] for name, ours in RUN_FIELDS.items()}

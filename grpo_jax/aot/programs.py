@@ -1,0 +1,209 @@
+"""The run's compiled programs, lowered from abstract inputs on a mesh of any devices.
+
+Every input is a `jax.ShapeDtypeStruct` carrying the sharding the run gives it, so a
+program lowers for devices that are not there (a TPU topology's abstract devices) and no
+memory is allocated. The programs are the project's own functions, built as the RL loop
+(`training.rl.train`) builds them:
+
+| program | function | shape |
+|---|---|---|
+| train | `steps.make_update_step` (forward, backward, optimizer) | one minibatch of the batch |
+| logprob | `batch.make_logprob_fn` (pi_old, pi_ref) | the whole batch |
+| prefill | `Decoder.prefill` of the prompts, sampling layout | P prompts x S |
+| decode | one `Decoder.decode_step`, sampling layout | P G rows, a cache of S + N slots |
+
+A recipe with a value model (a critic, e.g. VAPO's) adds its programs to `build`: its
+update and its value pass, lowered the same way from the critic's graphdef and state.
+No recipe has one yet.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from grpo_jax import models, objectives, parallel, paths, rewards
+from grpo_jax.models import sharding as sharding_lib
+from grpo_jax.training import batch as batch_lib
+from grpo_jax.training import optimizer as optimizer_lib
+from grpo_jax.training import rl, steps
+
+
+@dataclasses.dataclass
+class Program:
+    """One program ready to compile.
+
+    Attributes:
+      name: "train", "logprob", "prefill" or "decode".
+      lowered: its `jax.stages.Lowered`.
+      held: per-device bytes of the run's state that stays in memory while it runs but
+        is not among its arguments (the optimizer state while sampling, ...).
+      shape: what it was lowered for, in words.
+    """
+
+    name: str
+    lowered: object
+    held: int
+    shape: str
+
+
+def model_config(config):
+    """The `ModelConfig` of ``config.model``: a named shape, or an HF directory's config.json
+    (no weights read), with the run's dtype, remat, attention and scan settings."""
+    overrides = models.run_overrides(config.model)
+    if config.model.path:
+        return models.load_config(paths.resolve(config.model.path), **overrides)
+    if not config.model.name:
+        raise ValueError("set model.path (an HF directory) or model.name (a named config)")
+    return models.get_model_config(config.model.name, **overrides)
+
+
+def abstract(tree, shardings):
+    """`ShapeDtypeStruct`s of `tree`'s leaves carrying `shardings` (a tree of the same shape)."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def device_bytes(tree):
+    """Bytes one device holds of a tree of sharded `ShapeDtypeStruct`s (the most loaded one)."""
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree))
+
+
+def _rows_sharding(mesh, rows):
+    """Rows over the row axes when they split evenly (as `parallel.global_rows` places them)."""
+    if rows % parallel.row_ways(mesh) == 0:
+        return parallel.row_sharding(mesh)
+    return jax.NamedSharding(mesh, jax.P())
+
+
+def batch_rows(config, mesh, prompt_len):
+    """The rollout batch the loop trains on, as abstract `[B, ...]` rows (rl.train's `batch`)."""
+    p, g = config.rollout.prompts_per_batch, config.objective.group_size
+    b, s, n = p * g, prompt_len, config.rollout.max_new_tokens
+    specs = rewards.as_specs(config.reward.specs)
+    gdpo = config.objective.advantage.estimator == "gdpo"
+    shapes = {
+        "prompt_tokens": ((b, s), jnp.int32), "prompt_mask": ((b, s), jnp.int32),
+        "tokens": ((b, n), jnp.int32), "mask": ((b, n), jnp.int32),
+        "behaviour_logp": ((b, n), jnp.float32), "old_logp": ((b, n), jnp.float32),
+        "lengths": ((b,), jnp.int32), "truncated": ((b,), bool), "correct": ((b,), bool),
+        "rewards": ((b, len(specs)) if gdpo else (b,), jnp.float32), "row_valid": ((b,), bool),
+    }
+    if config.objective.kl.beta > 0:
+        shapes["ref_logp"] = ((b, n), jnp.float32)
+    rows = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
+    objective = policy_objective(config)
+    rows["advantages"] = jax.eval_shape(objective.advantages, rows)
+    sharding = _rows_sharding(mesh, b)
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in rows.items()}
+
+
+def policy_objective(config):
+    """The recipe's objective, as `rl.train` builds it (reward weights from reward.specs)."""
+    weights = rewards.spec_weights(rewards.as_specs(config.reward.specs))
+    return objectives.policy_objective(config.objective, reward_weights=weights)
+
+
+def _params(graphdef_state, mesh, rules):
+    state = graphdef_state[1]
+    return abstract(state, sharding_lib.state_shardings(state, mesh, rules))
+
+
+def _cache_sharding(x, mesh, stacked):
+    """A KV cache array's sharding: rows over the row axes, kv heads over "tensor" (keys and
+    values of a scanned model have a leading layer axis)."""
+    axes = ("batch",) if x.ndim <= 2 else (None,) * stacked + ("batch", "kv_heads")
+    return jax.NamedSharding(mesh, sharding_lib.activation_spec(x.shape, axes, mesh))
+
+
+def build(config, mesh, *, prompt_len):
+    """The run's programs for `config` on `mesh`, lowered (not compiled).
+
+    Args:
+      config: a run config (configs/*.py), its overrides applied.
+      mesh: a `jax.sharding.Mesh`, e.g. of a TPU topology's abstract devices.
+      prompt_len: S, the prompt bucket (the completion buffer N is rollout.max_new_tokens).
+
+    Returns:
+      A list of `Program`s: train, logprob, prefill, decode.
+    """
+    rl.check_config(config, mesh)
+    cfg = model_config(config)
+    graphdef, state = models.abstract_model(cfg)
+    params = _params((graphdef, state), mesh, config.model.rules)
+    updates = config.train.steps * config.train.epochs * config.train.minibatches
+    tx = optimizer_lib.make_optimizer(config.optimizer, updates)
+    opt_shardings = steps.optimizer_state_shardings(tx, params, mesh)
+    opt_state = abstract(jax.eval_shape(tx.init, params), opt_shardings)
+    rows = batch_rows(config, mesh, prompt_len)
+    b = rows["mask"].shape[0]
+    minibatch = b // config.train.minibatches
+    index = jax.ShapeDtypeStruct((minibatch,), jnp.int32, sharding=jax.NamedSharding(mesh, jax.P()))
+    objective = policy_objective(config)
+    temperature = config.rollout.temperature
+    copies = (config.objective.kl.beta > 0) + config.rollout.policy_lag   # pi_ref, lagged policies
+    params_bytes, opt_bytes = device_bytes(params), device_bytes(opt_state)
+
+    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+    update = steps.make_update_step(
+        graphdef, tx, rl.make_loss(objective, temperature), rl.make_counts(objective), mesh=mesh,
+        param_shardings=shardings(params), opt_shardings=shardings(opt_state),
+        micro_batches=config.train.micro_batches)
+    pieces = config.train.minibatches * config.train.micro_batches
+    logprob = batch_lib.make_logprob_fn(graphdef, mesh, temperature=temperature, num_pieces=pieces)
+    n, s = config.rollout.max_new_tokens, prompt_len
+    seq = f"S={s}+N={n}"
+    with jax.set_mesh(mesh):
+        programs = [
+            Program("train", update.lower(params, opt_state, rows, index), copies * params_bytes,
+                    f"{minibatch} rows x {seq} in {config.train.micro_batches} micro-batch(es)"),
+            Program("logprob", logprob.lower(params, rows), opt_bytes + copies * params_bytes,
+                    f"{b} rows x {seq} in {pieces} piece(s)"),
+        ]
+        programs += _sampler_programs(config, mesh, cfg, params, prompt_len,
+                                      held=params_bytes + opt_bytes + copies * params_bytes
+                                      + device_bytes(rows))
+    return programs
+
+
+def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held):
+    """Prefill of the P prompts and one decode step of the P G rows, in the sampling layout.
+
+    The sampler reshards the weights to ``rollout.rules`` inside its program, so while it
+    runs a chip holds both layouts (unless they are the same); `held` counts the rest
+    of the run's state (training weights, optimizer state, pi_ref, the last batch).
+    """
+    p, g = config.rollout.prompts_per_batch, config.objective.group_size
+    s, n = prompt_len, config.rollout.max_new_tokens
+    graphdef, state = models.abstract_model(cfg)
+    params = _params((graphdef, state), mesh, config.rollout.rules)
+    same_layout = jax.tree.leaves(jax.tree.map(lambda a, b: a.sharding == b.sharding, params, train_params))
+    if all(same_layout):
+        held -= device_bytes(train_params)
+    prompts = jax.ShapeDtypeStruct((p, s), jnp.int32, sharding=_rows_sharding(mesh, p))
+
+    def prefill(state, tokens, mask):
+        model = nnx.merge(graphdef, state)
+        return model.prefill(tokens, model.init_cache(p, s), attention_mask=mask)
+
+    def decode(state, tokens, cache):
+        return nnx.merge(graphdef, state).decode_step(tokens, cache)
+
+    def empty_cache(state):
+        model = nnx.merge(graphdef, state)
+        return model.init_cache(p * g, n, prefix=model.init_cache(p, s))
+
+    cache = jax.eval_shape(empty_cache, params)
+    cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), cache)
+    tokens = jax.ShapeDtypeStruct((p * g,), jnp.int32, sharding=_rows_sharding(mesh, p * g))
+    return [
+        Program("prefill", jax.jit(prefill).lower(params, prompts, prompts), held,
+                f"{p} prompts x S={s}"),
+        Program("decode", jax.jit(decode, donate_argnums=2).lower(params, tokens, cache), held,
+                f"{p * g} rows, cache S={s} (shared) + N={n}"),
+    ]
+
