@@ -92,13 +92,14 @@ class DecoderLayer(nnx.Module):
         self.mlp = layers.MoeMlp(cfg, rngs=rngs) if moe else layers.Mlp(cfg, rngs=rngs)
 
     def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None, prefix=None,
-                 routing=None):
+                 routing=None, cache_layer=None):
         """`[B, S, D]` -> (`[B, S, D]`, new kv_cache, routing stats `[2, E]` or None,
-        experts `[B, S, k]` or None); `routing` replays an MoE block's experts."""
+        experts `[B, S, k]` or None); `routing` replays an MoE block's experts;
+        `cache_layer` is the layer's index in a stacked cache (`Attention`)."""
         eps = self.cfg.norm_eps
         x = sharding.constrain(x, ("batch",))
         h, kv_cache = self.attn(layers.rms_norm(x, self.attn_norm[...], eps), positions, mask,
-                                token_mask, kv_cache, cache_index, prefix)
+                                token_mask, kv_cache, cache_index, prefix, cache_layer)
         x = x + h
         h, stats, experts = self.mlp(layers.rms_norm(x, self.mlp_norm[...], eps), token_mask, routing)
         return sharding.constrain(x + h, ("batch",)), kv_cache, stats, experts
@@ -243,17 +244,22 @@ class Decoder(nnx.Module):
                 start = sum(cfg.is_moe_layer(j) for j in range(first))
                 replay = routing[start:start + count]
 
-            def layer(state, x, kv, prefix, replay):
+            def layer(state, x, kv, prefix, replay, position=None):
                 full_prefix = None if prefix is None else (*prefix, prefix_valid)
-                return apply(state, x, positions, mask, token_mask, kv, index, full_prefix, replay)
+                return apply(state, x, positions, mask, token_mask, kv, index, full_prefix, replay,
+                             position)
 
             if cfg.scan_layers:
-                def body(x, xs):
-                    state, kv, prefix, replay = xs
-                    x, kv, layer_stats, experts = layer(state, x, kv, prefix, replay)
-                    return x, (kv, layer_stats, experts)
+                # The stacked cache rides in the carry, each layer writing its new slots
+                # in place; as a scanned input/output it would be copied whole every call.
+                def body(carry, xs):
+                    x, kv = carry
+                    state, prefix, replay, position = xs
+                    x, kv, layer_stats, experts = layer(state, x, kv, prefix, replay, position)
+                    return (x, kv), (layer_stats, experts)
 
-                x, (kv, layer_stats, experts) = jax.lax.scan(body, x, (state, kv, prefix, replay))
+                xs = (state, prefix, replay, jnp.arange(count))
+                (x, kv), (layer_stats, experts) = jax.lax.scan(body, (x, kv), xs)
             else:
                 replay = None if replay is None else replay[0]
                 x, kv, layer_stats, experts = layer(state, x, kv, prefix, replay)

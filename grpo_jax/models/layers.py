@@ -180,7 +180,8 @@ class Attention(nnx.Module):
             y = rms_norm(y, getattr(self, f"{name}_norm")[...], self.cfg.norm_eps)
         return y
 
-    def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None, prefix=None):
+    def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None, prefix=None,
+                 cache_layer=None):
         """Attends each query to the keys `mask` allows.
 
         Args:
@@ -197,6 +198,9 @@ class Attention(nnx.Module):
           cache_index: scalar int32 slot of the first new token.
           prefix: optional shared prefix rows attended before the cache (see
             `grouped_attention`); always the XLA path, whatever `attention_impl`.
+          cache_layer: with a stacked cache (`[n, B, K, H, L]`, a scanned model's), this
+            layer's index in it: only the new slots are written into the stack, in place,
+            so a decode step does not copy the cache.
 
         Returns:
           `([B, S, D], new kv_cache or None)`.
@@ -209,9 +213,16 @@ class Attention(nnx.Module):
         v = self._project(x, "v").transpose(0, 2, 1, 3)  # [B, K, S, H]
         k, v = (sharding.constrain(a, ("batch", "kv_heads")) for a in (k, v))
         if kv_cache is not None:
-            k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), (0, 0, 0, cache_index))
-            v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), (0, 0, cache_index, 0))
-            kv_cache = (k, v)
+            lead = () if cache_layer is None else (cache_layer,)
+
+            def write(buffer, new, start):
+                new = new.astype(buffer.dtype).reshape((1,) * len(lead) + new.shape)
+                return jax.lax.dynamic_update_slice(buffer, new, (*lead, *start))
+
+            kv_cache = (write(kv_cache[0], k, (0, 0, 0, cache_index)),
+                        write(kv_cache[1], v, (0, 0, cache_index, 0)))
+            k, v = kv_cache if cache_layer is None else (
+                jax.lax.dynamic_index_in_dim(c, cache_layer, keepdims=False) for c in kv_cache)
         k, v = k.astype(q.dtype), v.astype(q.dtype)
         s, slots = q.shape[1], k.shape[-1]
         # The kernels attend the new tokens to themselves: no cache, or a fresh cache they
