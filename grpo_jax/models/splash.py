@@ -13,8 +13,6 @@ TPU, and wrapped in `shard_map` under a mesh (Mosaic kernels are not partitioned
 automatically): each device runs it on its rows and heads.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
@@ -31,20 +29,18 @@ def block_size(seq_len):
     return min(MAX_BLOCK, -(-seq_len // LANES) * LANES)
 
 
-@functools.lru_cache(maxsize=32)
 def _kernel(heads, seq_len, block, interpret):
-    """A causal splash kernel for `[heads, seq_len, H]` queries (built once per shape).
+    """A causal splash kernel for `[heads, seq_len, H]` queries.
 
-    Its block masks are concrete arrays even when first asked for inside a trace
-    (`ensure_compile_time_eval`), so the cached kernel never holds a tracer.
+    Built inside the trace that uses it (its block masks become that trace's constants):
+    a kernel cached across traces would carry one trace's values into another.
     """
     mask = mask_lib.MultiHeadMask([mask_lib.CausalMask((seq_len, seq_len))] * heads)
     sizes = kernel_lib.BlockSizes(
         block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
         block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    with jax.ensure_compile_time_eval():
-        return kernel_lib.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                          interpret=interpret)
+    return kernel_lib.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                      interpret=interpret)
 
 
 def _local_attention(q, k, v, segments):
