@@ -122,8 +122,8 @@ def table(out):
                     programs[program] = {**compiled, "bytes_per_device": compiled["bytes_per_device"] + extra}
         hbm = result["hbm_bytes_per_device"]
         over = [p for p, r in programs.items() if r["bytes_per_device"] > hbm or r["compiler_oom"]]
-        cell = lambda p: (f"{gib(programs[p]['bytes_per_device'])}"
-                          f"{' (OOM)' if programs[p]['compiler_oom'] else ''}") if p in programs else "-"
+        cell = lambda p: (f"{'> ' if programs[p]['compiler_oom'] else ''}"
+                          f"{gib(programs[p]['bytes_per_device'])}") if p in programs else "-"
         fits = "yes" if not over else "no: " + ", ".join(over)
         model, rules = spec["fields"]["model.name"], spec["fields"]["model.rules"]
         seconds = sum(r["compile_s"] for r in result["programs"].values())

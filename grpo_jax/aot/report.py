@@ -41,7 +41,8 @@ class Result:
     """The compiler's numbers for one program (bytes per device; None where unknown).
 
     `total` = argument + output - alias + temp + held. A program the compiler refused
-    for lack of memory has `oom` set and `total` = the bytes it said it needs (+ held).
+    for lack of memory has `oom` set (the compiler's words in `message`) and `total` = the
+    temporaries it said it needs + held: a lower bound.
     """
 
     name: str
@@ -56,12 +57,14 @@ class Result:
     estimated_s: float | None
     compile_s: float
     oom: bool = False
+    message: str = ""
 
     def to_json(self):
         return {"bytes_per_device": self.total, "flops": self.flops, "estimated_s": self.estimated_s,
                 "compile_s": self.compile_s, "argument_bytes": self.argument,
                 "output_bytes": self.output, "alias_bytes": self.alias, "temp_bytes": self.temp,
-                "held_bytes": self.held, "compiler_oom": self.oom, "shape": self.shape}
+                "held_bytes": self.held, "compiler_oom": self.oom, "compiler_message": self.message,
+                "shape": self.shape}
 
 
 def hbm_bytes(device):
@@ -91,7 +94,8 @@ def compile_program(program):
             raise
         needed = float(match.group(1)) * _UNITS[match.group(2)]
         return Result(program.name, program.shape, None, None, None, None, program.held,
-                      int(needed) + program.held, None, None, time.time() - begin, oom=True)
+                      int(needed) + program.held, None, None, time.time() - begin, oom=True,
+                      message=match.group(0))
     seconds = time.time() - begin
     memory = compiled.memory_analysis()
     flops, estimated = _cost(compiled)
@@ -146,7 +150,8 @@ def format_table(results, hbm):
             fits = "NO (compiler OOM)"
         flops = "?" if r.flops is None else f"{r.flops / 1e12:.2f}"
         estimated = "?" if r.estimated_s is None else f"{r.estimated_s * 1e3:.1f} ms"
+        total = f"> {_gib(r.total)}" if r.oom else _gib(r.total)
         lines.append(f"| {r.name} | {r.shape} | {_gib(r.argument)} | {_gib(r.output)} | "
-                     f"{_gib(r.alias)} | {_gib(r.temp)} | {_gib(r.held)} | {_gib(r.total)} | "
+                     f"{_gib(r.alias)} | {_gib(r.temp)} | {_gib(r.held)} | {total} | "
                      f"{_gib(hbm)} | {fits} | {flops} | {estimated} | {r.compile_s:.1f} s |")
     return "\n".join(lines)
