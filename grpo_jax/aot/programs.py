@@ -107,8 +107,8 @@ def policy_objective(config):
     return objectives.policy_objective(config.objective, reward_weights=weights)
 
 
-def _params(graphdef_state, mesh, rules):
-    state = graphdef_state[1]
+def _params(state, mesh, rules):
+    """The abstract weights in the layout of the sharding `rules`."""
     return abstract(state, sharding_lib.state_shardings(state, mesh, rules))
 
 
@@ -133,7 +133,7 @@ def build(config, mesh, *, prompt_len):
     rl.check_config(config, mesh)
     cfg = model_config(config)
     graphdef, state = models.abstract_model(cfg)
-    params = _params((graphdef, state), mesh, config.model.rules)
+    params = _params(state, mesh, config.model.rules)
     updates = config.train.steps * config.train.epochs * config.train.minibatches
     tx = optimizer_lib.make_optimizer(config.optimizer, updates)
     opt_shardings = steps.optimizer_state_shardings(tx, params, mesh)
@@ -179,7 +179,7 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held):
     p, g = config.rollout.prompts_per_batch, config.objective.group_size
     s, n = prompt_len, config.rollout.max_new_tokens
     graphdef, state = models.abstract_model(cfg)
-    params = _params((graphdef, state), mesh, config.rollout.rules)
+    params = _params(state, mesh, config.rollout.rules)
     same_layout = jax.tree.leaves(jax.tree.map(lambda a, b: a.sharding == b.sharding, params, train_params))
     if all(same_layout):
         held -= device_bytes(train_params)
