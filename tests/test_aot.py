@@ -103,12 +103,15 @@ def test_errors_name_the_fix():
         programs_lib.model_config(config)
 
 
-def test_oom_message_is_parsed():
-    message = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total "
-               "memory required for HLO temporaries (47.68G) exceeds available HBM (15.75G).")
-    match = aot.report_lib._OOM.search(message)
-    assert float(match.group(1)) * 2**30 == pytest.approx(47.68 * 2**30)
-    assert match.group(3) == "15.75"
+def test_oom_messages_are_parsed():
+    """XLA:TPU's two out-of-memory messages (as libtpu 0.0.52 words them)."""
+    temps = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total "
+             "memory required for HLO temporaries (47.68G) exceeds available HBM (15.75G).")
+    assert aot.report_lib.needed_bytes(temps) == int(47.68 * 2**30)
+    total = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out "
+             "of memory in memory space hbm. Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 6.90M.")
+    assert aot.report_lib.needed_bytes(total) == int(15.75 * 2**30 + 6.90 * 2**20)
+    assert aot.report_lib.needed_bytes("RESOURCE_EXHAUSTED: something else") is None
 
 
 @pytest.mark.slow

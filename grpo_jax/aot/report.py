@@ -30,8 +30,28 @@ HBM_BYTES = {
     "TPU v5": int(95.73 * GIB),        # v5p
     "TPU v6 lite": int(31.24 * GIB),   # v6e (Trillium)
 }
-_OOM = re.compile(r"CompileTimeHbmOom.*?\(([\d.]+)([KMGT])\).*?available HBM \(([\d.]+)([KMGT])\)", re.S)
+# XLA:TPU's two ways of refusing a program for memory (temporaries alone too large, or
+# everything together): "... HLO temporaries (47.68G) exceeds available HBM (15.75G)" and
+# "... Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 6.90M."
+_OOM = re.compile(r"CompileTimeHbmOom.*?(?:temporaries \((?P<temps>[\d.]+[KMGT]?)\)"
+                  r"|of (?P<capacity>[\d.]+[KMGT]?) hbm\. Exceeded hbm capacity by (?P<over>[\d.]+[KMGT]?))",
+                  re.S)
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _bytes(text):
+    """"47.68G" -> bytes (XLA's human-readable sizes are powers of 1024)."""
+    return float(text.rstrip("KMGT")) * _UNITS.get(text[-1], 1)
+
+
+def needed_bytes(message):
+    """The bytes a program needs per device, from XLA:TPU's out-of-memory message, or None."""
+    match = _OOM.search(message)
+    if match is None:
+        return None
+    if match.group("temps"):
+        return int(_bytes(match.group("temps")))
+    return int(_bytes(match.group("capacity")) + _bytes(match.group("over")))
 
 PROGRAMS = ("train", "logprob", "prefill", "decode")
 
@@ -89,13 +109,13 @@ def compile_program(program):
     try:
         compiled = program.lowered.compile()
     except jax.errors.JaxRuntimeError as error:
-        match = _OOM.search(str(error))
-        if not match:
+        needed = needed_bytes(str(error))
+        if needed is None:
             raise
-        needed = float(match.group(1)) * _UNITS[match.group(2)]
+        message = str(error).split("\n")[0][:300]
         return Result(program.name, program.shape, None, None, None, None, program.held,
-                      int(needed) + program.held, None, None, time.time() - begin, oom=True,
-                      message=match.group(0))
+                      needed + program.held, None, None, time.time() - begin, oom=True,
+                      message=message)
     seconds = time.time() - begin
     memory = compiled.memory_analysis()
     flops, estimated = _cost(compiled)
