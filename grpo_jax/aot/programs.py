@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental.layout import Format, Layout
 
 from grpo_jax import models, objectives, parallel, paths, rewards
 from grpo_jax.models import sharding as sharding_lib
@@ -196,14 +197,28 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held):
         model = nnx.merge(graphdef, state)
         return model.init_cache(p * g, n, prefix=model.init_cache(p, s))
 
+    # The sampler's cache never leaves its program, so XLA lays it out as the loop body
+    # wants; as an argument in the default layout, a stacked cache would be copied whole
+    # into that layout and back (`layouts`). Logits: rows over the row axes.
     cache = jax.eval_shape(empty_cache, params)
     cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), cache)
+    prompt_cache = jax.eval_shape(prefill, params, prompts, prompts)[1]
+    prompt_cache = jax.tree.map(lambda x: _cache_sharding(x, mesh, cfg.scan_layers), prompt_cache)
     tokens = jax.ShapeDtypeStruct((p * g,), jnp.int32, sharding=_rows_sharding(mesh, p * g))
+    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+    prefill = jax.jit(prefill, out_shardings=(_rows_sharding(mesh, p), layouts(prompt_cache)))
+    decode = jax.jit(decode, donate_argnums=2,
+                     in_shardings=(shardings(params), tokens.sharding, layouts(shardings(cache))),
+                     out_shardings=(_rows_sharding(mesh, p * g), layouts(shardings(cache))))
     return [
-        Program("prefill", jax.jit(prefill).lower(params, prompts, prompts), held,
-                f"{p} prompts x S={s}"),
-        Program("decode", jax.jit(decode, donate_argnums=2).lower(params, tokens, cache), held,
+        Program("prefill", prefill.lower(params, prompts, prompts), held, f"{p} prompts x S={s}"),
+        Program("decode", decode.lower(params, tokens, cache), held,
                 f"{p * g} rows, cache S={s} (shared) + N={n}"),
     ]
+
+
+def layouts(shardings):
+    """Each sharding with the memory layout left to the compiler (`Layout.AUTO`)."""
+    return jax.tree.map(lambda s: Format(Layout.AUTO, s), shardings)
 
