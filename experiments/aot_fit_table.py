@@ -81,6 +81,12 @@ def run_cell(spec):
         built = programs_lib.build(config, mesh, prompt_len=PROMPT_LEN)
         result["sampler_held"] = {p.name: p.held for p in built if p.name in ("prefill", "decode")}
     print(result["table"], flush=True)
+    if spec.get("merge"):   # a refresh: these programs replace the cell's earlier ones
+        merged = json.loads(pathlib.Path(spec["merge"]).read_text())
+        merged["programs"].update(result["programs"])
+        over = [p for p, r in merged["programs"].items()
+                if r["compiler_oom"] or r["bytes_per_device"] > merged["hbm_bytes_per_device"]]
+        result = {**merged, "fits": not over, "refreshed": spec["programs"]}
     with open(spec["out"], "w") as f:
         json.dump(result, f, indent=1)
 
@@ -140,16 +146,25 @@ def main():
     parser.add_argument("--out", default=str(REPO / "experiments" / "results" / "aot"))
     parser.add_argument("--topologies", default=",".join(TOPOLOGIES))
     parser.add_argument("--recipes", default="gspo,grpo")
+    parser.add_argument("--refresh", default="", help="recompile these programs of finished cells")
     parser.add_argument("--cell", help=argparse.SUPPRESS)   # JSON spec: run one cell here
     args = parser.parse_args()
     if args.cell:
         return run_cell(json.loads(args.cell))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    refresh = [p for p in args.refresh.split(",") if p]
     for name, spec in cells(args.topologies.split(","), args.recipes.split(",")):
         path = out / f"{name}.json"
-        if path.exists():
+        if path.exists() and not refresh:
             continue
+        if refresh:
+            if not path.exists():
+                continue
+            spec = {**spec, "programs": [p for p in spec["programs"] if p in refresh],
+                    "merge": str(path)}
+            if not spec["programs"]:
+                continue
         print(f"== {name}", flush=True)
         begin = time.time()
         done = subprocess.run([sys.executable, __file__, "--cell", json.dumps({**spec, "out": str(path)})],
