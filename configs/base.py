@@ -78,6 +78,11 @@ def get_config(arg=None):
     # Asynchronous RL's staleness: the rollouts of step t come from the parameters of step
     # t - policy_lag (0: the current ones). The lagged copies are kept and checkpointed.
     config.rollout.policy_lag = 0
+    # DeepSeek-V3.2's keep sampling mask: the top-p/top-k set of every sampled position is
+    # kept, and pi_old and pi_theta are both renormalised over it (needs a truncation).
+    config.rollout.keep_sampling_mask = False
+    # ... and keep routing: an MoE's training forward replays the sampler's experts.
+    config.rollout.keep_routing = False
 
     config.train = config_dict.ConfigDict()
     config.train.steps = 200
@@ -94,6 +99,9 @@ def get_config(arg=None):
     config.train.checkpoint_every = 25
     config.train.keep_checkpoints = 3
     config.train.ref_reset_every = 0     # > 0: the KL reference becomes the policy every N steps
+    # > 0: add sft_weight x the NLL of the step's prompts' reference solutions to the RL loss
+    # (a hybrid of RL and supervised next-token prediction, as RPT's hybrid objective).
+    config.train.sft_weight = 0.0
     config.train.export = True           # save_pretrained(workdir/export) at the end
     config.train.log_rollouts_every = 0  # > 0: the batch's texts and rewards to workdir/rollouts/
 

@@ -1,7 +1,10 @@
 """Generation throughput of grpo_jax.sampling on CPU, beside transformers' PyTorch generate.
 
-    python experiments/bench_sampler.py            # B in {16, 64, 256} x new tokens in {128, 512}
-    python experiments/bench_sampler.py --quick    # B=16, 16 new tokens, 1 repeat: a smoke run
+    python experiments/bench_sampler.py            # tables 1-3: the tiny model
+    python experiments/bench_sampler.py --tables vocab,step --smollm2 /work/cache/smollm2_hf
+                                                   # tables 4-5: real vocabularies
+    python experiments/bench_sampler.py --quick    # tables 1-3 on tiny shapes, 1 repeat: a smoke run
+    python experiments/bench_sampler.py --quick --tables vocab,step --smollm2 DIR   # 4-5 likewise
 
 The model is the named "tiny" config (qwen3: V=512, D=128, 3 layers, float32), randomly
 initialised, saved with save_pretrained and loaded by both libraries from that directory.
@@ -28,6 +31,19 @@ third times one layer's decode attention inside a while loop that writes the cac
 step, as the sampler does, on the previous cache layout (keys and values `[B, K, L, H]`,
 two einsums; commit dcccef3) and on the model's (keys `[B, K, H, L]`, values
 `[B, K, L, H]`, `layers.grouped_attention`).
+
+Table 4 ("vocab") is the real-vocabulary comparison: SmolLM2-135M-Instruct (V = 49,152;
+--smollm2, a Hugging Face directory converted to safetensors) and a random model with
+Qwen3's vocabulary (V = 151,936) and the tiny model's other dims, in float32 and bfloat16
+(weights and compute, both libraries), B in {16, 64, 256}, each of top-p 1.0 (no cut:
+`make_method` gives plain `Temperature`), top-p 0.95 and top-k 50 at temperature 1,
+forced to 64 new tokens; grpo_jax on one CPU device per core, transformers with the
+same prompts (SmolLM2: chat-formatted questions; the random model: random ids) and
+settings in the same round. Table 5 ("step") times one `sampling.sample` call at B = 64
+on one device for each way of finding the cut: a full sort, `lax.top_k` and
+`lax.approx_max_k` candidates alone, the exact bisection alone (`TopP(max_candidates=1)`)
+and `TopP` as built (64 candidates, bisection when the nucleus is larger), on SmolLM2's
+next-token logits after the chat prompts (V = 49,152) and the random model's (V = 151,936).
 """
 
 import argparse
@@ -48,6 +64,7 @@ from flax import nnx
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
 from grpo_jax import models, parallel, sampling  # noqa: E402  (runs from a checkout, uninstalled)
 from grpo_jax.models import layers  # noqa: E402
 from grpo_jax.objectives import token_logprobs  # noqa: E402
@@ -100,26 +117,29 @@ def prompts(batch, vocab_size, length=PROMPT_LEN):
     return rng.integers(0, vocab_size, size=(batch // GROUP_SIZE, length)).astype(np.int32)
 
 
-def ours(graphdef, state, ids, new_tokens, seed, max_len_bucket=None, mesh=None):
+def ours(graphdef, state, ids, new_tokens, seed, max_len_bucket=None, mesh=None, method=sampling.Temperature(1.0),
+         mask=None, pad_id=0):
     """One `generate` call, under `mesh` when given (rows split over its "data" axis)."""
+    mask = np.ones_like(ids) if mask is None else mask
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         rollout = sampling.generate(
-            graphdef, state, ids, np.ones_like(ids), rng=jax.random.key(seed), method=sampling.Temperature(1.0),
-            group_size=GROUP_SIZE, max_new_tokens=new_tokens, stop_tokens=[], pad_id=0,
-            max_len_bucket=max_len_bucket,
+            graphdef, state, ids, mask, rng=jax.random.key(seed), method=method, group_size=GROUP_SIZE,
+            max_new_tokens=new_tokens, stop_tokens=[], pad_id=pad_id, max_len_bucket=max_len_bucket,
         )
         jax.block_until_ready(rollout)
     assert int(rollout.lengths.min()) == new_tokens
     return rollout
 
 
-def transformers_generate(torch, torch_model, ids, new_tokens, seed):
+def transformers_generate(torch, torch_model, ids, new_tokens, seed, mask=None, top_p=1.0, top_k=0, pad_id=0):
+    """transformers' sampling (temperature 1, then top-k / top-p when set), forced to `new_tokens`."""
     torch.manual_seed(seed)
+    mask = np.ones_like(ids) if mask is None else mask
     with torch.no_grad():
         out = torch_model.generate(
-            input_ids=torch.tensor(ids).long(), attention_mask=torch.ones(ids.shape, dtype=torch.long),
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=GROUP_SIZE,
-            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
+            input_ids=torch.tensor(ids).long(), attention_mask=torch.tensor(mask).long(),
+            do_sample=True, temperature=1.0, top_k=top_k, top_p=top_p, num_return_sequences=GROUP_SIZE,
+            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id,
         )
     assert out.shape == (ids.shape[0] * GROUP_SIZE, ids.shape[1] + new_tokens)
     return out
@@ -272,16 +292,40 @@ def bench_attention(path, batch, slots_list):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="B=16, 16 new tokens, 1 repeat (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 repeat (a smoke test)")
+    parser.add_argument("--tables", default="tiny", help="comma-separated: tiny (tables 1-3), vocab (4), step (5)")
+    parser.add_argument("--smollm2", help="SmolLM2-135M-Instruct as a Hugging Face safetensors directory (tables 4, 5)")
+    parser.add_argument("--batches", default="16,64,256", help="batch sizes of table 4")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    tables = set(args.tables.split(","))
+    if tables - {"tiny", "vocab", "step"}:
+        parser.error(f"--tables takes tiny, vocab, step; got {args.tables}")
     repeats = 1 if args.quick else args.repeats
     header(argv)
-    with tempfile.TemporaryDirectory() as path:
-        models.save_pretrained(models.init_model(models.get_model_config("tiny"), seed=0), path)
-        bench_throughput(path, QUICK_CASES if args.quick else CASES, repeats)
-        bench_logp(path, 16, 16 if args.quick else 128)
-        bench_attention(path, 16 if args.quick else 256, (64,) if args.quick else (96, 544))
+    if "tiny" in tables:
+        with tempfile.TemporaryDirectory() as path:
+            models.save_pretrained(models.init_model(models.get_model_config("tiny"), seed=0), path)
+            bench_throughput(path, QUICK_CASES if args.quick else CASES, repeats)
+            bench_logp(path, 16, 16 if args.quick else 128)
+            bench_attention(path, 16 if args.quick else 256, (64,) if args.quick else (96, 544))
+    if tables & {"vocab", "step"}:
+        sys.modules.setdefault("bench_sampler", sys.modules[__name__])  # its helpers, not a second copy
+        import bench_sampler_vocab as vocab   # the real-vocabulary tables, beside this file
+
+        with tempfile.TemporaryDirectory() as path:
+            vocab_size = 4096 if args.quick else vocab.QWEN3_VOCAB   # --quick: a small stand-in
+            vocab.save_random_model(path, vocab_size=vocab_size)
+            random_model = (f"random, V={vocab_size:,}", path)
+            real = [("SmolLM2-135M", args.smollm2)] if args.smollm2 else []
+            if not real:
+                print("# no --smollm2 directory: SmolLM2 rows skipped\n")
+            if "vocab" in tables:
+                batches = [16] if args.quick else [int(b) for b in args.batches.split(",")]
+                dtypes = ("float32",) if args.quick else ("float32", "bfloat16")
+                vocab.bench_real_vocab(real + [random_model], batches, dtypes, 4 if args.quick else 64, repeats)
+            if "step" in tables:
+                vocab.bench_sampling_step(real + [random_model], 8 if args.quick else 64, repeats)
 
 
 if __name__ == "__main__":

@@ -1,33 +1,42 @@
-"""Step time split of the RL loop (rollout, behaviour log-probs, update) and tokens/s.
+"""Step time split of the RL loop and the bytes it moves between host and devices per step.
 
     python experiments/bench_trainer.py [--steps 6] [--checkpoint DIR] [--config configs/demo.py]
+        [--override train.minibatches=1 ...]
 
-Runs `--steps` DAPO steps of the demo's settings (64 prompts x 8 completions, the tiny
-model) in a scratch workdir and prints the median of each timing over the steps after
-the first (which compiles). With `--checkpoint`, starts from that HF checkpoint (e.g. the
-demo's `workdirs/demo/sft/export`, so rewards have signal); otherwise from a random
-tiny model. Prints the machine and commit so the table can be quoted. Like
-`python -m grpo_jax.main`, it runs on one CPU device per core (`parallel.use_cpu_cores`;
-XLA_FLAGS=--xla_force_host_platform_device_count=1 measures a single device).
+Runs `--steps` RL steps of the config (default: the demo's DAPO stage, 64 prompts x 8
+completions, the tiny model) in a scratch workdir and prints the median of each timing
+over the steps after the first (which compiles), and the host<->device traffic of those
+steps: bytes copied from host to device (explicit `device_put`s and numpy arrays passed to
+jitted functions, as JAX's transfer guard logs them) and from device to host (every
+`jax.Array` read into numpy). With `--checkpoint`, starts from that HF checkpoint (e.g.
+the demo's `workdirs/demo/sft/export`, so rewards have signal). Prints the machine and
+commit so the table can be quoted. Like `python -m grpo_jax.main`, it runs on one CPU
+device per core.
+
+The accounting only needs `rl.train` and `MetricWriter.write`, so the same script
+measures an older checkout: `PYTHONPATH=/path/to/old/checkout python experiments/bench_trainer.py`.
 """
 
 import argparse
+import ast
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
+import sys
 import tempfile
 
 import jax
+import numpy as np
 
 from grpo_jax import config_lib, parallel
-from grpo_jax.training import rl
-
-parallel.use_cpu_cores()   # before JAX runs anything, as grpo_jax.main does
+from grpo_jax.training import metrics as metrics_lib, rl
 
 TIMINGS = ("time_rollout", "time_old_logp", "time_update", "rollout_tokens_per_s",
            "update_tokens_per_s", "gen_batches")
+_H2D = re.compile(r"host-to-device transfer: aval=ShapedArray\((\w+)\[([\d,]*)\]")
 
 
 def _cpu_name():
@@ -38,42 +47,110 @@ def _cpu_name():
         return platform.processor() or "unknown"
 
 
+class DeviceToHost:
+    """Counts the bytes of every `jax.Array` (or shard) converted to numpy while on."""
+
+    def __init__(self):
+        from jax._src import array
+        self.bytes, self.on, self._cls = 0, False, array.ArrayImpl
+        original = array.ArrayImpl._value
+
+        def counted(arr):
+            if self.on and arr._npy_value is None:
+                self.bytes += arr.size * arr.dtype.itemsize
+            return original.fget(arr)
+
+        array.ArrayImpl._value = property(counted)
+
+
+def _host_to_device_bytes(log_text):
+    """Sums the transfer guard's "host-to-device transfer" lines of a run's stderr."""
+    total = 0
+    for dtype, dims in _H2D.findall(log_text):
+        shape = [int(d) for d in dims.split(",") if d]
+        total += int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return total
+
+
+def measure(args):
+    """Runs the steps; prints one JSON line with the step timings and the D2H bytes; the
+    H2D lines go to stderr (the transfer guard logs there), which the parent parses."""
+    parallel.use_cpu_cores()
+    config = config_lib.load_config(args.config)
+    config.mode = "rl"
+    overrides = {"train.steps": args.steps, "train.eval_every": 10**9,
+                 "train.checkpoint_every": 10**9, "train.export": False}
+    for item in args.override:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            overrides[key] = value
+    config_lib.apply_overrides(config, overrides)
+    if args.checkpoint:
+        config.model.path, config.model.name = args.checkpoint, ""
+    if args.data_dir:
+        config.task.data_dir = args.data_dir
+    d2h = DeviceToHost()
+    write = metrics_lib.MetricWriter.write
+
+    def write_and_count(writer, step, metrics):   # steps 2..N are measured, step 1 compiles
+        d2h.on = False
+        jax.config.update("jax_transfer_guard_host_to_device", "allow")
+        write(writer, step, metrics)
+        if step < args.steps:
+            d2h.on = True
+            jax.config.update("jax_transfer_guard_host_to_device", "log_explicit")
+
+    metrics_lib.MetricWriter.write = write_and_count
+    with tempfile.TemporaryDirectory() as workdir:
+        rl.train(config, workdir)
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            rows = [json.loads(line) for line in f][1:]
+    print(json.dumps({"rows": rows, "d2h": d2h.bytes, "devices": jax.device_count(),
+                      "platform": jax.devices()[0].platform, "jax": jax.__version__,
+                      "prompts": config.rollout.prompts_per_batch,
+                      "group": config.objective.group_size,
+                      "updates": config.train.epochs * config.train.minibatches,
+                      "tokens": config.rollout.max_new_tokens,
+                      "model": config.model.path or config.model.name}))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/demo.py")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--checkpoint", default="")
     parser.add_argument("--data_dir", default="")
+    parser.add_argument("--override", action="append", default=[],
+                        help="config field=value, e.g. train.minibatches=1 (repeatable)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        return measure(args)
 
-    config = config_lib.load_config(args.config)
-    config.mode = "rl"
-    config.train.steps = args.steps
-    config.train.eval_every = 10**9
-    config.train.checkpoint_every = 10**9
-    config.train.export = False
-    if args.checkpoint:
-        config.model.path, config.model.name = args.checkpoint, ""
-    if args.data_dir:
-        config.task.data_dir = args.data_dir
-    with tempfile.TemporaryDirectory() as workdir:
-        rl.train(config, workdir)
-        with open(os.path.join(workdir, "metrics.jsonl")) as f:
-            rows = [json.loads(line) for line in f][1:]
-
+    child = subprocess.run([sys.executable, __file__, "--child", *(argv or sys.argv[1:])],
+                           capture_output=True, text=True)
+    if child.returncode:
+        sys.exit(child.stderr[-4000:])
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    rows, measured = result["rows"], args.steps - 1
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+                            text=True, cwd=os.path.dirname(rl.__file__)).stdout.strip()
     print(f"# bench_trainer  commit {commit}  {_cpu_name()}, {os.cpu_count()} cores, "
-          f"{jax.devices()[0].platform} x {jax.device_count()}, jax {jax.__version__}, "
+          f"{result['platform']} x {result['devices']}, jax {result['jax']}, "
           f"load {os.getloadavg()[0]:.1f}")
-    print(f"# {args.config}: {config.rollout.prompts_per_batch} prompts x "
-          f"{config.objective.group_size}, max {config.rollout.max_new_tokens} new tokens, "
-          f"model {config.model.path or config.model.name}; median of steps 2..{args.steps}")
-    print(f"{'quantity':24s} {'median':>12s}")
+    print(f"# {args.config} {' '.join(args.override)}: {result['prompts']} prompts x "
+          f"{result['group']}, {result['updates']} update(s) per batch, max {result['tokens']} "
+          f"new tokens, model {result['model']}; median of steps 2..{args.steps}")
+    print(f"{'quantity':28s} {'median':>12s}")
     for name in TIMINGS:
-        print(f"{name:24s} {statistics.median(r[name] for r in rows):12.2f}")
+        print(f"{name:28s} {statistics.median(r[name] for r in rows):12.2f}")
     step = statistics.median(r["time_rollout"] + r["time_old_logp"] + r["time_update"] for r in rows)
-    print(f"{'step (sum of the three)':24s} {step:12.2f}")
+    print(f"{'step (sum of the three)':28s} {step:12.2f}")
+    h2d = _host_to_device_bytes(child.stderr)
+    print(f"{'host->device MB per step':28s} {h2d / measured / 1e6:12.3f}")
+    print(f"{'device->host MB per step':28s} {result['d2h'] / measured / 1e6:12.3f}")
 
 
 if __name__ == "__main__":

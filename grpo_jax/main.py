@@ -9,12 +9,17 @@ control, ending with a before/after table) or "eval" (held-out pass@1, mean@k an
 of the checkpoint in ``model.path``, written to ``workdir/eval.json``). Re-running a
 command resumes its workdir.
 
+A SIGTERM (a preempted VM, a scheduler's stop) ends the step in progress, saves it and
+exits with status 75 (`preemption.EXIT_STATUS`); re-running the command resumes from it.
+A second SIGTERM exits at once. See `grpo_jax.training.preemption`.
+
 On CPU the host is split into one XLA device per core (`parallel.use_cpu_cores`), so the
 config's mesh runs on every core; XLA_FLAGS=--xla_force_host_platform_device_count=N
 chooses N instead.
 """
 
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -32,7 +37,7 @@ MODES = ("rl", "sft", "demo", "eval")
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)   # orbax and tfds log every file at INFO
+    logging.set_verbosity(logging.ERROR)   # orbax and tfds log every file (and config) otherwise
     config = _CONFIG.value
     if config.mode not in MODES:
         raise app.UsageError(f"config.mode must be one of {MODES}, got {config.mode!r}")
@@ -40,10 +45,15 @@ def main(argv):
     tfds.disable_progress_bar()                 # one line per step is the progress output
     from grpo_jax import parallel
     parallel.use_cpu_cores()                    # on CPU, one device per core (see its docstring)
-    from grpo_jax.training import demo, rl, sft   # after flag parsing: jax starts here
+    from grpo_jax.training import demo, preemption, rl, sft   # after flag parsing: jax starts here
     workdir = _WORKDIR.value              # made absolute by each mode (grpo_jax.paths)
-    {"rl": rl.train, "sft": sft.train, "demo": demo.run, "eval": demo.evaluate_to_file}[
-        config.mode](config, workdir)
+    try:
+        {"rl": rl.train, "sft": sft.train, "demo": demo.run, "eval": demo.evaluate_to_file}[
+            config.mode](config, workdir)
+    except preemption.Stopped as stopped:   # the checkpoint is on disk: say so, exit "try again"
+        if parallel.is_main():
+            print(f"{stopped} (exit status {preemption.EXIT_STATUS})", flush=True)
+        sys.exit(preemption.EXIT_STATUS)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ REGIMES = {
     "grpo": (512, 16, 16, 32768), "dr_grpo": (128, 8, 8, 3000), "dapo": (512, 16, 16, 20480),
     "gspo": (512, 16, 4, 8192), "cispo": (512, 16, 16, 20480), "sapo": (512, 16, 4, 8192),
     "rloo": (128, 4, 1, 1024), "reinforce_pp": (256, 4, 8, 1024), "gdpo": (512, 16, 16, 8000),
-    "olmo3": (64, 8, 1, 32768),
+    "olmo3": (64, 8, 1, 32768), "deepseek_v32": (512, 16, 16, 32768),
+    "self_verify": (512, 16, 16, 32768), "rpt": (256, 8, 1, 8192),
 }
 
 
@@ -100,8 +101,9 @@ def test_recipes_run_in_their_papers_regime_and_runlocal_scales_it(name):
 
     prompts, group, updates, budget = REGIMES[name]
     assert regime(_load(f"{name}.py")) == REGIMES[name]
-    # runlocal: 16 prompts x min(G, 4), min(updates, 4) updates, 40 tokens.
-    assert regime(_load(f"{name}.py", "runlocal=True")) == (16, min(group, 4), min(updates, 4), 40)
+    # runlocal: 16 prompts x min(G, 4), min(updates, 4) updates, 40 tokens (48 with a verdict).
+    tokens = 48 if name == "self_verify" else 40
+    assert regime(_load(f"{name}.py", "runlocal=True")) == (16, min(group, 4), min(updates, 4), tokens)
 
 
 def test_recipes_differ_from_base_as_the_design_table_says():

@@ -2,7 +2,9 @@
 # Keeps a run going on spot or queued capacity: checks the TPU, and when it is
 # preempted, terminated, suspended or gone, deletes it, creates it again, sets it up and
 # starts the job again, which resumes from the workdir's last checkpoint. Stops when the
-# job succeeds, or after MAX_FAILURES failures in a row on a healthy TPU.
+# job succeeds, or after MAX_FAILURES failures in a row on a healthy TPU. A job stopped by
+# SIGTERM after saving its checkpoint (the trainer's exit status 75) is not a failure: it
+# is started again (after recreating the TPU if the state says it was preempted).
 #
 # A dry run prints one round: the state query, then (with the state PREEMPTED, or
 # TPU_STATE_OVERRIDE) the commands of delete.sh, create.sh, setup.sh, kill.sh and the job.
@@ -52,9 +54,17 @@ while true; do
       ;;
   esac
   step kill || log "kill.sh failed; starting $JOB anyway"
-  if step "$JOB"; then
+  status=0
+  step "$JOB" || status=$?
+  if ((status == 0)); then
     log "$JOB finished"
     exit 0
+  fi
+  if ((status == 75)); then
+    log "$JOB stopped by SIGTERM after saving its checkpoint; resuming it"
+    failures=0
+    sleep "${POLL_SECONDS:-60}"
+    continue
   fi
   failures=$((failures + 1))
   if ((failures >= ${MAX_FAILURES:-3})); then

@@ -106,10 +106,17 @@ def solve(a: int, op: str, b: int, *, scratchpad: bool,
 
 
 def make_example(a: int, op: str, b: int, *, scratchpad: bool,
-                 forget: Callable[[], bool]) -> dict[str, Any]:
-    """One arithmetic example; ``answer`` is exact, ``solution`` comes from ``solve``."""
-    solution, _ = solve(a, op, b, scratchpad=scratchpad, forget=forget)
+                 forget: Callable[[], bool], verdict: bool = False) -> dict[str, Any]:
+    """One arithmetic example; ``answer`` is exact, ``solution`` comes from ``solve``.
+
+    With ``verdict``, the solution ends with the teacher's honest judgement of its own
+    result, ``<verify>correct</verify>`` or ``<verify>incorrect</verify>`` (the
+    self-verification format of ``grpo_jax.rewards``' ``self_verify``).
+    """
+    solution, result = solve(a, op, b, scratchpad=scratchpad, forget=forget)
     exact = {"+": a + b, "-": a - b, "*": a * b}[op]
+    if verdict:
+        solution += f" <verify>{'correct' if result == exact else 'incorrect'}</verify>"
     return {"task": "arithmetic", "question": f"{a}{op}{b}", "answer": str(exact),
             "solution": solution}
 
@@ -125,6 +132,9 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
       teacher_fraction: share of examples whose ``solution`` comes from the teacher
         that forgets carries (``answer`` stays exact).
       forget_carry_p: probability that teacher drops each carry or borrow.
+      verdicts: end every solution with the teacher's honest verdict on its own result
+        (``<verify>correct</verify>`` or ``<verify>incorrect</verify>``), so a warm start
+        learns the self-verification format.
     """
 
     PREFIX: ClassVar[str] = "arithmetic"
@@ -134,6 +144,7 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
     scratchpad: bool = True
     teacher_fraction: float = 0.0
     forget_carry_p: float = 1.0
+    verdicts: bool = False
 
     def __post_init__(self):
         self.ops = tuple(self.ops)
@@ -154,7 +165,8 @@ def generate(config: ArithmeticConfig) -> Iterator[dict[str, Any]]:
         a, op, b = sample_problem(rng, digits=config.digits, ops=config.ops)
         noisy = rng.random() < config.teacher_fraction
         forget = functools.partial(_coin, rng, config.forget_carry_p if noisy else 0.0)
-        yield make_example(a, op, b, scratchpad=config.scratchpad, forget=forget)
+        yield make_example(a, op, b, scratchpad=config.scratchpad, forget=forget,
+                           verdict=config.verdicts)
 
 
 def _coin(rng: np.random.Generator, p: float) -> bool:

@@ -29,3 +29,4 @@ from grpo_jax.models.named import get_model_config
 from grpo_jax.models.sharding import RULE_SETS
 from grpo_jax.models.sharding import logical_to_spec
 from grpo_jax.models.sharding import state_shardings
+from grpo_jax.models.support_logprobs import support_token_logprobs

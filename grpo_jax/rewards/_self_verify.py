@@ -38,6 +38,26 @@ def final_verdict(completion: str) -> tuple[bool, str] | None:
     return verdict, completion[: marker.start]
 
 
+@register("answer_before_verdict", where="pool")
+def answer_before_verdict_reward(prompt: str, completion: str, example: dict, *,
+                                 grader: str = "math") -> float:
+    """The `grader`'s score of the answer before a final `<verify>` verdict (the whole
+    completion when it has none): correctness for a self-verifying policy, whose answer
+    is not at the end of its completion.
+
+    Options:
+      grader: the registered correctness reward ("math", "gsm8k", "integer_answer", ...).
+
+    Example:
+      >>> answer_before_verdict_reward("", "#### 7 <verify>correct</verify>", {"answer": "7"},
+      ...                              grader="integer_answer")
+      1.0
+    """
+    verdict = final_verdict(completion)
+    text = completion if verdict is None else verdict[1]
+    return float(get_reward(grader).fn(prompt, text, example))
+
+
 @register("self_verify", where="pool")
 def self_verify_reward(prompt: str, completion: str, example: dict, *, grader: str = "math") -> float:
     """1.0 if the final `<verify>` verdict matches whether the answer is right, else 0.0.

@@ -23,5 +23,6 @@ from grpo_jax.sampling._methods import Temperature
 from grpo_jax.sampling._methods import TopK
 from grpo_jax.sampling._methods import TopP
 from grpo_jax.sampling._methods import make_method
-from grpo_jax.sampling._methods import sample
+from grpo_jax.sampling._sample import Support
+from grpo_jax.sampling._sample import sample
 from grpo_jax.sampling._texts import sample_texts

@@ -11,7 +11,6 @@ structure select a compilation.
 """
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +18,11 @@ import numpy as np
 from flax import nnx, struct
 from jax.experimental import multihost_utils
 
+from grpo_jax import parallel
 from grpo_jax.models import KVCache, sharding
 from grpo_jax.objectives import token_logprobs
 from grpo_jax.sampling._buckets import bucket_length
-from grpo_jax.sampling._methods import sample
+from grpo_jax.sampling._sample import sample
 
 SEGMENT = 64  # cache slots for the first completion tokens; segments are multiples of it
 
@@ -40,14 +40,27 @@ class Rollout:
       prompt_mask: `[B, S]` int32, 1 on prompt tokens.
       tokens: `[B, N]` int32 completion tokens, `pad_id` after the last one. N is the
         completion buffer (a bucket >= max_new_tokens).
-      logp: `[B, N]` float32 log-prob of each token under the model at temperature 1
-        (the behaviour log-prob the trainer's ratio uses); 0 where mask is 0.
+      logp: `[B, N]` float32 log-prob of each token under the model's tempered
+        distribution, softmax(logits / temperature) before any cut (the behaviour
+        log-prob of the trainer's ratio, which is taken at the same temperature;
+        temperature 1 for greedy); 0 where mask is 0.
       sample_logp: `[B, N]` float32 log-prob under the sampling distribution that drew
         it (0 for greedy); 0 where mask is 0.
       mask: `[B, N]` int32, 1 on generated tokens up to and including the stop token.
       lengths: `[B]` int32 completion lengths (mask.sum(-1)).
       truncated: `[B]` bool, hit max_new_tokens without a stop token.
       stop_reason: `[B]` int32, `STOP_TOKEN` (0) or `MAX_NEW_TOKENS` (1).
+      support_ids: `[B, N, K]` int32 or None: with `generate(record_support=True)`, the
+        tokens the method's cut kept at each position (keep-sampling-mask), in
+        descending probability then -1; see `Support`. -1 where mask is 0.
+      support_size: `[B, N]` int32 or None: how many tokens the cut kept; a position
+        with size > K did not fit in the K candidates (its support is not recorded:
+        train it on the full softmax). 0 where mask is 0.
+      prompt_routing: `[B, S, L_moe, k]` int32 or None: with
+        `generate(record_routing=True)` on an MoE model, the experts each prompt token
+        went to in each MoE layer (keep routing).
+      routing: `[B, N, L_moe, k]` int32 or None: the same for completion token j when
+        it was fed back to sample token j + 1 (0 where it never was: the last token).
     """
 
     prompt_tokens: jax.Array
@@ -59,6 +72,10 @@ class Rollout:
     lengths: jax.Array
     truncated: jax.Array
     stop_reason: jax.Array
+    support_ids: jax.Array | None = None
+    support_size: jax.Array | None = None
+    prompt_routing: jax.Array | None = None
+    routing: jax.Array | None = None
 
 
 @struct.dataclass
@@ -73,6 +90,9 @@ class _Loop:
     sample_logp: jax.Array  # [B, N] float32
     done: jax.Array  # [B] bool, the row has sampled a stop token
     lengths: jax.Array  # [B] int32, tokens generated per row (the stop token included)
+    support_ids: jax.Array | None  # [B, N, K] int32 when recording the support, else None
+    support_size: jax.Array | None  # [B, N] int32 when recording the support, else None
+    routing: jax.Array | None  # [B, N, L_moe, k] int32 when recording routing, else None
 
 
 def _rule_axes(rules):
@@ -81,9 +101,11 @@ def _rule_axes(rules):
     return {a for e in entries if e is not None for a in ((e,) if isinstance(e, str) else e)}
 
 
-def _batch_axes(mesh, rules):
-    """The mesh axes the rows are split over: every axis the weights' rules do not use."""
-    return tuple(a for a in mesh.axis_names if a not in _rule_axes(rules))
+def row_multiple():
+    """What `generate`'s P*G rows must be a multiple of under the current mesh (1 without
+    one): the size of the mesh axes rows split over (`parallel.row_axes`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty else parallel.row_ways(mesh)
 
 
 def _shard_rows(tree, batch_axes, ways=1):
@@ -145,16 +167,26 @@ def _grow(cache, slots):
 
 
 def _sample_column(loop, rng, method, stop_tokens, pad_id):
-    """Samples column `loop.step` from `loop.logits`; finished rows get pad_id and zeros."""
-    token_b, sample_logp_b = sample(method, jax.random.fold_in(rng, loop.step), loop.logits)
+    """Samples column `loop.step` from `loop.logits`; finished rows get pad_id and zeros
+    (and an empty support when it is recorded)."""
+    record = loop.support_ids is not None
+    drawn = sample(method, jax.random.fold_in(rng, loop.step), loop.logits, with_support=record)
+    token_b, sample_logp_b = drawn[:2]
     live_b = ~loop.done
     token_b = jnp.where(live_b, token_b, pad_id)
-    logp_b = jnp.where(live_b, token_logprobs(loop.logits, token_b), 0.0)
+    temperature = getattr(method, "temperature", 1.0)
+    logp_b = jnp.where(live_b, token_logprobs(loop.logits, token_b, temperature=temperature), 0.0)
     sample_logp_b = jnp.where(live_b, sample_logp_b, 0.0)
 
     def put(buf_bn, col_b):
         return jax.lax.dynamic_update_slice_in_dim(buf_bn, col_b[:, None], loop.step, axis=1)
 
+    if record:
+        support = drawn[2]
+        loop = loop.replace(
+            support_ids=put(loop.support_ids, jnp.where(live_b[:, None], support.ids, -1)),
+            support_size=put(loop.support_size, jnp.where(live_b, support.size, 0)),
+        )
     return loop.replace(
         step=loop.step + 1,
         tokens=put(loop.tokens, token_b),
@@ -165,21 +197,33 @@ def _sample_column(loop, rng, method, stop_tokens, pad_id):
     )
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "rules"))
+def _support_bound(method, logits_bv):
+    """K, the number of support ids a step of `method` records (from shapes alone)."""
+    _, _, support = jax.eval_shape(
+        lambda m, z: sample(m, jax.random.key(0), z, with_support=True), method, logits_bv)
+    return support.ids.shape[-1]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "rules",
+                                             "record_support", "record_routing"))
 def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tokens, pad_id,
-              max_new_tokens, *, group_size, buffer_len, rules):
+              max_new_tokens, *, group_size, buffer_len, rules, record_support, record_routing):
     mesh = jax.sharding.get_abstract_mesh()
-    batch_axes = () if mesh.empty else _batch_axes(mesh, rules)
-    ways = 1 if mesh.empty else math.prod(mesh.shape[a] for a in batch_axes)
+    batch_axes = () if mesh.empty else parallel.row_axes(mesh)
+    ways = 1 if mesh.empty else parallel.row_ways(mesh)
     if not mesh.empty:
         state = _weights_in(state, rules)
     p, s = prompt_tokens.shape
     model = nnx.merge(graphdef, state)
     ends = _segment_ends(buffer_len)
-    logits_pv, prompt_cache = model.prefill(prompt_tokens, model.init_cache(p, s), attention_mask=prompt_mask)
+    logits_pv, prompt_cache, prompt_experts = model.prefill(
+        prompt_tokens, model.init_cache(p, s), attention_mask=prompt_mask, with_routing=True)
 
     def repeat(x):
         return jnp.repeat(x, group_size, axis=0)
+
+    def rows_first(experts):   # [L_moe, B, S, k] -> [B, S, L_moe, k]
+        return jnp.transpose(experts, (1, 2, 0, 3))
 
     b = p * group_size
     cache = model.init_cache(b, ends[0], prefix=_shard_rows(prompt_cache, batch_axes, ways))
@@ -187,10 +231,19 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tok
         (cache, *map(repeat, (logits_pv, prompt_tokens, prompt_mask))), batch_axes, ways
     )
     zeros_bn = jnp.zeros((b, buffer_len), jnp.float32)
+    support_ids = support_size = routing = prompt_routing = None
+    if record_support:
+        support_ids = jnp.full((b, buffer_len, _support_bound(method, logits_bv)), -1, jnp.int32)
+        support_size = jnp.zeros((b, buffer_len), jnp.int32)
+    record_routing = record_routing and prompt_experts is not None   # dense: nothing to record
+    if record_routing:
+        prompt_routing = _shard_rows(repeat(rows_first(prompt_experts)), batch_axes, ways)
+        routing = jnp.zeros((b, buffer_len, *prompt_routing.shape[2:]), jnp.int32)
     loop = _Loop(
         step=jnp.zeros((), jnp.int32), cache=cache, logits=logits_bv,
         tokens=jnp.full((b, buffer_len), pad_id, jnp.int32), logp=zeros_bn, sample_logp=zeros_bn,
         done=jnp.zeros((b,), bool), lengths=jnp.zeros((b,), jnp.int32),
+        support_ids=support_ids, support_size=support_size, routing=routing,
     )
     step = functools.partial(_sample_column, rng=rng, method=method, stop_tokens=stop_tokens, pad_id=pad_id)
     loop = step(loop)
@@ -200,7 +253,11 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tok
 
     def body(loop):
         last_b = jax.lax.dynamic_index_in_dim(loop.tokens, loop.step - 1, axis=1, keepdims=False)
-        logits_bv, cache = nnx.merge(graphdef, state).decode_step(last_b, loop.cache)
+        logits_bv, cache, experts = nnx.merge(graphdef, state).decode_step(
+            last_b, loop.cache, with_routing=True)
+        if record_routing:   # the experts of token step - 1, fed now to sample token step
+            loop = loop.replace(routing=jax.lax.dynamic_update_slice_in_dim(
+                loop.routing, rows_first(experts), loop.step - 1, axis=1))
         return step(_shard_rows(loop.replace(logits=logits_bv, cache=cache), batch_axes, ways))
 
     for end in ends:
@@ -211,16 +268,19 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tok
         prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=loop.tokens, logp=loop.logp,
         sample_logp=loop.sample_logp, mask=mask_bn, lengths=loop.lengths, truncated=~loop.done,
         stop_reason=jnp.where(loop.done, STOP_TOKEN, MAX_NEW_TOKENS).astype(jnp.int32),
+        support_ids=loop.support_ids, support_size=loop.support_size,
+        prompt_routing=prompt_routing, routing=loop.routing,
     )
 
 
 def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size, max_new_tokens,
-             stop_tokens, pad_id, max_len_bucket=None, rules="sampling"):
+             stop_tokens, pad_id, max_len_bucket=None, rules="sampling", record_support=False,
+             record_routing=False):
     """Samples `group_size` completions of every prompt.
 
-    Under a mesh (`jax.set_mesh`), the rows are split over every mesh axis `rules` does
-    not use (with the "sampling" rules: all but "tensor") and the weights are resharded
-    on device to `rules`, once, before the loop. The same `rng` gives the same tokens on
+    Under a mesh (`jax.set_mesh`), the rows are split over the mesh's row axes (every
+    axis but "tensor", `parallel.row_axes`) and the weights are resharded on device to
+    `rules`, once, before the loop. The same `rng` gives the same tokens on
     any mesh (threefry random bits do not depend on the sharding).
 
     Args:
@@ -238,6 +298,14 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
       max_len_bucket: N, the static completion buffer (`Rollout.tokens` is `[B, N]`);
         default `bucket_length(max_new_tokens)`, a power of two.
       rules: the weights' sharding rule set while sampling (`models.RULE_SETS`).
+      record_support: also record, per sampled position, the tokens the method's cut
+        kept (`Rollout.support_ids`, `support_size`: DeepSeek-V3.2's keep-sampling-mask,
+        arXiv:2512.02556 sec. 3.1). Static; when False nothing is computed or stored
+        for it and those fields are None.
+      record_routing: on an MoE model, also record the experts every token went to
+        (`Rollout.prompt_routing`, `routing`: DeepSeek-V3.2's keep routing), for a
+        training forward to replay (`Decoder.hidden_states(routing=...)`). Static; it
+        costs `B (S + N) L_moe k` int32 of memory. A dense model records nothing.
 
     Returns:
       A `Rollout` of device arrays, rows sharded like the batch; `to_host` gathers it.
@@ -265,7 +333,7 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
                 f"the {rules!r} sharding rules split weights over mesh axes {missing}, which the mesh "
                 f"{dict(mesh.shape)} lacks; add them to the mesh (size 1 is fine)"
             )
-        ways = math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
+        ways = row_multiple()
         if (p * group_size) % ways:
             raise ValueError(
                 f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes ({ways} ways); "
@@ -275,6 +343,7 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
         graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, method,
         _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
         group_size=group_size, buffer_len=int(max_len_bucket), rules=rules,
+        record_support=bool(record_support), record_routing=bool(record_routing),
     )
 
 

@@ -13,29 +13,70 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from grpo_jax import parallel
-from grpo_jax.models import chunked_token_logprobs
+from grpo_jax import objectives, parallel
+from grpo_jax.models import chunked_token_logprobs, support_token_logprobs
 
+# What a forward pass over rows reads: the tokens, and the sampler's records when the
+# run keeps them (DeepSeek-V3.2's keep routing and keep sampling mask).
 TOKEN_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
+RECORD_KEYS = ("prompt_routing", "routing", "support_ids", "support_size")
+
+
+def _replayed_routing(rows):
+    """`[L_moe, B, S+N-1, k]` experts for the forward over tokens[:, :-1] (keep routing)."""
+    experts = jnp.concatenate([rows["prompt_routing"], rows["routing"]], axis=1)[:, :-1]
+    return jnp.transpose(experts, (2, 0, 1, 3))
 
 
 def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False):
     """`[B, N]` float32 log-probs of the completion tokens, from logits / temperature.
 
     The temperature is the rollout's, so the log-probs that enter a ratio or a KL belong
-    to the distribution the sampler drew from (before any top-p/top-k truncation). Goes
-    through the model's chunked log-prob path: the `[B, S+N, V]` logits are never
-    materialised whole. Values past a row's last token are meaningless; the losses mask
-    them. With `with_stats`, returns `(logp, entropy [B, N], aux_loss [])`, the entropy
-    of the tempered distribution and the MoE load-balancing loss (0 for dense models).
+    to the distribution the sampler drew from. Goes through the model's chunked log-prob
+    path: the `[B, S+N, V]` logits are never materialised whole. Values past a row's last
+    token are meaningless; the losses mask them.
+
+    DeepSeek-V3.2's corrections (arXiv:2512.02556, sec. 3.1), when the rows carry the
+    sampler's records: with ``routing`` (keep routing) an MoE forward sends every token to
+    the experts the sampler chose; with ``support_ids`` (keep sampling mask) the log-prob
+    is renormalised over the tokens the sampler's top-p / top-k cut kept at that position
+    (where the cut kept more than the K recorded, ``support_size > K``, over the whole
+    vocabulary), so pi_old and pi_theta share the sampler's action subspace.
+
+    With `with_stats`, returns `(logp, entropy [B, N], aux_loss [])`: the entropy of the
+    tempered (uncut) distribution and the MoE load-balancing loss (0 for dense models).
     """
     tokens = jnp.concatenate([rows["prompt_tokens"], rows["tokens"]], axis=1)
     attention = jnp.concatenate([rows["prompt_mask"], rows["mask"]], axis=1)
-    hidden, aux_loss = model.hidden_states(tokens[:, :-1], attention_mask=attention[:, :-1])
+    routing = _replayed_routing(rows) if "routing" in rows else None
+    hidden, aux_loss = model.hidden_states(tokens[:, :-1], attention_mask=attention[:, :-1],
+                                           routing=routing)
     start = rows["prompt_tokens"].shape[1] - 1
-    out = chunked_token_logprobs(hidden[:, start:], model.unembedding(), tokens[:, start + 1:],
-                                 temperature=temperature, with_entropy=with_stats)
+    hidden, targets = hidden[:, start:], tokens[:, start + 1:]
+    out = chunked_token_logprobs(hidden, model.unembedding(), targets, temperature=temperature,
+                                 with_entropy=with_stats)
+    if "support_ids" in rows:
+        logp = out[0] if with_stats else out
+        kept = support_token_logprobs(hidden, model.unembedding(), targets, rows["support_ids"],
+                                      temperature=temperature)
+        recorded = rows["support_size"] <= rows["support_ids"].shape[-1]
+        logp = jnp.where(recorded, kept, logp)
+        out = (logp, out[1]) if with_stats else logp
     return (*out, aux_loss) if with_stats else out
+
+
+def nll_loss(model, micro):
+    """Token-mean negative log-likelihood of the targets, over the GLOBAL token count."""
+    logp = completion_logprobs(model, micro)
+    loss = objectives.aggregate(-logp, micro["mask"], mode="token-mean",
+                                num_tokens=micro["num_tokens"])
+    return loss, {"loss": loss}
+
+
+def token_counts(minibatch):
+    """Global counts of supervised rows: target tokens and real rows."""
+    return {"num_tokens": jnp.sum(minibatch["mask"], dtype=jnp.float32),
+            "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
 
 
 def pieces(tree, count, mesh):
@@ -49,10 +90,11 @@ def pieces(tree, count, mesh):
         raise ValueError(f"{rows} rows do not split into {count} pieces; choose a divisor "
                          "(train.micro_batches, train.minibatches)")
     sharding = NamedSharding(mesh, PartitionSpec(None, parallel.row_axes(mesh)))
+    spread = (rows // count) % parallel.row_ways(mesh) == 0   # else left to XLA
 
     def split(x):
         x = x.reshape(rows // count, count, *x.shape[1:]).swapaxes(0, 1)
-        return jax.lax.with_sharding_constraint(x, sharding) if (rows // count) % parallel.row_ways(mesh) == 0 else x
+        return jax.lax.with_sharding_constraint(x, sharding) if spread else x
 
     return jax.tree.map(split, tree)
 
@@ -67,7 +109,8 @@ def make_logprob_fn(graphdef, mesh, *, temperature, num_pieces):
 
     def fn(params, rows):
         model = nnx.merge(graphdef, params)
-        split = pieces({k: rows[k] for k in TOKEN_KEYS}, num_pieces, mesh)
+        split = pieces({k: rows[k] for k in TOKEN_KEYS + RECORD_KEYS if k in rows},
+                       num_pieces, mesh)
         logp = jax.lax.map(lambda piece: completion_logprobs(model, piece, temperature=temperature),
                            split)
         return unpieces(logp)

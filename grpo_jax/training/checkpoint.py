@@ -6,43 +6,187 @@ each process's data position is gathered into the checkpoint's JSON, so every pr
 resumes its own shard of the data exactly where it stopped. Restoring places every array
 straight into the sharding of the abstract target, so a resumed run on a mesh never holds
 a full copy per device.
+
+What can go wrong on disk, and what happens:
+
+- An interrupted save. orbax writes step N into ``N.orbax-checkpoint-tmp`` and renames
+  it to ``N`` when every file is written (on GCS, where renames are not atomic, it writes
+  ``N/`` and marks it finished with ``N/commit_success.txt`` last). Unfinished saves are
+  never restored; a resumed run names them and leaves them be (orbax replaces one when
+  it saves that step again).
+- A damaged checkpoint. Flipped or zeroed bytes in array data usually read back without
+  any error, as wrong numbers, so every save records a checksum of each array
+  (`fingerprint`) and every restore checks it. A checkpoint that fails to read or to
+  check is named, the one before it is tried, and once one reads, the unreadable newer
+  ones are renamed ``N.unreadable`` (kept, never deleted), out of the way of the steps
+  the resumed run saves again. If none reads, nothing is moved and the error says what to do.
+- A write that fails (full disk, read-only or vanished directory): the error names the
+  directory, the bytes a checkpoint needs and the space there; the checkpoints saved
+  before are intact, and the failed one is an unfinished save.
 """
 
+import contextlib
+import re
+import shutil
+
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from etils import epath
 
 from grpo_jax import parallel, paths
+
+UNREADABLE_SUFFIX = ".unreadable"
+
+
+def _word_checksum(x):
+    """The uint32 sum of `x`'s words (its bits, 32 at a time or fewer) times 2i + 1, i the
+    word's position: exact in any order, so the same for any sharding of `x`."""
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    width = x.dtype.itemsize
+    if width < 4:
+        narrow = {1: jnp.uint8, 2: jnp.uint16}[width]
+        words = jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32)
+    else:   # 8-byte words become a trailing pair of 4-byte ones
+        words = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    weights = 2 * jnp.arange(words.size, dtype=jnp.uint32).reshape(words.shape) + 1
+    return jnp.sum(words * weights, dtype=jnp.uint32)
+
+
+_checksums = jax.jit(lambda leaves: [_word_checksum(x) for x in leaves])
+
+
+def _by_devices(arrays):
+    """Indices of `arrays` grouped by the devices they live on (one jit call per group)."""
+    groups = {}
+    for index, x in enumerate(arrays):
+        devices = x.sharding.device_set if isinstance(x, jax.Array) else None
+        groups.setdefault(frozenset(devices or ()), []).append(index)
+    return groups.values()
+
+
+def fingerprint(state):
+    """``{path of each array in state: checksum of its bits}``, a JSON-able dict of ints.
+
+    Each checksum is the sum, modulo 2^32, of the array's 32-bit (or narrower) words, each
+    times an odd weight of its position: any single changed word changes it, and integer
+    sums do not depend on the order of addition, so the numbers saved on one mesh check a
+    restore into another. With several processes, every process must call it.
+    """
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    arrays = [x for _, x in leaves]
+    sums = {}
+    for group in _by_devices(arrays):
+        sums.update(zip(group, jax.device_get(_checksums([arrays[i] for i in group]))))
+    return {jax.tree_util.keystr(path): int(sums[i]) for i, (path, _) in enumerate(leaves)}
+
+
+def _first_lines(error, width=1000):
+    """The first line of `error` and of its cause: tensorstore's errors go on for pages."""
+    text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:width]
+    cause = error.__cause__ or error.__context__
+    return text + (f" (from {_first_lines(cause, width)})" if cause is not None else "")
+
+
+def _size(nbytes):
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _free_space(directory):
+    """' (N free there)' for a local directory (or its nearest existing parent), else ''."""
+    if "://" in directory:   # gs://...: no local filesystem to ask
+        return ""
+    path = epath.Path(directory)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return f" ({_size(shutil.disk_usage(path).free)} free there now)"
 
 
 class Checkpointer:
     """Saves and restores ``(state_tree, meta_json)`` pairs under ``workdir/checkpoints``."""
 
     def __init__(self, directory, *, keep=3, asynchronous=True):
+        self.directory = paths.resolve(directory)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep,
                                                enable_async_checkpointing=asynchronous)
-        self._manager = ocp.CheckpointManager(paths.resolve(directory), options=options)
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._handler = ocp.CompositeCheckpointHandler()   # restores without orbax's barrier
+        self._in_flight = None   # (step, bytes) of the save being written
 
     def latest_step(self):
         """The step of the newest complete checkpoint, or None."""
         return self._manager.latest_step()
 
     def save(self, step, state, meta):
-        """Starts writing `state` (a pytree of arrays) and `meta` (JSON) for `step`."""
-        self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+        """Starts writing `state` (a pytree of arrays) and `meta` (JSON) for `step`; the
+        `fingerprint` of `state` goes into the meta.
 
-    def restore(self, step, abstract_state):
-        """Returns ``(state, meta)`` of `step`, each array in `abstract_state`'s sharding.
+        Raises:
+          OSError: the previous save, or the start of this one, failed to write; the
+            message names the directory and the space a checkpoint needs.
+        """
+        meta = {**meta, "fingerprint": fingerprint(state)}
+        self.wait()
+        self._in_flight = (step, sum(x.nbytes for x in jax.tree.leaves(state)))
+        with self._naming_write_failures():
+            self._manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 
-        Args:
-          step: a step from `latest_step()`.
-          abstract_state: a pytree of `jax.ShapeDtypeStruct` with shardings (or arrays,
-            whose shapes, dtypes and shardings are used).
+    def wait(self):
+        """Blocks until the save in flight is on disk (OSError as `save` if it failed)."""
+        with self._naming_write_failures():
+            self._manager.wait_until_finished()
+        self._in_flight = None
+
+    @contextlib.contextmanager
+    def _naming_write_failures(self):
+        try:
+            yield
+        except Exception as error:
+            if self._in_flight is None:
+                raise
+            step, nbytes = self._in_flight
+            self._in_flight = None
+            self._manager.reload()
+            before = [s for s in self._manager.all_steps() if s != step]
+            raise OSError(
+                f"writing the checkpoint of step {step} to {self.directory} failed: "
+                f"{_first_lines(error)}\n"
+                f"A checkpoint of this run needs about {_size(nbytes)} in {self.directory}"
+                f"{_free_space(self.directory)}. The checkpoints saved before it are intact "
+                f"(steps {before}). Free some space (or make the directory writable, or use "
+                "another --workdir) and re-run the same command: it resumes from step "
+                f"{before[-1] if before else 0}.") from error
+
+    def _try_restore(self, step, abstract_state):
+        """``((state, meta), None)``, or ``(None, what went wrong)``, agreed by every process.
+
+        `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with shardings (or of arrays,
+        whose shapes, dtypes and shardings are used); every array lands in its sharding.
         """
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-        return restored.state, restored.meta
+        try:
+            restored = self._handler.restore(epath.Path(self.directory) / str(step),
+                                             args=ocp.args.Composite(
+                                                 state=ocp.args.StandardRestore(target),
+                                                 meta=ocp.args.JsonRestore()))
+            error = ""
+        except Exception as failure:   # any read error: the caller tries an older step
+            error = _first_lines(failure)
+        errors = parallel.allgather_json(error)   # the fingerprint below is a collective
+        if any(errors):
+            return None, "; ".join(f"process {i}: {e}" if len(errors) > 1 else e
+                                   for i, e in enumerate(errors) if e)
+        state, meta = restored.state, restored.meta
+        saved = meta.get("fingerprint")   # absent from checkpoints that predate it
+        if saved is not None:
+            found = fingerprint(state)
+            changed = [path for path, value in saved.items() if found.get(path) != value]
+            if changed:
+                return None, (f"{len(changed)} of {len(saved)} arrays differ from the checksums "
+                              f"saved with them (first: {', '.join(changed[:3])}): damaged data")
+        return (state, meta), None
 
     def save_run(self, step, state, data_iterator, **meta):
         """Saves `state` and every process's position in its data stream at `step`."""
@@ -50,13 +194,37 @@ class Checkpointer:
         self.save(step, state, {"step": step, "data": positions, **meta})
 
     def restore_run(self, state, data_iterator):
-        """Restores the newest checkpoint into `state`'s shardings and moves `data_iterator`
-        to where this process stopped; returns ``(step, state)``, or ``(0, state)`` if
-        there is no checkpoint."""
-        step = self.latest_step()
-        if step is None:
+        """Restores the newest readable checkpoint into `state`'s shardings and moves
+        `data_iterator` to where this process stopped; returns ``(step, state)``, or
+        ``(0, state)`` if there is no checkpoint.
+
+        Unfinished saves are named and ignored; unreadable checkpoints are named, and set
+        aside as ``N.unreadable`` once an older one reads.
+
+        Raises:
+          RuntimeError: there are checkpoints and none of them reads.
+        """
+        self._report_unfinished_saves()
+        unreadable = []
+        for step in reversed(self._manager.all_steps()):
+            restored, problem = self._try_restore(step, state)
+            if problem is None:
+                break
+            unreadable.append(step)
+            self._say(f"the checkpoint {self.directory}/{step} cannot be read: {problem}; "
+                      "trying the one before it")
+        else:
+            if unreadable:
+                raise RuntimeError(
+                    f"none of the checkpoints in {self.directory} (steps {unreadable[::-1]}) can "
+                    "be read. If the config changed since they were written (model, optimizer, "
+                    "rollout.policy_lag, train.ref_reset_every), re-run with the config that "
+                    "wrote them, or use a new --workdir. If they are damaged, copy back a good "
+                    f"checkpoint, or move them aside (mv {self.directory} "
+                    f"{self.directory}.damaged) and re-run to start from step 0.")
             return 0, state
-        state, meta = self.restore(step, state)
+        self._set_aside(unreadable, resume_step=step)
+        state, meta = restored
         positions = meta["data"]
         if len(positions) != jax.process_count():
             raise ValueError(f"the checkpoint of step {step} was written by {len(positions)} "
@@ -65,10 +233,47 @@ class Checkpointer:
         data_iterator.set_state(positions[jax.process_index()])
         return step, state
 
-    def wait(self):
-        """Blocks until every started save is on disk."""
-        self._manager.wait_until_finished()
+    def _report_unfinished_saves(self):
+        root = epath.Path(self.directory)
+        if not root.exists():
+            return
+        for path in sorted(root.iterdir(), key=lambda p: p.name):
+            if re.match(r"^\d+(\.|$)", path.name) and not ocp.path.step.is_path_finalized(path):
+                self._say(f"ignoring {path}: an unfinished save (interrupted before its commit "
+                          "marker was written); orbax replaces it when that step is saved again")
+
+    def _set_aside(self, steps, *, resume_step):
+        """Renames the unreadable checkpoints of `steps` to ``N.unreadable`` (``-2``, ...)."""
+        if not steps:
+            return
+        if parallel.is_main():
+            root = epath.Path(self.directory)
+            for step in steps:
+                target, copy = root / f"{step}{UNREADABLE_SUFFIX}", 1
+                while target.exists():
+                    copy += 1
+                    target = root / f"{step}{UNREADABLE_SUFFIX}-{copy}"
+                source = root / str(step)
+                try:
+                    source.rename(target)
+                except Exception as error:   # e.g. a store without directory renames
+                    raise RuntimeError(f"could not move the unreadable checkpoint {source} to "
+                                       f"{target} ({_first_lines(error)}); move it yourself "
+                                       "(gsutil -m mv on GCS) and re-run") from error
+                self._say(f"moved the unreadable checkpoint of step {step} to {target} (kept, "
+                          f"not deleted); resuming from step {resume_step}")
+        parallel.sync("unreadable checkpoints set aside")
+        self._manager.reload()
+
+    @staticmethod
+    def _say(line):
+        if parallel.is_main():
+            print(line, flush=True)
 
     def close(self):
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for the save in flight (OSError as `save` if it failed), then closes."""
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
+            self._handler.close()

@@ -26,6 +26,10 @@ class Policy:
     params: object
     tokenizer: object
 
+    def model_config(self):
+        """The `models.ModelConfig` of the network (its shape, MoE or dense, dtypes)."""
+        return nnx.merge(self.graphdef, self.params).cfg
+
 
 def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     """Returns `(model, tokenizer)` from ``config.model``.

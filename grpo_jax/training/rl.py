@@ -26,7 +26,7 @@ import numpy as np
 from grpo_jax import objectives, parallel, paths, sampling
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import checkpoint, evaluation, metrics as metrics_lib, optimizer
-from grpo_jax.training import policy as policy_lib
+from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
 
 OLD_LOGP = ("recompute", "sampler")
@@ -54,7 +54,8 @@ def check_config(config, mesh):
     if (rows // (minibatches * micro)) % ways:
         raise ValueError(f"a micro-batch of {rows // (minibatches * micro)} rows does not split "
                          f"over the {ways}-way row axes of mesh {dict(mesh.shape)}; change "
-                         "rollout.prompts_per_batch, train.minibatches, train.micro_batches or the mesh")
+                         "rollout.prompts_per_batch, train.minibatches, train.micro_batches "
+                         "or the mesh")
     if config.train.old_logp not in OLD_LOGP:
         raise ValueError(f"train.old_logp must be one of {OLD_LOGP}, got {config.train.old_logp!r}")
     if config.train.old_logp == "sampler" and config.objective.importance.enabled:
@@ -63,9 +64,20 @@ def check_config(config, mesh):
                          "numbers and the weight is 1. Use train.old_logp='recompute'")
     if config.rollout.policy_lag < 0:
         raise ValueError(f"rollout.policy_lag must be >= 0, got {config.rollout.policy_lag}")
+    if config.train.sft_weight < 0:
+        raise ValueError(f"train.sft_weight must be >= 0, got {config.train.sft_weight}")
+    if config.train.sft_weight and config.rollout.prompts_per_batch % config.train.minibatches:
+        raise ValueError(f"train.sft_weight adds the reference solutions of the "
+                         f"{config.rollout.prompts_per_batch} prompts, which must split into "
+                         f"train.minibatches = {config.train.minibatches}")
     if config.train.ref_reset_every and config.objective.kl.beta <= 0:
         raise ValueError("train.ref_reset_every replaces the KL reference, but objective.kl.beta "
                          "is 0 (no reference); set kl.beta > 0 or ref_reset_every = 0")
+    r = config.rollout
+    if r.keep_sampling_mask and r.top_p >= 1.0 and r.top_k <= 0 and r.min_p <= 0.0:
+        raise ValueError("rollout.keep_sampling_mask keeps the top-p / top-k / min-p cut of each "
+                         "sampled position, but none is configured (top_p=1, top_k=0, min_p=0); "
+                         "set one, or keep_sampling_mask=False")
     if config.filtering.short_batch not in rollout.SHORT_BATCH:
         raise ValueError(f"filtering.short_batch must be one of {rollout.SHORT_BATCH}, got "
                          f"{config.filtering.short_batch!r}")
@@ -98,20 +110,35 @@ def make_counts(objective):
     return count_fn
 
 
-def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatches):
+def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatches,
+                    sft_rows=None):
     """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
     fresh random order of its rows (drawn from `seed`, the same on every process);
-    returns (params, opt_state, mean metrics)."""
+    returns (params, opt_state, mean metrics). With `sft_rows`, each update also takes
+    its share of them for the supervised term."""
     rows = batch["mask"].shape[0]
     per_update = []
     for epoch in range(epochs):
-        order = np.random.default_rng([*seed, epoch]).permutation(rows).astype(np.int32)
-        for index in np.split(order, minibatches):
-            params, opt_state, metrics = update(params, opt_state, batch, index)
+        rng = np.random.default_rng([*seed, epoch])
+        order = rng.permutation(rows).astype(np.int32)
+        sft_order = None if sft_rows is None else rng.permutation(
+            sft_rows["mask"].shape[0]).astype(np.int32)
+        for i, index in enumerate(np.split(order, minibatches)):
+            extra = () if sft_rows is None else (sft_rows, np.split(sft_order, minibatches)[i])
+            params, opt_state, metrics = update(params, opt_state, batch, index, *extra)
             per_update.append(metrics)
     per_update = jax.device_get(per_update)
     mean = {k: float(np.mean([m[k] for m in per_update])) for k in per_update[0]}
     return params, opt_state, mean
+
+
+def run_state(params, opt_state, lagged, ref_params, *, reference_moves):
+    """What a checkpoint of the run holds: parameters, optimizer state, the lagged rollout
+    parameters, and the KL reference when it can differ from the starting policy."""
+    state = {"params": params, "opt_state": opt_state, "lagged": tuple(lagged)}
+    if reference_moves:
+        state["ref_params"] = ref_params
+    return state
 
 
 def train(config, workdir):
@@ -126,6 +153,9 @@ def train(config, workdir):
     eval_source = task_lib.data_source(cfg.task, cfg.task.eval_split)
     texts = None if cfg.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(cfg, mesh, workdir, texts)
+    if cfg.rollout.keep_routing and not policy.model_config().n_experts:
+        raise ValueError("rollout.keep_routing replays an MoE's experts, but the model has none; "
+                         "set rollout.keep_routing=False for a dense model")
     train_iter = iter(task_lib.loader(train_source, cfg, batch_size=cfg.rollout.prompts_per_batch))
     held_out = evaluation.own_examples(eval_source, cfg.eval.num_prompts)
     scorer = task_lib.Scorer(cfg.reward, separate=cfg.objective.advantage.estimator == "gdpo",
@@ -142,23 +172,21 @@ def train(config, workdir):
     update = steps.make_update_step(
         policy.graphdef, tx, make_loss(objective, temperature), make_counts(objective), mesh=mesh,
         param_shardings=shardings(policy.params), opt_shardings=shardings(opt_state),
-        micro_batches=cfg.train.micro_batches)
+        micro_batches=cfg.train.micro_batches, sft_weight=cfg.train.sft_weight)
     pieces = cfg.train.minibatches * cfg.train.micro_batches   # rows per log-prob pass as an update's
     logp_fn = batch_lib.make_logprob_fn(policy.graphdef, mesh, temperature=temperature,
                                         num_pieces=pieces)
     advantages_fn = jax.jit(objective.advantages)
     copy = lambda params: jax.tree.map(jnp.copy, params)
-    # The run's state: what a checkpoint holds. The KL reference and the lagged rollout
-    # parameters are state only when they can differ from the starting policy.
-    state = {"params": policy.params, "opt_state": opt_state,
-             "lagged": tuple(copy(policy.params) for _ in range(cfg.rollout.policy_lag))}
     ref_params = copy(policy.params) if cfg.objective.kl.beta > 0 else None
-    if cfg.train.ref_reset_every:
-        state["ref_params"] = ref_params
+    lagged = [copy(policy.params) for _ in range(cfg.rollout.policy_lag)]
+    reference_moves = bool(cfg.train.ref_reset_every)
 
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            keep=cfg.train.keep_checkpoints)
-    start, state = checkpointer.restore_run(state, train_iter)
+    start, state = checkpointer.restore_run(
+        run_state(policy.params, opt_state, lagged, ref_params, reference_moves=reference_moves),
+        train_iter)
     policy.params, opt_state, lagged = state["params"], state["opt_state"], list(state["lagged"])
     ref_params = state.get("ref_params", ref_params)
     if start and parallel.is_main():
@@ -166,14 +194,16 @@ def train(config, workdir):
     writer = metrics_lib.MetricWriter(workdir, total_steps=cfg.train.steps, start_step=start)
 
     # --- the loop ------------------------------------------------------------------------
+    stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
     try:
         for step in range(start + 1, cfg.train.steps + 1):
             # 1. Rollouts and rewards (DAPO's dynamic sampling draws more if asked), sampled
             #    by the parameters of `policy_lag` steps ago (asynchronous RL's staleness).
-            behaviour = policy_lib.Policy(policy.graphdef, lagged[0], policy.tokenizer) if lagged else policy
-            batch, metrics = rollout.collect(behaviour, mesh, train_iter, config=cfg,
-                                             scorer=scorer, method=method,
-                                             rng=step_rng(cfg.seed, "rollout", step))
+            behaviour = (policy_lib.Policy(policy.graphdef, lagged[0], policy.tokenizer)
+                         if lagged else policy)
+            batch, metrics, examples = rollout.collect(behaviour, mesh, train_iter, config=cfg,
+                                                       scorer=scorer, method=method,
+                                                       rng=step_rng(cfg.seed, "rollout", step))
             if lagged:
                 lagged = lagged[1:] + [copy(policy.params)]
             if cfg.train.log_rollouts_every and step % cfg.train.log_rollouts_every == 0:
@@ -192,9 +222,14 @@ def train(config, workdir):
             metrics["time_old_logp"] = time.time() - begin
             # 3. Updates: epochs x minibatches optimizer steps on the batch.
             begin = time.time()
+            sft_rows = None
+            if cfg.train.sft_weight:   # the reference solutions of the step's first prompts
+                local, _ = task_lib.target_rows(examples, cfg.task, policy.tokenizer,
+                                                cfg.rollout.max_new_tokens)
+                sft_rows = parallel.global_rows(mesh, local)
             policy.params, opt_state, update_metrics = update_on_batch(
                 update, policy.params, opt_state, batch, (cfg.seed, step),
-                epochs=cfg.train.epochs, minibatches=cfg.train.minibatches)
+                epochs=cfg.train.epochs, minibatches=cfg.train.minibatches, sft_rows=sft_rows)
             metrics.update(update_metrics)
             seconds = time.time() - begin
             tokens = float(jnp.sum(batch["mask"])) * cfg.train.epochs
@@ -211,12 +246,15 @@ def train(config, workdir):
                                                    method=method))
                 metrics["time_eval"] = time.time() - begin
             writer.write(step, metrics)
-            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
-                state = {"params": policy.params, "opt_state": opt_state, "lagged": tuple(lagged)}
-                if cfg.train.ref_reset_every:
-                    state["ref_params"] = ref_params
+            stopping = stop.requested() and step < cfg.train.steps   # agreed by every process
+            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or stopping:
+                state = run_state(policy.params, opt_state, lagged, ref_params,
+                                  reference_moves=reference_moves)
                 checkpointer.save_run(step, state, train_iter, seed=cfg.seed)
+            if stopping:
+                raise preemption.Stopped(step, checkpointer.directory)
     finally:
+        stop.close()
         writer.close()
         checkpointer.close()
         scorer.close()

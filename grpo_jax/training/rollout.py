@@ -32,7 +32,8 @@ from grpo_jax.training import task as task_lib
 SHORT_BATCH = ("error", "pad")
 
 
-def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules):
+def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules,
+                   record_support=False, record_routing=False):
     """`sampling.generate` on global prompt rows; returns the `Rollout` on the mesh."""
     tokenizer = policy.tokenizer
     with jax.set_mesh(mesh):
@@ -40,7 +41,8 @@ def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_to
             policy.graphdef, policy.params, prompts["tokens"], prompts["mask"], rng=rng,
             method=method, group_size=group_size, max_new_tokens=max_new_tokens,
             stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
-            max_len_bucket=max_new_tokens, rules=rules)   # fixed buffer: one compile
+            max_len_bucket=max_new_tokens, rules=rules,   # fixed buffer: one compile
+            record_support=record_support, record_routing=record_routing)
 
 
 def score_own_rows(rollout, texts, examples, scorer, tokenizer, group_size):
@@ -68,19 +70,28 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method):
     """Samples and scores one prompt batch; returns `(rows, reward metrics)`.
 
     `rows` holds global `[B, ...]` arrays: prompt_tokens, prompt_mask, tokens, mask,
-    behaviour_logp (the sampler's), lengths, truncated, rewards, correct.
+    behaviour_logp (the sampler's log-prob: of the tempered distribution, or with
+    ``rollout.keep_sampling_mask`` of the cut one it drew from), lengths, truncated,
+    rewards, correct; and with the keep options the sampler's records (support_ids,
+    support_size; prompt_routing, routing).
     """
     group_size = config.objective.group_size
     texts, tokens, mask = task_lib.prompt_rows(config.task, examples, policy.tokenizer)
     prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
+    keep_mask = config.rollout.keep_sampling_mask
     rollout = sample_on_mesh(policy, mesh, prompts, rng=rng, method=method, group_size=group_size,
-                             max_new_tokens=config.rollout.max_new_tokens, rules=config.rollout.rules)
+                             max_new_tokens=config.rollout.max_new_tokens, rules=config.rollout.rules,
+                             record_support=keep_mask, record_routing=config.rollout.keep_routing)
     rewards, correct, metrics = score_own_rows(rollout, texts, examples, scorer, policy.tokenizer,
                                                group_size)
     scored = parallel.global_rows(mesh, {"rewards": rewards, "correct": correct})
     rows = {"prompt_tokens": rollout.prompt_tokens, "prompt_mask": rollout.prompt_mask,
-            "tokens": rollout.tokens, "mask": rollout.mask, "behaviour_logp": rollout.logp,
+            "tokens": rollout.tokens, "mask": rollout.mask,
+            "behaviour_logp": rollout.sample_logp if keep_mask else rollout.logp,
             "lengths": rollout.lengths, "truncated": rollout.truncated, **scored}
+    for key in ("support_ids", "support_size", "prompt_routing", "routing"):
+        if getattr(rollout, key) is not None:
+            rows[key] = getattr(rollout, key)
     return rows, combine_reward_metrics(parallel.allgather_json(metrics))
 
 
@@ -98,7 +109,10 @@ def groups_with_signal(rows, group_size):
 
 
 def _left_pad(x, width, value):
-    return jnp.pad(x, ((0, 0), (width - x.shape[1], 0)), constant_values=value)
+    """`[B, S, ...]` -> `[B, width, ...]`, padded on the left of axis 1."""
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (width - x.shape[1], 0)
+    return jnp.pad(x, widths, constant_values=value)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "group_size", "num_groups", "dynamic", "pad_id"))
@@ -121,8 +135,9 @@ def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id):
       The rows of the batch, with ``row_valid`` `[P G]` bool added.
     """
     width = max(d["prompt_tokens"].shape[1] for d in draws)
-    padded = [{**d, "prompt_tokens": _left_pad(d["prompt_tokens"], width, pad_id),
-               "prompt_mask": _left_pad(d["prompt_mask"], width, 0)} for d in draws]
+    fill = {"prompt_tokens": pad_id, "prompt_mask": 0, "prompt_routing": 0}
+    padded = [{**d, **{k: _left_pad(d[k], width, fill[k]) for k in fill if k in d}}
+              for d in draws]
     rows = {k: jnp.concatenate([d[k] for d in padded]) for k in padded[0]}
     signal = objectives.group_has_signal(_signal_values(rows), group_size)
     order = jnp.argsort(~signal, stable=True) if dynamic else jnp.arange(signal.shape[0])
@@ -145,10 +160,11 @@ def rollout_statistics(draws, reward_weights, *, group_size):
     several reward columns, their weighted sum).
     """
     cat = lambda k: jnp.concatenate([d[k] for d in draws])
-    rewards, correct, lengths, truncated = cat("rewards"), cat("correct"), cat("lengths"), cat("truncated")
+    rewards, correct = cat("rewards"), cat("correct")
+    lengths, truncated = cat("lengths").astype(jnp.float32), cat("truncated")
     scalar = rewards @ reward_weights if rewards.ndim > 1 else rewards
-    signal = jnp.concatenate([objectives.group_has_signal(_signal_values(d), group_size) for d in draws])
-    lengths = lengths.astype(jnp.float32)
+    signal = jnp.concatenate([objectives.group_has_signal(_signal_values(d), group_size)
+                              for d in draws])
     mean_where = lambda x, w: jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1)
     return {
         "reward_mean": jnp.mean(scalar),
@@ -164,7 +180,8 @@ def rollout_statistics(draws, reward_weights, *, group_size):
 
 
 def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
-    """One train batch of P x G rows on the mesh, and the step's rollout metrics.
+    """One train batch of P x G rows on the mesh, the step's rollout metrics, and this
+    process's examples of the first draw (for a supervised term on the same prompts).
 
     Draws `filtering.max_gen_batches` prompt batches at most (one without dynamic
     sampling); the i-th draw samples with `fold_in(rng, i)`.
@@ -173,10 +190,12 @@ def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
     num_groups = cfg.rollout.prompts_per_batch
     dynamic = cfg.filtering.dynamic_sampling
     draws_allowed = cfg.filtering.max_gen_batches if dynamic else 1
-    draws, reward_metrics, kept, seconds = [], [], 0, 0.0
+    draws, reward_metrics, kept, seconds, first = [], [], 0, 0.0, None
     for index in range(draws_allowed):
         start = time.time()
-        rows, metrics = draw(policy, mesh, next(train_iter), config=cfg, scorer=scorer,
+        examples = next(train_iter)
+        first = examples if first is None else first
+        rows, metrics = draw(policy, mesh, examples, config=cfg, scorer=scorer,
                              rng=jax.random.fold_in(rng, index), method=method)
         kept += int(groups_with_signal(rows, group_size))
         seconds += time.time() - start
@@ -199,7 +218,7 @@ def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
     metrics.update(gen_batches=float(len(draws)), time_rollout=seconds,
                    batch_filled=min(kept, num_groups) / num_groups if dynamic else 1.0,
                    rollout_tokens_per_s=metrics.pop("generated_tokens") / max(seconds, 1e-9))
-    return batch, metrics
+    return batch, metrics, first
 
 
 def write_samples(batch, tokenizer, path):

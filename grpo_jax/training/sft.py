@@ -12,44 +12,13 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import objectives, parallel, paths, sampling
+from grpo_jax import parallel, paths, sampling
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import checkpoint, evaluation, metrics as metrics_lib, optimizer
-from grpo_jax.training import policy as policy_lib
+from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import steps, task as task_lib
-
-
-def target_rows(examples, task_cfg, tokenizer, completion_len):
-    """This process's prompt and target (solution + eos) rows as numpy; targets are cut
-    at `completion_len` tokens. Returns `(rows, share of targets cut)`."""
-    _, prompt_tokens, prompt_mask = task_lib.prompt_rows(task_cfg, examples, tokenizer)
-    targets = tokenizer([ex["solution"] for ex in examples], add_special_tokens=False)["input_ids"]
-    tokens = np.full((len(examples), completion_len), tokenizer.pad_token_id, np.int32)
-    mask = np.zeros((len(examples), completion_len), np.int32)
-    cut = 0
-    for row, ids in enumerate(targets):
-        ids = (ids + [tokenizer.eos_token_id])[:completion_len]
-        cut += len(ids) < len(targets[row]) + 1
-        tokens[row, :len(ids)], mask[row, :len(ids)] = ids, 1
-    rows = {"prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": tokens,
-            "mask": mask, "row_valid": np.ones(len(examples), bool)}
-    return rows, cut / len(examples)
-
-
-def nll_loss(model, micro):
-    """Token-mean negative log-likelihood of the targets, over the GLOBAL token count."""
-    logp = batch_lib.completion_logprobs(model, micro)
-    loss = objectives.aggregate(-logp, micro["mask"], mode="token-mean",
-                                num_tokens=micro["num_tokens"])
-    return loss, {"loss": loss}
-
-
-def token_counts(minibatch):
-    return {"num_tokens": jnp.sum(minibatch["mask"], dtype=jnp.float32),
-            "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
 
 
 def train(config, workdir, *, seconds=None):
@@ -72,7 +41,7 @@ def train(config, workdir, *, seconds=None):
     opt_state = steps.init_optimizer_state(tx, policy.params, mesh)
     shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
     update = steps.make_update_step(
-        policy.graphdef, tx, nll_loss, token_counts, mesh=mesh,
+        policy.graphdef, tx, batch_lib.nll_loss, batch_lib.token_counts, mesh=mesh,
         param_shardings=shardings(policy.params), opt_shardings=shardings(opt_state),
         micro_batches=cfg.train.micro_batches)
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
@@ -89,10 +58,11 @@ def train(config, workdir, *, seconds=None):
 
     # --- the loop ------------------------------------------------------------------------
     start = time.time()
+    stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
     try:
         while step < cfg.sft.steps and (seconds is None or time.time() - start < seconds):
             step += 1
-            rows, cut = target_rows(next(train_iter), cfg.task, policy.tokenizer,
+            rows, cut = task_lib.target_rows(next(train_iter), cfg.task, policy.tokenizer,
                                     cfg.rollout.max_new_tokens)
             batch = parallel.global_rows(mesh, rows)
             policy.params, opt_state, metrics = update(policy.params, opt_state, batch, index)
@@ -106,10 +76,14 @@ def train(config, workdir, *, seconds=None):
                     rng=jax.random.fold_in(jax.random.key(cfg.seed + 1), step)))
             if step % cfg.sft.log_every == 0 or last or "eval_accuracy" in metrics:
                 writer.write(step, metrics)
-            if step % cfg.sft.checkpoint_every == 0 or last:
+            stopping = stop.requested() and not last   # agreed by every process
+            if step % cfg.sft.checkpoint_every == 0 or last or stopping:
                 checkpointer.save_run(step, {"params": policy.params, "opt_state": opt_state},
                                       train_iter, seed=cfg.seed)
+            if stopping:
+                raise preemption.Stopped(step, checkpointer.directory)
     finally:
+        stop.close()
         writer.close()
         checkpointer.close()
         scorer.close()

@@ -15,13 +15,13 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax import parallel
 from grpo_jax.training import batch as batch_lib
 
 
 def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shardings,
-                     opt_shardings, micro_batches):
-    """Returns the jitted ``update(params, opt_state, rows, index) -> (params, opt_state, metrics)``.
+                     opt_shardings, micro_batches, sft_weight=0.0):
+    """Returns the jitted ``update(params, opt_state, rows, index[, sft_rows, sft_index])
+    -> (params, opt_state, metrics)``.
 
     Args:
       graphdef: the model's `nnx.GraphDef`; `params` is its `nnx.State`.
@@ -33,28 +33,43 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
       mesh: the device mesh; rows are split over its row axes.
       param_shardings, opt_shardings: trees of `NamedSharding` for params and opt state.
       micro_batches: gradient accumulation steps per update.
+      sft_weight: with ``sft_rows`` (prompt + reference solution rows, `task.target_rows`)
+        and ``sft_index``, the loss adds ``sft_weight`` x their token-mean NLL: a hybrid
+        of the RL objective and supervised next-token prediction (RPT's hybrid loss).
 
     The update reads ``rows`` (a dict of `[B, ...]` global arrays) at ``index`` (`[b]`
     int32 row numbers); params and optimizer state are donated: their buffers are reused.
     """
 
-    def micro_loss(params, micro):
-        return loss_fn(nnx.merge(graphdef, params), micro)
+    def micro_loss(params, micro, sft_micro):
+        model = nnx.merge(graphdef, params)
+        loss, metrics = loss_fn(model, micro)
+        if sft_micro is not None:
+            sft_loss, _ = batch_lib.nll_loss(model, sft_micro)
+            loss = loss + sft_weight * sft_loss
+            metrics = {**metrics, "sft_loss": sft_loss, "loss": loss}
+        return loss, metrics
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def update(params, opt_state, rows, index):
+    def split(rows, index, counts_of):
         minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), rows)
-        counts = count_fn(minibatch)
+        counts = counts_of(minibatch)
         micro = batch_lib.pieces(minibatch, micro_batches, mesh)
         micro.update({k: jnp.broadcast_to(v, (micro_batches,)) for k, v in counts.items()})
+        return micro
 
-        def accumulate(carry, piece):
-            (loss, metrics), grads = grad_fn(params, piece)
+    def update(params, opt_state, rows, index, sft_rows=None, sft_index=None):
+        micro = split(rows, index, count_fn)
+        sft_micro = None if sft_rows is None else split(sft_rows, sft_index, batch_lib.token_counts)
+
+        def accumulate(carry, pieces):
+            (loss, metrics), grads = grad_fn(params, *pieces)
             return jax.tree.map(jnp.add, carry, (grads, metrics)), None
 
+        micro = (micro, sft_micro)
         first = jax.tree.map(lambda x: x[0], micro)
-        shapes = jax.eval_shape(grad_fn, params, first)
+        shapes = jax.eval_shape(grad_fn, params, *first)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], shapes[0][1]))
         (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
         updates, opt_state = optimizer.update(grads, opt_state, params)

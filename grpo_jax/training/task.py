@@ -69,6 +69,25 @@ def prompt_rows(task_cfg, examples, tokenizer):
     return texts, tokens, mask
 
 
+def target_rows(examples, task_cfg, tokenizer, completion_len):
+    """This process's prompt and reference-solution rows (solution + eos) as numpy, the
+    layout of the sampler's rows; targets are cut at `completion_len` tokens. Returns
+    `(rows, share of targets cut)`: the supervised targets of SFT (and of the RL loop's
+    optional supervised term, ``train.sft_weight``)."""
+    _, prompt_tokens, prompt_mask = prompt_rows(task_cfg, examples, tokenizer)
+    targets = tokenizer([ex["solution"] for ex in examples], add_special_tokens=False)["input_ids"]
+    tokens = np.full((len(examples), completion_len), tokenizer.pad_token_id, np.int32)
+    mask = np.zeros((len(examples), completion_len), np.int32)
+    cut = 0
+    for row, ids in enumerate(targets):
+        ids = (ids + [tokenizer.eos_token_id])[:completion_len]
+        cut += len(ids) < len(targets[row]) + 1
+        tokens[row, :len(ids)], mask[row, :len(ids)] = ids, 1
+    rows = {"prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": tokens,
+            "mask": mask, "row_valid": np.ones(len(examples), bool)}
+    return rows, cut / len(examples)
+
+
 def tokenizer_corpus(source, limit=2000):
     """Texts that cover the task's characters (prompts and solutions), for a char tokenizer."""
     examples = [data.decode_example(source[i]) for i in range(min(limit, len(source)))]

@@ -1,7 +1,9 @@
 """Reinforcement Pre-Training examples from a tiny local corpus."""
 
+import dataclasses
 import re
 
+import numpy as np
 import pytest
 
 from grpo_jax import data
@@ -66,7 +68,7 @@ class TestDocumentExamples:
         [example] = rpt.document_examples("a b c dog. Next\nline", cfg)
         assert example == {"task": "rpt", "question": "a b c", "answer": "dog. Next",
                            "solution": "\\boxed{dog. Next}", "context": "a b c",
-                           "continuation": "dog. Next"}
+                           "continuation": "dog. Next", "proxy_entropy": -1.0}
 
     def test_line_breaks_survive_in_the_context(self):
         cfg = data.RptConfig(corpus_dir="unused", context_tokens=4, min_context_tokens=4,
@@ -118,3 +120,60 @@ class TestBuilder:
     def test_config_errors(self, kwargs, message):
         with pytest.raises(ValueError, match=re.escape(message)):
             config("corpus", **kwargs)
+
+
+class TestHardTokens:
+    """Hard-token selection by a proxy model's top-k entropy (RPT sec. 3.3)."""
+
+    @pytest.fixture(scope="class")
+    def proxy(self, tmp_path_factory):
+        """A tiny random model with a character tokenizer, saved as a HF checkpoint."""
+        from grpo_jax import models
+        from grpo_jax.training import tokenizer as tokenizer_lib
+        tok = tokenizer_lib.train_char_tokenizer(DOCUMENTS + [FOX])
+        cfg = models.get_model_config("tiny", vocab_size=128, eos_token_id=tok.eos_token_id,
+                                      pad_token_id=tok.pad_token_id, bos_token_id=None)
+        path = tmp_path_factory.mktemp("proxy")
+        models.save_pretrained(models.init_model(cfg, seed=5), str(path), tokenizer=tok)
+        return str(path)
+
+    def test_top_k_entropy_by_hand(self):
+        # top 2 of (0.5, 0.3, 0.2) renormalised: (5/8, 3/8).
+        logits = np.log([0.5, 0.3, 0.2])
+        expected = -(0.625 * np.log(0.625) + 0.375 * np.log(0.375))
+        assert rpt.top_k_entropy(logits, 2) == pytest.approx(expected, rel=1e-12)
+        assert rpt.top_k_entropy(logits, 3) == pytest.approx(-(np.log([0.5, 0.3, 0.2]) * [0.5, 0.3, 0.2]).sum())
+
+    def test_entropies_equal_a_forward_pass_per_prefix(self, proxy):
+        from grpo_jax import models
+        model, tok = models.from_pretrained(proxy)
+        scorer = rpt.ProxyEntropy(proxy, top_k=16)
+        offsets = [m.start() for m in re.finditer(r"\w+|[^\w\s]", FOX)][1:8]
+        got = scorer(FOX, offsets)
+        for offset, entropy in zip(offsets, got):   # the prefix alone, run through the model
+            ids = tok(FOX[:offset], add_special_tokens=False)["input_ids"]   # "The " -> "quick"
+            logits = np.asarray(model(np.asarray([ids], np.int32)))[0, -1]
+            assert entropy == pytest.approx(rpt.top_k_entropy(logits, 16), rel=1e-5, abs=1e-6)
+
+    def test_only_positions_at_or_above_the_threshold_are_kept(self, proxy):
+        cfg = data.RptConfig(corpus_dir="unused", context_tokens=8, min_context_tokens=2, stride=1,
+                             proxy_model=proxy)
+        scorer = rpt.ProxyEntropy(proxy, top_k=16)
+        every = list(rpt.document_examples(FOX, cfg, scorer))
+        threshold = float(np.median([e["proxy_entropy"] for e in every]))
+        hard = list(rpt.document_examples(FOX, dataclasses.replace(cfg, min_entropy=threshold),
+                                          scorer))
+        assert 0 < len(hard) < len(every)
+        assert [e for e in every if e["proxy_entropy"] >= threshold] == hard
+
+    def test_the_builtin_corpus_needs_no_files(self, tmp_path):
+        source = data.data_source("rpt", split="train", data_dir=str(tmp_path),
+                                  config=config("builtin:arithmetic", stride=7))
+        example = data.decode_example(source[0])
+        assert example["task"] == "rpt" and example["proxy_entropy"] == -1.0
+        assert re.fullmatch(r"[\d+=#\s]+", example["context"] + example["continuation"])
+        doc = rpt.builtin_documents("builtin:arithmetic", count=1)[0][1]
+        for line in doc.splitlines():   # every line is a correct sum with its work
+            question, _, work = line.partition("=")
+            a, b = map(int, question.split("+"))
+            assert work.endswith(f"#### {a + b}")

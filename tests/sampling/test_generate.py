@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import counting_compiles, lookup_model
+from tests.sampling.toy_models import counting_compiles, lookup_model
 from flax import nnx
 
 from grpo_jax import models, sampling
@@ -106,7 +106,9 @@ class TestArgumentErrors:
 
 
 def teacher_forced(graphdef, state, rollout, method):
-    """Log-probs of the rollout's tokens from one forward pass over prompt + completion."""
+    """Log-probs of the rollout's tokens from one forward pass over prompt + completion:
+    under softmax(logits / temperature) (the behaviour log-prob) and under the method's
+    cut distribution."""
     model = nnx.merge(graphdef, state)
     s = rollout.prompt_tokens.shape[1]
     tokens = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1)
@@ -115,7 +117,8 @@ def teacher_forced(graphdef, state, rollout, method):
     b, n, v = logits.shape
     sample_logp = method.log_probs(logits.reshape(b * n, v)).reshape(b, n, v)
     picked = jnp.take_along_axis(sample_logp, rollout.tokens[..., None], axis=-1)[..., 0]
-    return token_logprobs(logits, rollout.tokens), picked
+    temperature = getattr(method, "temperature", 1.0)
+    return token_logprobs(logits, rollout.tokens, temperature=temperature), picked
 
 
 def max_logp_error(model, rollout, method):

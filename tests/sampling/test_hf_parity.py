@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 import pytest
-from conftest import models_conftest
+from tests.models import checkpoints
 from flax import nnx
 
 from grpo_jax import models, sampling
@@ -44,10 +44,10 @@ def transformers_generate(torch_model, token_lists, eos):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", models_conftest.FAMILIES)
+@pytest.mark.parametrize("family", checkpoints.FAMILIES)
 def test_greedy_matches_transformers_generate(family, tmp_path):
     pytest.importorskip("torch", reason="the parity test runs transformers' PyTorch generate")
-    torch_model = models_conftest.make_hf_checkpoint(family, tmp_path)
+    torch_model = checkpoints.make_hf_checkpoint(family, tmp_path)
     model, _ = models.from_pretrained(str(tmp_path))
     token_lists = prompts(model.cfg.vocab_size)
     # An eos that the second row reaches mid-way (found with a stop id that never matches),

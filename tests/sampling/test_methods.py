@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
-from conftest import lookup_model
+from tests.sampling.toy_models import lookup_model
 
 from grpo_jax import sampling
-from grpo_jax.sampling import _buckets, _methods
+from grpo_jax.sampling import _buckets, _methods, _sample
 
 PROBS = np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05])  # distinct, so cuts are unambiguous
 LOGITS = np.log(PROBS).astype(np.float32) + 1.0  # an offset: methods must not assume normalised input
@@ -45,6 +45,7 @@ METHODS = [
     sampling.TopK(3, temperature=1.3),
     sampling.TopP(0.8, temperature=0.9),
     sampling.TopP(0.35),
+    sampling.TopP(0.8, temperature=1.1, max_candidates=2),  # the nucleus overflows: bisection
     sampling.MinP(0.4, temperature=1.2),
 ]
 
@@ -89,14 +90,26 @@ def test_generated_frequencies_match():
     ))
     assert rollout.mask.all()  # stop id -1 never occurs
     assert chi_square_p_value(rollout.tokens, reference(method)) > P_VALUE
-    np.testing.assert_allclose(rollout.logp, np.log(PROBS / PROBS.sum())[rollout.tokens], atol=1e-5)
+    # The behaviour log-prob: softmax(logits / 1.3), before the top-p cut.
+    tempered = np.exp(LOGITS / 1.3) / np.exp(LOGITS / 1.3).sum()
+    np.testing.assert_allclose(rollout.logp, np.log(tempered)[rollout.tokens], atol=1e-5)
 
 
-@pytest.mark.parametrize("vocab", [1, 7, 32, 512, 1000])
-def test_cumulative_sum_matches_numpy(vocab):
-    x = np.random.default_rng(vocab).random((3, vocab)).astype(np.float32)
-    got = np.asarray(jax.jit(_methods.cumulative_sum)(x))
-    np.testing.assert_allclose(got, np.cumsum(x.astype(np.float64), axis=-1), rtol=2e-6)
+@pytest.mark.parametrize("vocab", [1, 7, 255, 256, 257, 1000])
+def test_inverse_cdf_matches_numpy(vocab):
+    """The first index whose cumulative weight exceeds u * total, zeros never picked."""
+    rng = np.random.default_rng(vocab)
+    weights = rng.random((64, vocab)).astype(np.float32) * (rng.random((64, vocab)) < 0.3)
+    weights[:, -1] += 1e-3 * (weights.sum(-1) == 0)  # every row needs some mass
+    u = rng.random(64).astype(np.float32)
+    u[:3] = [0.0, np.nextafter(np.float32(1), np.float32(0)), 0.5]  # the ends of [0, 1)
+    index, total = jax.jit(_sample.inverse_cdf)(weights, u)
+    cdf = np.cumsum(weights.astype(np.float64), axis=-1)
+    expected = np.argmax(cdf > u[:, None].astype(np.float64) * cdf[:, -1:], axis=-1)
+    expected = np.where(u >= 1.0 - 1e-7, np.argmax(cdf >= cdf[:, -1:], axis=-1), expected)
+    np.testing.assert_array_equal(index, expected)
+    assert (weights[np.arange(64), index] > 0).all()
+    np.testing.assert_allclose(total, cdf[:, -1], rtol=1e-6)
 
 
 @pytest.mark.parametrize("make, message", [
@@ -118,7 +131,7 @@ def test_python_numbers_become_fixed_dtype_scalars():
     assert sampling.TopK(5, max_k=128).k.dtype == np.int32
 
 
-@pytest.mark.parametrize("module", [_methods, _buckets], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [_methods, _sample, _buckets], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

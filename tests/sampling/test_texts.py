@@ -1,6 +1,5 @@
 """sample_texts() and `python -m grpo_jax.sampling` on a saved checkpoint with a tokenizer."""
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -8,36 +7,15 @@ import sys
 import jax
 import numpy as np
 import pytest
-import tokenizers
-import transformers
 from flax import nnx
 
-from grpo_jax import models, sampling
+from grpo_jax import models, parallel, sampling
 
 PROMPTS = ["the cat", "a dog ran"]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A tiny random qwen3 with a character tokenizer (id 1 = <eos>), saved as HF files."""
-    chars = "abcdefghijklmnopqrstuvwxyz "
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
-    model = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    model.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
-    model.decoder = tokenizers.decoders.Fuse()
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=model, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
-    cfg = dataclasses.replace(
-        models.get_model_config("tiny"), vocab_size=len(vocab), d_model=64, n_layers=2, eos_token_id=1
-    )
-    path = str(tmp_path_factory.mktemp("ckpt"))
-    models.save_pretrained(models.init_model(cfg, seed=1), path, tokenizer=tokenizer)
-    return path
-
-
-def test_greedy_texts_decode_the_generated_tokens(checkpoint):
-    model, tokenizer = models.from_pretrained(checkpoint)
+def test_greedy_texts_decode_the_generated_tokens(char_checkpoint):
+    model, tokenizer = models.from_pretrained(char_checkpoint)
     texts = sampling.sample_texts(model, tokenizer, PROMPTS, num_samples=2, max_new_tokens=12)
     assert len(texts) == 2 and all(len(group) == 2 for group in texts)
     assert texts[0][0] == texts[0][1]  # greedy: a group's samples agree
@@ -52,20 +30,38 @@ def test_greedy_texts_decode_the_generated_tokens(checkpoint):
     assert np.all(rollout.lengths >= 1)
 
 
+def test_a_mesh_gives_the_same_texts(char_checkpoint):
+    """Under an 8-device mesh, 2 prompts x 3 samples are topped up to rows that split 8
+    ways; the texts equal those sampled on one device."""
+    model, tokenizer = models.from_pretrained(char_checkpoint)
+    method = sampling.make_method(temperature=0.9, top_p=0.8)
+    expected = sampling.sample_texts(model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=8, method=method, seed=2)
+    mesh = parallel.make_mesh([("data", -1), ("tensor", 1)])
+    spread, _ = models.from_pretrained(char_checkpoint, mesh=mesh, rules="sampling")
+    with jax.set_mesh(mesh):
+        got = sampling.sample_texts(spread, tokenizer, PROMPTS, num_samples=3, max_new_tokens=8, method=method, seed=2)
+    assert got == expected and len(got) == 2 and all(len(group) == 3 for group in got)
+
+
 @pytest.mark.slow
-def test_command_line_prints_what_sample_texts_returns(checkpoint):
-    model, tokenizer = models.from_pretrained(checkpoint)
+def test_command_line_prints_what_sample_texts_returns(char_checkpoint):
+    """The command splits the host into one device per core and samples on all of them;
+    the texts equal one device's."""
+    model, tokenizer = models.from_pretrained(char_checkpoint)
     expected = sampling.sample_texts(
         model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=10,
         method=sampling.make_method(temperature=0.8, top_p=0.9), seed=5,
     )
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")  # one device, as a user runs it
-    out = subprocess.run(
-        [sys.executable, "-m", "grpo_jax.sampling", f"--checkpoint={checkpoint}",
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")  # the device count a user gets
+    run = subprocess.run(
+        [sys.executable, "-m", "grpo_jax.sampling", f"--checkpoint={char_checkpoint}",
          f"--prompt={PROMPTS[0]}", f"--prompt={PROMPTS[1]}", "--num_samples=3",
          "--max_new_tokens=10", "--temperature=0.8", "--top_p=0.9", "--seed=5"],
         capture_output=True, text=True, env=env, check=True, timeout=300,
-    ).stdout
+    )
+    cores = 2 ** int(np.log2(min(len(os.sched_getaffinity(0)), 8)))  # parallel.use_cpu_cores
+    assert f"'data': {cores}, 'tensor': 1}} over {cores} cpu device(s)" in run.stderr
+    out = run.stdout
     lines = [f"=== prompt {i}: {p!r}" for i, p in enumerate(PROMPTS)]
     assert all(line in out for line in lines)
     for i, group in enumerate(expected):

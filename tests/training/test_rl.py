@@ -41,7 +41,7 @@ def _off_policy_activity(recipe, row):
 
 # Recipes whose paper trains on-policy, one update per rollout batch with the parameters
 # that sampled: their ratio is exactly 1, so there is nothing to clip.
-ON_POLICY = {"rloo", "base"}
+ON_POLICY = {"rloo", "rpt", "base"}
 
 
 @pytest.mark.slow
@@ -62,8 +62,8 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
                 "gen_batches", "truncation_rate", "rollout_tokens_per_s", "update_tokens_per_s",
                 "time_rollout", "time_update", "eval_accuracy", "eval_mean_at_k"):
         assert key in rows[-1], key
-    if recipe in ON_POLICY:
-        assert all(r["kl_old"] == 0.0 and r["ratio"] == 1.0 for r in rows)
+    if recipe in ON_POLICY:   # the ratio is 1 up to the rounding of two compiled programs
+        assert all(abs(r["kl_old"]) < 1e-6 and abs(r["ratio"] - 1.0) < 1e-5 for r in rows), rows
     else:
         assert max(_off_policy_activity(recipe, r) for r in rows) > 0, rows
         assert max(r["kl_old"] for r in rows) > 0
@@ -189,8 +189,10 @@ def _collect_with_pattern(data_dir, tmp_path, **overrides):
     source = task_lib.data_source(config.task, "train")
     policy = policy_lib.start_policy(config, mesh, str(tmp_path), task_lib.tokenizer_corpus(source))
     train_iter = iter(task_lib.loader(source, config, batch_size=config.rollout.prompts_per_batch))
-    return rollout.collect(policy, mesh, train_iter, config=config, scorer=_PatternScorer(),
-                           rng=jax.random.key(0), method=sampling.Temperature(1.0))
+    batch, metrics, _ = rollout.collect(policy, mesh, train_iter, config=config,
+                                        scorer=_PatternScorer(), rng=jax.random.key(0),
+                                        method=sampling.Temperature(1.0))
+    return batch, metrics
 
 
 @pytest.mark.slow

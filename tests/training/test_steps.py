@@ -154,3 +154,30 @@ def test_state_that_does_not_mirror_a_parameter_is_replicated():
     assert factored.v_col["embed"].sharding.spec == jax.P()
     accumulated = init_optimizer_state(optax.MultiSteps(optax.sgd(1.0), 2), params, mesh)
     assert accumulated.acc_grads["embed"].sharding == params["embed"].sharding
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_overlong_masking_through_the_update_equals_the_pure_objective(mode):
+    """DAPO's overlong filtering drops truncated answers from the loss AND from its token
+    count: the update's loss over two micro-batches equals the objective on the whole batch."""
+    mesh = parallel.make_mesh("data=-1,fsdp=1,tensor=1")
+    rows = _rows(2)
+    rows["truncated"] = np.arange(B) % 3 == 0
+    obj_cfg = config_lib.load_config("configs/base.py").objective
+    obj_cfg.aggregation.mode, obj_cfg.overlong.mode = mode, "mask"
+    objective = objectives.policy_objective(obj_cfg)
+    graphdef, params = _sharded_model(mesh)
+    logp = jax.jit(lambda p, r: batch_lib.completion_logprobs(nnx.merge(graphdef, p), r))(
+        params, parallel.global_rows(mesh, rows))
+    expected = objective(logp, {k: jnp.asarray(v) for k, v in rows.items()})[0]
+    tx = optax.sgd(1.0)
+    opt_state = init_optimizer_state(tx, params, mesh)
+    update = make_update_step(graphdef, tx, _loss(objective), _counts(objective), mesh=mesh,
+                              param_shardings=_shardings(params),
+                              opt_shardings=_shardings(opt_state), micro_batches=2)
+    _, _, metrics = update(params, opt_state, parallel.global_rows(mesh, rows), jnp.arange(B))
+    np.testing.assert_allclose(float(metrics["policy_loss"]), float(expected), rtol=1e-5)
+    # Counting tokens before masking (the old bug) shrinks token-mean by the kept share.
+    kept = 1 - rows["mask"][rows["truncated"]].sum() / rows["mask"].sum()
+    if mode == "token-mean":
+        assert abs(float(expected) * kept - float(expected)) > 1e-4

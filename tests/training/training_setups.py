@@ -17,10 +17,14 @@ def runlocal_config(recipe, data_dir, **overrides):
     learning rate), on 2-digit addition with a 28-token budget and a shorter warm start."""
     config = config_lib.load_config(f"{REPO / 'configs' / recipe}.py:runlocal=True")
     config.task.data_dir = data_dir
-    config.task.knobs.digits = 2
-    config.task.knobs.num_train = 512
-    config.task.knobs.num_test = 16
-    config.rollout.max_new_tokens = 28
+    if config.task.name == "arithmetic":
+        config.task.knobs.digits = 2
+        config.task.knobs.num_train = 512
+        config.task.knobs.num_test = 16
+        # A 2-digit scratchpad is ~26 tokens; a self-verification verdict adds ~25.
+        config.rollout.max_new_tokens = 56 if config.task.knobs.get("verdicts") else 28
+    else:   # rpt on the builtin corpus: fewer positions per document
+        config.task.knobs.stride = 31
     config.train.steps = 2
     config.train.eval_every = 2
     config.train.checkpoint_every = 1
