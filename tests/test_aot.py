@@ -20,18 +20,9 @@ GSPO = pathlib.Path(__file__).resolve().parent.parent / "configs" / "gspo.py"
 
 
 def tiny_config(**overrides):
-    """GSPO's runlocal regime on the tiny model, with the model fields the tool reads."""
+    """GSPO's runlocal regime on the tiny model (XLA attention, unscanned layers)."""
     config = config_lib.load_config(f"{GSPO}:runlocal=True")
-    config.model.attention = "xla"
-    config.model.scan_layers = False
-    config.mesh = "data=2,fsdp=4,tensor=1"
-    for dotted, value in overrides.items():
-        *parents, leaf = dotted.split(".")
-        section = config
-        for name in parents:
-            section = section[name]
-        section[leaf] = value
-    return config
+    return config_lib.apply_overrides(config, {"mesh": "data=2,fsdp=4,tensor=1", **overrides})
 
 
 def expected_param_bytes(cfg, fsdp):
@@ -87,6 +78,27 @@ class TestCpuReport:
         assert [row.split("|")[1].strip() for row in rows] == ["train", "logprob", "prefill", "decode"]
 
 
+@pytest.mark.slow
+def test_train_reads_the_kept_records_and_the_supervised_rows():
+    """Keep sampling mask and keep routing (DeepSeek-V3.2) and a supervised term add exactly
+    their rows' per-device bytes to the update's arguments: support ids `[B, N, 64]` (TopP's
+    candidate bound) and sizes `[B, N]`, the experts of every token `[B, S + N, L_moe, k]`,
+    the P prompts with their solutions `[P, 2 S + 2 N]`, and their index."""
+    def train_arguments(**overrides):
+        config = tiny_config(**{"model.name": "tiny_moe", **overrides})
+        result = aot.report(config, "cpu", prompt_len=16, programs=("train",), log=lambda line: None)
+        return result["programs"]["train"]["argument_bytes"]
+
+    kept = train_arguments(**{"rollout.top_p": 0.95, "rollout.keep_sampling_mask": True,
+                              "rollout.keep_routing": True, "train.sft_weight": 0.1})
+    b, p, s, n, ways = 64, 16, 16, 40, 8
+    moe_layers, k = 3, 2   # tiny_moe: every layer routes each token to 2 experts
+    records = b // ways * 4 * (n * 64 + n + (s + n) * moe_layers * k)
+    # their row_valid is not read (the NLL is a token mean); the index of 1 of 4 minibatches
+    supervised = p // ways * 4 * (2 * s + 2 * n) + p // 4 * 4
+    assert kept - train_arguments() == records + supervised
+
+
 def test_device_bytes_counts_each_device_share():
     mesh = parallel.make_mesh("data=2,fsdp=4", devices=jax.devices()[:8])
     split = jax.ShapeDtypeStruct((8, 6), np.float32, sharding=jax.NamedSharding(mesh, jax.P("fsdp")))
@@ -121,7 +133,6 @@ def test_command_line_writes_the_json(tmp_path):
         from grpo_jax import config_lib
         def get_config():
             config = config_lib.load_config("{GSPO}:runlocal=True")
-            config.model.attention = "xla"
             config.model.scan_layers = True
             return config
     """))

@@ -31,6 +31,8 @@ def main(argv):
     print(f"\n{result['topology']}: {result['devices']} x {result['device_kind']}, "
           f"mesh {result['mesh']}\n")
     print(result["table"])
+    print("\nTFLOP and est. time: XLA's cost model, which counts a loop body (a scanned run of "
+          "layers, a micro-batch, a log-prob piece) once: lower bounds.")
     if result["fits"] is None:
         print("\nfits: unknown (no HBM size for these devices)")
     else:

@@ -26,11 +26,11 @@ import numpy as np
 from flax import nnx
 from jax.experimental.layout import Format, Layout
 
-from grpo_jax import models, objectives, parallel, paths, rewards
+from grpo_jax import models, objectives, parallel, paths, rewards, sampling
 from grpo_jax.models import sharding as sharding_lib
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import optimizer as optimizer_lib
-from grpo_jax.training import rl, steps
+from grpo_jax.training import rl, rollout as rollout_lib, steps
 
 
 @dataclasses.dataclass
@@ -80,8 +80,28 @@ def _rows_sharding(mesh, rows):
     return jax.NamedSharding(mesh, jax.P())
 
 
-def batch_rows(config, mesh, prompt_len):
-    """The rollout batch the loop trains on, as abstract `[B, ...]` rows (rl.train's `batch`)."""
+def _record_shapes(config, cfg, b, s, n):
+    """The sampler's records a batch carries when the run keeps them (`rollout.draw`):
+    the support of every sampled position (``rollout.keep_sampling_mask``) and, on an MoE,
+    the experts of every token (``rollout.keep_routing``)."""
+    shapes = {}
+    if config.rollout.keep_sampling_mask:
+        method = rollout_lib.sampling_method(config)
+        logits = jax.ShapeDtypeStruct((1, cfg.vocab_size), jnp.float32)
+        support = jax.eval_shape(
+            lambda z: sampling.sample(method, jax.random.key(0), z, with_support=True), logits)[2]
+        shapes["support_ids"] = ((b, n, support.ids.shape[-1]), jnp.int32)
+        shapes["support_size"] = ((b, n), jnp.int32)
+    if config.rollout.keep_routing:
+        moe_layers = sum(map(cfg.is_moe_layer, range(cfg.n_layers)))
+        shapes["prompt_routing"] = ((b, s, moe_layers, cfg.n_experts_per_tok), jnp.int32)
+        shapes["routing"] = ((b, n, moe_layers, cfg.n_experts_per_tok), jnp.int32)
+    return shapes
+
+
+def batch_rows(config, cfg, mesh, prompt_len):
+    """The rollout batch the loop trains on, as abstract `[B, ...]` rows (rl.train's `batch`)
+    of a model `cfg` (its vocabulary and experts size the sampler's records)."""
     p, g = config.rollout.prompts_per_batch, config.objective.group_size
     b, s, n = p * g, prompt_len, config.rollout.max_new_tokens
     specs = rewards.as_specs(config.reward.specs)
@@ -92,6 +112,7 @@ def batch_rows(config, mesh, prompt_len):
         "behaviour_logp": ((b, n), jnp.float32), "old_logp": ((b, n), jnp.float32),
         "lengths": ((b,), jnp.int32), "truncated": ((b,), bool), "correct": ((b,), bool),
         "rewards": ((b, len(specs)) if gdpo else (b,), jnp.float32), "row_valid": ((b,), bool),
+        **_record_shapes(config, cfg, b, s, n),
     }
     if config.objective.kl.beta > 0:
         shapes["ref_logp"] = ((b, n), jnp.float32)
@@ -100,6 +121,19 @@ def batch_rows(config, mesh, prompt_len):
     rows["advantages"] = jax.eval_shape(objective.advantages, rows)
     sharding = _rows_sharding(mesh, b)
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in rows.items()}
+
+
+def sft_rows(config, mesh, prompt_len):
+    """With ``train.sft_weight``, the supervised rows each update also reads (the P
+    prompts and their reference solutions, `task.target_rows`) and one update's index."""
+    p, s, n = config.rollout.prompts_per_batch, prompt_len, config.rollout.max_new_tokens
+    shapes = {"prompt_tokens": (p, s), "prompt_mask": (p, s), "tokens": (p, n), "mask": (p, n)}
+    sharding = _rows_sharding(mesh, p)
+    rows = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k, shape in shapes.items()}
+    rows["row_valid"] = jax.ShapeDtypeStruct((p,), bool, sharding=sharding)
+    index = jax.ShapeDtypeStruct((p // config.train.minibatches,), jnp.int32,
+                                 sharding=jax.NamedSharding(mesh, jax.P()))
+    return rows, index
 
 
 def policy_objective(config):
@@ -133,13 +167,14 @@ def build(config, mesh, *, prompt_len):
     """
     rl.check_config(config, mesh)
     cfg = model_config(config)
+    rl.check_model(config, cfg)
     graphdef, state = models.abstract_model(cfg)
     params = _params(state, mesh, config.model.rules)
     updates = config.train.steps * config.train.epochs * config.train.minibatches
     tx = optimizer_lib.make_optimizer(config.optimizer, updates)
     opt_shardings = steps.optimizer_state_shardings(tx, params, mesh)
     opt_state = abstract(jax.eval_shape(tx.init, params), opt_shardings)
-    rows = batch_rows(config, mesh, prompt_len)
+    rows = batch_rows(config, cfg, mesh, prompt_len)
     b = rows["mask"].shape[0]
     minibatch = b // config.train.minibatches
     index = jax.ShapeDtypeStruct((minibatch,), jnp.int32, sharding=jax.NamedSharding(mesh, jax.P()))
@@ -152,14 +187,16 @@ def build(config, mesh, *, prompt_len):
     update = steps.make_update_step(
         graphdef, tx, rl.make_loss(objective, temperature), rl.make_counts(objective), mesh=mesh,
         param_shardings=shardings(params), opt_shardings=shardings(opt_state),
-        micro_batches=config.train.micro_batches)
+        micro_batches=config.train.micro_batches, sft_weight=config.train.sft_weight)
+    supervised = sft_rows(config, mesh, prompt_len) if config.train.sft_weight else ()
     pieces = config.train.minibatches * config.train.micro_batches
     logprob = batch_lib.make_logprob_fn(graphdef, mesh, temperature=temperature, num_pieces=pieces)
     n, s = config.rollout.max_new_tokens, prompt_len
     seq = f"S={s}+N={n}"
     with jax.set_mesh(mesh):
         programs = [
-            Program("train", update.lower(params, opt_state, rows, index), copies * params_bytes,
+            Program("train", update.lower(params, opt_state, rows, index, *supervised),
+                    copies * params_bytes,
                     f"{minibatch} rows x {seq} in {config.train.micro_batches} micro-batch(es)"),
             Program("logprob", logprob.lower(params, rows), opt_bytes + copies * params_bytes,
                     f"{b} rows x {seq} in {pieces} piece(s)"),

@@ -7,10 +7,12 @@ against the chip's HBM. XLA:TPU refuses a program that cannot fit at compile tim
 (`CompileTimeHbmOom`); such a program is reported with the bytes the compiler said it
 needs.
 
-The estimated time and FLOPs are XLA's cost model of the HLO it compiled: a Pallas kernel
-(splash attention) is a custom call it does not look into, so programs using it report
-their FLOPs and time without attention's (or no time at all): compare their memory, not
-their time, with XLA attention's.
+The estimated time and FLOPs are XLA's cost model of the HLO it compiled, which counts a
+loop body once, whatever its trip count: with scanned layers, a run of layers counts as one
+layer, and the log-prob pass's pieces, the micro-batches and the log-prob chunks as one
+each. Nor does it look into a Pallas kernel (splash attention), a custom call: programs
+using it report their FLOPs and time without attention's (or no time at all). The bytes
+are exact; the FLOPs and times are lower bounds, to compare between runs of one layout.
 """
 
 import dataclasses
