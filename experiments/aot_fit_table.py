@@ -15,7 +15,7 @@ and AdamW moments; remat "full"; splash attention; scanned layers; the recipe's 
 GRPO's rows add what GRPO holds beside them (pi_ref and its log-probs).
 
 The comparisons (``--compare``) change one setting of a GSPO cell on v5p:2x2x2 with the
-"fsdp" rules: unrolled layers, each remat policy, XLA attention.
+"fsdp" rules: unrolled layers, each remat policy (with 1 and 4 micro-batches), XLA attention.
 """
 
 import argparse
@@ -41,13 +41,16 @@ PROMPT_LEN, NEW_TOKENS = 1024, 7168
 MODEL_FIELDS = {"model.attention": "splash", "model.scan_layers": True, "model.remat": "full",
                 "model.dtype": "bfloat16", "model.param_dtype": "bfloat16"}
 SAMPLER = ("prefill", "decode")
+REMAT_POLICIES = ("full", "off", "dots_saveable", "dots_with_no_batch_dims_saveable")
 # name -> (model, programs, the changed fields) of a GSPO fsdp cell on v5p:2x2x2.
 COMPARE_TOPOLOGY = "v5p:2x2x2"
 COMPARISONS = {
     "qwen3_8b_unrolled": ("qwen3_8b", ("train", *SAMPLER), {"model.scan_layers": False}),
     "qwen3_30b_a3b_unrolled": ("qwen3_30b_a3b", ("train", *SAMPLER), {"model.scan_layers": False}),
     **{f"qwen3_8b_remat_{policy}": ("qwen3_8b", ("train",), {"model.remat": policy})
-       for policy in ("off", "dots_saveable", "dots_with_no_batch_dims_saveable")},
+       for policy in REMAT_POLICIES[1:]},
+    **{f"qwen3_8b_remat_{policy}_micro4": ("qwen3_8b", ("train",), {
+        "model.remat": policy, "train.micro_batches": 4}) for policy in REMAT_POLICIES},
     **{f"{model}_xla_attention": (model, ("train", "prefill"), {"model.attention": "xla"})
        for model in ("qwen3_0_6b", "qwen3_8b")},
 }
@@ -143,8 +146,9 @@ def cell_programs(out, name, spec):
     programs = dict(result["programs"])
     if spec["recipe"] == "grpo":
         gspo = out / f"gspo{name[4:]}.json"
-        if gspo.exists():
-            for program, compiled in json.loads(gspo.read_text())["programs"].items():
+        sampler = json.loads(gspo.read_text()).get("programs", {}) if gspo.exists() else {}
+        if sampler:
+            for program, compiled in sampler.items():
                 if program in SAMPLER:
                     extra = result["sampler_held"][program] - compiled["held_bytes"]
                     programs[program] = {**compiled, "bytes_per_device": compiled["bytes_per_device"] + extra}
@@ -178,7 +182,9 @@ def fit_table(out):
         hbm = result["hbm_bytes_per_device"]
         over = [p for p, r in programs.items() if r["bytes_per_device"] > hbm or r["compiler_oom"]]
         cell = lambda p: total(programs[p]) if p in programs else "-"
-        fits = "yes" if not over else "no: " + ", ".join(over)
+        missing = [p for p in ("train", "logprob", *SAMPLER) if p not in programs]
+        fits = ("no: " + ", ".join(over) if over else
+                f"unknown: {', '.join(missing)} not compiled" if missing else "yes")
         seconds = sum(r["compile_s"] for r in result["programs"].values())
         lines.append(f"| {model} | {spec['recipe']} | {rules} | {spec['topology']} | {cell('train')} | "
                      f"{cell('logprob')} | {cell('prefill')} | {cell('decode')} | {gib(hbm)} | {fits} | "
@@ -211,10 +217,12 @@ def comparison_tables(out):
         for program in ("train", *SAMPLER):
             lines += [row(model, program, "scanned", base(model)),
                       row(model, program, "unrolled", f"compare_{model}_unrolled")]
-    lines += ["", "Remat policies (GSPO, fsdp, v5p:2x2x2, the update):", ""] + head("remat")
-    lines.append(row("qwen3_8b", "train", "full", base("qwen3_8b")))
-    for policy in ("off", "dots_saveable", "dots_with_no_batch_dims_saveable"):
-        lines.append(row("qwen3_8b", "train", policy, f"compare_qwen3_8b_remat_{policy}"))
+    lines += ["", "Remat policies (GSPO, fsdp, v5p:2x2x2, the update of 32 rows in 1 or 4 "
+              "micro-batches):", ""] + head("remat, micro-batches")
+    for policy in REMAT_POLICIES:
+        one = base("qwen3_8b") if policy == "full" else f"compare_qwen3_8b_remat_{policy}"
+        lines += [row("qwen3_8b", "train", f"{policy}, 1", one),
+                  row("qwen3_8b", "train", f"{policy}, 4", f"compare_qwen3_8b_remat_{policy}_micro4")]
     lines += ["", "Splash vs XLA attention at 8,192 tokens (GSPO, fsdp, v5p:2x2x2):", ""]
     lines += head("attention")
     for model in ("qwen3_0_6b", "qwen3_8b"):

@@ -109,6 +109,8 @@ def test_device_bytes_counts_each_device_share():
 def test_errors_name_the_fix():
     with pytest.raises(ValueError, match="unknown programs"):
         aot.report(tiny_config(), "cpu", prompt_len=16, programs=("critic",))
+    with pytest.raises(ValueError, match="rollout.keep_routing=False for a dense model"):
+        aot.report(tiny_config(**{"rollout.keep_routing": True}), "cpu", prompt_len=16)
     config = tiny_config()
     del config.model["attention"]
     with pytest.raises(ValueError, match="model.attention"):
@@ -147,6 +149,16 @@ def test_command_line_writes_the_json(tmp_path):
     report = json.loads(out.read_text())
     assert report["devices"] == 2 and report["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1}
     assert set(report["programs"]) == {"train", "decode"}
+
+
+def test_command_line_names_a_topology_it_cannot_build():
+    """Without libtpu, or with a name libtpu does not know: one line naming the fix."""
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_jax.aot", f"--config={GSPO}:runlocal=True", "--topology=v9z:1x1"],
+        capture_output=True, text=True, timeout=300, cwd=GSPO.parent.parent)
+    assert done.returncode == 1
+    assert "--topology 'v9z:1x1': could not build the TPU topology" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 # ----- on TPU topologies: needs libtpu (pip install -e ".[tpu]"); CI does not install it ----

@@ -10,6 +10,7 @@ time), whether the run fits and, if not, what to change. Exits 0 either way.
 
 import json
 import os
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -26,8 +27,11 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     from grpo_jax import aot   # jax starts here, after flag parsing
-    result = aot.report(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
-                        programs=tuple(_PROGRAMS.value))
+    try:
+        result = aot.report(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
+                            programs=tuple(_PROGRAMS.value))
+    except ValueError as error:   # bad input: the message names the flag or field and the fix
+        sys.exit(f"error: {error}")
     print(f"\n{result['topology']}: {result['devices']} x {result['device_kind']}, "
           f"mesh {result['mesh']}\n")
     print(result["table"])
