@@ -30,6 +30,7 @@ setuptools.setup(
         "ml_dtypes>=0.5,<1",
         "absl-py>=2.1,<3",
         "tensorboardX>=2.6,<3",
+        "matplotlib>=3.8,<4",         # grpo_jax.report's plots
         "math-verify>=0.8,<0.10",
         "sympy>=1.12,<2",             # the graders bound sympy's work before math-verify runs it
         "latex2sympy2_extended>=1.10,<2",

@@ -138,6 +138,19 @@ def get_config(arg=None):
     config.objective = _objective()
     config.rollout.group_size = config.objective.get_ref("group_size")
 
+    # PPO's critic (objective.advantage.estimator = "gae"): the policy's decoder with a
+    # scalar head, its own optimizer, trained on the policy's minibatches.
+    config.critic = config_dict.ConfigDict()
+    config.critic.enabled = False
+    config.critic.path = ""              # HF checkpoint to start from; "" = the policy's start
+    config.critic.lam = 0.95             # GAE lambda of its targets (VAPO: 1, decoupled)
+    config.critic.value_clip = config_dict.placeholder(float)   # None = unclipped value loss
+    config.critic.value_clip = 0.2       # PPO's clip of the values around the batch's
+    # VAPO's value pre-training: this many steps before train.steps train only the critic,
+    # on rollouts of the frozen starting policy, toward Monte-Carlo returns (lambda = 1).
+    config.critic.pretrain_steps = 0
+    config.critic.optimizer = _optimizer(learning_rate=2e-6)
+
     if arg.runlocal:
         _runlocal(config)
     set_regime(config, prompts=64, group_size=8, updates=1, max_new_tokens=1024,
@@ -155,12 +168,14 @@ def set_regime(config, *, prompts, group_size, updates, max_new_tokens, learning
 
     ``runlocal`` keeps the shape and scales the sizes to the tiny CPU model: 16 prompts x
     min(G, 4) answers, min(updates, 4) updates (still off-policy where the paper is),
-    40 new tokens (a 3-digit addition scratchpad is ~35), learning rate 1e-4 (a
-    0.66M-parameter model moves little at 1e-6) with at most 5 warmup steps.
+    48 new tokens (a 3-digit addition scratchpad is at most 37 with its stop token, so
+    DAPO's soft overlong zone, the last fifth from 38.4 on, punishes only longer
+    answers), learning rate 1e-4 (a 0.66M-parameter model moves little at 1e-6) with at
+    most 5 warmup steps.
     """
     if runlocal:
         prompts, group_size, updates = 16, min(group_size, 4), min(updates, 4)
-        max_new_tokens, learning_rate, warmup_steps = 40, 1e-4, min(warmup_steps, 5)
+        max_new_tokens, learning_rate, warmup_steps = 48, 1e-4, min(warmup_steps, 5)
     config.rollout.prompts_per_batch = prompts
     config.objective.group_size = group_size
     config.train.minibatches, config.train.epochs = updates, 1
@@ -204,14 +219,19 @@ def _objective():
     obj = config_dict.ConfigDict()
     obj.group_size = 8
 
-    # Advantage estimator: "group" (GRPO, Dr. GRPO), "rloo", "reinforce_pp", "gdpo".
+    # Advantage estimator: "group" (GRPO, Dr. GRPO), "rloo", "reinforce_pp", "gdpo", or
+    # "gae" (PPO, VAPO: per-token GAE over the values of the `critic` section's model).
     obj.advantage = config_dict.ConfigDict()
     obj.advantage.estimator = "group"
     obj.advantage.scale = "group"        # group: divide by group std; batch; none (Dr. GRPO)
     obj.advantage.ddof = 0               # 0 = population std (docs/design.md); 1 = TRL/verl
     obj.advantage.eps = 1e-6
-    obj.advantage.gamma = 1.0            # reinforce_pp discount
+    obj.advantage.gamma = 1.0            # reinforce_pp and gae discount
     obj.advantage.baseline = False       # reinforce_pp: subtract the group mean first
+    obj.advantage.lam = 0.95             # gae: the policy's lambda (the critic's: critic.lam)
+    obj.advantage.lam_alpha = 0.0        # gae, > 0: VAPO's length-adaptive lambda
+                                         # 1 - 1/(alpha * length) replaces lam
+    obj.advantage.whiten = True          # gae: whiten over the batch's tokens (mean and std)
     # (gdpo weighs its reward columns with the weights of reward.specs)
 
     # Per-token policy loss: "ppo_clip", "gspo", "cispo", "sapo", "pg" (no clip).
@@ -234,6 +254,9 @@ def _objective():
     obj.kl.in_reward = False             # reinforce_pp: fold -beta*KL into token rewards
 
     obj.entropy_coef = 0.0
+    # VAPO's positive-example LM loss: + weight x the token-mean NLL of the batch's correct
+    # answers (self-imitation of the policy's own successes).
+    obj.positive_nll_weight = 0.0
 
     # Overlong filtering: "none", or "mask" (truncated completions leave the loss and its
     # token count). DAPO's soft length penalty is a reward: ("overlong", w, {...}).

@@ -11,7 +11,7 @@ length penalty, which MiniMax-M1 uses with it (sec. 3.1).
 Regime: "16 rounds of off-policy updates per generation batch" (sec. 3.1); the paper's
 zero-RL comparison runs on DAPO's setting, so the rest is DAPO's: 512 prompts x 16
 answers, 20,480 new tokens, learning rate 1e-6 with 20 warmup steps.
-``runlocal``: 16 prompts x 4 answers, 4 updates, 40 tokens (configs/base.py set_regime).
+``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens (configs/base.py set_regime).
 
 Paper: MiniMax, MiniMax-M1 (arXiv:2506.13585), sec. 3.1, eq. 4-5.
 Load: `config_lib.load_config("configs/cispo.py:runlocal=True")`.

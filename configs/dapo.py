@@ -10,7 +10,7 @@ tokens). No KL.
 Regime (sec. 4.1): 512 prompts x 16 answers per rollout, mini-batches of 512 answers:
 16 updates per rollout (off-policy after the first), 20,480 new tokens, learning rate
 1e-6 with 20 warmup steps.
-``runlocal``: 16 prompts x 4 answers, 4 updates, 40 tokens (configs/base.py set_regime).
+``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens (configs/base.py set_regime).
 
 Paper: Yu et al., DAPO: An Open-Source LLM Reinforcement Learning System at Scale
 (arXiv:2503.14476), sec. 3 (eq. 8-13) and 4.1.

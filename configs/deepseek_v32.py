@@ -14,7 +14,7 @@ top-p or the regime beyond "a large batch split into several minibatches": the K
 is R1's 0.001, delta 0.5 (TRL's suggested start), top-p 0.95, and the regime DeepSeek-R1's
 (512 prompts x 16 answers, 16 updates, 32,768 tokens, learning rate 3e-6).
 ``runlocal``: the tiny MoE model (so keep routing acts), 16 prompts x 4 answers, 4 updates,
-40 tokens (configs/base.py set_regime).
+48 tokens (configs/base.py set_regime).
 
 Paper: DeepSeek-AI, DeepSeek-V3.2 (arXiv:2512.02556), sec. 3.1, eq. 5-9.
 Load: `config_lib.load_config("configs/deepseek_v32.py:runlocal=True")`.

@@ -24,7 +24,7 @@ def get_config(arg=None):
     # too, while sampling still writes the carry often enough for RL to find it.
     config.task.knobs.teacher_fraction = 0.6
     config.model.sft_warm_start = False  # the demo's first stage is the warm start itself
-    # DAPO's runlocal regime (4 updates per rollout batch, 40 tokens) on a larger batch:
+    # DAPO's runlocal regime (4 updates per rollout batch, 48 tokens) on a larger batch:
     # 64 prompts x 8 answers. Dynamic sampling draws at most 3 batches and then pads, to
     # bound the demo's time once the policy solves most prompts.
     config.rollout.prompts_per_batch = 64

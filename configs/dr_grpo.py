@@ -8,7 +8,7 @@ No KL; AdamW with beta2 0.95, as in the paper's Table 6.
 Regime: the authors' Oat-Zero-7B script (the paper gives G, the budget and the clip in
 Table 6, not the batch): 128 prompts x 8 answers per rollout, 8 optimizer steps of 128
 answers (off-policy after the first), 3,000 new tokens, learning rate 1e-6 constant.
-``runlocal``: 16 prompts x 4 answers, 4 updates, 40 tokens (configs/base.py set_regime).
+``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens (configs/base.py set_regime).
 
 Paper: Liu et al., Understanding R1-Zero-Like Training: A Critical Perspective
 (arXiv:2503.20783), sec. 3.1 and Table 6.

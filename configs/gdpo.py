@@ -10,7 +10,10 @@ DAPO setting the paper follows), no KL.
 
 Regime (sec. 4.2): 16 answers per prompt, batch 512, 8,000 new tokens; the updates per
 rollout are DAPO's (512 x 16 answers in 16 minibatches), learning rate 1e-6.
-``runlocal``: 16 prompts x 4 answers, 4 updates, 40 tokens (configs/base.py set_regime).
+``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens (configs/base.py set_regime),
+and a length budget of 3/4 of them (36 tokens): at half (24) no 3-digit scratchpad
+(30-37 tokens) would ever earn the length reward, so it could not act; at 36 the answers
+with a 4-digit sum (37) miss it and the others earn it.
 
 Paper: Liu et al., GDPO: Group reward-Decoupled Normalization Policy Optimization for
 Multi-reward RL Optimization (arXiv:2601.05242), eq. 4-7, sec. 4.2.
@@ -27,7 +30,8 @@ def get_config(arg=None):
     base.set_regime(config, prompts=512, group_size=16, updates=16, max_new_tokens=8000,
                     learning_rate=1e-6, warmup_steps=20, runlocal=arg.runlocal)
     correct = config.reward.correct
-    config.reward.specs = ((correct, 1.0), ("length_budget", 1.0, {"budget_fraction": 0.5}))
+    fraction = 0.75 if arg.runlocal else 0.5
+    config.reward.specs = ((correct, 1.0), ("length_budget", 1.0, {"budget_fraction": fraction}))
     obj = config.objective
     obj.advantage.estimator = "gdpo"
     obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.28

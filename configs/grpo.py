@@ -9,7 +9,7 @@ prompts x 16 answers per rollout, split into 16 minibatches for one epoch (16 up
 off-policy after the first), up to 32,768 new tokens, learning rate 3e-6, KL coefficient
 0.001, temperature 1, and the reference replaced by the current policy every 400 steps.
 (DeepSeekMath itself made one update per rollout, where the clip can never act.)
-``runlocal``: 16 prompts x 4 answers, 4 updates, 40 tokens (configs/base.py set_regime).
+``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens (configs/base.py set_regime).
 
 Papers: Shao et al., DeepSeekMath (arXiv:2402.03300), sec. 4.1; Guo et al.,
 DeepSeek-R1 (arXiv:2501.12948 v2, sec. 2.1).

@@ -9,7 +9,7 @@ Made for MoE models, whose token ratios are noisy when routing shifts.
 Regime (sec. 5.1): each rollout batch split into 4 minibatches (4 updates, off-policy
 after the first). The paper gives no batch, G or budget; these follow verl's GSPO
 recipe: 512 prompts x 16 answers, 8,192 new tokens, learning rate 1e-6.
-``runlocal``: 16 prompts x 4 answers, 4 updates, 40 tokens (configs/base.py set_regime).
+``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens (configs/base.py set_regime).
 
 Paper: Zheng et al., Group Sequence Policy Optimization (arXiv:2507.18071), eq. 5-7, sec. 5.1.
 Load: `config_lib.load_config("configs/gspo.py:runlocal=True")`.

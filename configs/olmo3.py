@@ -8,7 +8,7 @@ Regime (Table 49, 7B Think): 64 prompts x 8 answers per batch, one optimizer ste
 batch, 32,768 new tokens, learning rate 1e-6 constant. Olmo 3's learner runs up to 8
 steps behind its samplers (fully asynchronous); ``rollout.policy_lag`` reproduces that
 staleness: rollouts come from the parameters of `policy_lag` steps before (8 here).
-``runlocal``: 16 prompts x 4 answers, 1 update, 40 tokens, lag 2
+``runlocal``: 16 prompts x 4 answers, 1 update, 48 tokens, lag 2
 (configs/base.py set_regime).
 
 Paper: Team Olmo, Olmo 3 (arXiv:2512.13961), sec. 4.4 (eq. 1-2) and Table 49.

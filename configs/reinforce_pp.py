@@ -13,7 +13,7 @@ Regime: OpenRLHF's REINFORCE++ example, which the paper's code is: rollouts of 1
 answers, optimizer steps of 128 answers (8 updates, off-policy after the first), 1,024
 new tokens, learning rate 5e-7; 4 answers per prompt (the example's group option; the
 paper allows k >= 1), so 256 prompts.
-``runlocal``: 16 prompts x 4 answers, 4 updates, 40 tokens (configs/base.py set_regime).
+``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens (configs/base.py set_regime).
 
 Paper: Hu, REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
 Models (arXiv:2501.03262), sec. 3 (eq. 4-7).

@@ -9,7 +9,7 @@ gradient at r = 1 is -A grad log pi). Token-mean aggregation, no KL here.
 Regime: k = 4 answers per prompt, one update per rollout batch; the paper's batch and
 budget are not reproduced here (its tasks are TL;DR and Anthropic-HH with reward
 models): 128 prompts x 4 answers, 1,024 new tokens, learning rate 1e-6.
-``runlocal``: 16 prompts x 4 answers, 1 update, 40 tokens (configs/base.py set_regime).
+``runlocal``: 16 prompts x 4 answers, 1 update, 48 tokens (configs/base.py set_regime).
 
 Paper: Ahmadian et al., Back to Basics: Revisiting REINFORCE-Style Optimization for
 Learning from Human Feedback in LLMs (arXiv:2402.14740).

@@ -17,7 +17,7 @@ hard tokens, ``--config.task.knobs.proxy_model`` (the paper: DeepSeek-R1-Distill
 with ``min_entropy`` (the paper's evaluation splits use 0.5 / 1.0 / 1.5 nats).
 ``runlocal``: the builtin arithmetic corpus (written-out additions, whose next tokens take
 computing), every position (no proxy), the tiny model warm-started on the reference
-continuations; 16 contexts x 4 answers, 1 update, 40 tokens (configs/base.py set_regime).
+continuations; 16 contexts x 4 answers, 1 update, 48 tokens (configs/base.py set_regime).
 
 Paper: Dong et al., Reinforcement Pre-Training (arXiv:2506.08007), sec. 3 and Table 5.
 Load: `config_lib.load_config("configs/rpt.py:runlocal=True,sft_weight=0.1")`.

@@ -9,7 +9,7 @@ is defined with), no KL.
 Regime: each rollout batch split into 4 minibatches (4 updates, off-policy after the
 first) in the paper's math experiments, as GSPO, its baseline; the batch, G and budget
 follow GSPO's recipe here: 512 prompts x 16 answers, 8,192 new tokens, learning rate 1e-6.
-``runlocal``: 16 prompts x 4 answers, 4 updates, 40 tokens (configs/base.py set_regime).
+``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens (configs/base.py set_regime).
 
 Paper: Gao et al., Soft Adaptive Policy Optimization (arXiv:2511.20347), eq. 5-8, sec. 5.1.
 Load: `config_lib.load_config("configs/sapo.py:runlocal=True")`.

@@ -10,7 +10,7 @@ DeepSeek-V3.2's GRPO (configs/deepseek_v32.py), which DeepSeek-V3.2-Speciale tra
 this reward; its regime too. The prompt asks for the verdict (task.system_prompt).
 ``runlocal``: the tiny model on 3-digit addition whose warm-start targets end with the
 teacher's honest verdict on its own (sometimes carry-forgetting) answer, so the warm start
-writes verdicts and RL can make them honest; 16 prompts x 4, 4 updates, 48 tokens.
+writes verdicts and RL can make them honest; 16 prompts x 4, 4 updates, 64 tokens.
 
 Papers: Shao et al., DeepSeekMath-V2 (arXiv:2511.22570), sec. 2.1; DeepSeek-AI,
 DeepSeek-V3.2 (arXiv:2512.02556), sec. 3.
@@ -34,7 +34,7 @@ def get_config(arg=None):
         config.model.name = "tiny"
         config.rollout.keep_routing = False   # a dense model: no experts to replay
         config.task.knobs.verdicts = True
-        config.rollout.max_new_tokens = 48   # the scratchpad (~35) and the verdict tag
+        config.rollout.max_new_tokens = 64   # the scratchpad (<= 36), the verdict tag (25), the stop
     else:
         config.task.system_prompt = VERDICT_PROMPT
     return config

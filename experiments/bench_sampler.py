@@ -296,6 +296,8 @@ def main(argv=None):
     parser.add_argument("--tables", default="tiny", help="comma-separated: tiny (tables 1-3), vocab (4), step (5)")
     parser.add_argument("--smollm2", help="SmolLM2-135M-Instruct as a Hugging Face safetensors directory (tables 4, 5)")
     parser.add_argument("--batches", default="16,64,256", help="batch sizes of table 4")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="dtypes of table 4")
+    parser.add_argument("--models", default="smollm2,random", help="models of tables 4 and 5")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     tables = set(args.tables.split(","))
@@ -316,16 +318,17 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as path:
             vocab_size = 4096 if args.quick else vocab.QWEN3_VOCAB   # --quick: a small stand-in
             vocab.save_random_model(path, vocab_size=vocab_size)
-            random_model = (f"random, V={vocab_size:,}", path)
-            real = [("SmolLM2-135M", args.smollm2)] if args.smollm2 else []
-            if not real:
+            named = {"smollm2": ("SmolLM2-135M", args.smollm2), "random": (f"random, V={vocab_size:,}", path)}
+            if not args.smollm2:
                 print("# no --smollm2 directory: SmolLM2 rows skipped\n")
+                del named["smollm2"]
+            chosen = [named[m] for m in args.models.split(",") if m in named]
             if "vocab" in tables:
                 batches = [16] if args.quick else [int(b) for b in args.batches.split(",")]
-                dtypes = ("float32",) if args.quick else ("float32", "bfloat16")
-                vocab.bench_real_vocab(real + [random_model], batches, dtypes, 4 if args.quick else 64, repeats)
+                dtypes = ["float32"] if args.quick else args.dtypes.split(",")
+                vocab.bench_real_vocab(chosen, batches, dtypes, 4 if args.quick else 64, repeats)
             if "step" in tables:
-                vocab.bench_sampling_step(real + [random_model], 8 if args.quick else 64, repeats)
+                vocab.bench_sampling_step(chosen, 8 if args.quick else 64, repeats)
 
 
 if __name__ == "__main__":

@@ -48,11 +48,17 @@ def _cpu_name():
 
 
 class DeviceToHost:
-    """Counts the bytes of every `jax.Array` (or shard) converted to numpy while on."""
+    """Counts the bytes of every `jax.Array` (or shard) converted to numpy while on.
+
+    Three ways out of a device are counted: `jax.Array._value` (np.asarray and float()
+    of an array), `jax.device_get`, and `parallel.local_rows`. The last two are counted
+    by their results, because on CPU a single-device array converts through the buffer
+    protocol without `_value` (a zero-copy view here; a real copy on an accelerator).
+    """
 
     def __init__(self):
         from jax._src import array
-        self.bytes, self.on, self._cls = 0, False, array.ArrayImpl
+        self.bytes, self.on = 0, False
         original = array.ArrayImpl._value
 
         def counted(arr):
@@ -61,6 +67,28 @@ class DeviceToHost:
             return original.fget(arr)
 
         array.ArrayImpl._value = property(counted)
+        self._wrap(jax, "device_get")
+        try:
+            from grpo_jax.parallel import hosts
+        except ImportError:          # an older checkout without it
+            return
+        for module in (hosts, sys.modules["grpo_jax.parallel"]):
+            self._wrap(module, "local_rows")
+
+    def _wrap(self, module, name):
+        original = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            on, self.on = self.on, False      # not counted twice through `_value`
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self.on = on
+            if on:
+                self.bytes += sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(result))
+            return result
+
+        setattr(module, name, counted)
 
 
 def _host_to_device_bytes(log_text):

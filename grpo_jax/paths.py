@@ -11,7 +11,7 @@ import re
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")   # gs://bucket/x, s3://..., file://...
 
 # The config fields that hold paths (a run's workdir is passed beside the config).
-CONFIG_PATH_FIELDS = ("model.path", "task.data_dir", "task.manual_dir")
+CONFIG_PATH_FIELDS = ("model.path", "critic.path", "task.data_dir", "task.manual_dir")
 
 
 def resolve(path):

@@ -14,9 +14,11 @@ import pytest
 
 from grpo_jax import aot, config_lib, models, parallel
 from grpo_jax.aot import programs as programs_lib
+from grpo_jax.training import optimizer as optimizer_lib
 
 KEYS = ("bytes_per_device", "flops", "estimated_s", "compile_s")
 GSPO = pathlib.Path(__file__).resolve().parent.parent / "configs" / "gspo.py"
+NEW_TOKENS = config_lib.load_config(f"{GSPO}:runlocal=True").rollout.max_new_tokens   # runlocal's
 
 
 def tiny_config(**overrides):
@@ -56,7 +58,7 @@ class TestCpuReport:
         cfg = models.get_model_config("tiny")
         params = expected_param_bytes(cfg, fsdp=4)
         steps = 2 * 4   # AdamW's count and the schedule's, int32, replicated
-        b, s, n = 16 * 4, 16, 40   # 16 prompts x G = 4, prompt 16, 40 new tokens
+        b, s, n = 16 * 4, 16, NEW_TOKENS   # 16 prompts x G = 4, prompt 16
         # prompt tokens and mask [b, s], tokens, mask, old_logp [b, n], advantages, row_valid
         per_row = 4 * (2 * s + 3 * n + 1) + 1
         rows = b // 8 * per_row
@@ -70,7 +72,7 @@ class TestCpuReport:
         """While sampling, the training weights, the moments and the last batch stay in memory."""
         cfg = models.get_model_config("tiny")
         params = expected_param_bytes(cfg, fsdp=4)
-        rows = 64 // 8 * (4 * (2 * 16 + 4 * 40 + 3) + 3)
+        rows = 64 // 8 * (4 * (2 * 16 + 4 * NEW_TOKENS + 3) + 3)
         assert result["programs"]["decode"]["held_bytes"] == 3 * params + 8 + rows
 
     def test_table_has_a_row_per_program(self, result):
@@ -91,12 +93,41 @@ def test_train_reads_the_kept_records_and_the_supervised_rows():
 
     kept = train_arguments(**{"rollout.top_p": 0.95, "rollout.keep_sampling_mask": True,
                               "rollout.keep_routing": True, "train.sft_weight": 0.1})
-    b, p, s, n, ways = 64, 16, 16, 40, 8
+    b, p, s, n, ways = 64, 16, 16, NEW_TOKENS, 8
     moe_layers, k = 3, 2   # tiny_moe: every layer routes each token to 2 experts
     records = b // ways * 4 * (n * 64 + n + (s + n) * moe_layers * k)
     # their row_valid is not read (the NLL is a token mean); the index of 1 of 4 minibatches
     supervised = p // ways * 4 * (2 * s + 2 * n) + p // 4 * 4
     assert kept - train_arguments() == records + supervised
+
+
+@pytest.mark.slow
+def test_a_critic_adds_its_update_and_value_pass():
+    """VAPO: the critic (the tiny trunk and a `[D]` head, sharded like the policy) and its
+    AdamW moments are the update's arguments with the columns its value loss reads; while
+    the policy trains, the critic's state is held, and the policy's while the critic runs."""
+    vapo = GSPO.parent / "vapo.py"
+    config = config_lib.apply_overrides(config_lib.load_config(f"{vapo}:runlocal=True"),
+                                        {"mesh": "data=2,fsdp=4,tensor=1"})
+    result = aot.report(config, "cpu", prompt_len=16, programs=("train", "critic_train", "values"),
+                        log=lambda line: None)
+    cfg = models.get_model_config("tiny")
+    policy = expected_param_bytes(cfg, fsdp=4)
+    critic = policy + (cfg.d_model // 4 + 1) * 4   # the head split like "embed", the bias whole
+    counters = 4 * sum(x.ndim == 0 for x in jax.tree.leaves(jax.eval_shape(
+        optimizer_lib.make_optimizer(config.critic.optimizer, 1).init,
+        {"w": jax.ShapeDtypeStruct((2,), np.float32)})))
+    b, s, n, ways = 16 * 4, 16, config.rollout.max_new_tokens, 8
+    index = b // 4 * 4   # one minibatch of 4
+    tokens = b // ways * 4 * (2 * s + 2 * n)   # prompt tokens and mask, tokens, mask
+    values_returns = b // ways * 4 * 2 * n
+    programs = result["programs"]
+    assert programs["critic_train"]["argument_bytes"] == 3 * critic + counters + tokens + values_returns + index
+    assert programs["critic_train"]["alias_bytes"] == 3 * critic + counters
+    assert programs["critic_train"]["held_bytes"] == 3 * policy + counters
+    assert programs["values"]["argument_bytes"] == critic + tokens
+    assert programs["values"]["held_bytes"] == 3 * policy + counters + 2 * critic + counters
+    assert programs["train"]["held_bytes"] == 3 * critic + counters
 
 
 def test_device_bytes_counts_each_device_share():

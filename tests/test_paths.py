@@ -29,10 +29,12 @@ def test_resolve_run_paths_fixes_every_path_field_and_is_idempotent(tmp_path, mo
     monkeypatch.setenv("HOME", "/home/someone")
     config = ml_collections.ConfigDict({
         "model": {"path": "ckpt/policy", "name": ""},
+        "critic": {"path": "~/critic"},
         "task": {"data_dir": "~/tfds", "manual_dir": "", "name": "gsm8k"}})
     workdir = paths.resolve_run_paths(config, "runs/a")
     assert workdir == f"{tmp_path}/runs/a"
     assert config.model.path == f"{tmp_path}/ckpt/policy"
+    assert config.critic.path == "/home/someone/critic"
     assert config.task.data_dir == "/home/someone/tfds"
     assert config.task.manual_dir == ""
     before = config.to_dict()

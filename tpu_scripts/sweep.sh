@@ -5,6 +5,9 @@
 # Entries run one after another on a pod; with several pods in TPU_NAMES they are dealt
 # out in turn and the pods run side by side. A failed entry does not stop the others:
 # the script ends non-zero naming it, and re-running resumes every workdir.
+# On one machine's CPUs, `python -m grpo_jax.sweep` runs the same entries (same workdir
+# names and flags, from grpo_jax/sweep.py) with several seeds, skipping finished runs,
+# and `python -m grpo_jax.report` turns either's runs into a table and plots.
 #
 # Required: ZONE PROJECT CONFIG WORKDIR, and TPU_NAME or TPU_NAMES ("pod-a pod-b")
 # Optional: SWEEP_RUNS, the entry indices to run ("0 2"; default all); PYTHON, a local

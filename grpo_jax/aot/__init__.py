@@ -44,7 +44,8 @@ def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
       config: a run config (its overrides applied).
       topology: "cpu" or a TPU topology name (see `topology_devices`).
       prompt_len: S, the prompt bucket the run samples with.
-      programs: which of `PROGRAMS` to compile.
+      programs: which of `PROGRAMS` to compile (of those the run has: the critic's only
+        with ``critic.enabled``).
       log: called with a line as each program compiles.
 
     Returns:

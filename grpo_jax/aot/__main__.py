@@ -18,7 +18,8 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config: path/to/config.py[:args].")
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology (v5e:2x4, v5p:2x2x2, ...) or 'cpu'.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 1024, "S, the prompt bucket the rollouts use.")
-_PROGRAMS = flags.DEFINE_list("programs", "train,logprob,prefill,decode", "Programs to compile.")
+_PROGRAMS = flags.DEFINE_list("programs", None, "Programs to compile (default: all the run has: "
+                              "train, logprob, prefill, decode; critic_train, values with a critic).")
 _JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
 flags.mark_flags_as_required(["config", "topology"])
 
@@ -29,7 +30,7 @@ def main(argv):
     from grpo_jax import aot   # jax starts here, after flag parsing
     try:
         result = aot.report(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
-                            programs=tuple(_PROGRAMS.value))
+                            programs=tuple(_PROGRAMS.value or aot.PROGRAMS))
     except ValueError as error:   # bad input: the message names the flag or field and the fix
         sys.exit(f"error: {error}")
     print(f"\n{result['topology']}: {result['devices']} x {result['device_kind']}, "

@@ -11,10 +11,8 @@ memory is allocated. The programs are the project's own functions, built as the 
 | logprob | `batch.make_logprob_fn` (pi_old, pi_ref) | the whole batch |
 | prefill | `Decoder.prefill` of the prompts, sampling layout | P prompts x S |
 | decode | one `Decoder.decode_step`, sampling layout | P G rows, a cache of S + N slots |
-
-A recipe with a value model (a critic, e.g. VAPO's) adds its programs to `build`: its
-update and its value pass, lowered the same way from the critic's graphdef and state.
-No recipe has one yet.
+| critic_train | the critic's `steps.make_update_step` (``critic.enabled``) | one minibatch |
+| values | `critic.make_value_fn`, the critic's values (``critic.enabled``) | the whole batch |
 """
 
 import dataclasses
@@ -30,7 +28,7 @@ from grpo_jax import models, objectives, parallel, paths, rewards, sampling
 from grpo_jax.models import sharding as sharding_lib
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import optimizer as optimizer_lib
-from grpo_jax.training import rl, rollout as rollout_lib, steps
+from grpo_jax.training import critic as critic_lib, rl, rollout as rollout_lib, steps
 
 
 @dataclasses.dataclass
@@ -116,6 +114,8 @@ def batch_rows(config, cfg, mesh, prompt_len):
     }
     if config.objective.kl.beta > 0:
         shapes["ref_logp"] = ((b, n), jnp.float32)
+    if config.critic.enabled:   # the critic's values and its regression targets
+        shapes["values"] = shapes["returns"] = ((b, n), jnp.float32)
     rows = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
     objective = policy_objective(config)
     rows["advantages"] = jax.eval_shape(objective.advantages, rows)
@@ -163,7 +163,8 @@ def build(config, mesh, *, prompt_len):
       prompt_len: S, the prompt bucket (the completion buffer N is rollout.max_new_tokens).
 
     Returns:
-      A list of `Program`s: train, logprob, prefill, decode.
+      A list of `Program`s: train, logprob, prefill, decode (and critic_train, values
+      with ``critic.enabled``).
     """
     rl.check_config(config, mesh)
     cfg = model_config(config)
@@ -182,6 +183,9 @@ def build(config, mesh, *, prompt_len):
     temperature = config.rollout.temperature
     copies = (config.objective.kl.beta > 0) + config.rollout.policy_lag   # pi_ref, lagged policies
     params_bytes, opt_bytes = device_bytes(params), device_bytes(opt_state)
+    pieces = config.train.minibatches * config.train.micro_batches
+    critic, critic_bytes = _critic_programs(config, mesh, cfg, rows, index, pieces,
+                                            held=params_bytes + opt_bytes + copies * params_bytes)
 
     shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
     update = steps.make_update_step(
@@ -189,22 +193,59 @@ def build(config, mesh, *, prompt_len):
         param_shardings=shardings(params), opt_shardings=shardings(opt_state),
         micro_batches=config.train.micro_batches, sft_weight=config.train.sft_weight)
     supervised = sft_rows(config, mesh, prompt_len) if config.train.sft_weight else ()
-    pieces = config.train.minibatches * config.train.micro_batches
     logprob = batch_lib.make_logprob_fn(graphdef, mesh, temperature=temperature, num_pieces=pieces)
     n, s = config.rollout.max_new_tokens, prompt_len
     seq = f"S={s}+N={n}"
     with jax.set_mesh(mesh):
         programs = [
             Program("train", update.lower(params, opt_state, rows, index, *supervised),
-                    copies * params_bytes,
+                    copies * params_bytes + critic_bytes,
                     f"{minibatch} rows x {seq} in {config.train.micro_batches} micro-batch(es)"),
-            Program("logprob", logprob.lower(params, rows), opt_bytes + copies * params_bytes,
+            Program("logprob", logprob.lower(params, rows),
+                    opt_bytes + copies * params_bytes + critic_bytes,
                     f"{b} rows x {seq} in {pieces} piece(s)"),
         ]
         programs += _sampler_programs(config, mesh, cfg, params, prompt_len,
                                       held=params_bytes + opt_bytes + copies * params_bytes
-                                      + device_bytes(rows))
-    return programs
+                                      + critic_bytes + device_bytes(rows))
+    return programs + critic
+
+
+def _critic_programs(config, mesh, cfg, rows, index, pieces, *, held):
+    """The critic's update and value pass (``critic.enabled``: PPO, VAPO), built as
+    `rl.train` builds them; `held` is the policy's state, in memory meanwhile. Returns
+    `[]` without a critic. The critic is the policy's network with a scalar head
+    (`models.ValueModel`), its weights sharded by ``model.rules``, its own optimizer.
+
+    Returns:
+      `(programs, bytes)`: the two `Program`s, and the per-device bytes of the critic's
+      weights and optimizer state (held while the policy's programs run); `([], 0)`
+      without a critic.
+    """
+    if not config.critic.enabled:
+        return [], 0
+    graphdef, state = models.abstract_value_model(cfg)
+    params = _params(state, mesh, config.model.rules)
+    updates = ((config.critic.pretrain_steps + config.train.steps) * config.train.epochs
+               * config.train.minibatches)
+    tx = optimizer_lib.make_optimizer(config.critic.optimizer, updates)
+    opt_state = abstract(jax.eval_shape(tx.init, params),
+                         steps.optimizer_state_shardings(tx, params, mesh))
+    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+    update = steps.make_update_step(
+        graphdef, tx, critic_lib.make_loss(config.critic.value_clip), batch_lib.token_counts,
+        mesh=mesh, param_shardings=shardings(params), opt_shardings=shardings(opt_state),
+        micro_batches=config.train.micro_batches)
+    values = critic_lib.make_value_fn(graphdef, mesh, num_pieces=pieces)
+    b, seq = rows["mask"].shape[0], f"S={rows['prompt_tokens'].shape[1]}+N={rows['mask'].shape[1]}"
+    with jax.set_mesh(mesh):
+        programs = [
+            Program("critic_train", update.lower(params, opt_state, rows, index), held,
+                    f"{index.shape[0]} rows x {seq} in {config.train.micro_batches} micro-batch(es)"),
+            Program("values", values.lower(params, rows), held + device_bytes(opt_state),
+                    f"{b} rows x {seq} in {pieces} piece(s)"),
+        ]
+    return programs, device_bytes(params) + device_bytes(opt_state)
 
 
 def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held):

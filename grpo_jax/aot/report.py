@@ -55,7 +55,7 @@ def needed_bytes(message):
         return int(_bytes(match.group("temps")))
     return int(_bytes(match.group("capacity")) + _bytes(match.group("over")))
 
-PROGRAMS = ("train", "logprob", "prefill", "decode")
+PROGRAMS = ("train", "logprob", "prefill", "decode", "critic_train", "values")
 
 
 @dataclasses.dataclass
@@ -134,7 +134,7 @@ def advice(result, hbm, config):
     over = result.total - hbm
     head = f"{result.name} needs {_gib(result.total)} per device, {_gib(over)} over the {_gib(hbm)} HBM: "
     rules, tensor = config.model.rules, dict(parallel.parse_mesh(config.mesh)).get("tensor", 1)
-    if result.name == "train":
+    if result.name in ("train", "critic_train"):
         tips = []
         if config.model.remat in (False, "off"):
             tips.append("model.remat='full' (keeps one [rows, S, D] per layer)")
@@ -144,16 +144,16 @@ def advice(result, hbm, config):
                         "or model.rules='fsdp_tp' with a tensor axis)")
         if config.model.attention != "splash":
             tips.append("model.attention='splash' (no [S, S] scores)")
-    elif result.name == "logprob":
+    elif result.name in ("logprob", "values"):
         tips = [f"more train.minibatches x train.micro_batches (the pass runs in that many pieces, "
                 f"now {config.train.minibatches * config.train.micro_batches})"]
     else:
         tips = [f"fewer rollout.prompts_per_batch (now {config.rollout.prompts_per_batch}) or a "
                 f"shorter rollout.max_new_tokens (the KV cache), or rollout.rules with a larger "
                 f"tensor axis (now {tensor}) so each chip holds less of the weights"]
-    if result.held > over and result.name != "train":
+    if result.held > over and result.name not in ("train", "critic_train"):
         tips.append(f"{_gib(result.held)} of it is the run's state held meanwhile (weights in "
-                    f"the {rules!r} layout, optimizer state, pi_ref): more chips on the fsdp axis")
+                    f"the {rules!r} layout, optimizer state, pi_ref, a critic): more chips on the fsdp axis")
     return head + "; ".join(tips)
 
 

@@ -21,6 +21,7 @@ from grpo_jax.data.gsm8k import Gsm8k
 from grpo_jax.data.loader import BUILDERS
 from grpo_jax.data.loader import builder_config
 from grpo_jax.data.loader import data_source
+from grpo_jax.data.loader import is_prepared
 from grpo_jax.data.loader import make_loader
 from grpo_jax.data.loader import shard_bounds
 from grpo_jax.data.math500 import Math500

@@ -13,6 +13,12 @@ Each column reads ``digit + digit + carry_in = column_sum`` (``-`` and ``borrow_
 for subtraction); the result digit is the column sum mod 10 and the carry (borrow)
 out is whether it left 0..9. Without the scratchpad the solution is ``#### 734``.
 
+With ``extra_columns = k`` each addition or subtraction solution works 0..k (uniformly
+drawn) more columns past the operands' digits, on zeros: ``478+256`` ->
+``8+6+0=14 7+5+1=13 4+2+1=7 0+0+0=0 #### 734``. Same answer, more tokens: a policy
+trained on such targets can change the length of its answers without changing their
+correctness, which is what length claims need to be measurable.
+
 SFT targets from an imperfect teacher: with probability ``teacher_fraction`` an
 example's ``solution`` is written by a teacher that drops each carry (or borrow) with
 probability ``forget_carry_p``; its scratchpad and final answer then agree with each
@@ -54,8 +60,8 @@ def problem_key(a: int, op: str, b: int) -> str:
     return f"{a}{op}{b}"
 
 
-def column_steps(a: int, b: int, op: str,
-                 forget: Callable[[], bool]) -> tuple[list[str], int]:
+def column_steps(a: int, b: int, op: str, forget: Callable[[], bool], *,
+                 extra_columns: int = 0) -> tuple[list[str], int]:
     """Column-by-column addition or subtraction, least significant digit first.
 
     Args:
@@ -63,12 +69,14 @@ def column_steps(a: int, b: int, op: str,
       op: ``"+"`` or ``"-"``.
       forget: called once per carry (borrow) produced; when it returns True the carry
         is dropped, which is how the imperfect teacher errs.
+      extra_columns: columns worked past the operands' digits (on zeros; the first one
+        takes a final carry).
 
     Returns:
       The scratchpad steps (``"8+6+0=14"``) and the result they add up to.
     """
     sign = 1 if op == "+" else -1
-    width = max(len(str(a)), len(str(b)))
+    width = max(len(str(a)), len(str(b))) + extra_columns
     steps, digits, carry = [], [], 0
     for i in range(width):
         da, db = a // 10**i % 10, b // 10**i % 10
@@ -90,30 +98,31 @@ def product_steps(a: int, b: int) -> tuple[list[str], int]:
     return steps, a * b
 
 
-def solve(a: int, op: str, b: int, *, scratchpad: bool,
-          forget: Callable[[], bool]) -> tuple[str, int]:
+def solve(a: int, op: str, b: int, *, scratchpad: bool, forget: Callable[[], bool],
+          extra_columns: int = 0) -> tuple[str, int]:
     """The SFT target for ``a op b`` and the result it states.
 
-    ``forget`` drops carries as in ``column_steps``; pass ``lambda: False`` for the
-    correct target.
+    ``forget`` drops carries and ``extra_columns`` adds columns as in ``column_steps``
+    (multiplication has neither); pass ``lambda: False`` for the correct target.
     """
     if op == "*":
         steps, result = product_steps(a, b)
     else:
-        steps, result = column_steps(a, b, op, forget)
+        steps, result = column_steps(a, b, op, forget, extra_columns=extra_columns)
     final = prompts.render_answer("arithmetic", str(result))
     return (" ".join(steps + [final]) if scratchpad else final), result
 
 
-def make_example(a: int, op: str, b: int, *, scratchpad: bool,
-                 forget: Callable[[], bool], verdict: bool = False) -> dict[str, Any]:
+def make_example(a: int, op: str, b: int, *, scratchpad: bool, forget: Callable[[], bool],
+                 verdict: bool = False, extra_columns: int = 0) -> dict[str, Any]:
     """One arithmetic example; ``answer`` is exact, ``solution`` comes from ``solve``.
 
     With ``verdict``, the solution ends with the teacher's honest judgement of its own
     result, ``<verify>correct</verify>`` or ``<verify>incorrect</verify>`` (the
     self-verification format of ``grpo_jax.rewards``' ``self_verify``).
     """
-    solution, result = solve(a, op, b, scratchpad=scratchpad, forget=forget)
+    solution, result = solve(a, op, b, scratchpad=scratchpad, forget=forget,
+                             extra_columns=extra_columns)
     exact = {"+": a + b, "-": a - b, "*": a * b}[op]
     if verdict:
         solution += f" <verify>{'correct' if result == exact else 'incorrect'}</verify>"
@@ -135,6 +144,8 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
       verdicts: end every solution with the teacher's honest verdict on its own result
         (``<verify>correct</verify>`` or ``<verify>incorrect</verify>``), so a warm start
         learns the self-verification format.
+      extra_columns: each addition or subtraction solution works 0..extra_columns
+        (uniformly drawn per example) more columns, on zeros: longer answers, same result.
     """
 
     PREFIX: ClassVar[str] = "arithmetic"
@@ -145,11 +156,14 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
     teacher_fraction: float = 0.0
     forget_carry_p: float = 1.0
     verdicts: bool = False
+    extra_columns: int = 0
 
     def __post_init__(self):
         self.ops = tuple(self.ops)
         if self.digits < 1:
             raise ValueError(f"arithmetic.digits must be >= 1, got {self.digits}")
+        if self.extra_columns < 0:
+            raise ValueError(f"arithmetic.extra_columns must be >= 0, got {self.extra_columns}")
         if not self.ops or not set(self.ops) <= set(OPS):
             raise ValueError(f"arithmetic.ops must be a non-empty subset of {OPS}, got {self.ops}")
         for field in ("teacher_fraction", "forget_carry_p"):
@@ -164,9 +178,11 @@ def generate(config: ArithmeticConfig) -> Iterator[dict[str, Any]]:
         rng = np.random.default_rng([config.seed, index])
         a, op, b = sample_problem(rng, digits=config.digits, ops=config.ops)
         noisy = rng.random() < config.teacher_fraction
+        # Drawn only when asked for, so the streams without extra columns stay as they were.
+        extra = int(rng.integers(config.extra_columns + 1)) if config.extra_columns else 0
         forget = functools.partial(_coin, rng, config.forget_carry_p if noisy else 0.0)
         yield make_example(a, op, b, scratchpad=config.scratchpad, forget=forget,
-                           verdict=config.verdicts)
+                           verdict=config.verdicts, extra_columns=extra)
 
 
 def _coin(rng: np.random.Generator, p: float) -> bool:

@@ -81,10 +81,7 @@ def data_source(name: str, *, split: str, data_dir: str,
       A random-access sequence of raw records (decode them with ``decode_example``;
       ``make_loader`` does).
     """
-    if name not in BUILDERS:
-        raise ValueError(f"data name must be one of {sorted(BUILDERS)}, got {name!r}")
-    builder = tfds.builder(name, data_dir=data_dir, config=config,
-                           file_format=tfds.core.FileFormat.ARRAY_RECORD)
+    builder = _builder(name, data_dir=data_dir, config=config)
     if not builder.is_prepared():
         if not prepare:
             raise FileNotFoundError(
@@ -93,6 +90,19 @@ def data_source(name: str, *, split: str, data_dir: str,
         builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
             manual_dir=manual_dir, try_download_gcs=False))
     return builder.as_data_source(split=split)
+
+
+def is_prepared(name: str, *, data_dir: str,
+                config: tfds.core.BuilderConfig | str | None = None) -> bool:
+    """Whether ``data_dir`` holds dataset `name` (built with `config`) ready to open."""
+    return _builder(name, data_dir=data_dir, config=config).is_prepared()
+
+
+def _builder(name, *, data_dir, config):
+    if name not in BUILDERS:
+        raise ValueError(f"data name must be one of {sorted(BUILDERS)}, got {name!r}")
+    return tfds.builder(name, data_dir=data_dir, config=config,
+                        file_format=tfds.core.FileFormat.ARRAY_RECORD)
 
 
 def make_loader(

@@ -4,6 +4,7 @@
     logits = model(tokens, attention_mask=mask)            # [B, S, V] float32
     logp = model.token_logprobs(tokens, targets)            # [B, S], chunked over V
     save_pretrained(model, "/out/policy", tokenizer=tokenizer)
+    critic = value_model_from(model, mesh=mesh)             # PPO's value model, V(s_t): [B, S]
 """
 
 from grpo_jax.models.config import ATTENTION_IMPLS
@@ -30,3 +31,8 @@ from grpo_jax.models.sharding import RULE_SETS
 from grpo_jax.models.sharding import logical_to_spec
 from grpo_jax.models.sharding import state_shardings
 from grpo_jax.models.support_logprobs import support_token_logprobs
+from grpo_jax.models.value import ValueModel
+from grpo_jax.models.value import abstract_value_model
+from grpo_jax.models.value import load_value_model
+from grpo_jax.models.value import save_value_model
+from grpo_jax.models.value import value_model_from

@@ -218,18 +218,33 @@ def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dty
     """
     cfg = load_config(path, dtype=dtype, param_dtype=param_dtype, **overrides)
     graphdef, state = decoder.abstract_model(cfg)
+    loaded = read_weights(path, state, weight_map(cfg), mesh=mesh, rules=rules,
+                          param_dtype=param_dtype)
+    model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
+    return model, load_tokenizer(path)
+
+
+def read_weights(path, state, entries, *, mesh, rules, param_dtype, expected_unused=()):
+    """``{parameter path: variable}`` of each of `entries`, read from the checkpoint at `path`
+    into its sharding (one tensor at a time on the host).
+
+    Args:
+      state: the abstract `nnx.State` the entries' paths point into.
+      entries: `WeightMap`s (`weight_map`, or a model's own table built on it).
+      expected_unused: checkpoint tensors known to be unused (not warned about).
+    """
     flat = dict(nnx.to_flat_state(state))
     tensors = _open_checkpoint(path)
     loaded = {}
-    for entry in weight_map(cfg):
+    for entry in entries:
         variable = flat[entry.path]
         read = _reader(entry, tensors, variable.get_value().shape, np.dtype(param_dtype))
         loaded[entry.path] = decoder.place(read, variable, entry.path, mesh, rules)
-    unused = sorted(set(tensors) - {n for e in weight_map(cfg) for n in e.hf_names})
+    used = {n for e in entries for n in e.hf_names} | set(expected_unused)
+    unused = sorted(set(tensors) - used)
     if unused:
         logging.warning("%s: ignoring %d tensors the model does not use: %s", path, len(unused), unused[:5])
-    model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
-    return model, load_tokenizer(path)
+    return loaded
 
 
 def load_tokenizer(path):
@@ -239,10 +254,10 @@ def load_tokenizer(path):
     return transformers.AutoTokenizer.from_pretrained(path)
 
 
-def _shard_plan(cfg, flat, itemsize, max_shard_bytes):
+def _shard_plan(entries, flat, itemsize, max_shard_bytes):
     """{tensor name: shard number}, filling each shard up to `max_shard_bytes` in table order."""
     plan, shard, size = {}, 0, 0
-    for entry in weight_map(cfg):
+    for entry in entries:
         shape = flat[entry.path].get_value().shape
         nbytes = math.prod(shape) * itemsize // len(entry.hf_names)
         for name in entry.hf_names:
@@ -257,11 +272,12 @@ def _host_tensors(value, entry):
     """`(hf name, host array)` of each tensor `entry` covers, in hf_names order. Every
     process joins the gathers (one per stacked layer for a scanned stack, so the host
     holds one layer's experts at most, not the stack)."""
-    per_layer = value if entry.path[0] == "stacks" else [value]
+    scanned = "stacks" in entry.path   # a scanned stack (of a decoder, or a critic's trunk)
+    per_layer = value if scanned else [value]
     names = iter(entry.hf_names)
     for chunk in per_layer:
         array = np.asarray(multihost_utils.process_allgather(chunk, tiled=True))
-        n_lead = entry.n_stacked - (entry.path[0] == "stacks")
+        n_lead = entry.n_stacked - scanned
         for part in array.reshape(-1, *array.shape[n_lead:]):
             yield next(names), part
 
@@ -282,9 +298,19 @@ def save_pretrained(model, path, *, tokenizer=None, dtype=None, max_shard_bytes=
     """
     cfg = model.cfg
     dtype = np.dtype(dtype or cfg.param_dtype)
+    hf_config = config_lib.to_hf_config(dataclasses.replace(cfg, param_dtype=dtype.name))
+    write_weights(nnx.state(model), weight_map(cfg), hf_config, path, tokenizer=tokenizer,
+                  dtype=dtype, max_shard_bytes=max_shard_bytes)
+
+
+def write_weights(state, entries, hf_config, path, *, tokenizer=None, dtype,
+                  max_shard_bytes=5 * 2**30):
+    """Writes `hf_config` and the tensors of `entries` (read from the `nnx.State` `state`)
+    as safetensors shards in `path`, and the tokenizer if given; see `save_pretrained`."""
+    dtype = np.dtype(dtype)
     writer = jax.process_index() == 0
-    flat = dict(nnx.to_flat_state(nnx.state(model)))
-    plan = _shard_plan(cfg, flat, dtype.itemsize, max_shard_bytes)
+    flat = dict(nnx.to_flat_state(state))
+    plan = _shard_plan(entries, flat, dtype.itemsize, max_shard_bytes)
     n_shards = max(plan.values()) + 1
     file_names = [
         SINGLE_FILE if n_shards == 1 else f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
@@ -292,9 +318,9 @@ def save_pretrained(model, path, *, tokenizer=None, dtype=None, max_shard_bytes=
     ]
     if writer:
         os.makedirs(path, exist_ok=True)
-        config_lib.to_hf_config(dataclasses.replace(cfg, param_dtype=dtype.name)).save_pretrained(path)
+        hf_config.save_pretrained(path)
     current, shard = {}, 0
-    for entry in weight_map(cfg):
+    for entry in entries:
         for name, part in _host_tensors(flat[entry.path].get_value(), entry):
             if plan[name] != shard:
                 if writer:
@@ -310,7 +336,7 @@ def save_pretrained(model, path, *, tokenizer=None, dtype=None, max_shard_bytes=
     if n_shards > 1:
         index = {
             "metadata": {"total_size": sum(
-                math.prod(v.get_value().shape) * dtype.itemsize for v in flat.values()
+                math.prod(flat[e.path].get_value().shape) * dtype.itemsize for e in entries
             )},
             "weight_map": {name: file_names[i] for name, i in plan.items()},
         }

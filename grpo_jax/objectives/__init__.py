@@ -1,4 +1,4 @@
-"""GRPO-family objectives: pure functions of arrays, importable into any JAX model.
+"""GRPO-family and PPO objectives: pure functions of arrays, importable into any JAX model.
 
 Nothing here sees a model, a config object or an RNG, except the composer
 (`policy_objective`), which reads an ml_collections section once and returns a pure
@@ -10,6 +10,7 @@ from grpo_jax.objectives._advantages import gdpo_advantages
 from grpo_jax.objectives._advantages import group_advantages
 from grpo_jax.objectives._advantages import length_adaptive_lambda
 from grpo_jax.objectives._advantages import masked_whiten
+from grpo_jax.objectives._advantages import outcome_token_rewards
 from grpo_jax.objectives._advantages import reinforce_pp_advantages
 from grpo_jax.objectives._advantages import rloo_advantages
 from grpo_jax.objectives._aggregation import AGGREGATION_MODES
@@ -36,3 +37,5 @@ from grpo_jax.objectives._shaping import importance_weights
 from grpo_jax.objectives._shaping import offpolicy_sequence_mask
 from grpo_jax.objectives._shaping import overlong_penalty
 from grpo_jax.objectives._shaping import truncated_mask
+from grpo_jax.objectives._value import explained_variance
+from grpo_jax.objectives._value import value_loss

@@ -133,11 +133,33 @@ def masked_whiten(x, mask, *, shift_mean=True, eps=1e-8):
     return jnp.where(valid, whitened, 0.0)
 
 
-def _last_valid_onehot(mask):
-    """`[B, T]` 1.0 at the last valid token of each row (all 0 for an empty row)."""
+def outcome_token_rewards(rewards, mask):
+    r"""Places each completion's scalar reward on its last valid token.
+
+    An outcome reward scores the whole answer: as a per-token reward sequence it is 0
+    everywhere except at the last token the mask keeps (the stop token, or the last
+    token of a truncated answer), the form GAE and discounted returns take.
+
+    Args:
+      rewards: `[B]` scalar reward per completion.
+      mask: `[B, T]` response mask.
+
+    Returns:
+      `[B, T]` float32; a fully masked row is all 0.
+
+    Example:
+      >>> outcome_token_rewards(jnp.array([1., -1]), jnp.array([[1, 1, 0], [1, 0, 0]]))
+      Array([[ 0.,  1.,  0.],
+             [-1.,  0.,  0.]], dtype=float32)
+
+    References:
+      Ouyang et al., Training language models to follow instructions with human
+      feedback (InstructGPT, 2022), sec. 3.5: the reward at the end of the episode.
+    """
     positions = jnp.arange(mask.shape[1])
     last = jnp.max(jnp.where(mask.astype(bool), positions, -1), axis=1)
-    return (positions[None, :] == last[:, None]).astype(jnp.float32)
+    at_last = positions[None, :] == last[:, None]
+    return jnp.where(at_last, rewards.astype(jnp.float32)[:, None], 0.0)
 
 
 def _discounted_returns(token_rewards, mask, gamma):
@@ -188,7 +210,7 @@ def reinforce_pp_advantages(rewards, mask, *, gamma=1.0, group_size=None,
     if group_size is not None:
         grouped = _grouped(rewards, group_size)
         rewards = (grouped - jnp.mean(grouped, axis=1, keepdims=True)).reshape(-1)
-    per_token = _last_valid_onehot(mask) * rewards[:, None]
+    per_token = outcome_token_rewards(rewards, mask)
     if token_rewards is not None:
         per_token = per_token + jnp.where(mask.astype(bool), token_rewards, 0.0)
     return masked_whiten(_discounted_returns(per_token, mask, gamma), mask, eps=eps)

@@ -36,3 +36,9 @@ def check_group_size(group_size, num_rows, *, minimum=1):
             f"group_size={group_size} does not divide the batch of {num_rows} rows; "
             "rows are P prompts x G completions laid out consecutively, so the batch "
             "must hold whole groups")
+
+
+def check_unit_interval(name, value):
+    """Raises ValueError unless the Python number `value` is in [0, 1]."""
+    if isinstance(value, numbers.Real) and not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")

@@ -19,6 +19,8 @@ The batch is a dict of arrays (B = P * G rows, T response tokens):
   ``rewards``           [B]/[B,K] to compute advantages inside the call ([B, K] for
                                   gdpo, one column per reward)
   ``ref_logp``          [B, T]    kl.beta > 0 (a loss term, or kl.in_reward)
+  ``values``            [B, T]    advantage.estimator == "gae": the critic's V(s_t)
+  ``correct``           [B]       positive_nll_weight > 0 (which answers are right)
   ``entropy``           [B, T]    entropy_coef != 0 (computed inside the
                                   differentiated function, `entropy_from_logits`);
                                   reported as a metric whenever present
@@ -28,6 +30,8 @@ The batch is a dict of arrays (B = P * G rows, T response tokens):
   ``truncated``         [B]       overlong.mode == "mask"
   ``num_tokens``        scalar    optional: GLOBAL count of `loss_mask` tokens
   ``num_seqs``          scalar    optional: GLOBAL count of real rows
+  ``num_positive_       scalar    optional: GLOBAL count of `loss_mask` tokens of
+  tokens``                        correct answers (positive_nll_weight > 0)
   ====================  ========  ===================================================
 
 Global counts (micro-batching, sharding): ``num_tokens`` is ``loss_mask(batch).sum()``
@@ -42,6 +46,7 @@ Metrics, each a scalar:
   name                   what it is                                       averaged
   =====================  ===============================================  ================
   ``loss``               the loss minimised: policy + beta KL - entropy   aggregation mode
+                         (+ mu positive_nll)
   ``policy_loss``        the policy term alone, after importance weights  aggregation mode
                          and the off-policy mask
   ``kl_ref``             the KL-to-reference estimate (kl.kind) of        aggregation mode
@@ -62,6 +67,9 @@ Metrics, each a scalar:
   ``entropy``            the token entropy (batch has ``entropy``)        token mean
   ``offpolicy_masked``   share of rows the off-policy sequence mask       sum / num_seqs
                          drops (offpolicy_mask.enabled)
+  ``positive_nll``       VAPO's positive-example LM loss: the NLL of the  token mean over
+                         correct answers' tokens, before its weight mu    correct answers
+                         (positive_nll_weight > 0)
   =====================  ===============================================  ================
 
 "Token mean" is the sum over `loss_mask` tokens / num_tokens, "sum / num_seqs" the count
@@ -76,8 +84,10 @@ from typing import Any, Callable
 import jax.numpy as jnp
 
 from grpo_jax.objectives import _checks
-from grpo_jax.objectives._advantages import (gdpo_advantages, group_advantages,
-                                             reinforce_pp_advantages, rloo_advantages)
+from grpo_jax.objectives._advantages import (gae, gdpo_advantages, group_advantages,
+                                             length_adaptive_lambda, masked_whiten,
+                                             outcome_token_rewards, reinforce_pp_advantages,
+                                             rloo_advantages)
 from grpo_jax.objectives._aggregation import AGGREGATION_MODES, aggregate
 from grpo_jax.objectives._kl import KL_KINDS, kl_penalty
 from grpo_jax.objectives._policy_losses import (cispo_loss, gspo_loss, pg_loss, ppo_clip_loss,
@@ -125,11 +135,33 @@ def _gdpo(cfg, batch, rewards, reward_weights):
     return gdpo_advantages(rewards, cfg.group_size, weights=weights, eps=cfg.advantage.eps)
 
 
+def _policy_lambda(cfg, mask):
+    """The policy's GAE lambda: ``advantage.lam``, or with ``advantage.lam_alpha > 0``
+    VAPO's length-adaptive `[B]` lambda 1 - 1 / (alpha * length) (eq. 7)."""
+    if cfg.advantage.lam_alpha > 0:
+        return length_adaptive_lambda(jnp.sum(mask, axis=1), alpha=cfg.advantage.lam_alpha)
+    return cfg.advantage.lam
+
+
+def _gae(cfg, batch, rewards, reward_weights):
+    """PPO's advantages from the critic's values: GAE over the outcome reward (on the
+    last token), with the policy's lambda, whitened over the batch's tokens if asked."""
+    if rewards.ndim != 1:
+        raise ValueError(f"objective.advantage.estimator='gae' takes one reward per answer, got "
+                         f"rewards of shape {rewards.shape}; sum the reward columns (not gdpo)")
+    mask = batch["mask"]
+    values = _require(batch, "values", "advantage.estimator='gae'")
+    advantages, _ = gae(outcome_token_rewards(rewards, mask), values, mask,
+                        gamma=cfg.advantage.gamma, lam=_policy_lambda(cfg, mask))
+    return masked_whiten(advantages, mask) if cfg.advantage.whiten else advantages
+
+
 ADVANTAGE_ESTIMATORS = {
     "group": _group,
     "rloo": _rloo,
     "reinforce_pp": _reinforce_pp,
     "gdpo": _gdpo,
+    "gae": _gae,
 }
 
 # --- Policy losses: name -> (function, the loss-config fields passed as keywords).
@@ -182,6 +214,10 @@ def validate_objective_config(cfg):
         _checks.check_greater("objective.loss.dual_clip", cfg.loss.dual_clip, 1.0)
     _checks.check_nonnegative("objective.kl.beta", cfg.kl.beta)
     _checks.check_nonnegative("objective.offpolicy_mask.delta", cfg.offpolicy_mask.delta)
+    _checks.check_nonnegative("objective.positive_nll_weight", cfg.positive_nll_weight)
+    _checks.check_unit_interval("objective.advantage.gamma", cfg.advantage.gamma)
+    _checks.check_unit_interval("objective.advantage.lam", cfg.advantage.lam)
+    _checks.check_nonnegative("objective.advantage.lam_alpha", cfg.advantage.lam_alpha)
     if cfg.advantage.estimator == "rloo" and cfg.group_size < 2:
         raise ValueError(f"objective.group_size must be >= 2 for rloo, got {cfg.group_size}")
     if cfg.kl.in_reward and cfg.advantage.estimator != "reinforce_pp":
@@ -293,6 +329,12 @@ class PolicyObjective:
         if cfg.entropy_coef != 0:
             total = total - cfg.entropy_coef * _require(batch, "entropy", "entropy_coef != 0")
         loss = reduce(total)
+        if cfg.positive_nll_weight > 0:   # VAPO: imitate the batch's correct answers
+            positive = mask * _require(batch, "correct", "positive_nll_weight > 0")[:, None]
+            nll = aggregate(-logp, positive, mode="token-mean",
+                            num_tokens=batch.get("num_positive_tokens"))
+            metrics["positive_nll"] = nll
+            loss = loss + cfg.positive_nll_weight * nll
         metrics["loss"] = loss
         return loss, metrics
 

@@ -22,6 +22,7 @@ time, main thread), and the `GraderPool` still kills a worker stuck in C.
 """
 
 import functools
+import logging
 
 import math_verify
 
@@ -34,6 +35,11 @@ from grpo_jax.rewards._registry import register
 # Python refuses str -> int past 4300 digits (sys.get_int_max_str_digits), so sympy
 # cannot read a longer integer; stay below it.
 LONGEST_SYMBOLIC_INTEGER = 4000
+
+# math-verify warns once per process that its timeouts are off; they are off on purpose
+# (see above), and every grader process would print the warning into the training log.
+for _module in ("math_verify.grader", "math_verify.parser"):
+    logging.getLogger(_module).setLevel(logging.ERROR)
 
 
 def _parse(answer: str) -> list:

@@ -115,8 +115,11 @@ class TopK:
     def cut(self, q_bv):
         """The k-th largest probability; the `max_k` most likely tokens as candidates."""
         top_bk, ids_bk = jax.lax.top_k(q_bv, min(self.max_k, q_bv.shape[-1]))
-        k = jnp.clip(self.k, 1, top_bk.shape[-1])
-        return jnp.take(top_bk, k - 1, axis=-1), ids_bk
+        # The smallest of the first k, as a reduction over all max_k: a constant k would
+        # turn an indexed read into a slice, and XLA:CPU sorts the whole row for a top-k
+        # whose values are sliced.
+        first_k_bk = jnp.arange(top_bk.shape[-1]) < self.k
+        return jnp.min(jnp.where(first_k_bk, top_bk, jnp.inf), axis=-1), ids_bk
 
 
 @struct.dataclass

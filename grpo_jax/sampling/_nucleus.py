@@ -86,14 +86,14 @@ def nucleus_floor(q_bv, p, max_candidates):
     k = min(max_candidates, v)
     top_bk, ids_bk = jax.lax.top_k(q_bv, k)
     mass_before_bk = jnp.cumsum(top_bk, axis=-1) - top_bk
-    kept_b = jnp.sum(mass_before_bk < p, axis=-1)  # >= 1: mass_before is 0 at the top
-    fits_b = kept_b < k  # the K-th candidate is cut, so the floor is a candidate
-    floor_b = jnp.take_along_axis(top_bk, kept_b[:, None] - 1, axis=-1)[:, 0]
+    kept_bk = mass_before_bk < p  # a prefix, never empty: mass_before is 0 at the top
+    fits_b = ~kept_bk[:, -1]  # the K-th candidate is cut, so the floor is a candidate
+    floor_b = jnp.min(jnp.where(kept_bk, top_bk, jnp.inf), axis=-1)
     # Below (1 - p) / V, the tokens at or under t hold less than 1 - p: the mass above t
     # is more than p (the factor e covers float32 rounding of the total).
     bound = (1.0 - p) / (np.e * v)
     lo_b = jnp.where(fits_b, _order_key(floor_b) - 1, _order_key(jnp.full((b,), bound, jnp.float32)))
     # The largest probability from the row, not `top_bk[:, 0]`: XLA:CPU rewrites top-k as
-    # a full sort when its values are sliced to other widths than k.
+    # a full sort when its values are sliced (reductions over all K are safe).
     hi_b = jnp.where(fits_b, _order_key(floor_b), _order_key(jnp.max(q_bv, axis=-1)))
     return _bisect_floor(q_bv, p, lo_b, hi_b), ids_bk

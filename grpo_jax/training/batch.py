@@ -8,6 +8,8 @@ Every function here takes and returns global arrays whose rows are split over th
 row axes (`parallel.row_axes`); nothing here moves data to the host.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -28,6 +30,15 @@ def _replayed_routing(rows):
     return jnp.transpose(experts, (2, 0, 1, 3))
 
 
+def model_inputs(rows):
+    """`(tokens, attention)`, both `[B, S+N-1]`, and `start`: what a forward pass over the
+    rows reads (every token but the last). Its output at column ``start + t`` belongs to
+    completion token t: it reads the prompt and the completion's tokens before t."""
+    tokens = jnp.concatenate([rows["prompt_tokens"], rows["tokens"]], axis=1)
+    attention = jnp.concatenate([rows["prompt_mask"], rows["mask"]], axis=1)
+    return tokens[:, :-1], attention[:, :-1], rows["prompt_tokens"].shape[1] - 1
+
+
 def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False):
     """`[B, N]` float32 log-probs of the completion tokens, from logits / temperature.
 
@@ -46,13 +57,10 @@ def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False):
     With `with_stats`, returns `(logp, entropy [B, N], aux_loss [])`: the entropy of the
     tempered (uncut) distribution and the MoE load-balancing loss (0 for dense models).
     """
-    tokens = jnp.concatenate([rows["prompt_tokens"], rows["tokens"]], axis=1)
-    attention = jnp.concatenate([rows["prompt_mask"], rows["mask"]], axis=1)
+    tokens, attention, start = model_inputs(rows)
     routing = _replayed_routing(rows) if "routing" in rows else None
-    hidden, aux_loss = model.hidden_states(tokens[:, :-1], attention_mask=attention[:, :-1],
-                                           routing=routing)
-    start = rows["prompt_tokens"].shape[1] - 1
-    hidden, targets = hidden[:, start:], tokens[:, start + 1:]
+    hidden, aux_loss = model.hidden_states(tokens, attention_mask=attention, routing=routing)
+    hidden, targets = hidden[:, start:], rows["tokens"]
     out = chunked_token_logprobs(hidden, model.unembedding(), targets, temperature=temperature,
                                  with_entropy=with_stats)
     if "support_ids" in rows:
@@ -104,15 +112,19 @@ def unpieces(x):
     return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
 
 
-def make_logprob_fn(graphdef, mesh, *, temperature, num_pieces):
-    """Jitted ``(params, rows) -> [B, N]`` completion log-probs, `B / num_pieces` rows at a time."""
+def make_rows_fn(graphdef, mesh, per_piece, *, num_pieces, keys=TOKEN_KEYS + RECORD_KEYS):
+    """Jitted ``(params, rows) -> [B, N]``: ``per_piece(model, piece)`` on `B / num_pieces`
+    rows at a time (the rows of an update's micro-batch: the same activation memory)."""
 
     def fn(params, rows):
         model = nnx.merge(graphdef, params)
-        split = pieces({k: rows[k] for k in TOKEN_KEYS + RECORD_KEYS if k in rows},
-                       num_pieces, mesh)
-        logp = jax.lax.map(lambda piece: completion_logprobs(model, piece, temperature=temperature),
-                           split)
-        return unpieces(logp)
+        split = pieces({k: rows[k] for k in keys if k in rows}, num_pieces, mesh)
+        return unpieces(jax.lax.map(lambda piece: per_piece(model, piece), split))
 
     return jax.jit(fn, out_shardings=parallel.row_sharding(mesh))
+
+
+def make_logprob_fn(graphdef, mesh, *, temperature, num_pieces):
+    """Jitted ``(params, rows) -> [B, N]`` completion log-probs, `B / num_pieces` rows at a time."""
+    per_piece = functools.partial(completion_logprobs, temperature=temperature)
+    return make_rows_fn(graphdef, mesh, per_piece, num_pieces=num_pieces)

@@ -103,6 +103,16 @@ def _free_space(directory):
     return f" ({_size(shutil.disk_usage(path).free)} free there now)"
 
 
+def complete_steps(directory):
+    """The steps with a complete checkpoint in `directory`, ascending, read from the file
+    names alone (no Checkpointer, nothing restored); [] when there is none."""
+    root = epath.Path(paths.resolve(directory))
+    if not root.exists():
+        return []
+    return sorted(int(path.name) for path in root.iterdir()
+                  if path.name.isdigit() and ocp.path.step.is_path_finalized(path))
+
+
 class Checkpointer:
     """Saves and restores ``(state_tree, meta_json)`` pairs under ``workdir/checkpoints``."""
 

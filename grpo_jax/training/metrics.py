@@ -28,6 +28,8 @@ CONSOLE = (
     ("groups_without_signal", "nosig", "{:.2f}"),
     ("gen_batches", "draws", "{:.0f}"),
     ("loss", "loss", "{:.4f}"),
+    ("value_loss", "vloss", "{:.4f}"),
+    ("explained_variance", "ev", "{:.2f}"),
     ("eval_accuracy", "EVAL", "{:.3f}"),
 )
 
@@ -53,7 +55,8 @@ def compile_seconds():
     return _compile_seconds[0]
 
 
-WATCHED = ("loss", "policy_loss", "grad_norm", "update_norm", "kl_ref", "kl_old")
+WATCHED = ("loss", "policy_loss", "grad_norm", "update_norm", "kl_ref", "kl_old", "value_loss",
+           "critic_grad_norm")
 
 
 def stop_if_not_finite(metrics, step, checkpointer):

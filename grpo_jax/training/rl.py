@@ -10,9 +10,16 @@ rows it scores (`rollout.draw`) and the metrics, nothing else. Each step makes
 second update on the policy is off the behaviour policy and the clip (or gate, or cap)
 of the recipe acts.
 
+With a critic (``critic.enabled``: PPO, VAPO), a value model gives every completion token
+its value, the policy's advantages are GAE over them, and the critic makes the same
+``epochs x minibatches`` updates toward its targets. VAPO's value pre-training is the
+first ``critic.pretrain_steps`` steps: rollouts of the frozen starting policy train only
+the critic, toward Monte-Carlo returns (lambda = 1); the ``train.steps`` RL steps follow.
+
 Re-running the same command resumes from the last checkpoint: parameters, optimizer
-state, step and every process's data position are restored, and the step's RNG is
-`fold_in(seed, step)`, so the resumed run continues exactly as an uninterrupted one would.
+state (the critic's too), step and every process's data position are restored, and the
+step's RNG is `fold_in(seed, step)`, so the resumed run continues exactly as an
+uninterrupted one would.
 """
 
 import functools
@@ -25,7 +32,8 @@ import numpy as np
 
 from grpo_jax import objectives, parallel, paths
 from grpo_jax.training import batch as batch_lib
-from grpo_jax.training import checkpoint, evaluation, metrics as metrics_lib, optimizer
+from grpo_jax.training import checkpoint, critic as critic_lib, evaluation
+from grpo_jax.training import metrics as metrics_lib, optimizer
 from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
 
@@ -81,6 +89,28 @@ def check_config(config, mesh):
     if config.filtering.short_batch not in rollout.SHORT_BATCH:
         raise ValueError(f"filtering.short_batch must be one of {rollout.SHORT_BATCH}, got "
                          f"{config.filtering.short_batch!r}")
+    check_critic_config(config)
+
+
+def check_critic_config(config):
+    """The critic and the "gae" estimator need each other; pre-training needs a critic."""
+    gae, enabled = config.objective.advantage.estimator == "gae", config.critic.enabled
+    if gae and not enabled:
+        raise ValueError("objective.advantage.estimator='gae' takes the critic's values; set "
+                         "critic.enabled=True (or choose a critic-free estimator)")
+    if enabled and not gae:
+        raise ValueError(f"critic.enabled trains a value model that objective.advantage.estimator="
+                         f"{config.objective.advantage.estimator!r} never reads; set the estimator "
+                         "to 'gae' or critic.enabled=False")
+    if config.critic.pretrain_steps < 0:
+        raise ValueError(f"critic.pretrain_steps must be >= 0, got {config.critic.pretrain_steps}")
+    if config.critic.pretrain_steps and not enabled:
+        raise ValueError("critic.pretrain_steps pre-trains a critic, but critic.enabled is False")
+    if not 0.0 <= config.critic.lam <= 1.0:
+        raise ValueError(f"critic.lam must be in [0, 1], got {config.critic.lam}")
+    if config.critic.value_clip is not None and config.critic.value_clip <= 0:
+        raise ValueError(f"critic.value_clip must be > 0 (None: no clip), got "
+                         f"{config.critic.value_clip}")
 
 
 def check_model(config, model_cfg):
@@ -109,11 +139,17 @@ def make_loss(objective, temperature):
 
 
 def make_counts(objective):
-    """A minibatch's global counts: the tokens the loss is normalised over, the real rows."""
+    """A minibatch's global counts: the tokens the loss is normalised over, the real rows
+    (and the tokens of correct answers, for VAPO's positive-example LM loss)."""
 
     def count_fn(minibatch):
-        return {"num_tokens": jnp.sum(objective.loss_mask(minibatch), dtype=jnp.float32),
-                "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
+        mask = objective.loss_mask(minibatch)
+        counts = {"num_tokens": jnp.sum(mask, dtype=jnp.float32),
+                  "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
+        if objective.config.positive_nll_weight > 0:
+            counts["num_positive_tokens"] = jnp.sum(mask * minibatch["correct"][:, None],
+                                                    dtype=jnp.float32)
+        return counts
 
     return count_fn
 
@@ -122,8 +158,9 @@ def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatch
                     sft_rows=None):
     """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
     fresh random order of its rows (drawn from `seed`, the same on every process);
-    returns (params, opt_state, mean metrics). With `sft_rows`, each update also takes
-    its share of them for the supervised term."""
+    returns (params, opt_state, metrics): the mean over the updates of each metric, and
+    ``grad_norm_std``, the standard deviation (ddof=0) of the updates' gradient norms.
+    With `sft_rows`, each update also takes its share of them for the supervised term."""
     rows = batch["mask"].shape[0]
     per_update = []
     for epoch in range(epochs):
@@ -136,21 +173,28 @@ def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatch
             params, opt_state, metrics = update(params, opt_state, batch, index, *extra)
             per_update.append(metrics)
     per_update = jax.device_get(per_update)
-    mean = {k: float(np.mean([m[k] for m in per_update])) for k in per_update[0]}
-    return params, opt_state, mean
+    metrics = {k: float(np.mean([m[k] for m in per_update])) for k in per_update[0]}
+    metrics["grad_norm_std"] = float(np.std([m["grad_norm"] for m in per_update]))
+    return params, opt_state, metrics
 
 
-def run_state(params, opt_state, lagged, ref_params, *, reference_moves):
+def run_state(params, opt_state, lagged, ref_params, *, reference_moves, critic=None):
     """What a checkpoint of the run holds: parameters, optimizer state, the lagged rollout
-    parameters, and the KL reference when it can differ from the starting policy."""
+    parameters, the KL reference when it can differ from the starting policy, and the
+    critic's parameters and optimizer state when there is one."""
     state = {"params": params, "opt_state": opt_state, "lagged": tuple(lagged)}
     if reference_moves:
         state["ref_params"] = ref_params
+    if critic is not None:
+        state["critic"] = {"params": critic.params, "opt_state": critic.opt_state}
     return state
 
 
-def train(config, workdir):
-    """Runs (or resumes) the RL loop in `workdir`; returns the last step."""
+def train(config, workdir, *, seconds=None):
+    """Runs (or resumes) the RL loop in `workdir`; returns the last step.
+
+    With `seconds`, the run also ends after the first step that finishes past that much
+    wall time (for comparisons at equal time): that step is saved and exported."""
     # --- set-up: mesh, data, policy, objective, optimizer, checkpoint --------------------
     workdir = paths.resolve_run_paths(config, workdir)
     mesh = parallel.setup_mesh(config)
@@ -170,8 +214,9 @@ def train(config, workdir):
     method = rollout.sampling_method(cfg)
     temperature = cfg.rollout.temperature
 
-    updates = cfg.train.steps * cfg.train.epochs * cfg.train.minibatches
-    tx = optimizer.make_optimizer(cfg.optimizer, updates)
+    total_steps = cfg.critic.pretrain_steps + cfg.train.steps   # value pre-training first
+    updates_per_step = cfg.train.epochs * cfg.train.minibatches
+    tx = optimizer.make_optimizer(cfg.optimizer, cfg.train.steps * updates_per_step)
     opt_state = steps.init_optimizer_state(tx, policy.params, mesh)
     shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
     update = steps.make_update_step(
@@ -186,22 +231,40 @@ def train(config, workdir):
     ref_params = copy(policy.params) if cfg.objective.kl.beta > 0 else None
     lagged = [copy(policy.params) for _ in range(cfg.rollout.policy_lag)]
     reference_moves = bool(cfg.train.ref_reset_every)
+    critic = None   # PPO's value model: its own optimizer, the same minibatches
+    if cfg.critic.enabled:
+        critic = critic_lib.start_critic(cfg, mesh, policy)
+        critic_tx = optimizer.make_optimizer(cfg.critic.optimizer, total_steps * updates_per_step)
+        critic.opt_state = steps.init_optimizer_state(critic_tx, critic.params, mesh)
+        critic_update = steps.make_update_step(
+            critic.graphdef, critic_tx, critic_lib.make_loss(cfg.critic.value_clip),
+            batch_lib.token_counts, mesh=mesh, param_shardings=shardings(critic.params),
+            opt_shardings=shardings(critic.opt_state), micro_batches=cfg.train.micro_batches)
+        values_fn = critic_lib.make_value_fn(critic.graphdef, mesh, num_pieces=pieces)
 
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            keep=cfg.train.keep_checkpoints)
     start, state = checkpointer.restore_run(
-        run_state(policy.params, opt_state, lagged, ref_params, reference_moves=reference_moves),
-        train_iter)
+        run_state(policy.params, opt_state, lagged, ref_params, reference_moves=reference_moves,
+                  critic=critic), train_iter)
     policy.params, opt_state, lagged = state["params"], state["opt_state"], list(state["lagged"])
     ref_params = state.get("ref_params", ref_params)
+    if critic is not None:
+        critic.params, critic.opt_state = state["critic"]["params"], state["critic"]["opt_state"]
     if start and parallel.is_main():
         print(f"resumed from the checkpoint of step {start} in {workdir}", flush=True)
-    writer = metrics_lib.MetricWriter(workdir, total_steps=cfg.train.steps, start_step=start)
+    writer = metrics_lib.MetricWriter(workdir, total_steps=total_steps, start_step=start,
+                                      total_seconds=seconds)
+    started, step = time.time(), start
 
     # --- the loop ------------------------------------------------------------------------
     stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
     try:
-        for step in range(start + 1, cfg.train.steps + 1):
+        for step in range(start + 1, total_steps + 1):
+            # VAPO's value pre-training: only the critic learns, on the starting policy's
+            # rollouts, toward Monte-Carlo returns; RL steps count from its end.
+            rl_step = step - cfg.critic.pretrain_steps
+            pretraining = rl_step <= 0
             # 1. Rollouts and rewards (DAPO's dynamic sampling draws more if asked), sampled
             #    by the parameters of `policy_lag` steps ago (asynchronous RL's staleness).
             behaviour = (policy_lib.Policy(policy.graphdef, lagged[0], policy.tokenizer)
@@ -214,50 +277,76 @@ def train(config, workdir):
             if cfg.train.log_rollouts_every and step % cfg.train.log_rollouts_every == 0:
                 rollout.write_samples(batch, policy.tokenizer,
                                       os.path.join(workdir, "rollouts", f"{step}.jsonl"))
-            # 2. pi_old (the parameters that sampled, recomputed) and pi_ref, then advantages.
+            # 2. The critic's values and targets; pi_old (the parameters that sampled,
+            #    recomputed) and pi_ref, then advantages.
             begin = time.time()
-            if cfg.train.old_logp == "recompute":
-                batch["old_logp"] = logp_fn(behaviour.params, batch)
-            else:
-                batch["old_logp"] = batch["behaviour_logp"]
-            if ref_params is not None:
-                batch["ref_logp"] = logp_fn(ref_params, batch)
-            batch["advantages"] = advantages_fn(batch)
-            jax.block_until_ready(batch["advantages"])
+            if critic is not None:
+                batch["values"] = values_fn(critic.params, batch)
+                lam = 1.0 if pretraining else cfg.critic.lam   # pre-training: Monte-Carlo
+                batch["returns"] = critic_lib.value_targets(batch, lam,
+                                                            gamma=cfg.objective.advantage.gamma)
+            if not pretraining:
+                if cfg.train.old_logp == "recompute":
+                    batch["old_logp"] = logp_fn(behaviour.params, batch)
+                else:
+                    batch["old_logp"] = batch["behaviour_logp"]
+                if ref_params is not None:
+                    batch["ref_logp"] = logp_fn(ref_params, batch)
+                batch["advantages"] = advantages_fn(batch)
+            jax.block_until_ready(batch.get("advantages", batch.get("returns")))
             metrics["time_old_logp"] = time.time() - begin
-            # 3. Updates: epochs x minibatches optimizer steps on the batch.
+            if not pretraining:
+                weights = rollout.advantage_statistics(
+                    batch["advantages"], batch["correct"], batch["row_valid"],
+                    objective.loss_mask(batch), group_size=cfg.objective.group_size)
+                metrics.update({k: float(v) for k, v in jax.device_get(weights).items()})
+            # 3. Updates: epochs x minibatches optimizer steps on the batch (policy, critic).
             begin = time.time()
-            sft_rows = None
-            if cfg.train.sft_weight:   # the reference solutions of the step's first prompts
-                local, _ = task_lib.target_rows(examples, cfg.task, policy.tokenizer,
-                                                cfg.rollout.max_new_tokens)
-                sft_rows = parallel.global_rows(mesh, local)
-            policy.params, opt_state, update_metrics = update_on_batch(
-                update, policy.params, opt_state, batch, (cfg.seed, step),
-                epochs=cfg.train.epochs, minibatches=cfg.train.minibatches, sft_rows=sft_rows)
-            metrics.update(update_metrics)
-            seconds = time.time() - begin
+            if not pretraining:
+                sft_rows = None
+                if cfg.train.sft_weight:   # the reference solutions of the step's first prompts
+                    local, _ = task_lib.target_rows(examples, cfg.task, policy.tokenizer,
+                                                    cfg.rollout.max_new_tokens)
+                    sft_rows = parallel.global_rows(mesh, local)
+                policy.params, opt_state, update_metrics = update_on_batch(
+                    update, policy.params, opt_state, batch, (cfg.seed, step),
+                    epochs=cfg.train.epochs, minibatches=cfg.train.minibatches, sft_rows=sft_rows)
+                metrics.update(update_metrics)
+            if critic is not None:
+                metrics.update(jax.device_get(critic_lib.batch_statistics(batch)))
+                critic.params, critic.opt_state, critic_metrics = update_on_batch(
+                    critic_update, critic.params, critic.opt_state, batch, (cfg.seed, step),
+                    epochs=cfg.train.epochs, minibatches=cfg.train.minibatches)
+                metrics.update(critic_lib.update_metrics(critic_metrics))
+            update_seconds = time.time() - begin
             tokens = float(jnp.sum(batch["mask"])) * cfg.train.epochs
-            metrics.update(time_update=seconds, update_tokens_per_s=tokens / max(seconds, 1e-9),
-                           updates_per_step=float(cfg.train.epochs * cfg.train.minibatches))
+            metrics.update(time_update=update_seconds,
+                           update_tokens_per_s=tokens / max(update_seconds, 1e-9),
+                           updates_per_step=float(updates_per_step))
             metrics_lib.stop_if_not_finite(metrics, step, checkpointer)
-            if cfg.train.ref_reset_every and step % cfg.train.ref_reset_every == 0:
+            if not pretraining and cfg.train.ref_reset_every and (
+                    rl_step % cfg.train.ref_reset_every == 0):
                 ref_params = copy(policy.params)   # DeepSeek-R1: the reference follows the policy
-            # 4. Held-out evaluation, metrics, checkpoint.
-            if step % cfg.train.eval_every == 0:
+            # 4. Held-out evaluation (of the policy: not while it is frozen), metrics, checkpoint.
+            if not pretraining and rl_step % cfg.train.eval_every == 0:
                 begin = time.time()
                 metrics.update(evaluation.evaluate(policy, mesh, scorer, held_out, cfg,
                                                    rng=step_rng(cfg.seed, "eval", step),
                                                    method=method))
                 metrics["time_eval"] = time.time() - begin
             writer.write(step, metrics)
-            stopping = stop.requested() and step < cfg.train.steps   # agreed by every process
-            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or stopping:
+            out_of_time = seconds is not None and bool(   # agreed by every process
+                parallel.agree_max(int(time.time() - started >= seconds)))
+            last = step == total_steps or out_of_time
+            stopping = stop.requested() and not last   # agreed by every process
+            if step % cfg.train.checkpoint_every == 0 or last or stopping:
                 state = run_state(policy.params, opt_state, lagged, ref_params,
-                                  reference_moves=reference_moves)
+                                  reference_moves=reference_moves, critic=critic)
                 checkpointer.save_run(step, state, train_iter, seed=cfg.seed)
             if stopping:
                 raise preemption.Stopped(step, checkpointer.directory)
+            if last:
+                break
     finally:
         stop.close()
         writer.close()
@@ -265,4 +354,6 @@ def train(config, workdir):
         scorer.close()
     if cfg.train.export:
         policy_lib.export(policy, os.path.join(workdir, "export"))
-    return max(start, cfg.train.steps)
+        if critic is not None:
+            critic_lib.export(critic, policy.tokenizer, os.path.join(workdir, "export_critic"))
+    return step

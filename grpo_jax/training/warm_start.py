@@ -39,15 +39,25 @@ def warm_start_dir(config):
                         f"{config.model.name}-{_key(config)}")
 
 
+def needed(config):
+    """Whether a run of `config` starts from a warm start (built or not)."""
+    return bool(config.model.sft_warm_start) and not config.model.path
+
+
+def is_built(config):
+    """Whether the warm start of `config` is built (its export is in `warm_start_dir`)."""
+    return os.path.exists(os.path.join(warm_start_dir(config), "export", "config.json"))
+
+
 def use_if_configured(config):
     """With ``model.sft_warm_start`` and no ``model.path``: builds the warm start unless it is
     cached, then points ``model.path`` at it (in place). Otherwise changes nothing."""
-    if not config.model.sft_warm_start or config.model.path:
+    if not needed(config):
         return
     from grpo_jax.training import sft   # sft imports the trainer's modules; import late
     directory = warm_start_dir(config)
     export = os.path.join(directory, "export")
-    if not os.path.exists(os.path.join(export, "config.json")):
+    if not is_built(config):
         if parallel.is_main():
             print(f"building the SFT warm start ({config.sft.steps} steps) in {directory}",
                   flush=True)

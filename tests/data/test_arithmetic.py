@@ -3,6 +3,7 @@
 import re
 import sys
 
+import numpy as np
 import pytest
 
 from grpo_jax import data
@@ -47,6 +48,17 @@ class TestColumnSteps:
                 assert arithmetic.column_steps(a, b, "+", NEVER)[1] == a + b
                 hi, lo = max(a, b), min(a, b)
                 assert arithmetic.column_steps(hi, lo, "-", NEVER)[1] == hi - lo
+
+    def test_extra_columns_work_zeros_and_take_the_final_carry(self):
+        steps, result = arithmetic.column_steps(478, 256, "+", NEVER, extra_columns=2)
+        assert steps == ["8+6+0=14", "7+5+1=13", "4+2+1=7", "0+0+0=0", "0+0+0=0"]
+        assert result == 734
+        steps, result = arithmetic.column_steps(999, 1, "+", NEVER, extra_columns=1)
+        assert steps == ["9+1+0=10", "9+0+1=10", "9+0+1=10", "0+0+1=1"]
+        assert result == 1000
+        steps, result = arithmetic.column_steps(503, 78, "-", NEVER, extra_columns=1)
+        assert steps == ["3-8-0=-5", "0-7-1=-8", "5-0-1=4", "0-0-0=0"]
+        assert result == 425
 
     def test_product_steps(self):
         steps, result = arithmetic.product_steps(47, 26)
@@ -106,6 +118,20 @@ class TestGenerate:
         for example in wrong:
             assert "+1=" not in example["solution"]  # the teacher never carried.
 
+    def test_extra_columns_lengthen_solutions_and_change_nothing_else(self):
+        plain = self.take(data.ArithmeticConfig(digits=3, teacher_fraction=0.5), 600)
+        longer = self.take(data.ArithmeticConfig(digits=3, teacher_fraction=0.5, extra_columns=2), 600)
+        extra = []
+        for short, long in zip(plain, longer):
+            assert (short["question"], short["answer"]) == (long["question"], long["answer"])
+            a, b = re.fullmatch(r"(\d+)\+(\d+)", long["question"]).groups()
+            columns = long["solution"].split(" ####")[0].split(" ")
+            extra.append(len(columns) - max(len(a), len(b)))
+            assert columns[max(len(a), len(b)):] in (["0+0+0=0"] * extra[-1],
+                                                     ["0+0+1=1"] + ["0+0+0=0"] * (extra[-1] - 1))
+        counts = np.bincount(extra, minlength=3)
+        assert len(counts) == 3 and all(counts > 150), counts   # 0, 1, 2 about equally often
+
     def test_seed_changes_the_stream(self):
         a = self.take(data.ArithmeticConfig(seed=0), 20)
         b = self.take(data.ArithmeticConfig(seed=1), 20)
@@ -123,6 +149,7 @@ class TestConfig:
         ({"digits": 0}, "arithmetic.digits must be >= 1, got 0"),
         ({"ops": ("/",)}, "arithmetic.ops must be a non-empty subset"),
         ({"teacher_fraction": 1.5}, "arithmetic.teacher_fraction must be in [0, 1]"),
+        ({"extra_columns": -1}, "arithmetic.extra_columns must be >= 0, got -1"),
         ({"num_train": -1}, "arithmetic.num_train must be >= 0, got -1"),
         ({"test_fraction": 0.0}, "arithmetic.test_fraction must be in (0, 1)"),
     ])

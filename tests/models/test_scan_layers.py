@@ -165,3 +165,22 @@ def test_checkpoints_move_between_layouts(name, tmp_path):
 def _tensor_names(path):
     from grpo_jax.models.safetensors_io import SafetensorsFile
     return set(SafetensorsFile(str(path / "model.safetensors")).keys())
+
+
+@pytest.mark.slow
+def test_value_model_with_a_scanned_trunk(tmp_path):
+    """A critic of a scanned policy has the same values as one of the unscanned policy, and
+    its export (per-layer tensors) loads into either layout."""
+    cfg = CONFIGS["mixed"]
+    tokens, mask = batch(cfg.vocab_size)
+    policy = models.init_model(cfg, seed=4)
+    critic = models.value_model_from(models.init_model(scanned(cfg), seed=4))
+    critic.head[...] = jnp.asarray(np.random.default_rng(1).normal(0, 0.3, cfg.d_model), jnp.float32)
+    models.save_value_model(critic, str(tmp_path))
+    unscanned = models.load_value_model(str(tmp_path))
+    hidden, _ = policy.hidden_states(tokens, attention_mask=mask)
+    expected = np.asarray(hidden) @ np.asarray(critic.head[...])
+    for model in (critic, unscanned, models.load_value_model(str(tmp_path), scan_layers=True)):
+        values, _ = nnx.jit(lambda m, t, a: m(t, attention_mask=a))(model, tokens, mask)
+        np.testing.assert_allclose(values, expected, atol=1e-5, rtol=1e-5)
+    assert "model.layers.2.mlp.experts.0.up_proj.weight" in _tensor_names(tmp_path)

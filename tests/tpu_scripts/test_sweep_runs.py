@@ -37,12 +37,17 @@ def test_printed_flags_build_the_entrys_config(name, monkeypatch):
         assert _parse_like_the_trainer(spec, flag_line).to_dict() == expected.to_dict(), run_name
 
 
-def test_names_and_quoting():
-    assert sweep_runs.run_name(0, {"objective.loss.eps_high": 0.2,
-                                   "objective.aggregation.mode": "token-mean"}) == (
-        "00_eps_high-0.2_mode-token-mean")
-    assert sweep_runs.run_name(12, {"a.path": "gs://b/x y"}) == "12_path-gs-b-x-y"
-    assert sweep_runs.override_flags({"a.b": "x y", "c": True}) == "'--config.a.b=x y' --config.c=True"
+def test_flags_are_quoted_for_a_shell(tmp_path):
+    recipe = tmp_path / "recipe.py"
+    recipe.write_text(
+        "from ml_collections import config_dict\n"
+        "def get_config(arg=None):\n"
+        "    return config_dict.ConfigDict({'a': {'b': 'x', 'path': ''}, 'c': False})\n"
+        "def get_sweep():\n"
+        "    return [{'a.b': 'x y', 'c': True}, {'a.path': 'gs://b/x y'}]\n")
+    assert sweep_runs.sweep_runs(str(recipe)) == [
+        ("00_b-x-y_c-True", "'--config.a.b=x y' --config.c=True"),
+        ("01_path-gs-b-x-y", "'--config.a.path=gs://b/x y'")]
 
 
 def test_unknown_field_fails_before_any_run(tmp_path):

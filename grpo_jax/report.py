@@ -1,0 +1,403 @@
+"""A sweep's runs -> ``report.md`` and PNG plots, the same bytes every time.
+
+    python -m grpo_jax.report runs/clip_higher [--out OUT]
+    python -m grpo_jax.report runs/clip_higher --collect_into experiments/ablations/clip_higher
+
+Reads every run under DIR that `grpo_jax.sweep` started (its ``sweep_run.json`` and
+``metrics.jsonl``, or ``metrics.jsonl.gz``; the checkpoints are not needed), groups the
+runs by sweep entry and writes to OUT (default DIR). ``--collect_into`` first copies
+those small files into a new directory (`collect_runs`) and reports there, so the
+directory holds everything needed to regenerate its report. It writes:
+
+- ``report.md``: the sweep config's docstring (the claim), the commands that make the
+  runs and the report, the commits and machines the runs ran on, and a table with one
+  row per entry: its swept fields, its seeds and, for each measure, the mean over seeds
+  ± their sample standard deviation;
+- one PNG per plot: each entry's mean over seeds against the step, or against a metric
+  accumulated over steps (generated tokens, seconds), with a band from the lowest to the
+  highest seed.
+
+The measures and plots come from the sweep config's ``get_report()`` (`DEFAULT_REPORT`
+when it has none)::
+
+    def get_report():
+        return {"table": (("eval_accuracy", "final"), ("clip_high", "mean")),
+                "plots": (("entropy", "step"), ("eval_accuracy", "generated_tokens")),
+                "labels": ("0.2/0.2", "0.2/0.28")}   # optional: one name per entry
+
+A measure reduces one run's metric over the steps that logged it: "final" (the last
+value), "early" / "late" (the mean of the first / last fifth of the values, rounded up),
+"mean", "sum" or "std" (the population standard deviation over steps). A plot's
+x is "step", a metric whose running sum over steps is the x (``"generated_tokens"``), or
+a tuple of metrics whose per-step sum is accumulated. At each step the curve is the mean
+over seeds of x and of y, over the steps that every seed of the entry logged.
+
+Only finished runs enter the table and the plots: those whose metrics.jsonl reaches the
+config's last step. The others are listed. Nothing in the output depends on anything but
+the runs' files and the config's `get_report()`: rows follow the sweep's entry order,
+PNGs are drawn by Agg in matplotlib's default style with no software or time metadata,
+so the same runs give the same bytes (with the same matplotlib and FreeType).
+"""
+
+import argparse
+import dataclasses
+import gzip
+import inspect
+import json
+import math
+import pathlib
+import re
+import shutil
+import sys
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from grpo_jax import config_lib, sweep
+
+DEFAULT_REPORT = {
+    "table": (("eval_accuracy", "final"), ("accuracy", "final"), ("reward_mean", "mean")),
+    "plots": (("eval_accuracy", "step"), ("reward_mean", "step")),
+}
+REDUCTIONS = {
+    "final": lambda v: v[-1],
+    "early": lambda v: np.mean(v[:-(-len(v) // 5)]),   # the first fifth (rounded up)
+    "late": lambda v: np.mean(v[len(v) - -(-len(v) // 5):]),   # the last fifth
+    "mean": np.mean,
+    "sum": np.sum,
+    "std": np.std,
+}
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    """One run's record (``sweep_run.json``) and metric rows, in step order."""
+
+    path: str                     # its workdir, relative to the sweep's root
+    record: dict[str, Any]
+    rows: tuple[dict[str, float], ...]
+
+    @property
+    def final_step(self):
+        return sweep.final_step(ml_collections.ConfigDict(self.record["config"]))
+
+    @property
+    def finished(self):
+        return bool(self.rows) and self.rows[-1]["step"] == self.final_step
+
+    def values(self, metric):
+        """`(steps, values)` of the rows that logged `metric`."""
+        rows = [r for r in self.rows if metric in r]
+        return [r["step"] for r in rows], [r[metric] for r in rows]
+
+
+def read_metrics(workdir):
+    """The rows of the run's metrics.jsonl, or of its gzipped copy (`collect_runs`), in
+    step order; () when it has neither."""
+    path = pathlib.Path(workdir) / "metrics.jsonl"
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+    elif path.with_suffix(".jsonl.gz").exists():
+        text = gzip.decompress(path.with_suffix(".jsonl.gz").read_bytes()).decode("utf-8")
+    else:
+        return ()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return tuple(sorted(rows, key=lambda r: r["step"]))
+
+
+def collect_runs(root, dest):
+    """Copies what the report reads, each run's sweep_run.json and its metrics.jsonl
+    (gzipped, with no name or time in the header, so the same rows give the same bytes),
+    from `root` into `dest` with the same layout: the small part of a sweep, to commit."""
+    for record_path in sorted(pathlib.Path(root).glob(f"**/{sweep.RUN_RECORD}")):
+        target = pathlib.Path(dest) / record_path.parent.relative_to(root)
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(record_path, target / sweep.RUN_RECORD)
+        metrics = record_path.parent / "metrics.jsonl"
+        if metrics.exists():
+            with open(target / "metrics.jsonl.gz", "wb") as raw, gzip.GzipFile(
+                    filename="", mode="wb", fileobj=raw, mtime=0) as packed:
+                packed.write(metrics.read_bytes())
+
+
+def load_runs(root):
+    """Every run under `root` with a ``sweep_run.json``, by (entry, seed)."""
+    runs = []
+    for record_path in sorted(pathlib.Path(root).glob(f"**/{sweep.RUN_RECORD}")):
+        with open(record_path, encoding="utf-8") as f:
+            record = json.load(f)
+        runs.append(RunData(str(record_path.parent.relative_to(root)), record,
+                            read_metrics(record_path.parent)))
+    if not runs:
+        raise FileNotFoundError(f"no {sweep.RUN_RECORD} under {root}: point at the "
+                                "--workdir_root of a grpo_jax.sweep run")
+    configs = sorted({run.record["sweep_config"] for run in runs})
+    if len(configs) > 1:
+        raise ValueError(f"{root} holds runs of several sweep configs {configs}; report one "
+                         "sweep's root at a time")
+    return sorted(runs, key=lambda run: (run.record["entry"], run.record["seed"]))
+
+
+def config_module(spec):
+    """The sweep config's module, found from here or from the repository root."""
+    path = pathlib.Path(spec.partition(":")[0])
+    for candidate in (path, REPO / path):
+        if candidate.is_file():
+            return config_lib.load_module(candidate)
+    raise FileNotFoundError(f"the sweep's config {str(path)!r} is neither here nor in {REPO}; "
+                            "run the report from the repository root")
+
+
+def report_spec(module, num_entries):
+    """The module's `get_report()` (or `DEFAULT_REPORT`), checked and in full form."""
+    raw = module.get_report() if hasattr(module, "get_report") else DEFAULT_REPORT
+    pair = lambda item, default: (item, default) if isinstance(item, str) else tuple(item)
+    table = [pair(item, "final") for item in raw.get("table", ())]
+    plots = [pair(item, "step") for item in raw.get("plots", ())]
+    for metric, how in table:
+        if how not in REDUCTIONS:
+            raise ValueError(f"get_report() table measure ({metric!r}, {how!r}): the reduction "
+                             f"must be one of {sorted(REDUCTIONS)}")
+    labels = raw.get("labels")
+    if labels is not None and len(labels) != num_entries:
+        raise ValueError(f"get_report() gives {len(labels)} labels for {num_entries} sweep "
+                         "entries; give one per entry, in get_sweep() order")
+    unknown = set(raw) - {"table", "plots", "labels"}
+    if unknown:
+        raise ValueError(f"get_report() has unknown keys {sorted(unknown)}; it takes table, "
+                         "plots and labels")
+    return table, plots, labels
+
+
+# --- numbers ----------------------------------------------------------------------------
+
+def reduce_run(run, metric, how):
+    """The run's `metric` reduced over its steps, or None when it never logged it."""
+    _, values = run.values(metric)
+    return float(REDUCTIONS[how](np.asarray(values, np.float64))) if values else None
+
+
+def mean_and_spread(values):
+    """`(mean, sample std or None for one value)` of the seeds' values."""
+    values = np.asarray(values, np.float64)
+    return float(values.mean()), (float(values.std(ddof=1)) if len(values) > 1 else None)
+
+
+def format_cell(values):
+    """``0.600 ± 0.10``: the mean to 3 significant digits, the spread to 2."""
+    if not values:
+        return "–"
+    mean, spread = mean_and_spread(values)
+    text = _significant(mean, 3)
+    return text if spread is None else f"{text} ± {_significant(spread, 2)}"
+
+
+def _significant(x, digits):
+    return f"{x:#.{digits}g}" if math.isfinite(x) and x != 0 else f"{x:g}"
+
+
+def override_text(value):
+    """A swept value as the table shows it."""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(", ", ": "))
+    return sweep.flag_value(value)
+
+
+def _markdown_cell(text):
+    return str(text).replace("|", "\\|")
+
+
+def field_headers(fields):
+    """Leaf names for the swept fields, dotted names where two leaves coincide."""
+    leaves = [f.rsplit(".", 1)[-1] for f in fields]
+    return [leaf if leaves.count(leaf) == 1 else field for leaf, field in zip(leaves, fields)]
+
+
+# --- the table --------------------------------------------------------------------------
+
+def entries_of(runs):
+    """`[(entry index, entry name, overrides, [its runs])]` in the sweep's order."""
+    entries = {}
+    for run in runs:
+        r = run.record
+        entries.setdefault(r["entry"], (r["entry"], r["entry_name"], r["overrides"], []))[3].append(run)
+    return [entries[k] for k in sorted(entries)]
+
+
+def table_lines(entries, table, labels):
+    fields = list(dict.fromkeys(f for _, _, overrides, _ in entries for f in overrides))
+    header = (["variant"] if labels else []) + field_headers(fields) + ["seeds"] + [
+        f"{metric} ({how})" for metric, how in table]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for position, (_, _, overrides, runs) in enumerate(entries):
+        done = [run for run in runs if run.finished]
+        cells = ([labels[position]] if labels else []) + [
+            f"`{override_text(overrides[f])}`" if f in overrides else "" for f in fields]
+        cells.append(str(len(done)))
+        for metric, how in table:
+            values = [reduce_run(run, metric, how) for run in done]
+            cells.append(format_cell([v for v in values if v is not None]))
+        lines.append("| " + " | ".join(_markdown_cell(c) for c in cells) + " |")
+    return lines
+
+
+# --- the plots --------------------------------------------------------------------------
+
+def x_name(x):
+    return x if isinstance(x, str) else " + ".join(x)
+
+
+def plot_file(metric, x):
+    name = metric if x == "step" else f"{metric}_vs_{'_'.join([x] if isinstance(x, str) else x)}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name) + ".png"
+
+
+def curve(run, metric, x):
+    """``{step: (x, y)}`` of the steps where the run logged `metric`; x is the step or the
+    running sum over all its steps of the x metrics (None when it lacks one of them)."""
+    if x == "step":
+        xs = {r["step"]: float(r["step"]) for r in run.rows}
+    else:
+        names = [x] if isinstance(x, str) else list(x)
+        if not all(any(n in r for r in run.rows) for n in names):
+            return None
+        totals = np.cumsum([sum(r.get(n, 0.0) for n in names) for r in run.rows])
+        xs = {r["step"]: float(t) for r, t in zip(run.rows, totals)}
+    steps, values = run.values(metric)
+    return {step: (xs[step], value) for step, value in zip(steps, values)}
+
+
+def seed_band(runs, metric, x):
+    """`(x mean, y mean, y min, y max)` over seeds at the steps every seed logged, or None."""
+    curves = [c for c in (curve(run, metric, x) for run in runs) if c]
+    if not curves:
+        return None
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    if not steps:
+        return None
+    xs = np.array([[c[s][0] for s in steps] for c in curves])
+    ys = np.array([[c[s][1] for s in steps] for c in curves])
+    return xs.mean(0), ys.mean(0), ys.min(0), ys.max(0)
+
+
+def plot_bands(entries, names, metric, x):
+    """`[(entry name, seed_band)]` of the entries whose finished runs logged the plot."""
+    bands = [(name, seed_band([run for run in runs if run.finished], metric, x))
+             for (_, _, _, runs), name in zip(entries, names)]
+    return [(name, band) for name, band in bands if band is not None]
+
+
+def draw_plot(path, bands, metric, x):
+    """Writes one PNG: each entry's seed mean and band of `metric` against `x`, in the
+    colour of its position in the sweep."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    with matplotlib.style.context("default"):
+        figure, axes = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        for position, (name, (xs, mean, low, high)) in enumerate(bands):
+            color = f"C{position % 10}"
+            axes.plot(xs, mean, color=color, label=name, linewidth=1.5,
+                      marker="o" if len(xs) <= 30 else None, markersize=3)
+            axes.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
+        axes.set_xlabel("step" if x == "step" else f"cumulative {x_name(x)}")
+        axes.set_ylabel(metric)
+        axes.set_title(f"{metric}: mean over seeds, band from lowest to highest")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+        figure.tight_layout()
+        figure.savefig(path, format="png", metadata={"Software": None})
+        plt.close(figure)
+
+
+# --- report.md --------------------------------------------------------------------------
+
+def entry_names(entries, labels):
+    if labels:
+        return list(labels)
+    return [", ".join(f"{k.rsplit('.', 1)[-1]}={override_text(v)}" for k, v in overrides.items())
+            or name for _, name, overrides, _ in entries]
+
+
+def render(runs, module, *, write_plot):
+    """The text of report.md; calls ``write_plot(file_name, bands, metric, x)`` for each
+    plot it links (`plot_bands`)."""
+    spec = runs[0].record["sweep_config"]
+    entries = entries_of(runs)
+    table, plots, labels = report_spec(module, len(entries))
+    names = entry_names(entries, labels)
+    seeds = sorted({run.record["seed"] for run in runs})
+    commits = sorted({s["commit"] for run in runs for s in run.record.get("starts", [])})
+    machines = sorted({s["machine"] for run in runs for s in run.record.get("starts", [])})
+    lines = [f"# Sweep: `{spec}`", ""]
+    if module.__doc__:
+        lines += [inspect.cleandoc(module.__doc__), ""]
+    lines += ["## Runs", "", "```bash",
+              f"python -m grpo_jax.sweep --config {spec} --workdir_root DIR "
+              f"--seeds {','.join(map(str, seeds))}",
+              "python -m grpo_jax.report DIR", "```", "",
+              f"Commits: {', '.join(commits) or 'unknown'}. Machines: "
+              f"{'; '.join(machines) or 'unknown'}.", ""]
+    lines += table_lines(entries, table, labels)
+    lines += ["", "Mean over the finished seeds ± their sample standard deviation (ddof=1). "
+              "A measure reduces each run's metric over the steps that logged it: final = the "
+              "last value; early, late = the mean of the first, last fifth of the values; "
+              "mean; sum; std = the population std over steps.", ""]
+    unfinished = [run for run in runs if not run.finished]
+    if unfinished:
+        lines += ["Not finished, left out: " + "; ".join(
+            f"{run.path} (at step {run.rows[-1]['step'] if run.rows else 0} of "
+            f"{run.final_step})" for run in unfinished) + ".", ""]
+    if plots:
+        lines += ["## Plots", "", "Lines: the mean over seeds; bands: the lowest to the highest "
+                  "seed.", ""]
+    for metric, x in plots:
+        bands = plot_bands(entries, names, metric, x)
+        if not bands:
+            needed = f"`{metric}`" + ("" if x == "step" else f" and `{x_name(x)}`")
+            lines += [f"No finished run logged {needed}: no plot.", ""]
+            continue
+        file_name = plot_file(metric, x)
+        write_plot(file_name, bands, metric, x)
+        lines += [f"![{metric} against {x_name(x)}]({file_name})", ""]
+    return "\n".join(lines)
+
+
+def write_report(root, out=None):
+    """Writes report.md and the PNGs of the sweep under `root` into `out` (default `root`);
+    returns the path of report.md."""
+    out = pathlib.Path(out or root)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(root)
+    module = config_module(runs[0].record["sweep_config"])
+    text = render(runs, module, write_plot=lambda name, *args: draw_plot(out / name, *args))
+    path = out / "report.md"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m grpo_jax.report", description=(
+        "Writes report.md and PNG plots of the runs a grpo_jax.sweep left in DIR."))
+    parser.add_argument("root", metavar="DIR", help="the sweep's --workdir_root")
+    parser.add_argument("--out", default=None, help="where report.md and the PNGs go "
+                        "(default: DIR)")
+    parser.add_argument("--collect_into", default=None, metavar="OUT", help=(
+        "first copy the runs' sweep_run.json and metrics.jsonl (gzipped) into OUT, then "
+        "report there from the copies: a sweep's small files, e.g. to commit"))
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.collect_into:
+            collect_runs(args.root, args.collect_into)
+        path = write_report(args.collect_into or args.root, args.out)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"grpo_jax.report: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

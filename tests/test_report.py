@@ -1,0 +1,224 @@
+"""grpo_jax.report: report.md and the PNGs from hand-built runs with known means and spreads,
+byte for byte, and the committed ablation reports regenerated from their committed runs."""
+
+import json
+import pathlib
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from grpo_jax import report, sweep
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+RECIPE = '''"""Toy sweep: two learning rates.
+
+A higher rate learns faster.
+"""
+
+
+def get_sweep():
+    return [{"optimizer.learning_rate": 0.1}, {"optimizer.learning_rate": 0.2}]
+
+
+def get_report():
+    return {"table": (("eval_accuracy", "final"), ("loss", "mean"), ("loss", "late")),
+            "plots": ("eval_accuracy", ("loss", "generated_tokens")),
+            "labels": ("slow", "fast")}
+'''
+
+# Per entry: the final held-out accuracy of seeds 0, 1, 2 (0.3 and 0.1 at step 2), and
+# the loss factor and the tokens generated per step.
+FINAL_ACCURACY = {0: (0.5, 0.6, 0.7), 1: (0.2, 0.2, 0.5)}
+HALFWAY_ACCURACY = {0: 0.3, 1: 0.1}
+LOSS_FACTOR = {0: 1.0, 1: 2.0}
+TOKENS = {0: 100.0, 1: 50.0}
+
+
+def _write_run(root, spec, entry, seed, steps, commits=("abc1234",)):
+    name = f"{entry:02d}_learning_rate-{0.1 * (entry + 1):g}"
+    workdir = root / name / f"seed-{seed}"
+    workdir.mkdir(parents=True)
+    record = {"sweep_config": spec, "entry": entry, "entry_name": name,
+              "overrides": {"optimizer.learning_rate": round(0.1 * (entry + 1), 1)},
+              "seed": seed, "command": ["python", "-m", "grpo_jax.main"],
+              "starts": [{"commit": c, "machine": "Test CPU, 2 cores, 1 per run"} for c in commits],
+              "config": {"mode": "rl", "train": {"steps": 4}, "sft": {"steps": 9}}}
+    (workdir / sweep.RUN_RECORD).write_text(json.dumps(record))
+    rows = []
+    for step in steps:
+        row = {"step": step, "time": 1e9 + step, "loss": LOSS_FACTOR[entry] * (step + seed),
+               "generated_tokens": TOKENS[entry]}
+        if step == 2:
+            row["eval_accuracy"] = HALFWAY_ACCURACY[entry]
+        if step == 4:
+            row["eval_accuracy"] = FINAL_ACCURACY[entry][seed]
+        rows.append(json.dumps(row) + "\n")
+    (workdir / "metrics.jsonl").write_text("".join(rows))
+
+
+@pytest.fixture
+def sweep_root(tmp_path):
+    """Entries 0 and 1 with seeds 0, 1, 2 finished, and entry 1 seed 3 stopped at step 2."""
+    spec = str(tmp_path / "recipe.py")
+    (tmp_path / "recipe.py").write_text(RECIPE)
+    root = tmp_path / "runs"
+    for entry in (0, 1):
+        for seed in (0, 1, 2):
+            _write_run(root, spec, entry, seed, range(1, 5),
+                       commits=("abc1234", "def5678") if (entry, seed) == (1, 2) else ("abc1234",))
+    _write_run(root, spec, 1, 3, range(1, 3))
+    return root, spec
+
+
+def _expected(spec):
+    # eval_accuracy final: entry 0 (0.5, 0.6, 0.7) -> 0.600 ± 0.10; entry 1 (0.2, 0.2, 0.5)
+    # -> 0.300 ± sqrt(0.03) = 0.17. Loss = factor x (step + seed): the mean over steps 1-4
+    # is factor x (2.5 + seed), the last fifth (one step) factor x (4 + seed).
+    return f"""# Sweep: `{spec}`
+
+Toy sweep: two learning rates.
+
+A higher rate learns faster.
+
+## Runs
+
+```bash
+python -m grpo_jax.sweep --config {spec} --workdir_root DIR --seeds 0,1,2,3
+python -m grpo_jax.report DIR
+```
+
+Commits: abc1234, def5678. Machines: Test CPU, 2 cores, 1 per run.
+
+| variant | learning_rate | seeds | eval_accuracy (final) | loss (mean) | loss (late) |
+|---|---|---|---|---|---|
+| slow | `0.1` | 3 | 0.600 ± 0.10 | 3.50 ± 1.0 | 5.00 ± 1.0 |
+| fast | `0.2` | 3 | 0.300 ± 0.17 | 7.00 ± 2.0 | 10.0 ± 2.0 |
+
+Mean over the finished seeds ± their sample standard deviation (ddof=1). A measure reduces each run's metric over the steps that logged it: final = the last value; early, late = the mean of the first, last fifth of the values; mean; sum; std = the population std over steps.
+
+Not finished, left out: 01_learning_rate-0.2/seed-3 (at step 2 of 4).
+
+## Plots
+
+Lines: the mean over seeds; bands: the lowest to the highest seed.
+
+![eval_accuracy against step](eval_accuracy.png)
+
+![loss against generated_tokens](loss_vs_generated_tokens.png)
+"""
+
+
+def test_report_md_has_the_hand_computed_means_and_spreads(sweep_root):
+    root, spec = sweep_root
+    path = report.write_report(root)
+    assert path == root / "report.md"
+    assert path.read_text() == _expected(spec)
+
+
+def test_rerunning_gives_the_same_bytes_and_the_pngs_carry_no_software_or_time(sweep_root, tmp_path):
+    root, _ = sweep_root
+    report.write_report(root, tmp_path / "first")
+    report.write_report(root, tmp_path / "second")
+    files = sorted(p.name for p in (tmp_path / "first").iterdir())
+    assert files == ["eval_accuracy.png", "loss_vs_generated_tokens.png", "report.md"]
+    for name in files:
+        first, second = ((tmp_path / d / name).read_bytes() for d in ("first", "second"))
+        assert first == second, name
+    for name in files[:2]:
+        png = (tmp_path / "first" / name).read_bytes()
+        assert png.startswith(b"\x89PNG\r\n\x1a\n")
+        assert b"Software" not in png and b"atplotlib" not in png and b"tIME" not in png
+
+
+def test_collected_copies_give_the_same_report(sweep_root, tmp_path, capsys):
+    root, _ = sweep_root
+    report.write_report(root)
+    assert report.main([str(root), "--collect_into", str(tmp_path / "kept")]) == 0
+    kept = tmp_path / "kept"
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == sorted(
+        [f"{run}/{name}" for run in ("00_learning_rate-0.1/seed-0", "00_learning_rate-0.1/seed-1",
+                                     "00_learning_rate-0.1/seed-2", "01_learning_rate-0.2/seed-0",
+                                     "01_learning_rate-0.2/seed-1", "01_learning_rate-0.2/seed-2",
+                                     "01_learning_rate-0.2/seed-3")
+         for name in ("sweep_run.json", "metrics.jsonl.gz")]
+        + ["report.md", "eval_accuracy.png", "loss_vs_generated_tokens.png"])
+    for name in ("report.md", "eval_accuracy.png", "loss_vs_generated_tokens.png"):
+        assert (kept / name).read_bytes() == (root / name).read_bytes(), name
+    gz = (kept / "00_learning_rate-0.1" / "seed-0" / "metrics.jsonl.gz").read_bytes()
+    report.collect_runs(root, tmp_path / "again")   # the same rows, the same bytes
+    assert (tmp_path / "again" / "00_learning_rate-0.1" / "seed-0" / "metrics.jsonl.gz").read_bytes() == gz
+
+
+def test_the_bands_are_the_seeds_mean_lowest_and_highest_at_their_common_steps(sweep_root):
+    root, _ = sweep_root
+    runs = report.load_runs(root)
+    fast = [r for r in runs if r.record["entry"] == 1 and r.finished]
+    xs, mean, low, high = report.seed_band(fast, "eval_accuracy", "step")
+    np.testing.assert_allclose(xs, [2, 4])
+    np.testing.assert_allclose(mean, [0.1, 0.3])
+    np.testing.assert_allclose(low, [0.1, 0.2])
+    np.testing.assert_allclose(high, [0.1, 0.5])
+    xs, mean, _, _ = report.seed_band(fast, "loss", "generated_tokens")   # 50 tokens a step
+    np.testing.assert_allclose(xs, [50, 100, 150, 200])
+    np.testing.assert_allclose(mean, [2 * (s + 1) for s in range(1, 5)])   # 2 x (step + mean seed)
+    # A seed without step 2's value: only step 4 is common to all.
+    rows = tuple(r for r in fast[0].rows if r["step"] != 2)
+    gappy = [report.RunData(fast[0].path, fast[0].record, rows)] + fast[1:]
+    xs, mean, _, _ = report.seed_band(gappy, "eval_accuracy", "step")
+    np.testing.assert_allclose(xs, [4])
+    np.testing.assert_allclose(mean, [0.3])
+
+
+def test_reductions():
+    values = np.arange(1.0, 11.0)
+    assert [report.REDUCTIONS[k](values) for k in ("final", "early", "late", "mean", "sum")] == [
+        10.0, 1.5, 9.5, 5.5, 55.0]
+    assert report.REDUCTIONS["std"](values) == pytest.approx(np.sqrt(99 / 12))
+    assert report.REDUCTIONS["early"](np.array([4.0, 8.0])) == 4.0   # a fifth of 2, rounded up
+    assert report.format_cell([0.25]) == "0.250" and report.format_cell([]) == "–"
+
+
+@pytest.mark.parametrize("get_report, message", [
+    ({"table": (("loss", "median"),)}, "the reduction must be one of"),
+    ({"labels": ("only one",)}, "gives 1 labels for 2 sweep entries"),
+    ({"plot": ()}, "unknown keys ['plot']"),
+])
+def test_a_bad_get_report_names_the_problem(sweep_root, get_report, message):
+    root, spec = sweep_root
+    pathlib.Path(spec).write_text(f"def get_report():\n    return {get_report!r}\n")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        report.write_report(root)
+
+
+def test_without_get_report_the_defaults_are_used(sweep_root):
+    root, spec = sweep_root
+    pathlib.Path(spec).write_text('"""No report spec."""\n')
+    text = report.write_report(root).read_text()
+    assert ("| learning_rate | seeds | eval_accuracy (final) | accuracy (final) | "
+            "reward_mean (mean) |") in text
+    assert "| `0.1` | 3 | 0.600 ± 0.10 | – | – |" in text
+    assert "No finished run logged `reward_mean`: no plot." in text
+
+
+def test_runs_of_two_sweeps_or_none_are_refused(sweep_root, tmp_path):
+    root, spec = sweep_root
+    with pytest.raises(FileNotFoundError, match="no sweep_run.json under"):
+        report.load_runs(tmp_path / "empty")
+    _write_run(root / "other", spec + "x", 0, 0, range(1, 5))
+    with pytest.raises(ValueError, match="runs of several sweep configs"):
+        report.load_runs(root)
+
+
+COMMITTED = sorted(p.parent for p in (REPO / "experiments" / "ablations").glob("*/report.md"))
+
+
+@pytest.mark.parametrize("directory", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_committed_ablation_reports_are_regenerated_byte_for_byte(directory, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    copy = tmp_path / directory.name
+    shutil.copytree(directory, copy, ignore=shutil.ignore_patterns("*.png", "report.md"))
+    report.write_report(copy)
+    assert (copy / "report.md").read_bytes() == (directory / "report.md").read_bytes()

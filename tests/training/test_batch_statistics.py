@@ -1,0 +1,106 @@
+"""The step metrics the ablations read: where the advantage weight sits, the spread of
+the updates' gradient norms."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import objectives
+from grpo_jax.training import rl, rollout
+
+
+def _numpy_statistics(advantages, correct, row_valid, mask, group_size):
+    """The same quantities, one group at a time in plain Python and numpy."""
+    advantages, mask = np.asarray(advantages, np.float64), np.asarray(mask, np.float64)
+    if advantages.ndim == 2:
+        weight = [np.abs(a[m > 0]).mean() if m.sum() else 0.0 for a, m in zip(advantages, mask)]
+    else:
+        weight = np.abs(advantages)
+    weight = np.asarray(weight) * row_valid
+    carried = {"nearly_solved": 0.0, "nearly_failed": 0.0}
+    counted = {"nearly_solved": 0, "nearly_failed": 0}
+    real = 0
+    for start in range(0, len(correct), group_size):
+        rows = slice(start, start + group_size)
+        solved = np.mean(correct[rows])
+        kind = ("nearly_solved" if 0.75 <= solved < 1 else
+                "nearly_failed" if 0 < solved <= 0.25 else None)
+        real += bool(row_valid[start])
+        if kind:
+            carried[kind] += weight[rows].sum()
+            counted[kind] += bool(row_valid[start])
+    total = weight.sum()
+    out = {}
+    for kind in carried:
+        out[f"advantage_share_{kind}"] = carried[kind] / total if total else 0.0
+        out[f"groups_{kind}"] = counted[kind] / max(real, 1)
+    return out
+
+
+# Groups of 4: 3 right (nearly solved), 1 right (nearly failed), 2 right, all right,
+# none right, and a padding group (row_valid False) that would count as nearly solved.
+CORRECT = np.array([1, 1, 1, 0,  1, 0, 0, 0,  1, 1, 0, 0,  1, 1, 1, 1,  0, 0, 0, 0,  1, 1, 1, 0],
+                   bool)
+VALID = np.repeat([True, True, True, True, True, False], 4)
+
+
+class TestAdvantageStatistics:
+
+    def _check(self, advantages, mask):
+        got = jax.jit(rollout.advantage_statistics, static_argnames="group_size")(
+            jnp.asarray(advantages), jnp.asarray(CORRECT), jnp.asarray(VALID), jnp.asarray(mask),
+            group_size=4)
+        want = _numpy_statistics(advantages, CORRECT, VALID, mask, 4)
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_allclose(float(got[key]), want[key], rtol=1e-6, err_msg=key)
+        return {k: float(v) for k, v in got.items()}
+
+    def test_per_answer_advantages(self):
+        advantages = np.random.default_rng(0).normal(size=24).astype(np.float32)
+        got = self._check(advantages, np.ones((24, 3), np.float32))
+        # 5 real groups, one of each kind; the padding group carries no weight.
+        assert got["groups_nearly_solved"] == got["groups_nearly_failed"] == pytest.approx(0.2)
+
+    def test_group_std_weighs_the_extreme_groups_more_than_no_division(self):
+        """GRPO's division by the group std against Dr. GRPO's none, by hand: a 3-of-4
+        group has std sqrt(3/16) = 0.433, so |A| sums to 1.5 / 0.433 = 3.46 (1.5 without
+        division); a 2-of-4 group to 4 (2); all-equal groups to 0."""
+        rewards = jnp.asarray(CORRECT, jnp.float32)
+        std = objectives.group_advantages(rewards, 4, scale="group")
+        none = objectives.group_advantages(rewards, 4, scale="none")
+        mask = np.ones((24, 3), np.float32)
+        with_std, without = self._check(np.asarray(std), mask), self._check(np.asarray(none), mask)
+        total_std = 2 * 1.5 / np.sqrt(3 / 16) + 2 / 0.5   # the real rows: groups 0, 1, 2
+        assert with_std["advantage_share_nearly_solved"] == pytest.approx(
+            (1.5 / np.sqrt(3 / 16)) / total_std, rel=1e-4)
+        assert without["advantage_share_nearly_solved"] == pytest.approx(1.5 / 5.0, rel=1e-6)
+        assert with_std["advantage_share_nearly_failed"] > without["advantage_share_nearly_failed"]
+
+    def test_per_token_advantages_average_over_the_loss_tokens(self):
+        rng = np.random.default_rng(1)
+        advantages = rng.normal(size=(24, 5)).astype(np.float32)
+        mask = (rng.random((24, 5)) < 0.7).astype(np.float32)
+        mask[3] = 0.0   # a row without loss tokens weighs 0
+        self._check(advantages, mask)
+
+    def test_no_weight_at_all_gives_zero_shares(self):
+        got = self._check(np.zeros(24, np.float32), np.ones((24, 3), np.float32))
+        assert got["advantage_share_nearly_solved"] == got["advantage_share_nearly_failed"] == 0.0
+
+
+def test_update_metrics_are_the_mean_over_updates_and_the_spread_of_the_gradient_norms():
+    norms = iter([1.0, 2.0, 3.0, 6.0])
+    seen = []
+
+    def update(params, opt_state, batch, index):
+        seen.append(sorted(index.tolist()))
+        return params + 1, opt_state, {"grad_norm": np.float32(next(norms)), "loss": np.float32(2.0)}
+
+    params, _, metrics = rl.update_on_batch(update, 0, None, {"mask": np.ones((8, 3))}, (0, 1),
+                                            epochs=2, minibatches=2)
+    assert params == 4
+    assert sorted(seen[0] + seen[1]) == sorted(seen[2] + seen[3]) == list(range(8))
+    assert metrics == pytest.approx({"grad_norm": 3.0, "loss": 2.0,
+                                     "grad_norm_std": np.sqrt((4 + 1 + 0 + 9) / 4)})

@@ -1,0 +1,73 @@
+"""configs/smollm2.py through the loading path of a real checkpoint, on a stand-in.
+
+The recipe's model (SmolLM2-135M-Instruct, converted from its GGUF) is not in the test
+environment; a tiny random model saved as a Hugging Face directory with a character
+tokenizer and its own chat template takes its place, so the run goes through
+`from_pretrained`, the tokenizer's chat template and the recipe's rewards as a user's does.
+"""
+
+import dataclasses
+import json
+import re
+
+import pytest
+import tokenizers
+import transformers
+
+from grpo_jax import config_lib, models
+from grpo_jax.data import prompts
+from grpo_jax.training import rl
+from tests.training.training_setups import REPO
+
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_checkpoint(tmp_path_factory):
+    """A tiny random qwen3 with a character tokenizer over printable ASCII (id 1 = <eos>)
+    and a chat template that marks each turn's role."""
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    model = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    model.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("[\\s\\S]"),
+                                                          behavior="isolated")
+    model.decoder = tokenizers.decoders.Fuse()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=model, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    cfg = dataclasses.replace(models.get_model_config("tiny"), vocab_size=len(vocab),
+                              eos_token_id=1)
+    path = str(tmp_path_factory.mktemp("chat_ckpt"))
+    models.save_pretrained(models.init_model(cfg, seed=0), path, tokenizer=tokenizer)
+    return path
+
+
+@pytest.mark.slow
+def test_smollm2_recipe_runs_in_chat_with_its_rewards(chat_checkpoint, tmp_path):
+    """One step of the recipe (its objective, rewards and chat prompts; fewer rows and
+    tokens): every prompt is the template over the question and the answer instruction,
+    the questions are 2-digit additions, and both rewards are reported."""
+    config = config_lib.load_config(f"{REPO / 'configs' / 'smollm2.py'}:path={chat_checkpoint},steps=1")
+    config = config_lib.apply_overrides(config, {
+        "task.data_dir": str(tmp_path / "data"), "task.knobs.num_train": 64,
+        "task.knobs.num_test": 8, "rollout.prompts_per_batch": 4, "objective.group_size": 4,
+        "rollout.max_new_tokens": 8, "filtering.dynamic_sampling": False,
+        "train.micro_batches": 1, "train.log_rollouts_every": 1, "train.export": False,
+        "eval.num_prompts": 4})
+    workdir = tmp_path / "run"
+    assert rl.train(config, str(workdir)) == 1
+
+    with open(workdir / "rollouts" / "1.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    assert len(rows) == 16
+    instruction = prompts.task_format("arithmetic").answer.instruction
+    for row in rows:
+        match = re.fullmatch(r"<user>(\d{1,2})\+(\d{1,2})\n\n(.*)<assistant>", row["prompt"], re.S)
+        assert match, row["prompt"]
+        assert match.group(3) == instruction
+    with open(workdir / "metrics.jsonl") as f:
+        metrics = json.loads(f.readline())
+    assert {"rewards/gsm8k", "rewards/integer_answer", "accuracy"} <= set(metrics)
+    # accuracy counts the right number (gsm8k), the format reward only adds to it
+    assert metrics["accuracy"] == pytest.approx(metrics["rewards/gsm8k"])
