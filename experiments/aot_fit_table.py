@@ -5,7 +5,7 @@
 Each cell (model x recipe x rule set x topology) is one `grpo_jax.aot.report`, run in its
 own process, one at a time (a compile of qwen3_8b's update takes minutes and gigabytes),
 written to OUT/CELL.json with the commit it ran at; finished cells are skipped on a re-run.
-The tables and the command of every cell go to experiments/results/aot_fit_table.md.
+The tables and the command of every cell go to OUT/../aot_fit_table.md.
 
 Regime (the same for every cell): G = 16 answers to each of P = (number of chips) prompts,
 so 16 rows per chip; prompt 1,024 + completion 7,168 = 8,192 tokens; bf16 weights, compute
@@ -242,7 +242,7 @@ def write_tables(out):
                  f"least X). Commits: {', '.join(sorted(commits))}."] + compare_lines
         + ["", "Commands (each cell's own; GRPO's sampler columns come from the GSPO cell of the "
            "same row, with GRPO's held state):", ""] + commands + compare_commands)
-    (REPO / "experiments" / "results" / "aot_fit_table.md").write_text(text + "\n")
+    (out.parent / "aot_fit_table.md").write_text(text + "\n")
 
 
 def main():
