@@ -144,8 +144,8 @@ def get_config(arg=None):
     config.critic.enabled = False
     config.critic.path = ""              # HF checkpoint to start from; "" = the policy's start
     config.critic.lam = 0.95             # GAE lambda of its targets (VAPO: 1, decoupled)
-    config.critic.value_clip = config_dict.placeholder(float)   # None = unclipped value loss
-    config.critic.value_clip = 0.2       # PPO's clip of the values around the batch's
+    # PPO's clip of the values around the batch's; None = unclipped value loss
+    config.critic.value_clip = config_dict.FieldReference(0.2, field_type=float)
     # VAPO's value pre-training: this many steps before train.steps train only the critic,
     # on rollouts of the frozen starting policy, toward Monte-Carlo returns (lambda = 1).
     config.critic.pretrain_steps = 0

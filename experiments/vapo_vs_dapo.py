@@ -23,7 +23,6 @@ import argparse
 import ast
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -86,18 +85,10 @@ def _child(args, recipe, seed):
 
 
 def _describe_machine():
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                                capture_output=True).stdout.strip()
-    except OSError:
-        commit = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or "unknown"
+    from grpo_jax import sweep   # imports no JAX: use_cpu_cores still comes first in run_one
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"commit {commit}, {cpu}, {os.cpu_count()} cores, load {load:.1f} at the start"
+    return (f"commit {sweep.source_commit()}, {sweep.machine_description(os.cpu_count())}, "
+            f"load {load:.1f} at the start")
 
 
 def _spread(values):
