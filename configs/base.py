@@ -40,7 +40,13 @@ def get_config(arg=None):
     config.model.rules = "fsdp"          # sharding rule set for training
     config.model.dtype = "float32"       # compute dtype
     config.model.param_dtype = "float32"
-    config.model.remat = False
+    # What each layer keeps for the backward pass: "off" (everything), "full" (its input
+    # only), "dots_saveable" or "dots_with_no_batch_dims_saveable" (also matmul results).
+    config.model.remat = "off"
+    config.model.attention = "xla"       # "xla" (any backend), "splash" (TPU kernel), "cudnn"
+    # Runs of identical layers under jax.lax.scan over stacked weights: one compiled layer
+    # body per run instead of one per layer (same network; HF checkpoints load either way).
+    config.model.scan_layers = False
     # Start RL from a supervised warm start of model.name, built once with the sft section
     # below and cached under task.data_dir (RL from a random model has no signal at all).
     config.model.sft_warm_start = False

@@ -151,7 +151,7 @@ def header(args):
         f" jax {jax.__version__}; load average at start {os.getloadavg()[0]:.1f}",
         f"# command: python {' '.join(sys.argv)}",
         f"# B={args.batch} S={args.seq} dtype={args.dtype} (float32 weights) remat={args.remat} "
-        f"chunk={args.chunk_size} attention={args.attention_impl or 'xla'}, median of {args.steps} steps",
+        f"chunk={args.chunk_size} attention={args.attention_impl}, median of {args.steps} steps",
     ])
 
 
@@ -164,7 +164,7 @@ def main():
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--remat", action="store_true")
     parser.add_argument("--chunk_size", type=int, default=1024)
-    parser.add_argument("--attention_impl", default=None, help='None (XLA) or "cudnn" (NVIDIA GPUs)')
+    parser.add_argument("--attention_impl", default="xla", choices=models.ATTENTION_IMPLS)
     parser.add_argument("--peak_tflops", type=float, default=None)
     parser.add_argument("--gpu", action="store_true", help="bf16, B=8, S=2048, remat, 10 steps")
     parser.add_argument("--quick", action="store_true", help="tiny model only, S=32, no table 2")

@@ -7,13 +7,17 @@
     critic = value_model_from(model, mesh=mesh)             # PPO's value model, V(s_t): [B, S]
 """
 
+from grpo_jax.models.config import ATTENTION_IMPLS
 from grpo_jax.models.config import Llama3RopeScaling
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.config import REMAT_POLICIES
 from grpo_jax.models.config import SUPPORTED_MODEL_TYPES
 from grpo_jax.models.config import from_hf_config
+from grpo_jax.models.config import run_overrides
 from grpo_jax.models.config import to_hf_config
 from grpo_jax.models.decoder import Decoder
 from grpo_jax.models.decoder import KVCache
+from grpo_jax.models.decoder import abstract_model
 from grpo_jax.models.decoder import default_positions
 from grpo_jax.models.decoder import init_model
 from grpo_jax.models.hf import from_pretrained
@@ -28,6 +32,7 @@ from grpo_jax.models.sharding import logical_to_spec
 from grpo_jax.models.sharding import state_shardings
 from grpo_jax.models.support_logprobs import support_token_logprobs
 from grpo_jax.models.value import ValueModel
+from grpo_jax.models.value import abstract_value_model
 from grpo_jax.models.value import load_value_model
 from grpo_jax.models.value import save_value_model
 from grpo_jax.models.value import value_model_from

@@ -11,6 +11,13 @@ import dataclasses
 import transformers
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+# "xla": plain XLA attention, any backend (the reference); "splash": the Pallas TPU
+# splash-attention kernel for training and prefill (interpreted on CPU); "cudnn": fused
+# flash attention on NVIDIA GPUs through `jax.nn.dot_product_attention`.
+ATTENTION_IMPLS = ("xla", "splash", "cudnn")
+# What a layer keeps for the backward pass (see `decoder.remat_policy`): "off" keeps
+# every activation, "full" only the layer's input, the others also the named results.
+REMAT_POLICIES = ("off", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +54,15 @@ class ModelConfig:
       bos_token_id, eos_token_id, pad_token_id: carried through for HF tooling.
       dtype: compute dtype of activations and matmuls ("float32", "bfloat16").
       param_dtype: storage dtype of the weights (e.g. float32 master weights).
-      remat: recompute each layer's activations in the backward pass.
-      attention_impl: `jax.nn.dot_product_attention`'s implementation: None (XLA, any
-        backend and dtype) or "cudnn" (fused flash attention on NVIDIA GPUs, bf16/fp16).
+      remat: what each layer keeps for the backward pass, one of `REMAT_POLICIES`
+        ("off": everything; "full": its input only, the rest recomputed; "dots_saveable":
+        also every matmul result). True and False mean "full" and "off".
+      attention_impl: one of `ATTENTION_IMPLS`: "xla" (any backend), "splash" (the Pallas
+        TPU kernel for training and prefill; decoding stays XLA) or "cudnn" (NVIDIA GPUs,
+        bf16/fp16, through `jax.nn.dot_product_attention`).
+      scan_layers: run runs of identical layers with `jax.lax.scan` over stacked weights
+        (one compiled layer body per run instead of one per layer); the KV cache is
+        stacked likewise. Numerically the same network.
     """
 
     model_type: str
@@ -80,10 +93,19 @@ class ModelConfig:
     pad_token_id: int | None = None
     dtype: str = "float32"
     param_dtype: str = "float32"
-    remat: bool = False
-    attention_impl: str | None = None
+    remat: str = "off"
+    attention_impl: str = "xla"
+    scan_layers: bool = False
 
     def __post_init__(self):
+        if isinstance(self.remat, bool):   # the original on/off flag
+            object.__setattr__(self, "remat", "full" if self.remat else "off")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be one of {REMAT_POLICIES} (or a bool), got {self.remat!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
+            )
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"model_type must be one of {SUPPORTED_MODEL_TYPES}, got {self.model_type!r}"
@@ -105,6 +127,18 @@ class ModelConfig:
             and i not in self.mlp_only_layers
             and (i + 1) % self.decoder_sparse_step == 0
         )
+
+    def layer_runs(self):
+        """`[(first layer, number of layers, is_moe), ...]`: maximal runs of consecutive
+        layers of one kind (dense or MoE), the stacks a scanned decoder holds."""
+        runs = []
+        for i in range(self.n_layers):
+            moe = self.is_moe_layer(i)
+            if runs and runs[-1][2] == moe:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1, moe)
+            else:
+                runs.append((i, 1, moe))
+        return runs
 
 
 # Fields that keep their name and meaning in transformers' configs: ours -> theirs.
@@ -213,3 +247,22 @@ def to_hf_config(cfg):
         dtype=cfg.param_dtype,
         **kwargs,
     )
+
+
+# A run config's ``model`` section -> the `ModelConfig` fields it sets.
+RUN_FIELDS = {"dtype": "dtype", "param_dtype": "param_dtype", "remat": "remat",
+              "attention": "attention_impl", "scan_layers": "scan_layers"}
+
+
+def run_overrides(model_section):
+    """`{ModelConfig field: value}` from a run config's ``model`` section (configs/base.py):
+    dtype, param_dtype, remat, attention (-> attention_impl) and scan_layers.
+
+    Raises:
+      ValueError naming the missing ``model.`` field.
+    """
+    missing = [f"model.{name}" for name in RUN_FIELDS if name not in model_section]
+    if missing:
+        raise ValueError(f"the config lacks {', '.join(missing)}; configs/base.py defines them "
+                         f"(attention: one of {ATTENTION_IMPLS}, remat: one of {REMAT_POLICIES})")
+    return {ours: model_section[name] for name, ours in RUN_FIELDS.items()}

@@ -16,6 +16,8 @@ For a sampler, split once and merge inside the jitted loop, passing the weights 
 Every argument is an array of fixed shape, so new values never recompile.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,8 +31,10 @@ class KVCache:
     """Keys and values of all tokens seen so far, in fixed-size buffers.
 
     Attributes:
-      k: one `[B, K, H, L]` array per layer (keys transposed: see layers.grouped_attention).
-      v: one `[B, K, L, H]` array per layer.
+      k: one `[B, K, H, L]` array per layer (keys transposed: see layers.grouped_attention);
+        with `scan_layers`, one `[n, B, K, H, L]` array per run of n scanned layers
+        (`ModelConfig.layer_runs`).
+      v: likewise, `[B, K, L, H]` per layer or `[n, B, K, L, H]` per run.
       valid: `[B, L]` bool, True on slots that hold a real (non-padding) token.
       index: `[]` int32, the slot the next token is written to (shared by all rows).
       prefix: None, or a filled `KVCache` of P rows (P divides B) that every group of
@@ -44,18 +48,23 @@ class KVCache:
     index: jax.Array
     prefix: "KVCache | None" = None
 
-    def prefix_layer(self, i):
-        """Layer i's `(k_t, v, valid)` of the shared prefix, or None without one."""
-        if self.prefix is None:
-            return None
-        return self.prefix.k[i], self.prefix.v[i], self.prefix.valid
-
     def prefix_lengths(self):
         """`[B]` real tokens each row has in the shared prefix (0 without one)."""
         if self.prefix is None:
             return jnp.zeros(self.valid.shape[:1], jnp.int32)
         per_group = self.valid.shape[0] // self.prefix.valid.shape[0]
         return jnp.repeat(jnp.sum(self.prefix.valid, axis=1, dtype=jnp.int32), per_group)
+
+    def grow(self, slots):
+        """The cache with empty slots appended up to `slots` (the shared prefix unchanged)."""
+        def pad(x, axis):
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (0, slots - x.shape[axis])
+            return jnp.pad(x, widths)
+
+        return self.replace(k=tuple(pad(k, k.ndim - 1) for k in self.k),
+                            v=tuple(pad(v, v.ndim - 2) for v in self.v),
+                            valid=pad(self.valid, 1))
 
 
 def default_positions(attention_mask, offset=0):
@@ -83,20 +92,78 @@ class DecoderLayer(nnx.Module):
         self.mlp = layers.MoeMlp(cfg, rngs=rngs) if moe else layers.Mlp(cfg, rngs=rngs)
 
     def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None, prefix=None,
-                 routing=None):
+                 routing=None, cache_layer=None):
         """`[B, S, D]` -> (`[B, S, D]`, new kv_cache, routing stats `[2, E]` or None,
-        experts `[B, S, k]` or None); `routing` replays an MoE block's experts."""
+        experts `[B, S, k]` or None); `routing` replays an MoE block's experts;
+        `cache_layer` is the layer's index in a stacked cache (`Attention`)."""
         eps = self.cfg.norm_eps
-        h, kv_cache = self.attn(
-            layers.rms_norm(x, self.attn_norm[...], eps), positions, mask, kv_cache, cache_index, prefix
-        )
+        x = sharding.constrain(x, ("batch",))
+        h, kv_cache = self.attn(layers.rms_norm(x, self.attn_norm[...], eps), positions, mask,
+                                token_mask, kv_cache, cache_index, prefix, cache_layer)
         x = x + h
         h, stats, experts = self.mlp(layers.rms_norm(x, self.mlp_norm[...], eps), token_mask, routing)
-        return x + h, kv_cache, stats, experts
+        return sharding.constrain(x + h, ("batch",)), kv_cache, stats, experts
 
 
-def _call_layer(layer, *args):
-    return layer(*args)
+def layer_units(cfg):
+    """`[(first layer, number of layers, is_moe), ...]`, one entry per unit the forward
+    walks: a run of stacked layers with `scan_layers`, otherwise each layer alone."""
+    if cfg.scan_layers:
+        return cfg.layer_runs()
+    return [(i, 1, cfg.is_moe_layer(i)) for i in range(cfg.n_layers)]
+
+
+def _stacked_layers(cfg, moe, count, rngs):
+    """One `DecoderLayer` holding `count` layers' weights stacked on a leading axis."""
+    per_layer = [DecoderLayer(cfg, moe, rngs=rngs) for _ in range(count)]
+    graphdef = nnx.graphdef(per_layer[0])
+    return nnx.merge(graphdef, stack_states([nnx.state(layer) for layer in per_layer]))
+
+
+def remat_policy(name):
+    """`jax.checkpoint` policy of `ModelConfig.remat`, or None for "off" (no remat).
+
+    "full" saves nothing inside a layer (its input is kept by the caller: one `[B, S, D]`
+    per layer), "dots_saveable" every matmul result, "dots_with_no_batch_dims_saveable"
+    the matmuls without batch dimensions (the projections, not attention's q k^T and p v).
+    """
+    policies = jax.checkpoint_policies
+    return {
+        "off": None,
+        "full": policies.nothing_saveable,
+        "dots_saveable": policies.dots_saveable,
+        "dots_with_no_batch_dims_saveable": policies.dots_with_no_batch_dims_saveable,
+    }[name]
+
+
+def _layer_fn(graphdef, cfg, *, in_scan):
+    """`(layer state, x, ...) -> DecoderLayer(...)` as a pure function, under the remat policy.
+
+    Inside `lax.scan` common subexpressions cannot leak across iterations, so
+    `prevent_cse` is off there (the setting JAX recommends for a scanned body).
+    """
+    def apply(state, *args):
+        return nnx.merge(graphdef, state)(*args)
+
+    policy = remat_policy(cfg.remat)
+    if policy is None:
+        return apply
+    return jax.checkpoint(apply, policy=policy, prevent_cse=not in_scan)
+
+
+def stack_states(states):
+    """Per-layer `nnx.State`s of one kind -> one state whose leaves gain a leading layer
+    axis, logical axis "layers" (numpy, jax arrays or `ShapeDtypeStruct`s)."""
+    def stack(*variables):
+        values = [v.get_value() for v in variables]
+        if isinstance(values[0], jax.ShapeDtypeStruct):
+            value = jax.ShapeDtypeStruct((len(values),) + values[0].shape, values[0].dtype)
+        else:
+            value = jnp.stack(values)
+        axes = variables[0].get_metadata()["logical_axes"]
+        return variables[0].replace(value, logical_axes=("layers",) + tuple(axes))
+
+    return jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 class Decoder(nnx.Module):
@@ -105,7 +172,9 @@ class Decoder(nnx.Module):
     Attributes:
       cfg: the `ModelConfig`.
       embed: `[V, D]` input embedding ("vocab", "embed").
-      layers: the decoder layers.
+      layers: the decoder layers, or with `cfg.scan_layers`
+      stacks: one `DecoderLayer` per run of layers of one kind (`cfg.layer_runs()`)
+        whose weights have a leading layer axis, walked by `jax.lax.scan`.
       final_norm: `[D]`.
       lm_head: `[D, V]` output projection ("embed", "vocab"), absent when tied.
     """
@@ -113,9 +182,12 @@ class Decoder(nnx.Module):
     def __init__(self, cfg, *, rngs):
         self.cfg = cfg
         self.embed = layers.param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.param_dtype)
-        self.layers = nnx.List(
-            [DecoderLayer(cfg, cfg.is_moe_layer(i), rngs=rngs) for i in range(cfg.n_layers)]
-        )
+        if cfg.scan_layers:
+            self.stacks = nnx.List([_stacked_layers(cfg, moe, n, rngs) for _, n, moe in cfg.layer_runs()])
+        else:
+            self.layers = nnx.List(
+                [DecoderLayer(cfg, cfg.is_moe_layer(i), rngs=rngs) for i in range(cfg.n_layers)]
+            )
         self.final_norm = layers.param(rngs, (cfg.d_model,), ("norm",), cfg.param_dtype, init="ones")
         if not cfg.tie_embeddings:
             self.lm_head = layers.param(
@@ -149,32 +221,62 @@ class Decoder(nnx.Module):
     def _run(self, tokens, token_mask, positions, mask, cache=None, routing=None):
         """Embeds, runs every layer and the final norm.
 
+        The layers are walked unit by unit: one layer, or with `scan_layers` one run of
+        stacked layers under `jax.lax.scan` (the cache's k/v tuples hold one entry per unit).
+
         Returns (hidden, (keys, values), aux loss, experts): experts `[L_moe, B, S, k]`
         int32, the experts of each MoE layer, or None for a dense model; `routing` (the
         same shape) replays them.
         """
         cfg = self.cfg
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)
-        call = nnx.remat(_call_layer) if cfg.remat else _call_layer
+        x = sharding.constrain(jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype), ("batch",))
+        index = None if cache is None else cache.index
+        prefix_valid = None if cache is None or cache.prefix is None else cache.prefix.valid
         new_k, new_v, stats, chosen = [], [], [], []
-        for i, layer in enumerate(self.layers):
+        modules = self.stacks if cfg.scan_layers else self.layers
+        for i, (module, (first, count, moe)) in enumerate(zip(modules, layer_units(cfg))):
+            graphdef, state = nnx.split(module)
+            apply = _layer_fn(graphdef, cfg, in_scan=cfg.scan_layers)
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            index = None if cache is None else cache.index
-            prefix = None if cache is None else cache.prefix_layer(i)
-            replay = None if routing is None or not cfg.is_moe_layer(i) else routing[len(chosen)]
-            x, kv, layer_stats, experts = call(layer, x, positions, mask, token_mask, kv, index,
-                                               prefix, replay)
+            prefix = None if prefix_valid is None else (cache.prefix.k[i], cache.prefix.v[i])
+            replay = None
+            if routing is not None and moe:
+                start = sum(cfg.is_moe_layer(j) for j in range(first))
+                replay = routing[start:start + count]
+
+            def layer(state, x, kv, prefix, replay, position=None):
+                full_prefix = None if prefix is None else (*prefix, prefix_valid)
+                return apply(state, x, positions, mask, token_mask, kv, index, full_prefix, replay,
+                             position)
+
+            if cfg.scan_layers:
+                # The stacked cache rides in the carry, each layer writing its new slots
+                # in place; as a scanned input/output it would be copied whole every call.
+                def body(carry, xs):
+                    x, kv = carry
+                    state, prefix, replay, position = xs
+                    x, kv, layer_stats, experts = layer(state, x, kv, prefix, replay, position)
+                    return (x, kv), (layer_stats, experts)
+
+                xs = (state, prefix, replay, jnp.arange(count))
+                (x, kv), (layer_stats, experts) = jax.lax.scan(body, (x, kv), xs)
+            else:
+                replay = None if replay is None else replay[0]
+                x, kv, layer_stats, experts = layer(state, x, kv, prefix, replay)
+                layer_stats, experts = jax.tree.map(lambda a: a[None], (layer_stats, experts))
             if cache is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
-            if layer_stats is not None:
-                stats.append(layer_stats)
+            if moe:
+                stats.append(jnp.sum(layer_stats, axis=0))
                 chosen.append(experts)
         hidden = layers.rms_norm(x, self.final_norm[...], cfg.norm_eps)
         aux = jnp.zeros((), jnp.float32)
         if stats:
-            aux = layers.load_balancing_loss(sum(stats), len(stats), jnp.sum(token_mask))
-        return hidden, (new_k, new_v), aux, jnp.stack(chosen) if chosen else None
+            experts = jnp.concatenate(chosen)
+            aux = layers.load_balancing_loss(sum(stats), experts.shape[0], jnp.sum(token_mask))
+            return hidden, (new_k, new_v), aux, experts
+        return hidden, (new_k, new_v), aux, None
 
     def hidden_states(self, tokens, *, attention_mask=None, positions=None, routing=None):
         """Final (normed) hidden states and the MoE load-balancing loss.
@@ -224,7 +326,8 @@ class Decoder(nnx.Module):
         k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len)
         v_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
         def zeros(shape):
-            return tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers))
+            stacked = lambda count: (count,) if cfg.scan_layers else ()
+            return tuple(jnp.zeros(stacked(count) + shape, cfg.dtype) for _, count, _ in layer_units(cfg))
 
         return KVCache(
             k=zeros(k_shape), v=zeros(v_shape), valid=jnp.zeros((batch_size, max_len), bool),
@@ -276,13 +379,26 @@ def abstract_model(cfg):
     return nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
 
 
-def place(host, variable, path, mesh, rules):
-    """`variable` holding the host array `host`, each device receiving only its own slice."""
+def scanned_path(cfg, path):
+    """A per-layer parameter path `("layers", i, ...)` -> `(("stacks", j, ...), k)`: the
+    stack that holds layer i in a scanned decoder and i's position in it. Other paths
+    are the same in both layouts (k is None)."""
+    if path[0] != "layers":
+        return path, None
+    for j, (first, count, _) in enumerate(cfg.layer_runs()):
+        if first <= path[1] < first + count:
+            return ("stacks", j, *path[2:]), path[1] - first
+    raise ValueError(f"{path}: layer {path[1]} is past the model's {cfg.n_layers} layers")
+
+
+def place(read, variable, path, mesh, rules):
+    """`variable` holding the host values `read(index)` returns, each device reading only
+    its own slice (`index`: a tuple of slices of the variable's shape)."""
     if mesh is None:
         target = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     else:
         target = sharding.variable_sharding(path, variable, mesh, rules)
-    return variable.replace(jax.make_array_from_callback(host.shape, target, lambda index: host[index]))
+    return variable.replace(jax.make_array_from_callback(variable.get_value().shape, target, read))
 
 
 def init_model(cfg, *, seed=0, mesh=None, rules="fsdp"):
@@ -290,21 +406,31 @@ def init_model(cfg, *, seed=0, mesh=None, rules="fsdp"):
 
     Weights are drawn on the host with numpy and copied slice by slice to the devices
     (as `from_pretrained` does): an XLA program drawing dozens of differently shaped
-    random tensors takes seconds to compile on CPU, this takes none.
+    random tensors takes seconds to compile on CPU, this takes none. A scanned decoder
+    gets the same values as the unscanned one (drawn per layer, then stacked on the host:
+    for large models load weights with `from_pretrained`, which reads slice by slice).
 
     Args:
       cfg: a `ModelConfig`.
-      seed: the init RNG seed (the same values on any mesh).
+      seed: the init RNG seed (the same values on any mesh and with or without scan).
       mesh: a `jax.sharding.Mesh`; None keeps the parameters on the default device.
       rules: a rule-set name or a rule table (see `sharding.RULE_SETS`), used with `mesh`.
     """
     graphdef, state = abstract_model(cfg)
+    targets = dict(nnx.to_flat_state(state))
+    _, per_layer_state = abstract_model(dataclasses.replace(cfg, scan_layers=False))
     rng = np.random.default_rng(seed)
-    placed = {}
-    for path, variable in nnx.to_flat_state(state):
+    stacks, placed = {}, {}
+    for path, variable in nnx.to_flat_state(per_layer_state):
         shape, init = variable.get_value().shape, variable.get_metadata()["init"]
         host = layers.initial_value(
             init, shape, cfg.param_dtype, lambda s: rng.standard_normal(s, dtype=np.float32)
         )
-        placed[path] = place(host, variable, path, mesh, rules)
+        path, position = scanned_path(cfg, path) if cfg.scan_layers else (path, None)
+        if position is not None:
+            stacks.setdefault(path, []).append(host)
+            if len(stacks[path]) < targets[path].get_value().shape[0]:
+                continue
+            host = np.stack(stacks.pop(path))
+        placed[path] = place(lambda index, host=host: host[index], targets[path], path, mesh, rules)
     return nnx.merge(graphdef, nnx.from_flat_state(placed))

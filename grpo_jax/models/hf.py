@@ -4,7 +4,8 @@ One table (`weight_map`) pairs each of our parameters with its transformers tens
 name(s) and layout; loading and saving both read it, so they cannot drift apart.
 Layouts: transformers' `nn.Linear` stores `[out, in]`, we store `[in..., out...]` with
 heads split out (`q` is `[D, N, H]`); Qwen3-MoE checkpoints hold one tensor per expert,
-we stack them into `[E, ...]`.
+we stack them into `[E, ...]`; a scanned decoder (`scan_layers`) stacks each run of layers
+likewise, `[n, ...]` or `[n, E, ...]`.
 """
 
 import dataclasses
@@ -33,20 +34,41 @@ class WeightMap:
 
     Attributes:
       path: our parameter's path in the `nnx.State`, e.g. `("layers", 0, "attn", "q")`.
-      hf_names: its tensor name, or one name per expert (stacked along our axis 0).
+      hf_names: its tensor names, row-major over our `n_stacked` leading axes (one name
+        when there are none; per expert; per stacked layer, then per expert).
       layout: "same" (identical array), "flat" (HF flattens it: biases `[N, H]` -> `[N*H]`)
         or "linear" (HF `[out, in]`; ours `[in..., out...]`, `n_in` leading input dims).
-      n_in: number of our leading dims that are the linear map's input.
+      n_in: number of our dims, after the stacked ones, that are the linear map's input.
+      n_stacked: our leading axes that enumerate HF tensors (0, 1 for experts or scanned
+        layers, 2 for a scanned stack of experts).
     """
 
     path: tuple
     hf_names: tuple
     layout: str = "same"
     n_in: int = 1
+    n_stacked: int = 0
 
 
 def weight_map(cfg):
-    """The list of `WeightMap`s of a model with config `cfg`."""
+    """The list of `WeightMap`s of a model with config `cfg` (scanned or not)."""
+    entries = _per_layer_weight_map(cfg)
+    if not cfg.scan_layers:
+        return entries
+    stacked = {}
+    for entry in entries:
+        path, position = decoder.scanned_path(cfg, entry.path)
+        if position is None:
+            stacked[path] = entry
+        elif position == 0:
+            stacked[path] = dataclasses.replace(entry, path=path, n_stacked=entry.n_stacked + 1)
+        else:
+            stacked[path] = dataclasses.replace(
+                stacked[path], hf_names=stacked[path].hf_names + entry.hf_names)
+    return list(stacked.values())
+
+
+def _per_layer_weight_map(cfg):
     entries = [WeightMap(("embed",), ("model.embed_tokens.weight",))]
     for i in range(cfg.n_layers):
         pre = f"model.layers.{i}"
@@ -79,6 +101,7 @@ def weight_map(cfg):
                     ("layers", i, "mlp", x),
                     tuple(f"{pre}.mlp.experts.{e}.{x}_proj.weight" for e in range(cfg.n_experts)),
                     "linear",
+                    n_stacked=1,
                 )
                 for x in mlp
             ]
@@ -94,7 +117,7 @@ def weight_map(cfg):
 
 
 def _hf_shape(entry, shape):
-    """The shape transformers stores for one tensor of our (per-expert) `shape`."""
+    """The shape transformers stores for one tensor of our (per-tensor) `shape`."""
     if entry.layout == "flat":
         return (math.prod(shape),)
     if entry.layout == "linear":
@@ -138,22 +161,32 @@ def _open_checkpoint(path):
     return {name: opened[file_name] for name, file_name in files.items()}
 
 
-def _read(entry, tensors, shape, dtype):
-    """Our full host array for `entry`, checked against the shape the config implies."""
-    per_tensor = shape[1:] if len(entry.hf_names) > 1 else shape
+def _reader(entry, tensors, shape, dtype):
+    """`read(index)`: the slice `index` of our array for `entry`, read from the memory-mapped
+    HF tensors it covers; every tensor is checked against the shape the config implies."""
+    lead, per_tensor = shape[:entry.n_stacked], shape[entry.n_stacked:]
     want = _hf_shape(entry, per_tensor)
-    parts = []
     for name in entry.hf_names:
         if name not in tensors:
             raise KeyError(f"tensor {name} is missing from the checkpoint (needed for {entry.path})")
-        array = tensors[name][name]
-        if tuple(array.shape) != want:
+        found = tuple(tensors[name].header[name]["shape"])
+        if found != want:
             raise ValueError(
-                f"{tensors[name].path}: tensor {name} has shape {tuple(array.shape)}, but config.json "
+                f"{tensors[name].path}: tensor {name} has shape {found}, but config.json "
                 f"implies {want}; the weights and config.json come from different models"
             )
-        parts.append(_from_hf(entry, array, per_tensor).astype(dtype))
-    return np.stack(parts) if len(parts) > 1 else parts[0]
+    names = np.empty(len(entry.hf_names), object)
+    names[:] = entry.hf_names
+    names = names.reshape(lead)
+
+    def read(index):
+        picked = np.asarray(names[index[:entry.n_stacked]], dtype=object)
+        rest = index[entry.n_stacked:]
+        parts = [_from_hf(entry, tensors[name][name], per_tensor)[rest].astype(dtype)
+                 for name in picked.reshape(-1)]
+        return np.stack(parts).reshape(picked.shape + parts[0].shape)
+
+    return read
 
 
 def load_config(path, **overrides):
@@ -205,8 +238,8 @@ def read_weights(path, state, entries, *, mesh, rules, param_dtype, expected_unu
     loaded = {}
     for entry in entries:
         variable = flat[entry.path]
-        host = _read(entry, tensors, variable.get_value().shape, np.dtype(param_dtype))
-        loaded[entry.path] = decoder.place(host, variable, entry.path, mesh, rules)
+        read = _reader(entry, tensors, variable.get_value().shape, np.dtype(param_dtype))
+        loaded[entry.path] = decoder.place(read, variable, entry.path, mesh, rules)
     used = {n for e in entries for n in e.hf_names} | set(expected_unused)
     unused = sorted(set(tensors) - used)
     if unused:
@@ -233,6 +266,20 @@ def _shard_plan(entries, flat, itemsize, max_shard_bytes):
             plan[name] = shard
             size += nbytes
     return plan
+
+
+def _host_tensors(value, entry):
+    """`(hf name, host array)` of each tensor `entry` covers, in hf_names order. Every
+    process joins the gathers (one per stacked layer for a scanned stack, so the host
+    holds one layer's experts at most, not the stack)."""
+    scanned = "stacks" in entry.path   # a scanned stack (of a decoder, or a critic's trunk)
+    per_layer = value if scanned else [value]
+    names = iter(entry.hf_names)
+    for chunk in per_layer:
+        array = np.asarray(multihost_utils.process_allgather(chunk, tiled=True))
+        n_lead = entry.n_stacked - scanned
+        for part in array.reshape(-1, *array.shape[n_lead:]):
+            yield next(names), part
 
 
 def save_pretrained(model, path, *, tokenizer=None, dtype=None, max_shard_bytes=5 * 2**30):
@@ -274,10 +321,7 @@ def write_weights(state, entries, hf_config, path, *, tokenizer=None, dtype,
         hf_config.save_pretrained(path)
     current, shard = {}, 0
     for entry in entries:
-        # Every process joins the gather; only process 0 writes.
-        array = np.asarray(multihost_utils.process_allgather(flat[entry.path].get_value(), tiled=True))
-        parts = list(array) if len(entry.hf_names) > 1 else [array]
-        for name, part in zip(entry.hf_names, parts):
+        for name, part in _host_tensors(flat[entry.path].get_value(), entry):
             if plan[name] != shard:
                 if writer:
                     save_file(current, os.path.join(path, file_names[shard]), metadata={"format": "pt"})

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from grpo_jax.models import sharding, splash
 
 INIT_STD = 0.02  # std of the random normal weights (transformers' initializer_range)
 
@@ -179,7 +180,8 @@ class Attention(nnx.Module):
             y = rms_norm(y, getattr(self, f"{name}_norm")[...], self.cfg.norm_eps)
         return y
 
-    def __call__(self, x, positions, mask, kv_cache=None, cache_index=None, prefix=None):
+    def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None, prefix=None,
+                 cache_layer=None):
         """Attends each query to the keys `mask` allows.
 
         Args:
@@ -187,6 +189,7 @@ class Attention(nnx.Module):
           positions: `[B, S]` rope positions.
           mask: `[B, S, L]` bool, True where query s may attend key slot l; L = S without
             a cache, the cache length with one.
+          token_mask: `[B, S]` 1 on the real new tokens (the splash kernel's segments).
           kv_cache: optional `(k_t, v)`, keys `[B, K, H, L]` and values `[B, K, L, H]`;
             the new keys and values are written at slots `[cache_index, cache_index + S)`
             before attending. These are the layouts a decode step reads in place (see
@@ -195,39 +198,54 @@ class Attention(nnx.Module):
           cache_index: scalar int32 slot of the first new token.
           prefix: optional shared prefix rows attended before the cache (see
             `grouped_attention`); always the XLA path, whatever `attention_impl`.
+          cache_layer: with a stacked cache (`[n, B, K, H, L]`, a scanned model's), this
+            layer's index in it: only the new slots are written into the stack, in place,
+            so a decode step does not copy the cache.
 
         Returns:
           `([B, S, D], new kv_cache or None)`.
         """
         cfg = self.cfg
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        q = apply_rope(self._project(x, "q"), positions, inv_freq)
+        q = sharding.constrain(apply_rope(self._project(x, "q"), positions, inv_freq),
+                               ("batch", None, "heads"))
         k = apply_rope(self._project(x, "k"), positions, inv_freq).transpose(0, 2, 3, 1)  # [B, K, H, S]
         v = self._project(x, "v").transpose(0, 2, 1, 3)  # [B, K, S, H]
+        k, v = (sharding.constrain(a, ("batch", "kv_heads")) for a in (k, v))
         if kv_cache is not None:
-            k = jax.lax.dynamic_update_slice(kv_cache[0], k.astype(kv_cache[0].dtype), (0, 0, 0, cache_index))
-            v = jax.lax.dynamic_update_slice(kv_cache[1], v.astype(kv_cache[1].dtype), (0, 0, cache_index, 0))
-            kv_cache = (k, v)
+            lead = () if cache_layer is None else (cache_layer,)
+
+            def write(buffer, new, start):
+                new = new.astype(buffer.dtype).reshape((1,) * len(lead) + new.shape)
+                return jax.lax.dynamic_update_slice(buffer, new, (*lead, *start))
+
+            kv_cache = (write(kv_cache[0], k, (0, 0, 0, cache_index)),
+                        write(kv_cache[1], v, (0, 0, cache_index, 0)))
+            k, v = kv_cache if cache_layer is None else (
+                jax.lax.dynamic_index_in_dim(c, cache_layer, keepdims=False) for c in kv_cache)
         k, v = k.astype(q.dtype), v.astype(q.dtype)
-        if cfg.attention_impl == "cudnn" and prefix is None:
+        s, slots = q.shape[1], k.shape[-1]
+        # The kernels attend the new tokens to themselves: no cache, or a fresh cache they
+        # fill (S = L: a prompt's prefill); decoding and shared prefixes stay XLA.
+        self_attention = prefix is None and s == slots
+        if cfg.attention_impl == "splash" and self_attention:
+            out = splash.splash_attention(q, k.transpose(0, 1, 3, 2), v, token_mask,
+                                          scale=cfg.head_dim**-0.5)
+        elif cfg.attention_impl == "cudnn" and prefix is None:
             out = jax.nn.dot_product_attention(
                 q, k.transpose(0, 3, 1, 2), v.transpose(0, 2, 1, 3), mask=mask[:, None],
                 scale=cfg.head_dim**-0.5, implementation="cudnn")
         else:
             out = grouped_attention(q, k, v, mask, scale=cfg.head_dim**-0.5, prefix=prefix)
+        out = sharding.constrain(out, ("batch", None, "heads"))
         y = jnp.einsum("bsnh,nhd->bsd", out, self.o[...].astype(x.dtype))
         if cfg.o_bias:
             y = y + self.o_bias[...].astype(x.dtype)
         return y, kv_cache
 
 
-def swiglu(x, gate, up, down):
-    """SwiGLU MLP (Shazeer 2020): down(silu(x gate) * (x up)); weights `[D,F]`, `[D,F]`, `[F,D]`."""
-    return (jax.nn.silu(x @ gate) * (x @ up)) @ down
-
-
 class Mlp(nnx.Module):
-    """The dense SwiGLU feed-forward block."""
+    """The dense SwiGLU feed-forward block (Shazeer 2020): down(silu(x gate) * (x up))."""
 
     def __init__(self, cfg, *, rngs):
         d, f, pdt = cfg.d_model, cfg.d_ff, cfg.param_dtype
@@ -239,8 +257,10 @@ class Mlp(nnx.Module):
         """`[B, S, D]` -> (`[B, S, D]`, None, None): no routing in a dense block."""
         del token_mask, routing
         dt = x.dtype
-        out = swiglu(x, self.gate[...].astype(dt), self.up[...].astype(dt), self.down[...].astype(dt))
-        return out, None, None
+        hidden = sharding.constrain(
+            jax.nn.silu(x @ self.gate[...].astype(dt)) * (x @ self.up[...].astype(dt)),
+            ("batch", None, "mlp"))
+        return hidden @ self.down[...].astype(dt), None, None
 
 
 class MoeMlp(nnx.Module):

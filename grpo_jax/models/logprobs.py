@@ -4,13 +4,16 @@ With real vocabularies (128k-152k) the float32 logits of a batch dwarf everythin
 B*T = 8,192 tokens x V = 151,936 x 4 bytes = 5 GB, and the backward pass of a naive
 log-softmax keeps a second copy. Here the tokens are cut into chunks; each chunk's logits
 are computed, reduced to one log-prob per token, and dropped, and `jax.checkpoint`
-recomputes them in the backward pass. Peak memory is O(chunk_size * V) instead of
+recomputes them in the backward pass. A chunk is a slice of every row's positions, so the
+rows stay split over the devices as they are (chunks of the flattened `[B*T]` tokens made
+each chunk live on one device and XLA gathered every row's hidden states on every chip). Peak memory is O(chunk_size * V) instead of
 O(B * T * V); values and gradients equal the naive path (tests/models/test_chunked_logprobs.py).
 """
 
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.models import sharding
 from grpo_jax.objectives import entropy_from_logits, token_logprobs
 
 
@@ -33,8 +36,9 @@ def chunked_token_logprobs(hidden, unembedding, tokens, *, temperature=1.0, chun
       unembedding: `[D, V]` output projection (`Decoder.unembedding()`).
       tokens: `[B, T]` int token ids whose log-probs to take.
       temperature: `\tau`, a float or scalar array.
-      chunk_size: tokens per chunk; peak logits memory is `chunk_size * V * 4` bytes.
-        B*T need not be a multiple (the last chunk is padded).
+      chunk_size: tokens per chunk, `chunk_size // B` positions of every row (at least
+        one); peak logits memory is `chunk_size * V * 4` bytes over all devices. T need
+        not be a multiple (the last chunk is padded).
       with_entropy: also return the entropy of each position's (tempered) distribution,
         from the same chunk of logits (`objectives.entropy_from_logits`).
 
@@ -47,20 +51,24 @@ def chunked_token_logprobs(hidden, unembedding, tokens, *, temperature=1.0, chun
       Array([[-0.6931472, -0.6931472, -0.6931472]], dtype=float32)
     """
     b, t, d = hidden.shape
-    n = b * t
-    n_chunks = -(-n // chunk_size)
-    pad = n_chunks * chunk_size - n
-    h = jnp.pad(hidden.reshape(n, d), ((0, pad), (0, 0))).reshape(n_chunks, chunk_size, d)
-    y = jnp.pad(tokens.reshape(n), (0, pad)).reshape(n_chunks, chunk_size)
+    per_row = max(1, min(t, chunk_size // b))   # every chunk spans all rows
+    n_chunks = -(-t // per_row)
+    pad = n_chunks * per_row - t
+
+    def to_chunks(x):   # [B, T, ...] -> [chunks, B, per_row, ...]
+        x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+        return x.reshape(b, n_chunks, per_row, *x.shape[2:]).swapaxes(0, 1)
+
+    h, y = to_chunks(hidden), to_chunks(tokens)
 
     @jax.checkpoint
     def chunk(args):
         h_cd, y_c = args
-        logits = unembed(h_cd, unembedding)
+        logits = unembed(sharding.constrain(h_cd, ("batch",)), unembedding)
         logp = token_logprobs(logits, y_c, temperature=temperature)
         if not with_entropy:
             return logp
         return logp, entropy_from_logits(logits / temperature)
 
-    unchunk = lambda x: x.reshape(-1)[:n].reshape(b, t)
+    unchunk = lambda x: x.swapaxes(0, 1).reshape(b, -1)[:, :t]
     return jax.tree.map(unchunk, jax.lax.map(chunk, (h, y)))

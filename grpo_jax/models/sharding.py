@@ -11,6 +11,7 @@ Every weight names its dimensions with logical axes (see `layers.py`):
 | expert | E, the routed experts |
 | router | E in the router's `[D, E]` weight (kept whole: top-k needs every logit) |
 | norm | D of RMSNorm scales and the output bias (tiny, replicated) |
+| layers | the stacked layers of a scanned decoder (never split: the scan walks them) |
 
 A rule table maps each logical axis to a mesh axis name, a tuple of them, or None
 (replicated). Rule sets shipped, by name:
@@ -23,14 +24,21 @@ A rule table maps each logical axis to a mesh axis name, a tuple of them, or Non
   gather them every step); heads, mlp and vocab over "tensor".
 
 The mesh must have every axis the rules name (size 1 is fine).
+
+Activations follow the mesh the model runs under (`jax.set_mesh`), whatever the rule
+set: their batch rows over the row axes (every axis but "tensor", `parallel.row_axes`:
+data, fsdp, expert), attention heads and the MLP width over "tensor" (`constrain`).
+Without them XLA may keep a whole batch's activations on every chip of an fsdp axis.
 """
 
 import math
 
 import jax
 
+from grpo_jax.parallel import mesh as mesh_lib
+
 _REPLICATED = {
-    "vocab": None, "embed": None, "heads": None, "kv_heads": None, "head_dim": None,
+    "layers": None, "vocab": None, "embed": None, "heads": None, "kv_heads": None, "head_dim": None,
     "mlp": None, "expert": None, "router": None, "norm": None,
 }
 _TENSOR = {"vocab": "tensor", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor"}
@@ -103,3 +111,32 @@ def state_shardings(state, mesh, rules="fsdp"):
         state,
         is_leaf=lambda x: hasattr(x, "get_metadata"),
     )
+
+
+# Activation dimensions -> mesh axes; "batch" is resolved from the mesh (its row axes).
+_ACTIVATION_AXES = {"batch": None, "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor"}
+
+
+def activation_spec(shape, logical_axes, mesh):
+    """`jax.P` splitting an activation of `shape` along `logical_axes` on `mesh`.
+
+    "batch" goes over the mesh's row axes, "heads", "kv_heads" and "mlp" over "tensor",
+    anything else (None, "seq", "embed", ...) is replicated. A dimension that does not
+    divide over its axes is left replicated, so any shape is accepted.
+    """
+    spec = []
+    for dim, name in zip(shape, logical_axes):
+        axes = mesh_lib.row_axes(mesh) if name == "batch" else _mesh_axes(_ACTIVATION_AXES.get(name))
+        axes = tuple(a for a in axes if a in mesh.shape)
+        ways = math.prod(mesh.shape[a] for a in axes)
+        spec.append(axes if axes and ways > 1 and dim % ways == 0 else None)
+    return jax.P(*spec)
+
+
+def constrain(x, logical_axes):
+    """`x` constrained to `activation_spec` under the mesh set by `jax.set_mesh`; as it is
+    without one (single device, or a caller that shards by its inputs alone)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, activation_spec(x.shape, logical_axes, mesh))

@@ -73,7 +73,8 @@ def abstract_value_model(cfg):
 
 def _zeros(variable, path, mesh, rules):
     shape = variable.get_value().shape
-    return decoder.place(np.zeros(shape, variable.get_value().dtype), variable, path, mesh, rules)
+    zeros = np.zeros(shape, variable.get_value().dtype)
+    return decoder.place(lambda index: zeros[index], variable, path, mesh, rules)
 
 
 def value_model_from(model, *, mesh=None, rules="fsdp"):

@@ -45,9 +45,8 @@ def start_critic(config, mesh, policy):
     any LM checkpoint for the trunk), or the policy's starting weights with a zero head."""
     model_cfg = config.model
     if config.critic.path:
-        model = models.load_value_model(
-            config.critic.path, mesh=mesh, rules=model_cfg.rules,
-            dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype, remat=model_cfg.remat)
+        model = models.load_value_model(config.critic.path, mesh=mesh, rules=model_cfg.rules,
+                                        **models.run_overrides(model_cfg))
         vocab, policy_vocab = model.cfg.vocab_size, policy.model_config().vocab_size
         if vocab != policy_vocab:
             raise ValueError(f"critic.path {config.critic.path!r} has a vocabulary of {vocab} "

@@ -11,8 +11,9 @@ import time
 import jax
 from flax import nnx
 
-from grpo_jax import config_lib, models, parallel, paths, sampling
-from grpo_jax.training import evaluation, policy as policy_lib, rl, sft, task as task_lib
+from grpo_jax import config_lib, models, parallel, paths
+from grpo_jax.training import evaluation, policy as policy_lib, rl, rollout, sft
+from grpo_jax.training import task as task_lib
 
 
 def _stage_config(config, **changes):
@@ -29,9 +30,7 @@ def evaluate_export(config, path):
     source = task_lib.data_source(config.task, config.task.eval_split)
     scorer = task_lib.Scorer(config.reward, separate=False,
                              max_new_tokens=config.rollout.max_new_tokens)
-    method = sampling.make_method(temperature=config.rollout.temperature,
-                                  top_p=config.rollout.top_p, top_k=config.rollout.top_k,
-                                  min_p=config.rollout.min_p)
+    method = rollout.sampling_method(config)
     try:
         return evaluation.evaluate(policy, mesh, scorer,
                                    evaluation.own_examples(source, config.eval.num_prompts),

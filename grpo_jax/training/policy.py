@@ -45,8 +45,7 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
             raise FileNotFoundError(f"model.path {model_cfg.path!r} is not a directory; point it at "
                                     "a local Hugging Face checkpoint (config.json + *.safetensors)")
         model, tokenizer = models.from_pretrained(
-            path, mesh=mesh, rules=model_cfg.rules, dtype=model_cfg.dtype,
-            param_dtype=model_cfg.param_dtype, remat=model_cfg.remat)
+            path, mesh=mesh, rules=model_cfg.rules, **models.run_overrides(model_cfg))
         if tokenizer is None:
             raise FileNotFoundError(f"model.path {path!r} has no tokenizer files; save the "
                                     "tokenizer next to the weights")
@@ -61,8 +60,7 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     vocab = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     cfg = models.get_model_config(
         model_cfg.name, vocab_size=vocab, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, dtype=model_cfg.dtype,
-        param_dtype=model_cfg.param_dtype, remat=model_cfg.remat)
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **models.run_overrides(model_cfg))
     return models.init_model(cfg, seed=seed, mesh=mesh, rules=model_cfg.rules), tokenizer
 
 

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import objectives, parallel, paths, sampling
+from grpo_jax import objectives, parallel, paths
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import checkpoint, critic as critic_lib, evaluation
 from grpo_jax.training import metrics as metrics_lib, optimizer
@@ -111,6 +111,14 @@ def check_critic_config(config):
     if config.critic.value_clip is not None and config.critic.value_clip <= 0:
         raise ValueError(f"critic.value_clip must be > 0 (None: no clip), got "
                          f"{config.critic.value_clip}")
+
+
+def check_model(config, model_cfg):
+    """Raises ValueError naming the field for settings the model (a `models.ModelConfig`)
+    cannot serve."""
+    if config.rollout.keep_routing and not model_cfg.n_experts:
+        raise ValueError("rollout.keep_routing replays an MoE's experts, but the model has none; "
+                         "set rollout.keep_routing=False for a dense model")
 
 
 def make_loss(objective, temperature):
@@ -197,16 +205,13 @@ def train(config, workdir, *, seconds=None):
     eval_source = task_lib.data_source(cfg.task, cfg.task.eval_split)
     texts = None if cfg.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(cfg, mesh, workdir, texts)
-    if cfg.rollout.keep_routing and not policy.model_config().n_experts:
-        raise ValueError("rollout.keep_routing replays an MoE's experts, but the model has none; "
-                         "set rollout.keep_routing=False for a dense model")
+    check_model(cfg, policy.model_config())
     train_iter = iter(task_lib.loader(train_source, cfg, batch_size=cfg.rollout.prompts_per_batch))
     held_out = evaluation.own_examples(eval_source, cfg.eval.num_prompts)
     scorer = task_lib.Scorer(cfg.reward, separate=cfg.objective.advantage.estimator == "gdpo",
                              max_new_tokens=cfg.rollout.max_new_tokens)
     objective = objectives.policy_objective(cfg.objective, reward_weights=scorer.weights)
-    method = sampling.make_method(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                  top_k=cfg.rollout.top_k, min_p=cfg.rollout.min_p)
+    method = rollout.sampling_method(cfg)
     temperature = cfg.rollout.temperature
 
     total_steps = cfg.critic.pretrain_steps + cfg.train.steps   # value pre-training first

@@ -32,6 +32,13 @@ from grpo_jax.training import task as task_lib
 SHORT_BATCH = ("error", "pad")
 
 
+def sampling_method(config):
+    """The rollouts' `sampling` method from the run config's ``rollout`` section."""
+    r = config.rollout
+    return sampling.make_method(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                min_p=r.min_p)
+
+
 def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules,
                    record_support=False, record_routing=False):
     """`sampling.generate` on global prompt rows; returns the `Rollout` on the mesh."""

@@ -14,11 +14,11 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import parallel, paths, sampling
+from grpo_jax import parallel, paths
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import checkpoint, evaluation, metrics as metrics_lib, optimizer
 from grpo_jax.training import policy as policy_lib, preemption
-from grpo_jax.training import steps, task as task_lib
+from grpo_jax.training import rollout, steps, task as task_lib
 
 
 def train(config, workdir, *, seconds=None):
@@ -35,8 +35,7 @@ def train(config, workdir, *, seconds=None):
     train_iter = iter(task_lib.loader(train_source, cfg, batch_size=cfg.sft.batch_size))
     held_out = evaluation.own_examples(eval_source, cfg.eval.num_prompts)
     scorer = task_lib.Scorer(cfg.reward, separate=False, max_new_tokens=cfg.rollout.max_new_tokens)
-    method = sampling.make_method(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                  top_k=cfg.rollout.top_k, min_p=cfg.rollout.min_p)
+    method = rollout.sampling_method(cfg)
     tx = optimizer.make_optimizer(cfg.sft.optimizer, cfg.sft.steps)
     opt_state = steps.init_optimizer_state(tx, policy.params, mesh)
     shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)

@@ -65,5 +65,5 @@ def test_float32_round_trip_is_exact(tmp_path, max_shard_bytes):
 def test_config_overrides_reach_the_model(tmp_path):
     models.save_pretrained(models.init_model(TINY), str(tmp_path))
     model, _ = models.from_pretrained(str(tmp_path), dtype="bfloat16", remat=True, attention_impl="xla")
-    assert (model.cfg.dtype, model.cfg.remat, model.cfg.attention_impl) == ("bfloat16", True, "xla")
+    assert (model.cfg.dtype, model.cfg.remat, model.cfg.attention_impl) == ("bfloat16", "full", "xla")
     assert model.embed[...].dtype == np.float32

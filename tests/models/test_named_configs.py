@@ -40,7 +40,7 @@ def test_tiny_configs_are_tiny():
 
 def test_overrides():
     cfg = models.get_model_config("qwen3_0_6b", dtype="bfloat16", remat=True)
-    assert (cfg.dtype, cfg.remat, cfg.d_model) == ("bfloat16", True, 1024)
+    assert (cfg.dtype, cfg.remat, cfg.d_model) == ("bfloat16", "full", 1024)
 
 
 def test_unknown_name_lists_the_known_ones():

@@ -93,3 +93,57 @@ class TestErrors:
     def test_logical_axis_without_a_rule(self):
         with pytest.raises(ValueError, match=r"\['embedding'\] have no sharding rule"):
             models.logical_to_spec(("embedding",), "fsdp")
+
+
+class TestActivationSharding:
+    """Activations: rows over every mesh axis but "tensor", heads and the MLP width over it."""
+
+    def test_specs(self):
+        from grpo_jax.models import sharding
+        mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AUTO,) * 3)
+        spec = lambda shape, axes: sharding.activation_spec(shape, axes, mesh)
+        assert spec((8, 5, 4, 3), ("batch", None, "heads")) == jax.P(("data", "fsdp"), None, ("tensor",))
+        assert spec((8, 5, 6), ("batch", None, "mlp")) == jax.P(("data", "fsdp"), None, ("tensor",))
+        # dimensions that do not divide stay whole
+        assert spec((6, 3), ("batch", "kv_heads")) == jax.P(None, None)
+        single = jax.make_mesh((8,), ("fsdp",), axis_types=(AUTO,))
+        assert sharding.activation_spec((8, 4), ("batch", "heads"), single) == jax.P(("fsdp",), None)
+
+    def test_constrain_is_a_no_op_without_a_mesh(self):
+        from grpo_jax.models import sharding
+        x = np.ones((4, 2), np.float32)
+        assert sharding.constrain(x, ("batch",)) is x
+
+    def test_forward_under_the_mesh_keeps_rows_split(self):
+        """Under `jax.set_mesh` the logits leave the model with their rows over data x fsdp
+        and equal the unsharded ones."""
+        mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AUTO,) * 3)
+        tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (4, 6)).astype(np.int32)
+        model = models.init_model(CFG, seed=2, mesh=mesh, rules="fsdp_tp")
+        with jax.set_mesh(mesh):
+            hidden = nnx.jit(lambda m, t: m.hidden_states(t)[0])(model, tokens)
+        assert hidden.sharding.spec[0] == ("data", "fsdp")
+        want = nnx.jit(lambda m, t: m.hidden_states(t)[0])(models.init_model(CFG, seed=2), tokens)
+        np.testing.assert_allclose(hidden, want, atol=1e-5, rtol=1e-5)
+
+
+def test_run_overrides_map_the_config_model_section():
+    from ml_collections import config_dict
+    section = config_dict.ConfigDict(dict(dtype="bfloat16", param_dtype="float32", remat="full",
+                                          attention="splash", scan_layers=True, rules="fsdp"))
+    assert models.run_overrides(section) == dict(
+        dtype="bfloat16", param_dtype="float32", remat="full", attention_impl="splash", scan_layers=True)
+    del section["attention"]
+    with pytest.raises(ValueError, match="model.attention"):
+        models.run_overrides(section)
+
+
+@pytest.mark.parametrize("field,value", [("remat", "some"), ("attention_impl", "flash")])
+def test_config_rejects_unknown_choices(field, value):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(CFG, **{field: value})
+
+
+def test_remat_flag_reads_as_a_policy():
+    assert dataclasses.replace(CFG, remat=True).remat == "full"
+    assert dataclasses.replace(CFG, remat=False).remat == "off"

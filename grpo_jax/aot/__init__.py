@@ -1,0 +1,79 @@
+"""Ahead-of-time fit report: compile a run's programs for a TPU topology without TPUs.
+
+    python -m grpo_jax.aot --config configs/gspo.py --topology v5p:2x2x2 \\
+        --config.model.name=qwen3_8b --json fit.json
+
+With libtpu installed (``pip install -e ".[tpu]"``), XLA:TPU compiles for a named topology's
+abstract devices (`jax.experimental.topologies`); the topology "cpu" compiles for this
+host's CPU devices instead (no HBM to check against: a smoke test of the same path).
+`report` lowers the run's programs (`programs.build`), compiles them one at a time and
+returns the per-device bytes, FLOPs and estimated times, and whether the run fits.
+"""
+
+import time
+
+import jax
+
+from grpo_jax import parallel
+from grpo_jax.aot import programs as programs_lib
+from grpo_jax.aot import report as report_lib
+from grpo_jax.aot.programs import build
+from grpo_jax.aot.report import HBM_BYTES
+from grpo_jax.aot.report import PROGRAMS
+
+
+def topology_devices(topology):
+    """The devices of `topology`: "cpu" (this host's CPU devices) or a TPU topology name
+    such as "v5e:2x4" or "v5p:2x2x2" (abstract devices; needs libtpu)."""
+    if topology == "cpu":
+        return jax.devices("cpu")
+    from jax.experimental import topologies
+    try:
+        return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+    except Exception as error:   # no libtpu, or a name libtpu does not know
+        raise ValueError(
+            f"--topology {topology!r}: could not build the TPU topology ({error}). It needs "
+            "libtpu (pip install -e '.[tpu]') and a name such as v5e:2x4, v5p:2x2x2, v6e:2x2"
+        ) from error
+
+
+def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
+    """Compiles the run's `programs` for `topology`; returns the report as a dict.
+
+    Args:
+      config: a run config (its overrides applied).
+      topology: "cpu" or a TPU topology name (see `topology_devices`).
+      prompt_len: S, the prompt bucket the run samples with.
+      programs: which of `PROGRAMS` to compile (of those the run has: the critic's only
+        with ``critic.enabled``).
+      log: called with a line as each program compiles.
+
+    Returns:
+      `{"topology", "devices", "device_kind", "mesh", "hbm_bytes_per_device", "fits",
+      "programs": {name: Result.to_json()}, "table", "advice"}`; ``fits`` is None without
+      a known HBM (CPU devices).
+    """
+    unknown = sorted(set(programs) - set(PROGRAMS))
+    if unknown:
+        raise ValueError(f"unknown programs {unknown}; choose from {PROGRAMS}")
+    devices = topology_devices(topology)
+    mesh = parallel.make_mesh(config.mesh, devices=devices)
+    hbm = report_lib.hbm_bytes(devices[0])
+    begin = time.time()
+    lowered = [p for p in programs_lib.build(config, mesh, prompt_len=prompt_len) if p.name in programs]
+    log(f"lowered {len(lowered)} programs in {time.time() - begin:.1f} s on mesh {dict(mesh.shape)} "
+        f"of {len(devices)} x {devices[0].device_kind}")
+    results = []
+    for program in lowered:
+        results.append(report_lib.compile_program(program))
+        program.lowered = None   # the lowered module can be large: drop it once compiled
+        log(f"  {program.name}: compiled in {results[-1].compile_s:.1f} s")
+    too_big = [r for r in results if hbm is not None and (r.oom or r.total > hbm)]
+    return {
+        "topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
+        "mesh": dict(mesh.shape), "hbm_bytes_per_device": hbm,
+        "fits": None if hbm is None else not too_big,
+        "programs": {r.name: r.to_json() for r in results},
+        "table": report_lib.format_table(results, hbm),
+        "advice": [report_lib.advice(r, hbm, config) for r in too_big],
+    }

@@ -1,0 +1,54 @@
+"""The fit report from the command line.
+
+    python -m grpo_jax.aot --config configs/gspo.py --topology v5p:2x2x2 \\
+        [--config.field=value ...] [--prompt_len 1024] [--json FILE]
+
+Prints one table row per program (per-device argument, output, aliased, temporary, held
+and total bytes against the chip's HBM, TFLOPs, the compiler's estimated time, compile
+time), whether the run fits and, if not, what to change. Exits 0 either way.
+"""
+
+import json
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config: path/to/config.py[:args].")
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology (v5e:2x4, v5p:2x2x2, ...) or 'cpu'.")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 1024, "S, the prompt bucket the rollouts use.")
+_PROGRAMS = flags.DEFINE_list("programs", None, "Programs to compile (default: all the run has: "
+                              "train, logprob, prefill, decode; critic_train, values with a critic).")
+_JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
+flags.mark_flags_as_required(["config", "topology"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    from grpo_jax import aot   # jax starts here, after flag parsing
+    try:
+        result = aot.report(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
+                            programs=tuple(_PROGRAMS.value or aot.PROGRAMS))
+    except ValueError as error:   # bad input: the message names the flag or field and the fix
+        sys.exit(f"error: {error}")
+    print(f"\n{result['topology']}: {result['devices']} x {result['device_kind']}, "
+          f"mesh {result['mesh']}\n")
+    print(result["table"])
+    print("\nTFLOP and est. time: XLA's cost model, which counts a loop body (a scanned run of "
+          "layers, a micro-batch, a log-prob piece) once: lower bounds.")
+    if result["fits"] is None:
+        print("\nfits: unknown (no HBM size for these devices)")
+    else:
+        print(f"\nfits: {'yes' if result['fits'] else 'NO'}")
+    for line in result["advice"]:
+        print(f"- {line}")
+    if _JSON.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
+        with open(_JSON.value, "w") as f:
+            json.dump({k: v for k, v in result.items() if k != "table"}, f, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)

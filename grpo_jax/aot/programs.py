@@ -1,0 +1,302 @@
+"""The run's compiled programs, lowered from abstract inputs on a mesh of any devices.
+
+Every input is a `jax.ShapeDtypeStruct` carrying the sharding the run gives it, so a
+program lowers for devices that are not there (a TPU topology's abstract devices) and no
+memory is allocated. The programs are the project's own functions, built as the RL loop
+(`training.rl.train`) builds them:
+
+| program | function | shape |
+|---|---|---|
+| train | `steps.make_update_step` (forward, backward, optimizer) | one minibatch of the batch |
+| logprob | `batch.make_logprob_fn` (pi_old, pi_ref) | the whole batch |
+| prefill | `Decoder.prefill` of the prompts, sampling layout | P prompts x S |
+| decode | one `Decoder.decode_step`, sampling layout | P G rows, a cache of S + N slots |
+| critic_train | the critic's `steps.make_update_step` (``critic.enabled``) | one minibatch |
+| values | `critic.make_value_fn`, the critic's values (``critic.enabled``) | the whole batch |
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental.layout import Format, Layout
+
+from grpo_jax import models, objectives, parallel, paths, rewards, sampling
+from grpo_jax.models import sharding as sharding_lib
+from grpo_jax.training import batch as batch_lib
+from grpo_jax.training import optimizer as optimizer_lib
+from grpo_jax.training import critic as critic_lib, rl, rollout as rollout_lib, steps
+
+
+@dataclasses.dataclass
+class Program:
+    """One program ready to compile.
+
+    Attributes:
+      name: "train", "logprob", "prefill" or "decode".
+      lowered: its `jax.stages.Lowered`.
+      held: per-device bytes of the run's state that stays in memory while it runs but
+        is not among its arguments (the optimizer state while sampling, ...).
+      shape: what it was lowered for, in words.
+    """
+
+    name: str
+    lowered: object
+    held: int
+    shape: str
+
+
+def model_config(config):
+    """The `ModelConfig` of ``config.model``: a named shape, or an HF directory's config.json
+    (no weights read), with the run's dtype, remat, attention and scan settings."""
+    overrides = models.run_overrides(config.model)
+    if config.model.path:
+        return models.load_config(paths.resolve(config.model.path), **overrides)
+    if not config.model.name:
+        raise ValueError("set model.path (an HF directory) or model.name (a named config)")
+    return models.get_model_config(config.model.name, **overrides)
+
+
+def abstract(tree, shardings):
+    """`ShapeDtypeStruct`s of `tree`'s leaves carrying `shardings` (a tree of the same shape)."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def device_bytes(tree):
+    """Bytes one device holds of a tree of sharded `ShapeDtypeStruct`s (the most loaded one)."""
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree))
+
+
+def _rows_sharding(mesh, rows):
+    """Rows over the row axes when they split evenly (as `parallel.global_rows` places them)."""
+    if rows % parallel.row_ways(mesh) == 0:
+        return parallel.row_sharding(mesh)
+    return jax.NamedSharding(mesh, jax.P())
+
+
+def _record_shapes(config, cfg, b, s, n):
+    """The sampler's records a batch carries when the run keeps them (`rollout.draw`):
+    the support of every sampled position (``rollout.keep_sampling_mask``) and, on an MoE,
+    the experts of every token (``rollout.keep_routing``)."""
+    shapes = {}
+    if config.rollout.keep_sampling_mask:
+        method = rollout_lib.sampling_method(config)
+        logits = jax.ShapeDtypeStruct((1, cfg.vocab_size), jnp.float32)
+        support = jax.eval_shape(
+            lambda z: sampling.sample(method, jax.random.key(0), z, with_support=True), logits)[2]
+        shapes["support_ids"] = ((b, n, support.ids.shape[-1]), jnp.int32)
+        shapes["support_size"] = ((b, n), jnp.int32)
+    if config.rollout.keep_routing:
+        moe_layers = sum(map(cfg.is_moe_layer, range(cfg.n_layers)))
+        shapes["prompt_routing"] = ((b, s, moe_layers, cfg.n_experts_per_tok), jnp.int32)
+        shapes["routing"] = ((b, n, moe_layers, cfg.n_experts_per_tok), jnp.int32)
+    return shapes
+
+
+def batch_rows(config, cfg, mesh, prompt_len):
+    """The rollout batch the loop trains on, as abstract `[B, ...]` rows (rl.train's `batch`)
+    of a model `cfg` (its vocabulary and experts size the sampler's records)."""
+    p, g = config.rollout.prompts_per_batch, config.objective.group_size
+    b, s, n = p * g, prompt_len, config.rollout.max_new_tokens
+    specs = rewards.as_specs(config.reward.specs)
+    gdpo = config.objective.advantage.estimator == "gdpo"
+    shapes = {
+        "prompt_tokens": ((b, s), jnp.int32), "prompt_mask": ((b, s), jnp.int32),
+        "tokens": ((b, n), jnp.int32), "mask": ((b, n), jnp.int32),
+        "behaviour_logp": ((b, n), jnp.float32), "old_logp": ((b, n), jnp.float32),
+        "lengths": ((b,), jnp.int32), "truncated": ((b,), bool), "correct": ((b,), bool),
+        "rewards": ((b, len(specs)) if gdpo else (b,), jnp.float32), "row_valid": ((b,), bool),
+        **_record_shapes(config, cfg, b, s, n),
+    }
+    if config.objective.kl.beta > 0:
+        shapes["ref_logp"] = ((b, n), jnp.float32)
+    if config.critic.enabled:   # the critic's values and its regression targets
+        shapes["values"] = shapes["returns"] = ((b, n), jnp.float32)
+    rows = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
+    objective = policy_objective(config)
+    rows["advantages"] = jax.eval_shape(objective.advantages, rows)
+    sharding = _rows_sharding(mesh, b)
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in rows.items()}
+
+
+def sft_rows(config, mesh, prompt_len):
+    """With ``train.sft_weight``, the supervised rows each update also reads (the P
+    prompts and their reference solutions, `task.target_rows`) and one update's index."""
+    p, s, n = config.rollout.prompts_per_batch, prompt_len, config.rollout.max_new_tokens
+    shapes = {"prompt_tokens": (p, s), "prompt_mask": (p, s), "tokens": (p, n), "mask": (p, n)}
+    sharding = _rows_sharding(mesh, p)
+    rows = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k, shape in shapes.items()}
+    rows["row_valid"] = jax.ShapeDtypeStruct((p,), bool, sharding=sharding)
+    index = jax.ShapeDtypeStruct((p // config.train.minibatches,), jnp.int32,
+                                 sharding=jax.NamedSharding(mesh, jax.P()))
+    return rows, index
+
+
+def policy_objective(config):
+    """The recipe's objective, as `rl.train` builds it (reward weights from reward.specs)."""
+    weights = rewards.spec_weights(rewards.as_specs(config.reward.specs))
+    return objectives.policy_objective(config.objective, reward_weights=weights)
+
+
+def _params(state, mesh, rules):
+    """The abstract weights in the layout of the sharding `rules`."""
+    return abstract(state, sharding_lib.state_shardings(state, mesh, rules))
+
+
+def _cache_sharding(x, mesh, stacked):
+    """A KV cache array's sharding: rows over the row axes, kv heads over "tensor" (keys and
+    values of a scanned model have a leading layer axis)."""
+    axes = ("batch",) if x.ndim <= 2 else (None,) * stacked + ("batch", "kv_heads")
+    return jax.NamedSharding(mesh, sharding_lib.activation_spec(x.shape, axes, mesh))
+
+
+def build(config, mesh, *, prompt_len):
+    """The run's programs for `config` on `mesh`, lowered (not compiled).
+
+    Args:
+      config: a run config (configs/*.py), its overrides applied.
+      mesh: a `jax.sharding.Mesh`, e.g. of a TPU topology's abstract devices.
+      prompt_len: S, the prompt bucket (the completion buffer N is rollout.max_new_tokens).
+
+    Returns:
+      A list of `Program`s: train, logprob, prefill, decode (and critic_train, values
+      with ``critic.enabled``).
+    """
+    rl.check_config(config, mesh)
+    cfg = model_config(config)
+    rl.check_model(config, cfg)
+    graphdef, state = models.abstract_model(cfg)
+    params = _params(state, mesh, config.model.rules)
+    updates = config.train.steps * config.train.epochs * config.train.minibatches
+    tx = optimizer_lib.make_optimizer(config.optimizer, updates)
+    opt_shardings = steps.optimizer_state_shardings(tx, params, mesh)
+    opt_state = abstract(jax.eval_shape(tx.init, params), opt_shardings)
+    rows = batch_rows(config, cfg, mesh, prompt_len)
+    b = rows["mask"].shape[0]
+    minibatch = b // config.train.minibatches
+    index = jax.ShapeDtypeStruct((minibatch,), jnp.int32, sharding=jax.NamedSharding(mesh, jax.P()))
+    objective = policy_objective(config)
+    temperature = config.rollout.temperature
+    copies = (config.objective.kl.beta > 0) + config.rollout.policy_lag   # pi_ref, lagged policies
+    params_bytes, opt_bytes = device_bytes(params), device_bytes(opt_state)
+    pieces = config.train.minibatches * config.train.micro_batches
+    critic, critic_bytes = _critic_programs(config, mesh, cfg, rows, index, pieces,
+                                            held=params_bytes + opt_bytes + copies * params_bytes)
+
+    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+    update = steps.make_update_step(
+        graphdef, tx, rl.make_loss(objective, temperature), rl.make_counts(objective), mesh=mesh,
+        param_shardings=shardings(params), opt_shardings=shardings(opt_state),
+        micro_batches=config.train.micro_batches, sft_weight=config.train.sft_weight)
+    supervised = sft_rows(config, mesh, prompt_len) if config.train.sft_weight else ()
+    logprob = batch_lib.make_logprob_fn(graphdef, mesh, temperature=temperature, num_pieces=pieces)
+    n, s = config.rollout.max_new_tokens, prompt_len
+    seq = f"S={s}+N={n}"
+    with jax.set_mesh(mesh):
+        programs = [
+            Program("train", update.lower(params, opt_state, rows, index, *supervised),
+                    copies * params_bytes + critic_bytes,
+                    f"{minibatch} rows x {seq} in {config.train.micro_batches} micro-batch(es)"),
+            Program("logprob", logprob.lower(params, rows),
+                    opt_bytes + copies * params_bytes + critic_bytes,
+                    f"{b} rows x {seq} in {pieces} piece(s)"),
+        ]
+        programs += _sampler_programs(config, mesh, cfg, params, prompt_len,
+                                      held=params_bytes + opt_bytes + copies * params_bytes
+                                      + critic_bytes + device_bytes(rows))
+    return programs + critic
+
+
+def _critic_programs(config, mesh, cfg, rows, index, pieces, *, held):
+    """The critic's update and value pass (``critic.enabled``: PPO, VAPO), built as
+    `rl.train` builds them; `held` is the policy's state, in memory meanwhile. Returns
+    `[]` without a critic. The critic is the policy's network with a scalar head
+    (`models.ValueModel`), its weights sharded by ``model.rules``, its own optimizer.
+
+    Returns:
+      `(programs, bytes)`: the two `Program`s, and the per-device bytes of the critic's
+      weights and optimizer state (held while the policy's programs run); `([], 0)`
+      without a critic.
+    """
+    if not config.critic.enabled:
+        return [], 0
+    graphdef, state = models.abstract_value_model(cfg)
+    params = _params(state, mesh, config.model.rules)
+    updates = ((config.critic.pretrain_steps + config.train.steps) * config.train.epochs
+               * config.train.minibatches)
+    tx = optimizer_lib.make_optimizer(config.critic.optimizer, updates)
+    opt_state = abstract(jax.eval_shape(tx.init, params),
+                         steps.optimizer_state_shardings(tx, params, mesh))
+    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+    update = steps.make_update_step(
+        graphdef, tx, critic_lib.make_loss(config.critic.value_clip), batch_lib.token_counts,
+        mesh=mesh, param_shardings=shardings(params), opt_shardings=shardings(opt_state),
+        micro_batches=config.train.micro_batches)
+    values = critic_lib.make_value_fn(graphdef, mesh, num_pieces=pieces)
+    b, seq = rows["mask"].shape[0], f"S={rows['prompt_tokens'].shape[1]}+N={rows['mask'].shape[1]}"
+    with jax.set_mesh(mesh):
+        programs = [
+            Program("critic_train", update.lower(params, opt_state, rows, index), held,
+                    f"{index.shape[0]} rows x {seq} in {config.train.micro_batches} micro-batch(es)"),
+            Program("values", values.lower(params, rows), held + device_bytes(opt_state),
+                    f"{b} rows x {seq} in {pieces} piece(s)"),
+        ]
+    return programs, device_bytes(params) + device_bytes(opt_state)
+
+
+def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held):
+    """Prefill of the P prompts and one decode step of the P G rows, in the sampling layout.
+
+    The sampler reshards the weights to ``rollout.rules`` inside its program, so while it
+    runs a chip holds both layouts (unless they are the same); `held` counts the rest
+    of the run's state (training weights, optimizer state, pi_ref, the last batch).
+    """
+    p, g = config.rollout.prompts_per_batch, config.objective.group_size
+    s, n = prompt_len, config.rollout.max_new_tokens
+    graphdef, state = models.abstract_model(cfg)
+    params = _params(state, mesh, config.rollout.rules)
+    same_layout = jax.tree.leaves(jax.tree.map(lambda a, b: a.sharding == b.sharding, params, train_params))
+    if all(same_layout):
+        held -= device_bytes(train_params)
+    prompts = jax.ShapeDtypeStruct((p, s), jnp.int32, sharding=_rows_sharding(mesh, p))
+
+    def prefill(state, tokens, mask):
+        model = nnx.merge(graphdef, state)
+        return model.prefill(tokens, model.init_cache(p, s), attention_mask=mask)
+
+    def decode(state, tokens, cache):
+        return nnx.merge(graphdef, state).decode_step(tokens, cache)
+
+    def empty_cache(state):
+        model = nnx.merge(graphdef, state)
+        return model.init_cache(p * g, n, prefix=model.init_cache(p, s))
+
+    # The sampler's cache never leaves its program, so XLA lays it out as the loop body
+    # wants; as an argument in the default layout, a stacked cache would be copied whole
+    # into that layout and back (`layouts`). Logits: rows over the row axes.
+    cache = jax.eval_shape(empty_cache, params)
+    cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), cache)
+    prompt_cache = jax.eval_shape(prefill, params, prompts, prompts)[1]
+    prompt_cache = jax.tree.map(lambda x: _cache_sharding(x, mesh, cfg.scan_layers), prompt_cache)
+    tokens = jax.ShapeDtypeStruct((p * g,), jnp.int32, sharding=_rows_sharding(mesh, p * g))
+    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+    prefill = jax.jit(prefill, out_shardings=(_rows_sharding(mesh, p), layouts(prompt_cache)))
+    decode = jax.jit(decode, donate_argnums=2,
+                     in_shardings=(shardings(params), tokens.sharding, layouts(shardings(cache))),
+                     out_shardings=(_rows_sharding(mesh, p * g), layouts(shardings(cache))))
+    return [
+        Program("prefill", prefill.lower(params, prompts, prompts), held, f"{p} prompts x S={s}"),
+        Program("decode", decode.lower(params, tokens, cache), held,
+                f"{p * g} rows, cache S={s} (shared) + N={n}"),
+    ]
+
+
+def layouts(shardings):
+    """Each sharding with the memory layout left to the compiler (`Layout.AUTO`)."""
+    return jax.tree.map(lambda s: Format(Layout.AUTO, s), shardings)
+
