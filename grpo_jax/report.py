@@ -304,7 +304,8 @@ def draw_plot(path, bands, metric, x):
             axes.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
         axes.set_xlabel("step" if x == "step" else f"cumulative {x_name(x)}")
         axes.set_ylabel(metric)
-        axes.set_title(f"{metric}: mean over seeds, band from lowest to highest")
+        axes.set_title(f"{metric}\nmean over seeds, band from the lowest to the highest seed",
+                       fontsize="medium")
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
         figure.tight_layout()
