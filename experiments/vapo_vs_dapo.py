@@ -6,8 +6,9 @@
 Each (recipe, seed) trains `configs/<recipe>.py:runlocal=True` (the tiny model on 3-digit
 addition, from the seed's cached SFT warm start) for `--seconds` of wall time, counted
 from the first RL step (VAPO's value pre-training, compilation and everything else the
-loop does included; the warm start, built once per seed, is not), then its exported
-policy is evaluated on the held-out prompts (`eval.num_prompts`, greedy pass@1 and
+loop does included; the warm start, built once per seed, is not; with dynamic sampling
+a batch short of groups with signal is padded: ``filtering.short_batch="pad"``), then
+its exported policy is evaluated on the held-out prompts (`eval.num_prompts`, greedy pass@1 and
 mean@k / pass@k). Each run is its own process, so its wall time and peak memory are its
 own: the memory columns are the accelerator's peak bytes in use (device 0, where JAX
 reports it: GPU, TPU) and the process's peak resident memory (on CPU the devices' memory
@@ -49,7 +50,11 @@ def run_one(args):
     config = config_lib.load_config(os.path.join(REPO, "configs", f"{args.recipe}.py:runlocal=True"))
     config_lib.apply_overrides(config, {
         "seed": args.seed, "train.steps": 10**6, "train.eval_every": 10**9,
-        "train.checkpoint_every": 10**9, "train.export": True})
+        "train.checkpoint_every": 10**9, "train.export": True,
+        # A run against the clock outlives the prompts with signal (DAPO solves nearly all
+        # of them within minutes): with dynamic sampling, a short batch trains on the
+        # groups found instead of stopping the run.
+        "filtering.short_batch": "pad"})
     config_lib.apply_overrides(config, dict(_parse_override(o) for o in args.override))
     workdir = os.path.join(os.path.abspath(args.workdir), f"{args.recipe}_seed{args.seed}")
     warm_start.use_if_configured(config)   # built (or found) before the clock starts
