@@ -3,6 +3,7 @@ log-probs equal the support-renormalised log-probs recomputed from the same weig
 with top_p = 1 no cut runs at all."""
 
 import collections
+import pathlib
 
 import jax
 import jax.extend
@@ -134,3 +135,24 @@ def test_top_p_one_runs_no_cut():
     with_cut = primitives(sampling.make_method(temperature=0.7, top_p=0.95), model)
     assert plain["top_k"] == plain["sort"] == plain["approx_top_k"] == 0
     assert with_cut["top_k"] > 0 and with_cut["while"] > plain["while"]  # candidates, bisection
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "dapo", "deepseek_v32"])
+def test_the_trainers_rollouts_cut_only_when_the_config_asks(recipe):
+    """The trainer, evaluation and SFT build their method with `rollout.sampling_method`:
+    each recipe's own rollout section, then top_p = 1.0 (no cut) and top_p = 0.95."""
+    from grpo_jax import config_lib
+    from grpo_jax.training import rollout
+
+    configs = pathlib.Path(__file__).resolve().parents[2] / "configs"
+    config = config_lib.load_config(f"{configs / recipe}.py:runlocal=True")
+    r = config.rollout
+    expected = sampling.TopP if r.top_p < 1 else sampling.Temperature
+    assert type(rollout.sampling_method(config)) is expected
+    config.rollout.top_p = 1.0
+    method = rollout.sampling_method(config)
+    assert type(method) is sampling.Temperature
+    assert float(method.temperature) == float(r.temperature)
+    config.rollout.top_p = 0.95
+    assert type(rollout.sampling_method(config)) is sampling.TopP
+
