@@ -61,13 +61,18 @@ def value_loss(values, old_values, returns, mask, *, clip=None):
     return jnp.where(valid, loss, 0.0), {"value_clipped": binds.astype(jnp.float32)}
 
 
+FLAT_RETURNS_STD = 1e-6   # returns with less spread have no variance to explain
+
+
 def explained_variance(values, returns, mask):
     r"""How much of the returns' variance the values explain, over the valid tokens.
 
     .. math:: \mathrm{EV} = 1 - \operatorname{Var}[R - V] / \operatorname{Var}[R]
 
     1 for a perfect critic, 0 for one no better than a constant, negative for one worse
-    than a constant. 0 when the returns do not vary (nothing to explain).
+    than a constant. NaN when the returns do not vary (a standard deviation under
+    `FLAT_RETURNS_STD`, 1e-6: float32 rounding of GAE returns that are all equal): there is
+    nothing to explain, and a ratio of two rounding errors would print as -1e14.
 
     Args:
       values: `[B, T]` V(s_t).
@@ -95,4 +100,5 @@ def explained_variance(values, returns, mask):
 
     spread = variance(returns)
     residual = variance(returns.astype(jnp.float32) - values.astype(jnp.float32))
-    return jnp.where(spread > 0, 1.0 - residual / jnp.where(spread > 0, spread, 1.0), 0.0)
+    varies = spread > FLAT_RETURNS_STD ** 2
+    return jnp.where(varies, 1.0 - residual / jnp.where(varies, spread, 1.0), jnp.nan)

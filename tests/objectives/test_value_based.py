@@ -197,7 +197,13 @@ class TestExplainedVariance:
         ev = jax.jit(objectives.explained_variance)
         np.testing.assert_allclose(ev(returns, returns, mask), 1.0)
         np.testing.assert_allclose(ev(np.full_like(returns, 2.5), returns, mask), 0.0, atol=1e-6)
-        np.testing.assert_allclose(ev(returns, np.ones_like(returns), mask), 0.0)
+        # Flat returns: nothing to explain (NaN), also when GAE's float32 rounding leaves
+        # them ~1e-10 apart, where the ratio would be two rounding errors' (-1e14).
+        assert np.isnan(ev(returns, np.ones_like(returns), mask))
+        rounding = np.array([[0, 1e-10, -1e-10], [2e-10, 0, 1e-10]], np.float32)
+        assert np.isnan(ev(np.full_like(returns, 0.3), rounding, mask))
+        tiny_but_real = 1e-4 * returns   # a spread of 1e-4 is explained as any other
+        np.testing.assert_allclose(ev(tiny_but_real, tiny_but_real, mask), 1.0)
 
 
 def _objective_config(**overrides):
