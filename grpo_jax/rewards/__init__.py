@@ -6,6 +6,7 @@ Countdown rows add "numbers" and "target", RPT rows "context" and "continuation"
 | name          | reads                                | 1.0 when                                              |
 |---------------|--------------------------------------|-------------------------------------------------------|
 | `integer_answer` | last `#### X`                     | X is exactly the integer "answer" (procedural arithmetic) |
+| `integer_format` | last `#### X`                     | X is an integer, right or wrong (the answer format alone) |
 | `math`        | last `\\boxed{}`                      | it equals "answer" (math-verify, after normalisation) |
 | `gsm8k`       | later of last `#### X` / `\\boxed{}`, else last number | it equals "answer"                   |
 | `countdown`   | last `<answer>...</answer>`          | a valid expression of "numbers" that equals "target"  |
@@ -32,7 +33,7 @@ from grpo_jax.rewards._countdown import countdown_reward
 from grpo_jax.rewards._countdown import is_valid_solution
 from grpo_jax.rewards._format import format_reward
 from grpo_jax.rewards._format import has_format
-from grpo_jax.rewards._integer import integer_answer_reward
+from grpo_jax.rewards._integer import integer_answer_reward, integer_format_reward
 from grpo_jax.rewards._length import length_budget_reward
 from grpo_jax.rewards._length import overlong_reward
 from grpo_jax.rewards._math import answers_match

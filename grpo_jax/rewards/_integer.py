@@ -14,6 +14,24 @@ from grpo_jax.rewards._registry import register
 _INTEGER = re.compile(r"[+-]?\d{1,64}")
 
 
+def final_integer(completion: str) -> str | None:
+    """The integer X of the completion's last `#### X` marker (ASCII digits), or None where
+    there is no marker or X is not an integer and nothing else (a final period allowed)."""
+    marker = last_hash_answer(completion)
+    if marker is None or marker.content is None:
+        return None
+    text = _normalise.normalise_digits(marker.content).strip().rstrip(".")
+    return text if _INTEGER.fullmatch(text) else None
+
+
+@register("integer_format")
+def integer_format_reward(prompt: str, completion: str, example: dict) -> float:
+    """1.0 if the completion's last `#### X` marker holds an integer, right or wrong: the
+    answer format alone, for a model that must first learn to use it."""
+    del prompt, example
+    return float(final_integer(completion) is not None)
+
+
 @register("integer_answer")
 def integer_answer_reward(prompt: str, completion: str, example: dict) -> float:
     """1.0 if the last `#### X` marker holds exactly the integer `example["answer"]`.
@@ -21,11 +39,8 @@ def integer_answer_reward(prompt: str, completion: str, example: dict) -> float:
     The last marker decides (an earlier correct one does not count); X may use any
     digit script and thousands separators, but must be an integer and nothing else.
     """
-    marker = last_hash_answer(completion)
-    if marker is None or marker.content is None:
-        return 0.0
-    text = _normalise.normalise_digits(marker.content).strip().rstrip(".")
-    if not _INTEGER.fullmatch(text):
+    text = final_integer(completion)
+    if text is None:
         return 0.0
     gold = _normalise.canonical_integer(_normalise.normalise_digits(str(example["answer"])).strip())
     if gold is None:

@@ -107,3 +107,39 @@ def test_gold_that_is_not_an_integer_raises_naming_the_field():
 
 def test_registered_inline():
     assert rewards.get_reward("integer_answer").where == "inline"
+
+
+# (completion, expected) for the format alone: an integer in the last marker, right or wrong
+FORMAT_TABLE = [
+    (PAD + "#### 734", 1.0),
+    (PAD + "#### 724", 1.0),     # wrong, but in the format
+    ("#### -12", 1.0),
+    ("#### 1,734", 1.0),
+    ("#### 734.", 1.0),
+    ("#### 0", 1.0),
+    ("#### 734.5", 0.0),
+    ("#### 734 apples", 0.0),
+    ("#### 734\n####", 0.0),     # the last marker is empty
+    ("#### 734 #### x", 0.0),
+    ("The answer is 734.", 0.0),
+    ("", 0.0),
+    (PAD + "#### ", 0.0),
+    ("#### " + "9" * 65, 0.0),
+]
+
+
+@pytest.mark.parametrize("completion, expected", FORMAT_TABLE)
+def test_integer_format_reward(completion, expected):
+    example = {"task": "arithmetic", "question": "q", "answer": "734"}
+    assert rewards.integer_format_reward("prompt", completion, example) == expected
+
+
+@pytest.mark.parametrize("completion, gold, expected", TABLE)
+def test_a_right_answer_is_always_in_the_format(completion, gold, expected):
+    example = {"task": "arithmetic", "question": "q", "answer": gold}
+    if expected:
+        assert rewards.integer_format_reward("prompt", completion, example) == 1.0
+
+
+def test_integer_format_registered_inline():
+    assert rewards.get_reward("integer_format").where == "inline"
