@@ -6,6 +6,7 @@ import os
 import pytest
 
 from grpo_jax.training import demo
+from tests import readme_metrics
 from tests.training.training_setups import tiny_config
 
 
@@ -21,6 +22,9 @@ def test_demo_pipeline_runs_each_stage_once_and_prints_the_table(data_dir, tmp_p
     assert results[2]["seconds"] == results[1]["seconds"]   # the control gets RL's wall time
     for stage in ("sft", "rl", "sft_control"):
         assert os.path.exists(tmp_path / stage / "export" / "config.json")
+        with open(tmp_path / stage / "metrics.jsonl") as f:   # the README names each metric
+            keys = set().union(*(json.loads(line) for line in f))
+        assert readme_metrics.undocumented(keys) == [], stage
     out = capsys.readouterr().out
     assert "+ DAPO (RL)" in out and "pass@1" in out
     with open(tmp_path / "results.json") as f:
@@ -43,6 +47,7 @@ def test_eval_mode_scores_a_checkpoint(data_dir, tmp_path):
     with open(tmp_path / "eval" / "eval.json") as f:
         assert json.load(f) == metrics
     assert set(metrics) == {"eval_accuracy", "eval_mean_at_k", "eval_pass_at_k", "eval_k"}
+    assert readme_metrics.undocumented(metrics) == []
     config.model.path = ""
     with pytest.raises(ValueError, match="mode 'eval' needs --config.model.path"):
         demo.evaluate_to_file(config, str(tmp_path / "eval2"))

@@ -15,6 +15,7 @@ from safetensors.numpy import load_file
 
 from grpo_jax import objectives, parallel, sampling
 from grpo_jax.training import evaluation, policy as policy_lib, rl, rollout, task as task_lib
+from tests import readme_metrics
 from tests.training.training_setups import REPO, runlocal_config, tiny_config
 
 RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(str(REPO / "configs" / "*.py"))
@@ -59,6 +60,7 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
     assert rl.train(config, str(tmp_path)) == pretrain + 3
     rows = _metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(1, pretrain + 4))
+    assert readme_metrics.undocumented(set().union(*rows)) == []   # the README names each one
     for row in rows:
         assert all(np.isfinite(v) for v in row.values()), row
         assert row["updates_per_step"] == config.train.minibatches * config.train.epochs

@@ -10,6 +10,7 @@ from flax import nnx
 from grpo_jax import config_lib, models, objectives, parallel
 from grpo_jax.training import batch as batch_lib, optimizer
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
+from tests import readme_metrics
 
 B, S, N, V = 16, 5, 7, 64
 
@@ -181,3 +182,27 @@ def test_overlong_masking_through_the_update_equals_the_pure_objective(mode):
     kept = 1 - rows["mask"][rows["truncated"]].sum() / rows["mask"].sum()
     if mode == "token-mean":
         assert abs(float(expected) * kept - float(expected)) > 1e-4
+
+
+def test_sft_weight_adds_the_token_mean_nll_of_the_targets_and_reports_it():
+    """RPT's hybrid: the update's loss is the RL loss + w x the targets' token-mean NLL,
+    over two micro-batches of each; both are metrics the README names."""
+    mesh = parallel.make_mesh("data=-1,fsdp=1,tensor=1")
+    rows, targets = _rows(3), _rows(4)
+    objective = objectives.policy_objective(config_lib.load_config("configs/base.py").objective)
+    graphdef, params = _sharded_model(mesh)
+    logp = np.asarray(jax.jit(lambda p, r: batch_lib.completion_logprobs(nnx.merge(graphdef, p), r))(
+        params, parallel.global_rows(mesh, targets)))
+    nll = -(logp * targets["mask"]).sum() / targets["mask"].sum()
+    tx = optax.sgd(1.0)
+    opt_state = init_optimizer_state(tx, params, mesh)
+    update = make_update_step(graphdef, tx, _loss(objective), _counts(objective), mesh=mesh,
+                              param_shardings=_shardings(params),
+                              opt_shardings=_shardings(opt_state), micro_batches=2,
+                              sft_weight=0.5)
+    _, _, metrics = update(params, opt_state, parallel.global_rows(mesh, rows), jnp.arange(B),
+                           parallel.global_rows(mesh, targets), jnp.arange(B))
+    metrics = jax.device_get(metrics)
+    np.testing.assert_allclose(metrics["sft_loss"], nll, rtol=1e-5)
+    np.testing.assert_allclose(metrics["loss"], metrics["policy_loss"] + 0.5 * nll, rtol=1e-5)
+    assert readme_metrics.undocumented(metrics) == []

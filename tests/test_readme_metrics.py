@@ -1,0 +1,109 @@
+"""The README's Metrics section names every metric the code reports.
+
+The trainers' own metrics.jsonl files are checked where the trainer tests run them
+(tests/training/test_rl.py, test_demo.py, test_steps.py); here: the parser, and the
+metric-producing functions of the objectives, the rollout statistics and the critic,
+called directly on tiny arrays with every option that adds a metric switched on.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import config_lib, objectives
+from grpo_jax.training import critic as critic_lib, metrics as metrics_lib, rollout
+from tests import readme_metrics
+from tests.training.training_setups import REPO
+
+MADE_UP = """# A project
+
+## Metrics
+
+Intro naming `prose_key` outside any table.
+
+| key | what it is |
+|---|---|
+| `plain`, `second` | mentions `described_key` in its description, a \\| b |
+| `adv_q1..q3` | a range |
+| `rewards/<name>` | one per reward |
+
+## Performance
+
+| `elsewhere` | another section's table |
+"""
+
+
+def test_the_parser_reads_first_cells_of_the_metrics_tables_and_expands_patterns():
+    assert readme_metrics.documented_names(MADE_UP) == [
+        "plain", "second", "adv_q1..q3", "rewards/<name>"]
+    keys = ["plain", "second", "adv_q1", "adv_q2", "adv_q3", "rewards/math", "rewards/overlong"]
+    assert readme_metrics.undocumented(keys, MADE_UP) == []
+
+
+@pytest.mark.parametrize("key", [
+    "made_up_metric", "prose_key", "described_key", "elsewhere", "adv_q0", "adv_q4", "adv_q",
+    "rewards/", "rewards/a/b", "plain_suffix", "xplain"])
+def test_the_parser_reports_a_key_the_section_does_not_name(key):
+    assert readme_metrics.undocumented(["plain", key], MADE_UP) == [key]
+
+
+def test_a_readme_without_the_section_is_an_error():
+    with pytest.raises(ValueError, match="no '## Metrics' section"):
+        readme_metrics.undocumented(["loss"], "# A project\n\n## Performance\n")
+
+
+def test_the_section_comes_right_before_performance_and_names_the_console_and_watched_metrics():
+    text = readme_metrics.README.read_text(encoding="utf-8")
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings[headings.index("## Metrics") + 1] == "## Performance"
+    named = [name for name, _, _ in metrics_lib.CONSOLE] + list(metrics_lib.WATCHED)
+    assert readme_metrics.undocumented(named) == []
+
+
+def _objective_metrics(kind):
+    """The objective's metrics for loss `kind` with every metric-adding option on."""
+    cfg = config_lib.load_config(str(REPO / "configs" / "base.py")).objective
+    cfg.group_size = 2
+    cfg.loss.kind = kind
+    if kind == "ppo_clip":
+        cfg.loss.dual_clip = 3.0
+    if kind in ("gspo", "sapo"):   # defined per answer
+        cfg.aggregation.mode = "seq-mean-token-mean"
+    cfg.kl.beta, cfg.entropy_coef, cfg.positive_nll_weight = 0.1, 0.01, 0.1
+    cfg.importance.enabled = cfg.offpolicy_mask.enabled = True
+    rng = np.random.default_rng(0)
+    logp = lambda: jnp.asarray(rng.normal(-2.0, 0.5, (4, 3)), jnp.float32)
+    batch = {"old_logp": logp(), "behaviour_logp": logp(), "ref_logp": logp(),
+             "entropy": jnp.ones((4, 3)), "mask": jnp.ones((4, 3)),
+             "rewards": jnp.array([1.0, 0.0, 0.0, 1.0]),
+             "correct": jnp.array([1.0, 0.0, 0.0, 1.0])}
+    _, metrics = objectives.policy_objective(cfg)(logp(), batch)
+    return metrics
+
+
+@pytest.mark.parametrize("kind", ["pg", "ppo_clip", "gspo", "cispo", "sapo"])
+def test_every_objective_metric_is_documented(kind):
+    metrics = _objective_metrics(kind)
+    options = {"kl_ref", "entropy", "importance_weight", "offpolicy_masked", "positive_nll"}
+    activity = {"ppo_clip": {"clip_low", "clip_high", "clip_dual"}, "gspo": {"clip_low", "clip_high"},
+                "cispo": {"clip_low", "clip_high"}, "sapo": {"gate_scale"}, "pg": set()}[kind]
+    assert {"loss", "policy_loss", "ratio", "kl_old"} | options | activity <= set(metrics)
+    assert readme_metrics.undocumented(metrics) == []
+
+
+def test_every_rollout_advantage_and_critic_statistic_is_documented():
+    draw = {"rewards": jnp.array([[1.0, 0.5], [0.0, 0.5]]), "correct": jnp.array([True, False]),
+            "lengths": jnp.array([3, 5]), "truncated": jnp.array([False, True])}
+    keys = set(rollout.rollout_statistics((draw,), jnp.array([1.0, 0.5]), group_size=2))
+    mask = jnp.ones((4, 8))
+    keys |= set(rollout.advantage_statistics(
+        jnp.ones((4, 8)), jnp.array([True, True, True, False]), jnp.ones(4, bool), mask,
+        group_size=4))
+    keys |= set(critic_lib.batch_statistics(
+        {"values": jnp.zeros((4, 8)), "returns": jnp.ones((4, 8)), "advantages": jnp.ones((4, 8)),
+         "mask": mask}))
+    keys |= set(critic_lib.update_metrics(
+        dict.fromkeys(("grad_norm", "grad_norm_std", "update_norm", "value_loss",
+                       "value_clip_fraction"), 0.0)))
+    assert {"advantage_mean_q4", "advantage_std_q1", "critic_grad_norm", "reward_mean"} <= keys
+    assert readme_metrics.undocumented(keys) == []
