@@ -130,9 +130,10 @@ def make_loss(objective, temperature):
             model, micro, temperature=temperature, with_stats=True)
         loss, metrics = objective(logp, {**micro, "entropy": entropy})
         if model.cfg.n_experts:   # keep the experts balanced; micro-batches add up to 1
-            share = jnp.sum(micro["mask"]) / jnp.maximum(micro["num_tokens"], 1)
+            # num_tokens counts the loss's tokens (overlong masking may leave some out)
+            share = jnp.sum(objective.loss_mask(micro)) / jnp.maximum(micro["num_tokens"], 1)
             loss = loss + model.cfg.router_aux_loss_coef * aux_loss * share
-            metrics = {**metrics, "router_aux_loss": aux_loss * share}
+            metrics = {**metrics, "loss": loss, "router_aux_loss": aux_loss * share}
         return loss, metrics
 
     return loss_fn

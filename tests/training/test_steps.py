@@ -206,3 +206,31 @@ def test_sft_weight_adds_the_token_mean_nll_of_the_targets_and_reports_it():
     np.testing.assert_allclose(metrics["sft_loss"], nll, rtol=1e-5)
     np.testing.assert_allclose(metrics["loss"], metrics["policy_loss"] + 0.5 * nll, rtol=1e-5)
     assert readme_metrics.undocumented(metrics) == []
+
+
+def test_moe_router_term_is_in_the_loss_and_weighted_by_the_loss_tokens():
+    """An MoE policy's update minimises objective + coef x the router's load-balancing loss:
+    `loss` reports that sum, and with overlong masking the router term of one micro-batch
+    is the whole batch's (its weight is the loss's kept tokens over their count: 1)."""
+    from grpo_jax.training import rl
+    mesh = parallel.make_mesh("data=-1,fsdp=1,tensor=1")
+    rows = _rows(5)
+    rows["truncated"] = np.arange(B) % 4 == 0
+    obj_cfg = config_lib.load_config("configs/base.py").objective
+    obj_cfg.overlong.mode = "mask"
+    objective = objectives.policy_objective(obj_cfg)
+    cfg = models.get_model_config("tiny_moe", vocab_size=V)
+    graphdef, params = nnx.split(models.init_model(cfg, seed=3, mesh=mesh, rules="fsdp"))
+    batch = parallel.global_rows(mesh, rows)
+    aux = jax.jit(lambda p, r: batch_lib.completion_logprobs(
+        nnx.merge(graphdef, p), r, with_stats=True)[2])(params, batch)
+    tx = optax.sgd(1.0)
+    opt_state = init_optimizer_state(tx, params, mesh)
+    update = make_update_step(graphdef, tx, rl.make_loss(objective, 1.0), rl.make_counts(objective),
+                              mesh=mesh, param_shardings=_shardings(params),
+                              opt_shardings=_shardings(opt_state), micro_batches=1)
+    _, _, metrics = jax.device_get(update(params, opt_state, batch, jnp.arange(B)))
+    assert float(aux) > 0
+    np.testing.assert_allclose(metrics["router_aux_loss"], float(aux), rtol=1e-5)
+    np.testing.assert_allclose(
+        metrics["loss"], metrics["policy_loss"] + cfg.router_aux_loss_coef * float(aux), rtol=1e-5)
