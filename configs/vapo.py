@@ -23,9 +23,15 @@ new tokens (the paper compares VAPO with DAPO under identical settings: DAPO's b
 The paper gives no warmup: 20 steps as DAPO, for both.
 ``runlocal``: 16 prompts x 4 answers, 4 updates, 48 tokens, learning rate 1e-4 and critic
 2e-4 (twice the policy's, as the paper's ratio) (configs/base.py set_regime); 5 steps of
-value pre-training before the 20 RL steps. alpha is not scaled: it is a share of each
-answer's length (the policy's GAE horizon 1/(1-lambda) = alpha l), so a 30-token answer
-gets lambda = 1/3.
+value pre-training before the 20 RL steps. alpha is scaled with the token budget
+(0.05 x 20,480 / 48 = 21.3), so that an answer filling the same share of its budget gets
+the paper's lambda: there, answers of 1,000 to 20,000 tokens get lambda 0.98 to 0.999, a
+GAE horizon 1/(1 - lambda) of 50 to 1,000 tokens that carries the outcome from the final
+answer back into the reasoning. Unscaled, a 30-token runlocal answer would get lambda 1/3
+(a horizon of 1.5 tokens): the reward's credit would stop at the stop token, every other
+token would learn from the critic alone, and the tiny task's critic explains almost none
+of the returns' variance (measured: explained variance below 0.05 after 800 steps).
+That run collapsed to 0 held-out accuracy in 3 seeds of 3.
 
 Paper: Yue et al., VAPO: Efficient and Reliable Reinforcement Learning for Advanced
 Reasoning Tasks (arXiv:2504.05118), sec. 3-4 (Table 1 ablates each piece).
@@ -37,14 +43,18 @@ Load: `config_lib.load_config("configs/vapo.py:runlocal=True")`.
 from grpo_jax import config_lib
 
 
+PAPER_MAX_NEW_TOKENS = 20480
+
+
 def get_config(arg=None):
     arg = config_lib.parse_arg(arg, runlocal=False)
     config = config_lib.load_sibling(__file__, "ppo").get_config(f"runlocal={arg.runlocal}")
     base = config_lib.load_sibling(__file__, "base")
-    base.set_regime(config, prompts=512, group_size=16, updates=16, max_new_tokens=20480,
+    base.set_regime(config, prompts=512, group_size=16, updates=16,
+                    max_new_tokens=PAPER_MAX_NEW_TOKENS,
                     learning_rate=1e-6, warmup_steps=20, runlocal=arg.runlocal)
     obj = config.objective
-    obj.advantage.lam_alpha = 0.05
+    obj.advantage.lam_alpha = 0.05 * PAPER_MAX_NEW_TOKENS / config.rollout.max_new_tokens
     obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.28
     obj.aggregation.mode = "token-mean"
     obj.positive_nll_weight = 0.1
