@@ -14,8 +14,8 @@ stages, each resumable (re-running the command skips what is done):
 Per stage it reports accuracy (the recipe's `reward.correct`, ``gsm8k``: the number after
 the last ``####``, else the last number written), strict accuracy (``integer_answer``:
 exactly the right integer after the last ``####``), format adherence (``integer_format``:
-an integer after the last ``####``, right or wrong), the mean response length in tokens and the share of
-answers cut at the token budget. Timing needs a quiet machine.
+an integer after the last ``####``, right or wrong), the mean response length in tokens
+and the share of answers cut at the token budget. Timing needs a quiet machine.
 """
 
 import argparse
@@ -27,9 +27,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-def held_out_answers(config, checkpoint, method=None, group_size=1):
-    """`group_size` answers (greedy by default) of `checkpoint` to each held-out prompt ->
-    a dict of per-answer lists."""
+def held_out_answers(config, checkpoint):
+    """Greedy answers of `checkpoint` to the held-out prompts -> a dict of per-answer lists."""
     import jax
     import numpy as np
     from flax import nnx
@@ -55,13 +54,12 @@ def held_out_answers(config, checkpoint, method=None, group_size=1):
             texts, tokens, mask = task_lib.prompt_rows(config.task, padded, tokenizer)
             prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
             out = rollout.sample_on_mesh(
-                policy, mesh, prompts, rng=jax.random.key(start), method=method or sampling.Greedy(),
-                group_size=group_size, max_new_tokens=config.rollout.max_new_tokens,
+                policy, mesh, prompts, rng=jax.random.key(0), method=sampling.Greedy(),
+                group_size=1, max_new_tokens=config.rollout.max_new_tokens,
                 rules=config.rollout.rules)
-            columns, _, _ = rollout.score_own_rows(out, texts, padded, scorer, tokenizer,
-                                                   group_size)
+            columns, _, _ = rollout.score_own_rows(out, texts, padded, scorer, tokenizer, 1)
             completions = task_lib.decode_completions(tokenizer, out.tokens, out.mask)
-            n = len(chunk) * group_size
+            n = len(chunk)
             rows["correct"] += (columns[:n, names.index("gsm8k")] >= 1).tolist()
             rows["strict"] += (columns[:n, names.index("integer_answer")] >= 1).tolist()
             rows["format"] += (columns[:n, names.index("integer_format")] >= 1).tolist()
@@ -103,13 +101,16 @@ def main():
 
     from grpo_jax import parallel
     parallel.use_cpu_cores()
-    from grpo_jax import config_lib
+    from grpo_jax import config_lib, sweep
     from grpo_jax.training import rl
 
     checkpoint = os.path.abspath(os.path.expanduser(args.checkpoint))
     workdir = os.path.abspath(os.path.expanduser(args.workdir))
     os.makedirs(workdir, exist_ok=True)
     config = config_lib.load_config(f"{args.config}:path={checkpoint},steps=100000")
+    machine = stage(os.path.join(workdir, "machine.json"), lambda: {   # where RL runs
+        "commit": sweep.source_commit(), "machine": sweep.machine_description(os.cpu_count()),
+        "load": round(os.getloadavg()[0], 1)})
 
     print(f"1/3 base model: greedy answers to {config.eval.num_prompts} held-out prompts",
           flush=True)
@@ -125,21 +126,22 @@ def main():
     print("3/3 the trained policy: the same prompts", flush=True)
     after = stage(os.path.join(workdir, "after.json"),
                   lambda: held_out_answers(config, os.path.join(rl_dir, "export")))
-    table = format_table(args, base, after, trained)
+    table = format_table(args, base, after, trained, machine)
     print(table, flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.write(table)
 
 
-def format_table(args, base, after, trained):
+def format_table(args, base, after, trained, machine):
     lines = [
         f"# python experiments/smollm2_cpu.py --checkpoint DIR --minutes {args.minutes:g}",
+        f"# commit {machine['commit']}, {machine['machine']}, load {machine['load']} at the start",
         "# SmolLM2-135M-Instruct (Q4_1 GGUF, converted to float32), configs/smollm2.py: DAPO,",
         "# 2-digit addition in chat, greedy answers to the same held-out prompts before/after;",
         "# accuracy: gsm8k grader (number after the last ####, else the last number);",
-        "# strict: exactly the right integer after the last ####; format: a #### <integer>",
-        "# answer present; length in tokens; cut: answers that hit the token budget.",
+        "# strict: exactly the right integer after the last ####; format: an integer after the",
+        "# last ####, right or wrong; length: mean tokens; cut: answers that hit the budget.",
         f"{'model':<28s} {'prompts':>7s} {'accuracy':>8s} {'strict':>7s} {'format':>7s} "
         f"{'length':>7s} {'cut':>6s} {'seconds':>8s}",
     ]
@@ -150,7 +152,7 @@ def format_table(args, base, after, trained):
                      f"{s['strict_accuracy']:7.3f} {s['format']:7.3f} {s['mean_length']:7.1f} "
                      f"{s['truncated']:6.3f} {seconds:8.0f}")
     lines.append("# seconds: the base row's evaluation; the RL row's training call (rollouts,")
-    lines.append("# updates, checkpoints and export; the budget ends after the step that passes it).")
+    lines.append("# updates, checkpoints, export; it ends after the step that passes the budget).")
     return "\n".join(lines) + "\n"
 
 
