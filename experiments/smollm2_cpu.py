@@ -31,16 +31,12 @@ def held_out_answers(config, checkpoint):
     """Greedy answers of `checkpoint` to the held-out prompts -> a dict of per-answer lists."""
     import jax
     import numpy as np
-    from flax import nnx
 
-    from grpo_jax import models, parallel, sampling
-    from grpo_jax.training import evaluation, policy as policy_lib, rollout, task as task_lib
+    from grpo_jax import parallel, sampling
+    from grpo_jax.training import demo, evaluation, rollout, task as task_lib
 
-    mesh = parallel.setup_mesh(config)
-    model, tokenizer = models.from_pretrained(checkpoint, mesh=mesh, rules=config.model.rules)
-    graphdef, params = nnx.split(model)
-    policy = policy_lib.Policy(graphdef, params, tokenizer)
-    source = task_lib.data_source(config.task, config.task.eval_split)
+    mesh, policy, source = demo.load_for_evaluation(config, checkpoint)
+    tokenizer = policy.tokenizer
     examples, real = evaluation.own_examples(source, config.eval.num_prompts)
     scorer = task_lib.Scorer(config.reward, separate=True,
                              max_new_tokens=config.rollout.max_new_tokens)

@@ -21,13 +21,19 @@ def _stage_config(config, **changes):
     return config_lib.apply_overrides(config.copy_and_resolve_references(), changes)
 
 
-def evaluate_export(config, path):
-    """Held-out metrics of a saved policy, through the same loading code as any checkpoint."""
+def load_for_evaluation(config, path):
+    """`(mesh, policy, held-out source)`: the saved policy at `path` on the config's mesh,
+    through the same loading code as any checkpoint, and the task's evaluation split."""
     mesh = parallel.setup_mesh(config)
     model, tokenizer = models.from_pretrained(path, mesh=mesh, rules=config.model.rules)
     graphdef, params = nnx.split(model)
     policy = policy_lib.Policy(graphdef, params, tokenizer)
-    source = task_lib.data_source(config.task, config.task.eval_split)
+    return mesh, policy, task_lib.data_source(config.task, config.task.eval_split)
+
+
+def evaluate_export(config, path):
+    """Held-out metrics of a saved policy (`load_for_evaluation`)."""
+    mesh, policy, source = load_for_evaluation(config, path)
     scorer = task_lib.Scorer(config.reward, separate=False,
                              max_new_tokens=config.rollout.max_new_tokens)
     method = rollout.sampling_method(config)
