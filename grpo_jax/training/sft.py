@@ -22,8 +22,9 @@ from grpo_jax.training import rollout, steps, task as task_lib
 
 
 def train(config, workdir, *, seconds=None):
-    """Trains to ``sft.steps`` (or for `seconds` of wall time, the demo's control) in
-    `workdir`, resuming it; exports the policy; returns the last step."""
+    """Trains to ``sft.steps`` in `workdir`, resuming it; exports the policy; returns the
+    last step. With `seconds` (the demo's control), the run also ends after the first step
+    that finishes past that much wall time; that step is logged and saved, as every last one."""
     # --- set-up ------------------------------------------------------------------------
     workdir = paths.resolve_run_paths(config, workdir)
     mesh = parallel.setup_mesh(config)
@@ -59,7 +60,7 @@ def train(config, workdir, *, seconds=None):
     start = time.time()
     stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
     try:
-        while step < cfg.sft.steps and (seconds is None or time.time() - start < seconds):
+        while step < cfg.sft.steps:
             step += 1
             rows, cut = task_lib.target_rows(next(train_iter), cfg.task, policy.tokenizer,
                                     cfg.rollout.max_new_tokens)
@@ -68,7 +69,9 @@ def train(config, workdir, *, seconds=None):
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             metrics["targets_cut"] = float(np.mean(parallel.allgather_json(cut)))
             metrics_lib.stop_if_not_finite(metrics, step, checkpointer)
-            last = step == cfg.sft.steps
+            out_of_time = seconds is not None and bool(   # agreed by every process
+                parallel.agree_max(int(time.time() - start >= seconds)))
+            last = step == cfg.sft.steps or out_of_time   # logged and saved
             if step % cfg.sft.eval_every == 0:
                 metrics.update(evaluation.evaluate(
                     policy, mesh, scorer, held_out, cfg, method=method,
@@ -81,6 +84,8 @@ def train(config, workdir, *, seconds=None):
                                       train_iter, seed=cfg.seed)
             if stopping:
                 raise preemption.Stopped(step, checkpointer.directory)
+            if last:
+                break
     finally:
         stop.close()
         writer.close()

@@ -25,6 +25,11 @@ def test_demo_pipeline_runs_each_stage_once_and_prints_the_table(data_dir, tmp_p
         with open(tmp_path / stage / "metrics.jsonl") as f:   # the README names each metric
             keys = set().union(*(json.loads(line) for line in f))
         assert readme_metrics.undocumented(keys) == [], stage
+    # The timed control logs and saves its last step, whatever sft.log_every is.
+    with open(tmp_path / "sft_control" / "metrics.jsonl") as f:
+        last_logged = json.loads(f.readlines()[-1])["step"]
+    saved = [int(d) for d in os.listdir(tmp_path / "sft_control" / "checkpoints") if d.isdigit()]
+    assert last_logged == max(saved)
     out = capsys.readouterr().out
     assert "+ DAPO (RL)" in out and "pass@1" in out
     with open(tmp_path / "results.json") as f:
