@@ -155,4 +155,3 @@ def test_the_trainers_rollouts_cut_only_when_the_config_asks(recipe):
     assert float(method.temperature) == float(r.temperature)
     config.rollout.top_p = 0.95
     assert type(rollout.sampling_method(config)) is sampling.TopP
-
