@@ -20,8 +20,11 @@ def get_config(arg=None):
     config.seed = 0
     config.mode = "rl"                   # rl | sft | demo (sft warm start, rl, sft control) | eval
     # name=size pairs; one size may be -1 (the rest of the devices). Rows split over every
-    # axis but "tensor"; weights over the axes their sharding rules name.
-    config.mesh = "data=-1,fsdp=1,tensor=1"
+    # axis but "tensor"; weights over the axes their sharding rules name. "auto": data
+    # parallel ("data=-1,fsdp=1,tensor=1") unless the weights, gradients and optimizer state
+    # would take over half of a device's memory replicated, then fully sharded
+    # ("data=1,fsdp=-1,tensor=1"); CPU devices report no memory and stay data parallel.
+    config.mesh = "auto"
 
     # Several processes (one per host): jax.distributed.initialize(). With enabled and the
     # three addresses unset, JAX detects the cluster (Cloud TPU, SLURM, Open MPI); setting

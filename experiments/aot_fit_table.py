@@ -41,6 +41,7 @@ PROMPT_LEN, NEW_TOKENS = 1024, 7168
 MODEL_FIELDS = {"model.attention": "splash", "model.scan_layers": True, "model.remat": "full",
                 "model.dtype": "bfloat16", "model.param_dtype": "bfloat16"}
 SAMPLER = ("prefill", "decode")
+ALL_PROGRAMS = ("train", "logprob", *SAMPLER)   # what a run without a critic compiles
 REMAT_POLICIES = ("full", "off", "dots_saveable", "dots_with_no_batch_dims_saveable")
 # name -> (model, programs, the changed fields) of a GSPO fsdp cell on v5p:2x2x2.
 COMPARE_TOPOLOGY = "v5p:2x2x2"
@@ -63,10 +64,12 @@ def overrides(model, rules, chips, extra=()):
 
 
 def command(recipe, topology, fields, programs):
-    """The `python -m grpo_jax.aot` command of a cell."""
+    """The `python -m grpo_jax.aot` command of a cell (``--programs`` only when it compiles
+    fewer than a run without a critic has: the README quotes a whole cell's command)."""
     flags = " ".join(f"--config.{k}={v}" for k, v in fields.items())
+    chosen = "" if tuple(programs) == ALL_PROGRAMS else f" --programs {','.join(programs)}"
     return (f"python -m grpo_jax.aot --config configs/{recipe}.py --topology {topology} "
-            f"--prompt_len {PROMPT_LEN} --programs {','.join(programs)} {flags}")
+            f"--prompt_len {PROMPT_LEN}{chosen} {flags}")
 
 
 def commit():
@@ -106,7 +109,7 @@ def cells(topologies, recipes=("gspo", "grpo")):
         for topology in topologies:
             for model, rules in MODELS_RULES:
                 name = f"{recipe}_{model}_{rules}_{topology.replace(':', '_')}"
-                programs = ["train", "logprob", *SAMPLER] if recipe == "gspo" else ["train", "logprob"]
+                programs = list(ALL_PROGRAMS) if recipe == "gspo" else ["train", "logprob"]
                 yield name, dict(recipe=recipe, topology=topology, programs=programs,
                                  fields=overrides(model, rules, TOPOLOGIES[topology]))
 
@@ -156,7 +159,10 @@ def cell_programs(out, name, spec):
 
 
 def total(program):
-    """A program's per-device bytes in GiB; "> X" when the compiler refused it (a lower bound)."""
+    """A program's per-device bytes in GiB; "> X" when the compiler refused it for memory
+    (a lower bound), "fails" when it refused it for another reason."""
+    if program.get("compile_failed"):
+        return "fails"
     return f"{'> ' if program['compiler_oom'] else ''}{gib(program['bytes_per_device'])}"
 
 
@@ -174,13 +180,16 @@ def fit_table(out):
             continue
         result, programs = found
         commands.append(f"- `{name}`: `{result['command']}`")
-        commits.add(result["commit"])
+        versions = result.get("versions", {})
+        commits.add(f"{result['commit']} (" + ", ".join(f"{k} {v}" for k, v in versions.items())
+                    + ")" if versions else result["commit"])
         if programs is None:
             lines.append(f"| {model} | {spec['recipe']} | {rules} | {spec['topology']} | not compiled "
                          f"(stopped after {result['timed_out_s']:.0f} s) | | | | | | |")
             continue
         hbm = result["hbm_bytes_per_device"]
-        over = [p for p, r in programs.items() if r["bytes_per_device"] > hbm or r["compiler_oom"]]
+        over = [p for p, r in programs.items()
+                if r.get("compile_failed") or r["compiler_oom"] or r["bytes_per_device"] > hbm]
         cell = lambda p: total(programs[p]) if p in programs else "-"
         missing = [p for p in ("train", "logprob", *SAMPLER) if p not in programs]
         fits = ("no: " + ", ".join(over) if over else

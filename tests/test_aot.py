@@ -4,6 +4,7 @@ small TPU topology when libtpu is installed (the `tpu` extra; CI skips those).""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ import pytest
 
 from grpo_jax import aot, config_lib, models, parallel
 from grpo_jax.aot import programs as programs_lib
-from grpo_jax.training import optimizer as optimizer_lib
+from grpo_jax.training import footprint, optimizer as optimizer_lib
 
 KEYS = ("bytes_per_device", "flops", "estimated_s", "compile_s")
 GSPO = pathlib.Path(__file__).resolve().parent.parent / "configs" / "gspo.py"
@@ -145,18 +146,22 @@ def test_errors_name_the_fix():
     config = tiny_config()
     del config.model["attention"]
     with pytest.raises(ValueError, match="model.attention"):
-        programs_lib.model_config(config)
+        footprint.model_config(config)
 
 
 def test_oom_messages_are_parsed():
-    """XLA:TPU's two out-of-memory messages (as libtpu 0.0.52 words them)."""
+    """XLA:TPU's out-of-memory messages, as libtpu 0.0.52 and 0.0.42.1 word them."""
     temps = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total "
              "memory required for HLO temporaries (47.68G) exceeds available HBM (15.75G).")
-    assert aot.report_lib.needed_bytes(temps) == int(47.68 * 2**30)
+    assert aot.report_lib.needed_bytes(temps) == (int(47.68 * 2**30), "temp")
+    untagged = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+                "temporaries (1.02T) exceeds available HBM (95.74G).")   # libtpu 0.0.42.1
+    assert aot.report_lib.needed_bytes(untagged) == (int(1.02 * 2**40), "temp")
     total = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out "
              "of memory in memory space hbm. Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 6.90M.")
-    assert aot.report_lib.needed_bytes(total) == int(15.75 * 2**30 + 6.90 * 2**20)
+    assert aot.report_lib.needed_bytes(total) == (int(15.75 * 2**30 + 6.90 * 2**20), "total")
     assert aot.report_lib.needed_bytes("RESOURCE_EXHAUSTED: something else") is None
+    assert aot.report_lib.needed_bytes("INVALID_ARGUMENT: HLO temporaries (1.0G)") is None
 
 
 @pytest.mark.slow
@@ -224,3 +229,228 @@ def test_a_run_that_cannot_fit_is_reported_with_advice():
     cache = 28 * 2 * 4096 * 8 * 128 * 8192 * 2 / 4   # layers x (k, v) x rows x K x H x slots x bf16 / chips
     assert decode["bytes_per_device"] > cache
     assert "decode needs" in result["advice"][0] and "rollout.prompts_per_batch" in result["advice"][0]
+
+
+# ----- the mesh "auto", the run's replicated state, and the advice by cause ---------------
+
+GIB = 2**30
+
+
+class TestChooseMesh:
+    def test_an_explicit_mesh_is_kept_and_its_state_never_counted(self):
+        def never():
+            raise AssertionError("state_bytes called for an explicit mesh")
+        assert parallel.choose_mesh("data=2,fsdp=4,tensor=1", state_bytes=never,
+                                    device_memory=GIB) == ("data=2,fsdp=4,tensor=1", None)
+
+    def test_devices_without_a_known_memory_stay_data_parallel(self):
+        assert parallel.choose_mesh("auto", state_bytes=None, device_memory=None) == (
+            parallel.DATA_PARALLEL, None)
+
+    def test_state_up_to_half_the_memory_stays_data_parallel(self):
+        assert parallel.choose_mesh("auto", state_bytes=lambda: 8 * GIB, device_memory=16 * GIB) == (
+            parallel.DATA_PARALLEL, None)
+
+    def test_state_over_half_the_memory_is_sharded_and_says_so(self):
+        spec, reason = parallel.choose_mesh("auto", state_bytes=lambda: 8 * GIB + 1,
+                                            device_memory=16 * GIB)
+        assert spec == parallel.FULLY_SHARDED == "data=1,fsdp=-1,tensor=1"
+        assert "8.0 GiB" in reason and "16.0 GiB" in reason and "--config.mesh" in reason
+
+    def test_auto_is_not_a_mesh_to_build(self):
+        with pytest.raises(ValueError, match="parallel.choose_mesh"):
+            parallel.make_mesh("auto")
+
+
+class TestReplicatedStateBytes:
+    """Weights, gradient and AdamW's two moments (plus its two int32 step counters), by
+    hand from the tiny model's shapes, and the copies a recipe adds."""
+
+    def test_rl_sft_and_eval(self):
+        weights = expected_param_bytes(models.get_model_config("tiny"), fsdp=1)
+        config = tiny_config()
+        assert footprint.replicated_state_bytes(config, "eval") == weights
+        assert footprint.replicated_state_bytes(config, "sft") == 4 * weights + 8
+        assert footprint.replicated_state_bytes(config, "rl") == 4 * weights + 8
+
+    def test_reference_and_lagged_copies(self):
+        weights = expected_param_bytes(models.get_model_config("tiny"), fsdp=1)
+        config = tiny_config(**{"objective.kl.beta": 0.01, "rollout.policy_lag": 2})
+        assert footprint.replicated_state_bytes(config, "rl") == (4 + 1 + 2) * weights + 8
+
+    def test_a_critic_adds_its_own_trained_state(self):
+        cfg = models.get_model_config("tiny")
+        weights = expected_param_bytes(cfg, fsdp=1)
+        critic = weights + (cfg.d_model + 1) * 4   # the trunk and a [D] head with a bias
+        vapo = config_lib.load_config(f"{GSPO.parent / 'vapo.py'}:runlocal=True")
+        assert footprint.replicated_state_bytes(vapo, "rl") == 4 * weights + 8 + 4 * critic + 8
+
+    def test_unknown_phase(self):
+        with pytest.raises(ValueError, match="phase must be one of"):
+            footprint.replicated_state_bytes(tiny_config(), "train")
+
+
+def result(name, *, temp, parts, held=0, oom=False, failed=False, other=0):
+    """A made-up compiled program: total = the state among its arguments + temp + other."""
+    total = None if failed else sum(parts.values()) + (temp or 0) + other + held
+    return aot.report_lib.Result(name, "", None, None, None, temp, held, total, None, None, 1.0,
+                                 oom=oom, failed=failed, message="boom" if failed else "",
+                                 parts=parts)
+
+
+class TestAdvice:
+    """Each cause gets its own fix with the exact flags, computed from the bytes."""
+
+    HBM = 16 * GIB
+
+    def test_replicated_weights_and_activations_of_the_update(self):
+        # 64 rows per minibatch on an 8-way data mesh, weights replicated
+        config = tiny_config(mesh="data=8,fsdp=1,tensor=1", **{"model.remat": "full"})
+        mesh = parallel.make_mesh(config.mesh)
+        rows = config.rollout.prompts_per_batch * config.objective.group_size // config.train.minibatches
+        assert (rows, config.train.micro_batches) == (16, 1)
+        train = result("train", temp=30 * GIB, parts={"weights": 2 * GIB, "optimizer": 4 * GIB})
+        text = aot.report_lib.advice(train, self.HBM, config, mesh)
+        assert text.startswith("train does not fit: needs 36.00 GiB per device, 20.00 GiB over the 16.00 GiB HBM")
+        # room for temporaries: 16 - 6 = 10 GiB -> 3x fewer rows per piece -> the first
+        # m >= 3 dividing 16 rows with whole 8-way rows: 16 / 2 = 8 -> m = 2 fails (3 needed);
+        # m = 4 leaves 4 rows, not 8-way -> none fits; so the advice says so
+        assert "even one row per chip" in text
+        assert "--config.mesh=data=1,fsdp=-1,tensor=1" in text and "saves about 5.25 GiB" in text
+        assert text.index("activations") < text.index("replicated")   # the larger cause first
+
+    def test_micro_batches_are_chosen_to_fit_and_split(self):
+        config = tiny_config(mesh="data=1,fsdp=2,tensor=1", **{"rollout.prompts_per_batch": 64})
+        mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:2])
+        rows = 64 * config.objective.group_size // config.train.minibatches   # 64
+        train = result("train", temp=25 * GIB, parts={"weights": GIB, "optimizer": 2 * GIB},
+                       other=GIB)
+        text = aot.report_lib.advice(train, self.HBM, config, mesh)
+        # room 16 - 4 = 12 GiB: 25 / 12 -> 3x; 64 rows: m = 4 (16 rows, splits 2 ways)
+        assert rows == 64 and "`--config.train.micro_batches=4` (now 1" in text
+        assert "about 6.25 GiB" in text and "--config.mesh" not in text   # already sharded
+        assert "--config.model.attention=splash" in text    # tiny_config uses XLA attention
+        assert config.model.remat == "off" and "`--config.model.remat=full`" in text
+
+    def test_decode_gets_fewer_prompts_or_a_shorter_budget(self):
+        config = tiny_config(mesh="data=1,fsdp=2,tensor=1", **{
+            "rollout.prompts_per_batch": 64, "rollout.max_new_tokens": 1000})
+        mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:2])
+        decode = result("decode", temp=2 * GIB, parts={"weights": 2 * GIB, "cache": 28 * GIB},
+                        held=4 * GIB)
+        text = aot.report_lib.advice(decode, self.HBM, config, mesh)
+        # fixed 6 GiB, cache + temporaries 30 GiB scale with rows: 10 / 30 of 64 prompts = 21,
+        # and 20 x 4 rows split into 4 minibatches of 20 rows over 2 ways, 21 x 4 do not
+        assert "`--config.rollout.prompts_per_batch=20` (now 64" in text
+        assert "`--config.rollout.max_new_tokens=332` (now 1000)" in text
+
+    def test_a_compile_error_that_is_not_memory(self):
+        config = tiny_config()
+        failed = result("logprob", temp=None, parts={}, failed=True)
+        text = aot.report_lib.advice(failed, self.HBM, config, parallel.make_mesh(config.mesh))
+        assert text.startswith("logprob does not compile, for a reason other than memory: boom")
+
+
+class _Refusing:
+    """A lowered program whose compile raises `error`."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def compile(self):
+        raise self.error
+
+
+class TestRefusedPrograms:
+    def program(self, error):
+        return programs_lib.Program("train", _Refusing(error), GIB, "rows",
+                                    {"weights": 2 * GIB, "optimizer": 4 * GIB})
+
+    def test_out_of_memory_is_a_row_with_a_lower_bound(self):
+        error = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
+                             "required for HLO temporaries (10.00G) exceeds available HBM (15.75G).")
+        refused = aot.report_lib.compile_program(self.program(error))
+        assert refused.oom and not refused.failed
+        assert refused.temp == 10 * GIB and refused.total == (10 + 6 + 1) * GIB
+        table = aot.report_lib.format_table([refused], 16 * GIB)
+        assert "NO: needs >= 17.00 GiB" in table
+
+    def test_any_other_error_is_a_row_too(self):
+        refused = aot.report_lib.compile_program(self.program(ValueError("Mosaic failed\nat line 3")))
+        assert refused.failed and refused.total is None and refused.message == "Mosaic failed"
+        assert aot.report_lib.does_not_fit(refused, None)
+        assert "NO: does not compile" in aot.report_lib.format_table([refused], None)
+
+
+def test_host_memory_estimate_names_scan_layers():
+    """Linear in the layer bodies the compiler sees; a line only when it matters."""
+    host = aot.host_lib
+    qwen3_8b = models.get_model_config("qwen3_8b")
+    unrolled = host.compile_memory(qwen3_8b, available=8 * GIB)
+    assert unrolled.bodies == 36
+    assert unrolled.bytes == host.BASE_BYTES + 36 * host.PER_BODY_BYTES
+    assert unrolled.warning.startswith("WARNING: host memory: compiling 36 unrolled layers")
+    assert "--config.model.scan_layers=True" in unrolled.warning
+    scanned = host.compile_memory(models.get_model_config("qwen3_8b", scan_layers=True),
+                                  available=64 * GIB)
+    assert scanned.bodies == 1 and scanned.warning is None
+
+
+# ----- the README's fit command(s): each is a fit-table cell's, and each ends in a report ----
+
+REPO = GSPO.parent.parent
+README = (REPO / "README.md").read_text()
+FIT_TABLE = (REPO / "experiments" / "results" / "aot_fit_table.md").read_text()
+
+
+def readme_fit_commands():
+    """The commands of the ```bash blocks after each <!-- fit-command --> marker, with the
+    line continuations joined."""
+    blocks = re.findall(r"<!-- fit-command -->\n```bash\n(.*?)```", README, re.S)
+    return [" ".join(block.replace("\\\n", " ").split()) for block in blocks]
+
+
+def test_every_readme_fit_command_is_a_fit_table_cell():
+    commands = readme_fit_commands()
+    assert commands, "the README has no <!-- fit-command --> block"
+    cells = re.findall(r"^- `[^`]+`: `([^`]+)`$", FIT_TABLE, re.M)
+    for command in commands:
+        assert command in cells, f"not a cell of experiments/results/aot_fit_table.md: {command}"
+
+
+def small(command, topology):
+    """The README's command with a small model and budget on `topology` (same flags else)."""
+    command = re.sub(r"--topology \S+", f"--topology {topology}", command)
+    command = re.sub(r"--prompt_len \d+", "--prompt_len 128", command)
+    command = re.sub(r"--config.model.name=\S+", "--config.model.name=tiny", command)
+    command = re.sub(r"--config.rollout.max_new_tokens=\d+", "--config.rollout.max_new_tokens=128",
+                     command)
+    if topology == "cpu":   # no Mosaic on CPU: the splash kernel is for TPUs
+        command = command.replace("--config.model.attention=splash", "--config.model.attention=xla")
+    return command.replace("python -m grpo_jax.aot", f"{sys.executable} -m grpo_jax.aot")
+
+
+def run_small(command, topology, devices):
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return subprocess.run(small(command, topology).split(), capture_output=True, text=True,
+                          timeout=900, cwd=REPO, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", readme_fit_commands())
+def test_readme_fit_command_runs_on_cpu_devices(command):
+    """Every flag the README passes is one the tool takes; it ends in a report."""
+    done = run_small(command, "cpu", devices=8)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| train |" in done.stdout and "| decode |" in done.stdout
+    assert "fits: unknown" in done.stdout and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", readme_fit_commands())
+def test_readme_fit_command_runs_on_its_tpu_topology(command):
+    tpu_topology()
+    topology = re.search(r"--topology (\S+)", command).group(1)
+    done = run_small(command, topology, devices=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "fits: yes" in done.stdout and "Traceback" not in done.stderr

@@ -125,3 +125,17 @@ def test_global_rows_and_local_rows_round_trip_on_one_process():
     odd = hosts.global_rows(mesh, {"x": np.arange(6)})["x"]   # 6 rows do not split 8 ways
     np.testing.assert_array_equal(hosts.local_rows(odd), np.arange(6))
     assert hosts.allgather_json({"a": [1, 2]}) == [{"a": [1, 2]}] and hosts.agree_max(7) == 7
+
+
+def test_auto_mesh_shards_the_weights_when_the_state_would_crowd_a_device(monkeypatch, capsys):
+    """On an accelerator with 16 GiB, a 9 GiB replicated state gets the fully sharded mesh
+    (and one line saying why); 8 GiB stays data parallel; CPU devices report no memory."""
+    config = config_lib.load_config(str(REPO / "configs" / "base.py"))
+    assert config.mesh == "auto"
+    assert dict(hosts.setup_mesh(config, lambda: 9 * 2**30).shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+    monkeypatch.setattr(hosts, "device_memory", lambda device: 16 * 2**30)
+    assert dict(hosts.setup_mesh(config, lambda: 8 * 2**30).shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+    monkeypatch.setattr(hosts, "_ANNOUNCED_MESHES", set())
+    mesh = hosts.setup_mesh(config, lambda: 9 * 2**30)
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert "mesh 'auto': the weights, gradients and optimizer state would take 9.0 GiB" in capsys.readouterr().out

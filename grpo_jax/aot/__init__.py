@@ -15,11 +15,13 @@ import time
 import jax
 
 from grpo_jax import parallel
+from grpo_jax.aot import host as host_lib
 from grpo_jax.aot import programs as programs_lib
 from grpo_jax.aot import report as report_lib
 from grpo_jax.aot.programs import build
 from grpo_jax.aot.report import HBM_BYTES
 from grpo_jax.aot.report import PROGRAMS
+from grpo_jax.training import footprint
 
 
 def topology_devices(topology):
@@ -31,14 +33,36 @@ def topology_devices(topology):
     try:
         return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
     except Exception as error:   # no libtpu, or a name libtpu does not know
+        if "libtpu_lockfile" in str(error):   # libtpu admits one process per host
+            raise ValueError(
+                f"--topology {topology!r}: another process on this host is using libtpu (a "
+                "compile or a test in progress: `pgrep -af grpo_jax`); wait for it to end. "
+                "Remove /tmp/libtpu_lockfile only if no such process is left") from error
         raise ValueError(
             f"--topology {topology!r}: could not build the TPU topology ({error}). It needs "
             "libtpu (pip install -e '.[tpu]') and a name such as v5e:2x4, v5p:2x2x2, v6e:2x2"
         ) from error
 
 
+def compiler_versions(topology):
+    """`{"jax": ..., "libtpu": ...}`: the versions that decide the compiler's numbers (the
+    same program can need different memory under two libtpu releases)."""
+    from importlib import metadata
+    versions = {"jax": jax.__version__}
+    if topology != "cpu":
+        try:
+            versions["libtpu"] = metadata.version("libtpu")
+        except metadata.PackageNotFoundError:   # libtpu-nightly, or a libtpu from elsewhere
+            versions["libtpu"] = None
+    return versions
+
+
 def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
     """Compiles the run's `programs` for `topology`; returns the report as a dict.
+
+    A program the compiler refuses (for memory or any other reason) is a row of the
+    report and a line of advice, never an exception. The mesh "auto" is chosen as the
+    trainer chooses it (`parallel.choose_mesh`) against the topology's HBM.
 
     Args:
       config: a run config (its overrides applied).
@@ -49,16 +73,24 @@ def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
       log: called with a line as each program compiles.
 
     Returns:
-      `{"topology", "devices", "device_kind", "mesh", "hbm_bytes_per_device", "fits",
-      "programs": {name: Result.to_json()}, "table", "advice"}`; ``fits`` is None without
-      a known HBM (CPU devices).
+      `{"topology", "devices", "device_kind", "versions", "mesh", "mesh_choice", "hbm_bytes_per_device",
+      "host_memory_estimate", "fits", "programs": {name: Result.to_json()}, "table",
+      "advice"}`; ``fits`` is None without a known HBM (CPU devices) unless a program does
+      not compile.
     """
     unknown = sorted(set(programs) - set(PROGRAMS))
     if unknown:
         raise ValueError(f"unknown programs {unknown}; choose from {PROGRAMS}")
     devices = topology_devices(topology)
-    mesh = parallel.make_mesh(config.mesh, devices=devices)
     hbm = report_lib.hbm_bytes(devices[0])
+    spec, reason = parallel.choose_mesh(
+        config.mesh, state_bytes=lambda: footprint.replicated_state_bytes(config), device_memory=hbm)
+    if reason:
+        log(reason)
+    mesh = parallel.make_mesh(spec, devices=devices)
+    host = host_lib.compile_memory(footprint.model_config(config))
+    if host.warning:
+        log(host.warning)
     begin = time.time()
     lowered = [p for p in programs_lib.build(config, mesh, prompt_len=prompt_len) if p.name in programs]
     log(f"lowered {len(lowered)} programs in {time.time() - begin:.1f} s on mesh {dict(mesh.shape)} "
@@ -67,13 +99,15 @@ def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
     for program in lowered:
         results.append(report_lib.compile_program(program))
         program.lowered = None   # the lowered module can be large: drop it once compiled
-        log(f"  {program.name}: compiled in {results[-1].compile_s:.1f} s")
-    too_big = [r for r in results if hbm is not None and (r.oom or r.total > hbm)]
+        refused = " (refused)" if results[-1].oom or results[-1].failed else ""
+        log(f"  {program.name}: compiled in {results[-1].compile_s:.1f} s{refused}")
+    too_big = [r for r in results if report_lib.does_not_fit(r, hbm)]
     return {
         "topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
-        "mesh": dict(mesh.shape), "hbm_bytes_per_device": hbm,
-        "fits": None if hbm is None else not too_big,
+        "versions": compiler_versions(topology), "mesh": dict(mesh.shape), "mesh_choice": reason, "hbm_bytes_per_device": hbm,
+        "host_memory_estimate": host.to_json(),
+        "fits": False if too_big else (None if hbm is None else True),
         "programs": {r.name: r.to_json() for r in results},
         "table": report_lib.format_table(results, hbm),
-        "advice": [report_lib.advice(r, hbm, config) for r in too_big],
+        "advice": [report_lib.advice(r, hbm, config, mesh) for r in too_big],
     }

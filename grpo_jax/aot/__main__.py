@@ -5,7 +5,9 @@
 
 Prints one table row per program (per-device argument, output, aliased, temporary, held
 and total bytes against the chip's HBM, TFLOPs, the compiler's estimated time, compile
-time), whether the run fits and, if not, what to change. Exits 0 either way.
+time), whether the run fits and, if not, what to change. Exits 0 when the run fits (or
+cannot be checked: CPU devices), 1 when a program does not fit or does not compile (the
+report and its advice printed all the same), and 1 with one line on bad input.
 """
 
 import json
@@ -33,11 +35,14 @@ def main(argv):
                             programs=tuple(_PROGRAMS.value or aot.PROGRAMS))
     except ValueError as error:   # bad input: the message names the flag or field and the fix
         sys.exit(f"error: {error}")
+    versions = ", ".join(f"{name} {version}" for name, version in result["versions"].items())
     print(f"\n{result['topology']}: {result['devices']} x {result['device_kind']}, "
-          f"mesh {result['mesh']}\n")
+          f"mesh {result['mesh']} ({versions})\n")
     print(result["table"])
     print("\nTFLOP and est. time: XLA's cost model, which counts a loop body (a scanned run of "
           "layers, a micro-batch, a log-prob piece) once: lower bounds.")
+    if result["mesh_choice"]:
+        print(f"\n{result['mesh_choice']}")
     if result["fits"] is None:
         print("\nfits: unknown (no HBM size for these devices)")
     else:
@@ -48,6 +53,8 @@ def main(argv):
         os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
         with open(_JSON.value, "w") as f:
             json.dump({k: v for k, v in result.items() if k != "table"}, f, indent=2)
+    if result["fits"] is False:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

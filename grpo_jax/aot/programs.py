@@ -24,11 +24,12 @@ import numpy as np
 from flax import nnx
 from jax.experimental.layout import Format, Layout
 
-from grpo_jax import models, objectives, parallel, paths, rewards, sampling
+from grpo_jax import models, objectives, parallel, rewards, sampling
 from grpo_jax.models import sharding as sharding_lib
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import optimizer as optimizer_lib
 from grpo_jax.training import critic as critic_lib, rl, rollout as rollout_lib, steps
+from grpo_jax.training.footprint import model_config
 
 
 @dataclasses.dataclass
@@ -41,23 +42,15 @@ class Program:
       held: per-device bytes of the run's state that stays in memory while it runs but
         is not among its arguments (the optimizer state while sampling, ...).
       shape: what it was lowered for, in words.
+      parts: per-device bytes of the run's state among its arguments and outputs, by name: "weights",
+        "optimizer" (its state), "cache" (the KV cache), for the advice on what to change.
     """
 
     name: str
     lowered: object
     held: int
     shape: str
-
-
-def model_config(config):
-    """The `ModelConfig` of ``config.model``: a named shape, or an HF directory's config.json
-    (no weights read), with the run's dtype, remat, attention and scan settings."""
-    overrides = models.run_overrides(config.model)
-    if config.model.path:
-        return models.load_config(paths.resolve(config.model.path), **overrides)
-    if not config.model.name:
-        raise ValueError("set model.path (an HF directory) or model.name (a named config)")
-    return models.get_model_config(config.model.name, **overrides)
+    parts: dict = dataclasses.field(default_factory=dict)
 
 
 def abstract(tree, shardings):
@@ -200,10 +193,11 @@ def build(config, mesh, *, prompt_len):
         programs = [
             Program("train", update.lower(params, opt_state, rows, index, *supervised),
                     copies * params_bytes + critic_bytes,
-                    f"{minibatch} rows x {seq} in {config.train.micro_batches} micro-batch(es)"),
+                    f"{minibatch} rows x {seq} in {config.train.micro_batches} micro-batch(es)",
+                    {"weights": params_bytes, "optimizer": opt_bytes}),
             Program("logprob", logprob.lower(params, rows),
                     opt_bytes + copies * params_bytes + critic_bytes,
-                    f"{b} rows x {seq} in {pieces} piece(s)"),
+                    f"{b} rows x {seq} in {pieces} piece(s)", {"weights": params_bytes}),
         ]
         programs += _sampler_programs(config, mesh, cfg, params, prompt_len,
                                       held=params_bytes + opt_bytes + copies * params_bytes
@@ -241,9 +235,10 @@ def _critic_programs(config, mesh, cfg, rows, index, pieces, *, held):
     with jax.set_mesh(mesh):
         programs = [
             Program("critic_train", update.lower(params, opt_state, rows, index), held,
-                    f"{index.shape[0]} rows x {seq} in {config.train.micro_batches} micro-batch(es)"),
+                    f"{index.shape[0]} rows x {seq} in {config.train.micro_batches} micro-batch(es)",
+                    {"weights": device_bytes(params), "optimizer": device_bytes(opt_state)}),
             Program("values", values.lower(params, rows), held + device_bytes(opt_state),
-                    f"{b} rows x {seq} in {pieces} piece(s)"),
+                    f"{b} rows x {seq} in {pieces} piece(s)", {"weights": device_bytes(params)}),
         ]
     return programs, device_bytes(params) + device_bytes(opt_state)
 
@@ -281,18 +276,23 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held):
     cache = jax.eval_shape(empty_cache, params)
     cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), cache)
-    prompt_cache = jax.eval_shape(prefill, params, prompts, prompts)[1]
-    prompt_cache = jax.tree.map(lambda x: _cache_sharding(x, mesh, cfg.scan_layers), prompt_cache)
+    prompt_cache_shapes = jax.eval_shape(prefill, params, prompts, prompts)[1]
+    prompt_cache_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), prompt_cache_shapes)
+    prompt_cache = jax.tree.map(lambda x: x.sharding, prompt_cache_shapes)
     tokens = jax.ShapeDtypeStruct((p * g,), jnp.int32, sharding=_rows_sharding(mesh, p * g))
     shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
     prefill = jax.jit(prefill, out_shardings=(_rows_sharding(mesh, p), layouts(prompt_cache)))
     decode = jax.jit(decode, donate_argnums=2,
                      in_shardings=(shardings(params), tokens.sharding, layouts(shardings(cache))),
                      out_shardings=(_rows_sharding(mesh, p * g), layouts(shardings(cache))))
+    weights = device_bytes(params)
     return [
-        Program("prefill", prefill.lower(params, prompts, prompts), held, f"{p} prompts x S={s}"),
+        Program("prefill", prefill.lower(params, prompts, prompts), held, f"{p} prompts x S={s}",
+                {"weights": weights, "cache": device_bytes(prompt_cache_shapes)}),
         Program("decode", decode.lower(params, tokens, cache), held,
-                f"{p * g} rows, cache S={s} (shared) + N={n}"),
+                f"{p * g} rows, cache S={s} (shared) + N={n}",
+                {"weights": weights, "cache": device_bytes(cache)}),
     ]
 
 

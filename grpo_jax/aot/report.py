@@ -32,12 +32,14 @@ HBM_BYTES = {
     "TPU v5": int(95.73 * GIB),        # v5p
     "TPU v6 lite": int(31.24 * GIB),   # v6e (Trillium)
 }
-# XLA:TPU's two ways of refusing a program for memory (temporaries alone too large, or
-# everything together): "... HLO temporaries (47.68G) exceeds available HBM (15.75G)" and
-# "... Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 6.90M."
-_OOM = re.compile(r"CompileTimeHbmOom.*?(?:temporaries \((?P<temps>[\d.]+[KMGT]?)\)"
-                  r"|of (?P<capacity>[\d.]+[KMGT]?) hbm\. Exceeded hbm capacity by (?P<over>[\d.]+[KMGT]?))",
-                  re.S)
+# XLA:TPU's ways of refusing a program for memory (temporaries alone too large, or
+# everything together), as libtpu 0.0.42 and 0.0.52 word them, with or without the
+# "CompileTimeHbmOom" tag: "... the total memory required for HLO temporaries (47.68G)
+# exceeds available HBM (15.75G)" and "... Used 15.75G of 15.75G hbm. Exceeded hbm
+# capacity by 6.90M."
+_SIZE = r"[\d.]+[KMGT]?"
+_TEMPS = re.compile(rf"HLO temporaries \((?P<temps>{_SIZE})\)")
+_TOTAL = re.compile(rf"of (?P<capacity>{_SIZE}) hbm\. Exceeded hbm capacity by (?P<over>{_SIZE})")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -47,13 +49,18 @@ def _bytes(text):
 
 
 def needed_bytes(message):
-    """The bytes a program needs per device, from XLA:TPU's out-of-memory message, or None."""
-    match = _OOM.search(message)
-    if match is None:
+    """`(bytes, kind)` a program needs per device from XLA's out-of-memory message, kind
+    "temp" (the temporaries alone) or "total" (arguments, outputs and temporaries); None
+    when the message is not an out-of-memory refusal."""
+    if "RESOURCE_EXHAUSTED" not in message and "CompileTimeHbmOom" not in message:
         return None
-    if match.group("temps"):
-        return int(_bytes(match.group("temps")))
-    return int(_bytes(match.group("capacity")) + _bytes(match.group("over")))
+    match = _TEMPS.search(message)
+    if match:
+        return int(_bytes(match.group("temps"))), "temp"
+    match = _TOTAL.search(message)
+    if match:
+        return int(_bytes(match.group("capacity")) + _bytes(match.group("over"))), "total"
+    return None
 
 PROGRAMS = ("train", "logprob", "prefill", "decode", "critic_train", "values")
 
@@ -63,8 +70,10 @@ class Result:
     """The compiler's numbers for one program (bytes per device; None where unknown).
 
     `total` = argument + output - alias + temp + held. A program the compiler refused
-    for lack of memory has `oom` set (the compiler's words in `message`) and `total` = the
-    temporaries it said it needs + held: a lower bound.
+    for lack of memory has `oom` set (the compiler's words in `message`) and `total` = what
+    it said it needs, plus the program's own state arguments (`Program.parts`) when it named
+    only the temporaries, plus held: a lower bound. A program the compiler refused for any
+    other reason has `failed` set, its words in `message`, and no bytes.
     """
 
     name: str
@@ -74,19 +83,21 @@ class Result:
     alias: int | None
     temp: int | None
     held: int
-    total: int
+    total: int | None
     flops: float | None
     estimated_s: float | None
     compile_s: float
     oom: bool = False
+    failed: bool = False
     message: str = ""
+    parts: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self):
         return {"bytes_per_device": self.total, "flops": self.flops, "estimated_s": self.estimated_s,
                 "compile_s": self.compile_s, "argument_bytes": self.argument,
                 "output_bytes": self.output, "alias_bytes": self.alias, "temp_bytes": self.temp,
-                "held_bytes": self.held, "compiler_oom": self.oom, "compiler_message": self.message,
-                "shape": self.shape}
+                "held_bytes": self.held, "compiler_oom": self.oom, "compile_failed": self.failed,
+                "compiler_message": self.message, "state_bytes": self.parts, "shape": self.shape}
 
 
 def hbm_bytes(device):
@@ -105,19 +116,29 @@ def _cost(compiled):
     return cost.get("flops"), estimated if estimated is not None and estimated >= 0 else None
 
 
+def _first_line(error):
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return (lines[0] if lines else type(error).__name__)[:300]
+
+
 def compile_program(program):
-    """Compiles `program` (a `programs.Program`) and returns its `Result`."""
+    """Compiles `program` (a `programs.Program`) and returns its `Result`; a program the
+    compiler refuses, for memory or anything else, is a `Result` too, never an exception."""
     begin = time.time()
     try:
         compiled = program.lowered.compile()
-    except jax.errors.JaxRuntimeError as error:
+    except Exception as error:   # XLA raises JaxRuntimeError, and others for other causes
+        seconds, message = time.time() - begin, _first_line(error)
         needed = needed_bytes(str(error))
         if needed is None:
-            raise
-        message = str(error).split("\n")[0][:300]
-        return Result(program.name, program.shape, None, None, None, None, program.held,
-                      needed + program.held, None, None, time.time() - begin, oom=True,
-                      message=message)
+            return Result(program.name, program.shape, None, None, None, None, program.held,
+                          None, None, None, seconds, failed=True, message=message,
+                          parts=program.parts)
+        nbytes, kind = needed
+        temp = nbytes if kind == "temp" else None
+        total = nbytes + (sum(program.parts.values()) if kind == "temp" else 0) + program.held
+        return Result(program.name, program.shape, None, None, None, temp, program.held, total,
+                      None, None, seconds, oom=True, message=message, parts=program.parts)
     seconds = time.time() - begin
     memory = compiled.memory_analysis()
     flops, estimated = _cost(compiled)
@@ -126,39 +147,135 @@ def compile_program(program):
     return Result(program.name, program.shape, memory.argument_size_in_bytes,
                   memory.output_size_in_bytes, memory.alias_size_in_bytes,
                   memory.temp_size_in_bytes, program.held, own + program.held, flops, estimated,
-                  seconds)
+                  seconds, parts=program.parts)
 
 
-def advice(result, hbm, config):
-    """What to change when `result` does not fit in `hbm` bytes (a sentence)."""
-    over = result.total - hbm
-    head = f"{result.name} needs {_gib(result.total)} per device, {_gib(over)} over the {_gib(hbm)} HBM: "
-    rules, tensor = config.model.rules, dict(parallel.parse_mesh(config.mesh)).get("tensor", 1)
-    if result.name in ("train", "critic_train"):
-        tips = []
-        if config.model.remat in (False, "off"):
-            tips.append("model.remat='full' (keeps one [rows, S, D] per layer)")
-        tips.append(f"more train.micro_batches (now {config.train.micro_batches}) or train.minibatches")
-        if result.temp is not None and result.temp < result.total / 2:
-            tips.append("shard the weights and optimizer state further (more chips on the fsdp axis, "
-                        "or model.rules='fsdp_tp' with a tensor axis)")
-        if config.model.attention != "splash":
-            tips.append("model.attention='splash' (no [S, S] scores)")
-    elif result.name in ("logprob", "values"):
-        tips = [f"more train.minibatches x train.micro_batches (the pass runs in that many pieces, "
-                f"now {config.train.minibatches * config.train.micro_batches})"]
-    else:
-        tips = [f"fewer rollout.prompts_per_batch (now {config.rollout.prompts_per_batch}) or a "
-                f"shorter rollout.max_new_tokens (the KV cache), or rollout.rules with a larger "
-                f"tensor axis (now {tensor}) so each chip holds less of the weights"]
-    if result.held > over and result.name not in ("train", "critic_train"):
-        tips.append(f"{_gib(result.held)} of it is the run's state held meanwhile (weights in "
-                    f"the {rules!r} layout, optimizer state, pi_ref, a critic): more chips on the fsdp axis")
-    return head + "; ".join(tips)
+def does_not_fit(result, hbm):
+    """True when the compiler refused `result`'s program or it needs more than `hbm`."""
+    return result.failed or result.oom or (hbm is not None and result.total > hbm)
 
+
+# ----- advice: what to change, by cause, with the flags to add ---------------------------
 
 def _gib(nbytes):
     return "?" if nbytes is None else f"{nbytes / GIB:.2f} GiB"
+
+
+def _weights_replicated(mesh):
+    """True when no mesh axis splits the weights (every axis but data is of size 1)."""
+    return mesh.size > 1 and all(size == 1 for axis, size in mesh.shape.items() if axis != "data")
+
+
+def _divisor_at_least(rows, smallest, ways):
+    """The smallest m >= `smallest` that splits `rows` into m pieces whose rows still split
+    `ways` ways, or None."""
+    for m in range(max(1, smallest), rows + 1):
+        if rows % m == 0 and (rows // m) % ways == 0:
+            return m
+    return None
+
+
+def _shard_weights_fix(result, config, mesh):
+    """Weights (and optimizer state) copied on every device: shard them."""
+    state = result.parts.get("weights", 0) + result.parts.get("optimizer", 0)
+    if not _weights_replicated(mesh) or not state:
+        return None
+    flags = "--config.mesh=data=1,fsdp=-1,tensor=1"
+    if config.model.rules not in ("fsdp", "fsdp_tp", "fsdp_expert"):
+        flags += " --config.model.rules=fsdp"
+    saved = state * (1 - 1 / mesh.size)
+    return saved, (f"weights and optimizer state ({_gib(state)} per device) are replicated over "
+                   f"the {mesh.size}-way data axis: shard them over every chip with `{flags}` "
+                   f"(saves about {_gib(saved)} per device)")
+
+
+def _activation_fixes(result, hbm, config, mesh):
+    """The update's or a pass's temporaries: remat, micro-batches, splash attention."""
+    if result.temp is None:
+        return []
+    fixes = []
+    rows = config.rollout.prompts_per_batch * config.objective.group_size // config.train.minibatches
+    micro = config.train.micro_batches
+    if result.name in ("train", "critic_train") and config.model.remat in (False, "off"):
+        fixes.append((result.temp, "activations: keep one layer input per layer instead of every "
+                                   "intermediate with `--config.model.remat=full`"))
+    rest = result.total - result.temp
+    room = hbm - rest
+    if room <= 0:
+        fixes.append((result.temp, f"activations ({_gib(result.temp)}): even with none, the rest "
+                                   f"({_gib(rest)}) does not fit; fix that first"))
+    else:
+        factor = -(-result.temp // room)   # temporaries scale with the rows of one piece
+        target = _divisor_at_least(rows, micro * factor, parallel.row_ways(mesh))
+        pieces = "update's micro-batch" if result.name in ("train", "critic_train") else "pass's piece"
+        if target is None:
+            fixes.append((result.temp, f"activations ({_gib(result.temp)} of temporaries): even one "
+                                       f"row per chip in each {pieces} would not fit; shorten "
+                                       f"rollout.max_new_tokens or add chips"))
+        else:
+            fixes.append((result.temp, f"activations ({_gib(result.temp)} of temporaries for the "
+                                       f"{pieces}'s rows): split each minibatch into more "
+                                       f"micro-batches with `--config.train.micro_batches={target}` "
+                                       f"(now {micro}; temporaries scale with rows, so about "
+                                       f"{_gib(result.temp * micro // target)})"))
+    if config.model.attention != "splash" and result.name != "decode":
+        fixes.append((result.temp // 2, "attention: no [S, S] scores with "
+                                        "`--config.model.attention=splash` (TPU)"))
+    return fixes
+
+
+def _prompts_that_split(most, config, mesh):
+    """The largest P <= `most` whose P G rows split into the update's pieces and over the
+    mesh's row ways (what the trainer's config check asks), or None."""
+    g, pieces = config.objective.group_size, config.train.minibatches * config.train.micro_batches
+    ways = parallel.row_ways(mesh)
+    for p in range(most, 0, -1):
+        if (p * g) % pieces == 0 and (p * g // pieces) % ways == 0:
+            return p
+    return None
+
+
+def _cache_fixes(result, hbm, config, mesh):
+    """The sampler's KV cache and temporaries grow with the rows decoded together (P G) and
+    the slots per row (S + N)."""
+    p, n = config.rollout.prompts_per_batch, config.rollout.max_new_tokens
+    scaling = result.parts.get("cache", 0) + (result.temp or 0)
+    fixed = result.total - scaling
+    if fixed >= hbm or not scaling:
+        return []
+    share = (hbm - fixed) / scaling
+    fewer = _prompts_that_split(int(p * share), config, mesh)
+    fixes = []
+    if fewer:
+        fixes.append((scaling, f"KV cache and decode buffers ({_gib(scaling)} for {p} prompts x "
+                               f"{config.objective.group_size} answers): decode fewer rows at once with "
+                               f"`--config.rollout.prompts_per_batch={fewer}` (now {p}; the largest "
+                               f"that fits and splits over the mesh)"))
+    shorter = int(n * share) - 1
+    if shorter >= 1:
+        fixes.append((scaling, f"or a shorter budget `--config.rollout.max_new_tokens={shorter}` "
+                               f"(now {n})"))
+    return fixes
+
+
+def advice(result, hbm, config, mesh):
+    """What to change when `result` does not fit in `hbm` bytes: one line naming the
+    program, by how much, and each cause with the flags that fix it (largest first)."""
+    if result.failed:
+        return (f"{result.name} does not compile, for a reason other than memory: "
+                f"{result.message}. Check the config's model and sharding fields; if they are "
+                "right, this is a bug to report with the command")
+    over = result.total - hbm
+    needs = f">= {_gib(result.total)}" if result.oom else _gib(result.total)
+    head = f"{result.name} does not fit: needs {needs} per device, {_gib(over)} over the {_gib(hbm)} HBM. "
+    fixes = [_shard_weights_fix(result, config, mesh)]
+    if result.name in ("prefill", "decode"):
+        fixes += _cache_fixes(result, hbm, config, mesh)
+    else:
+        fixes += _activation_fixes(result, hbm, config, mesh)
+    fixes = [text for _, text in sorted(filter(None, fixes), key=lambda fix: -fix[0])]
+    return head + "Causes, largest first: " + "; ".join(fixes) if fixes else head + (
+        "More chips, or model.rules='fsdp_tp' with a tensor axis so each chip holds less")
 
 
 def format_table(results, hbm):
@@ -167,9 +284,12 @@ def format_table(results, hbm):
               "| TFLOP | est. time | compile |")
     lines = [header, "|" + "---|" * 13]
     for r in results:
-        fits = "?" if hbm is None else ("yes" if r.total <= hbm else "NO")
-        if r.oom:
-            fits = "NO (compiler OOM)"
+        if r.failed:
+            fits = "NO: does not compile"
+        elif r.oom:
+            fits = f"NO: needs >= {_gib(r.total)}"
+        else:
+            fits = "?" if hbm is None else ("yes" if r.total <= hbm else "NO")
         flops = "?" if r.flops is None else f"{r.flops / 1e12:.2f}"
         estimated = "?" if r.estimated_s is None else f"{r.estimated_s * 1e3:.1f} ms"
         total = f"> {_gib(r.total)}" if r.oom else _gib(r.total)

@@ -2,12 +2,17 @@
 
 from grpo_jax.parallel.hosts import agree_max
 from grpo_jax.parallel.hosts import allgather_json
+from grpo_jax.parallel.hosts import device_memory
 from grpo_jax.parallel.hosts import global_rows
 from grpo_jax.parallel.hosts import initialize
 from grpo_jax.parallel.hosts import is_main
 from grpo_jax.parallel.hosts import local_rows
 from grpo_jax.parallel.hosts import setup_mesh
 from grpo_jax.parallel.hosts import sync
+from grpo_jax.parallel.mesh import AUTO
+from grpo_jax.parallel.mesh import DATA_PARALLEL
+from grpo_jax.parallel.mesh import FULLY_SHARDED
+from grpo_jax.parallel.mesh import choose_mesh
 from grpo_jax.parallel.mesh import make_mesh
 from grpo_jax.parallel.mesh import parse_mesh
 from grpo_jax.parallel.mesh import row_axes

@@ -52,18 +52,37 @@ def initialize(cfg):
 _ANNOUNCED_MESHES = set()   # the demo builds one mesh per stage; each is printed once
 
 
-def setup_mesh(config):
+def setup_mesh(config, state_bytes=None):
     """The config's mesh, after joining the other processes if the run is distributed;
-    the first time a process builds it, process 0 says on which devices it runs."""
+    the first time a process builds it, process 0 says on which devices it runs.
+
+    Args:
+      config: the run config; its ``mesh`` is name=size pairs or "auto".
+      state_bytes: for "auto", a function of no arguments giving the run's replicated
+        state in bytes (`mesh.choose_mesh`); without it "auto" is data parallel.
+    """
     initialize(config.distributed)
-    mesh = mesh_lib.make_mesh(config.mesh)
+    spec, reason = mesh_lib.choose_mesh(config.mesh, state_bytes=state_bytes,
+                                        device_memory=device_memory(jax.local_devices()[0])
+                                        if state_bytes else None)
+    mesh = mesh_lib.make_mesh(spec)
     hosts = jax.process_count()
     line = (f"mesh {dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].platform} device(s)"
             f"{f' in {hosts} processes' if hosts > 1 else ''}")
     if is_main() and line not in _ANNOUNCED_MESHES:
         _ANNOUNCED_MESHES.add(line)
-        print(line, flush=True)
+        print(reason + "\n" + line if reason else line, flush=True)
     return mesh
+
+
+def device_memory(device):
+    """Bytes of memory a real accelerator gives one program, or None where the runtime does
+    not say (CPU)."""
+    try:
+        stats = device.memory_stats()
+    except Exception:   # backends without memory statistics raise rather than return None
+        return None
+    return (stats or {}).get("bytes_limit")
 
 
 def is_main():

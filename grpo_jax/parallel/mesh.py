@@ -3,7 +3,9 @@
 The config declares the mesh as ``"data=-1,fsdp=1,tensor=1"`` (or the same as a tuple
 of ``(name, size)`` pairs): one size may be -1 (all remaining devices). Axes are Auto, so
 jit places what the shardings of its inputs and outputs leave open (``jax.make_mesh``
-defaults to Explicit).
+defaults to Explicit). ``"auto"`` (the default) chooses between data parallelism and
+fully sharded data parallelism from the run's state and the devices' memory
+(`choose_mesh`).
 
 Rows (prompts, completions, their rewards) split over every axis but ``"tensor"``: the
 ``data`` axis by definition, ``fsdp`` because fully sharded data parallelism is data
@@ -18,10 +20,48 @@ import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 NOT_ROW_AXES = ("tensor",)   # weights split over it, rows never are
+AUTO = "auto"
+DATA_PARALLEL = "data=-1,fsdp=1,tensor=1"     # every device holds all the weights
+FULLY_SHARDED = "data=1,fsdp=-1,tensor=1"     # the weights split over every device
+# "auto" shards the weights once the replicated state would take more than this share of a
+# device's memory: the rest is for activations, the KV cache and the batch.
+AUTO_STATE_SHARE = 0.5
+
+
+def choose_mesh(spec, *, state_bytes, device_memory):
+    """The mesh to build for the config's ``mesh`` field.
+
+    Args:
+      spec: the config's ``mesh``: name=size pairs (returned as they are) or "auto".
+      state_bytes: a function of no arguments returning the bytes of the run's weights,
+        gradients and optimizer state (and reference, lagged and critic copies) on one
+        device if replicated; called only for "auto" on devices with a known memory.
+      device_memory: bytes of memory of one device, or None where unknown (CPU).
+
+    Returns:
+      `(spec, reason)`: name=size pairs, and a one-line reason when "auto" chose to shard
+      the weights (None otherwise). "auto" is `DATA_PARALLEL` unless the replicated state
+      exceeds `AUTO_STATE_SHARE` of `device_memory`, then `FULLY_SHARDED`.
+    """
+    if spec != AUTO:
+        return spec, None
+    if device_memory is None:
+        return DATA_PARALLEL, None
+    needed = state_bytes()
+    if needed <= AUTO_STATE_SHARE * device_memory:
+        return DATA_PARALLEL, None
+    return FULLY_SHARDED, (
+        f"mesh 'auto': the weights, gradients and optimizer state would take {needed / 2**30:.1f} "
+        f"GiB on every device replicated, over {AUTO_STATE_SHARE:.0%} of its "
+        f"{device_memory / 2**30:.1f} GiB, so they are sharded over every device (mesh "
+        f"{FULLY_SHARDED!r} with the model.rules sharding); set --config.mesh to choose")
 
 
 def parse_mesh(spec):
     """``"data=-1,fsdp=2,tensor=1"`` (or ``[("data", -1), ...]``) -> ``(("data", -1), ...)``."""
+    if spec == AUTO:
+        raise ValueError("mesh 'auto' is chosen from the run's state (parallel.choose_mesh) "
+                         "before a mesh is built; pass name=size pairs here")
     if not isinstance(spec, str):
         return tuple((str(name), int(size)) for name, size in spec)
     axes = []

@@ -12,7 +12,7 @@ import jax
 from flax import nnx
 
 from grpo_jax import config_lib, models, parallel, paths
-from grpo_jax.training import evaluation, policy as policy_lib, rl, rollout, sft
+from grpo_jax.training import evaluation, footprint, policy as policy_lib, rl, rollout, sft
 from grpo_jax.training import task as task_lib
 
 
@@ -24,7 +24,7 @@ def _stage_config(config, **changes):
 def load_for_evaluation(config, path):
     """`(mesh, policy, held-out source)`: the saved policy at `path` on the config's mesh,
     through the same loading code as any checkpoint, and the task's evaluation split."""
-    mesh = parallel.setup_mesh(config)
+    mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "eval"))
     model, tokenizer = models.from_pretrained(path, mesh=mesh, rules=config.model.rules)
     graphdef, params = nnx.split(model)
     policy = policy_lib.Policy(graphdef, params, tokenizer)

@@ -32,7 +32,7 @@ import numpy as np
 
 from grpo_jax import objectives, parallel, paths
 from grpo_jax.training import batch as batch_lib
-from grpo_jax.training import checkpoint, critic as critic_lib, evaluation
+from grpo_jax.training import checkpoint, critic as critic_lib, evaluation, footprint
 from grpo_jax.training import metrics as metrics_lib, optimizer
 from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
@@ -198,7 +198,7 @@ def train(config, workdir, *, seconds=None):
     wall time (for comparisons at equal time): that step is saved and exported."""
     # --- set-up: mesh, data, policy, objective, optimizer, checkpoint --------------------
     workdir = paths.resolve_run_paths(config, workdir)
-    mesh = parallel.setup_mesh(config)
+    mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "rl"))
     check_config(config, mesh)
     warm_start.use_if_configured(config)
     cfg = config

@@ -16,7 +16,7 @@ import numpy as np
 
 from grpo_jax import parallel, paths
 from grpo_jax.training import batch as batch_lib
-from grpo_jax.training import checkpoint, evaluation, metrics as metrics_lib, optimizer
+from grpo_jax.training import checkpoint, evaluation, footprint, metrics as metrics_lib, optimizer
 from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib
 
@@ -27,7 +27,7 @@ def train(config, workdir, *, seconds=None):
     that finishes past that much wall time; that step is logged and saved, as every last one."""
     # --- set-up ------------------------------------------------------------------------
     workdir = paths.resolve_run_paths(config, workdir)
-    mesh = parallel.setup_mesh(config)
+    mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "sft"))
     cfg = config
     train_source = task_lib.data_source(cfg.task, "train")
     eval_source = task_lib.data_source(cfg.task, cfg.task.eval_split)

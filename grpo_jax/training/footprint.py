@@ -1,0 +1,67 @@
+"""What a run keeps in memory, counted from shapes before anything is allocated.
+
+The mesh "auto" (`parallel.choose_mesh`) asks how many bytes the run's state would take
+on one device replicated; the fit report (`grpo_jax.aot`) and the trainer ask the same
+question here, so they choose the same mesh.
+"""
+
+import math
+
+import jax
+import numpy as np
+
+from grpo_jax import models, paths
+from grpo_jax.training import optimizer as optimizer_lib
+
+PHASES = ("rl", "sft", "eval")
+
+
+def model_config(config):
+    """The `ModelConfig` of ``config.model``: a named shape, or an HF directory's config.json
+    (no weights read), with the run's dtype, remat, attention and scan settings."""
+    overrides = models.run_overrides(config.model)
+    if config.model.path:
+        return models.load_config(paths.resolve(config.model.path), **overrides)
+    if not config.model.name:
+        raise ValueError("set model.path (an HF directory) or model.name (a named config)")
+    return models.get_model_config(config.model.name, **overrides)
+
+
+def tree_bytes(tree):
+    """Bytes of every leaf of a tree of arrays or `ShapeDtypeStruct`s, unsharded."""
+    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _trained_bytes(params, optimizer_cfg):
+    """Weights, their gradient and the optimizer's state for them (AdamW: two moments)."""
+    tx = optimizer_lib.make_optimizer(optimizer_cfg, 1)
+    return 2 * tree_bytes(params) + tree_bytes(jax.eval_shape(tx.init, params))
+
+
+def replicated_state_bytes(config, phase="rl"):
+    """Bytes of the run's state on one device if every device held all of it.
+
+    Args:
+      config: a run config.
+      phase: "rl" (the policy's weights, gradient and optimizer state, pi_ref with
+        ``objective.kl.beta > 0``, the ``rollout.policy_lag`` lagged copies, and the critic's
+        weights, gradient and optimizer state with ``critic.enabled``), "sft" (the policy
+        under ``sft.optimizer``) or "eval" (the weights alone).
+
+    Returns:
+      The bytes, an int. Activations, the KV cache and the batch are not counted: they
+      split over the rows whatever the weights' layout.
+    """
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    cfg = model_config(config)
+    params = models.abstract_model(cfg)[1]
+    if phase == "eval":
+        return tree_bytes(params)
+    if phase == "sft":
+        return _trained_bytes(params, config.sft.optimizer)
+    copies = (config.objective.kl.beta > 0) + config.rollout.policy_lag
+    total = _trained_bytes(params, config.optimizer) + copies * tree_bytes(params)
+    if config.critic.enabled:
+        total += _trained_bytes(models.abstract_value_model(cfg)[1], config.critic.optimizer)
+    return total
