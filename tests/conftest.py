@@ -12,3 +12,6 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# libtpu admits one process per host unless told otherwise; the AOT tests compile for TPU
+# topologies (no TPU used) in the test process and in the CLI processes it starts.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

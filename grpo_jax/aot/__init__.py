@@ -36,8 +36,10 @@ def topology_devices(topology):
         if "libtpu_lockfile" in str(error):   # libtpu admits one process per host
             raise ValueError(
                 f"--topology {topology!r}: another process on this host is using libtpu (a "
-                "compile or a test in progress: `pgrep -af grpo_jax`); wait for it to end. "
-                "Remove /tmp/libtpu_lockfile only if no such process is left") from error
+                "compile or a test in progress: `pgrep -af grpo_jax`). Wait for it to end, or "
+                "compile beside it with ALLOW_MULTIPLE_LIBTPU_LOAD=1 in the environment (a "
+                "topology compile opens no TPU); remove /tmp/libtpu_lockfile only if no such "
+                "process is left") from error
         raise ValueError(
             f"--topology {topology!r}: could not build the TPU topology ({error}). It needs "
             "libtpu (pip install -e '.[tpu]') and a name such as v5e:2x4, v5p:2x2x2, v6e:2x2"

@@ -41,8 +41,6 @@ def main(argv):
     print(result["table"])
     print("\nTFLOP and est. time: XLA's cost model, which counts a loop body (a scanned run of "
           "layers, a micro-batch, a log-prob piece) once: lower bounds.")
-    if result["mesh_choice"]:
-        print(f"\n{result['mesh_choice']}")
     if result["fits"] is None:
         print("\nfits: unknown (no HBM size for these devices)")
     else:

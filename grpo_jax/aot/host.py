@@ -16,7 +16,7 @@ import os
 GIB = 2**30
 # Peak resident bytes = BASE + PER_BODY x compiled layer bodies (see the module docstring).
 BASE_BYTES = int(1.9 * GIB)
-PER_BODY_BYTES = int(0.25 * GIB)
+PER_BODY_BYTES = int(0.28 * GIB)
 # Below this an estimate is not worth a line.
 QUIET_BYTES = 4 * GIB
 

@@ -207,13 +207,13 @@ def _activation_fixes(result, hbm, config, mesh):
     else:
         factor = -(-result.temp // room)   # temporaries scale with the rows of one piece
         target = _divisor_at_least(rows, micro * factor, parallel.row_ways(mesh))
-        pieces = "update's micro-batch" if result.name in ("train", "critic_train") else "pass's piece"
+        pieces = "micro-batch" if result.name in ("train", "critic_train") else "log-prob piece"
         if target is None:
             fixes.append((result.temp, f"activations ({_gib(result.temp)} of temporaries): even one "
                                        f"row per chip in each {pieces} would not fit; shorten "
                                        f"rollout.max_new_tokens or add chips"))
         else:
-            fixes.append((result.temp, f"activations ({_gib(result.temp)} of temporaries for the "
+            fixes.append((result.temp, f"activations ({_gib(result.temp)} of temporaries for one "
                                        f"{pieces}'s rows): split each minibatch into more "
                                        f"micro-batches with `--config.train.micro_batches={target}` "
                                        f"(now {micro}; temporaries scale with rows, so about "
