@@ -1,6 +1,8 @@
 """The README's fit table: `grpo_jax.aot` reports for Qwen3 models on TPU topologies.
 
-    /work/venvs/tpu/bin/python experiments/aot_fit_table.py --out experiments/results/aot
+    pip install -e ".[train,tpu]"
+    python experiments/aot_fit_table.py             # the fit table (about 70 min on 2 cores)
+    python experiments/aot_fit_table.py --compare   # the comparisons (about 30 min)
 
 Each cell (model x recipe x rule set x topology) is one `grpo_jax.aot.report`, run in its
 own process, one at a time (a compile of qwen3_8b's update takes minutes and gigabytes),
