@@ -9,6 +9,10 @@ import ast
 import importlib.util
 import pathlib
 
+from grpo_jax import _extras
+
+_extras.require("grpo_jax.config_lib")   # before the imports it guards
+
 import ml_collections
 
 

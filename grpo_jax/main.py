@@ -21,6 +21,10 @@ chooses N instead.
 import os
 import sys
 
+from grpo_jax import _extras
+
+_extras.require("grpo_jax.main")   # before the imports it guards
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 

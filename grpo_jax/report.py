@@ -51,6 +51,10 @@ import shutil
 import sys
 from typing import Any
 
+from grpo_jax import _extras
+
+_extras.require("grpo_jax.report")   # before the imports it guards
+
 import ml_collections
 import numpy as np
 

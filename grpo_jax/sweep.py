@@ -46,6 +46,10 @@ import sys
 import time
 from typing import Any
 
+from grpo_jax import _extras
+
+_extras.require("grpo_jax.sweep")   # before the imports it guards
+
 import ml_collections
 from absl import logging as absl_logging
 

@@ -211,10 +211,10 @@ def test_command_line_names_a_topology_it_cannot_build():
     assert "Traceback" not in done.stderr
 
 
-# ----- on TPU topologies: needs libtpu (pip install -e ".[tpu]"); CI does not install it ----
+# ----- on TPU topologies: needs libtpu (pip install -e ".[train,tpu]"); CI does not install it ----
 
 def tpu_topology():
-    pytest.importorskip("libtpu", reason="compiling for a TPU topology needs libtpu: pip install -e '.[tpu]'")
+    pytest.importorskip("libtpu", reason="compiling for a TPU topology needs libtpu: pip install -e '.[train,tpu]'")
 
 
 @pytest.mark.slow

@@ -31,4 +31,4 @@ venv="\$HOME/$VENV_DIR"
 uv="\$HOME/.local/bin/uv"
 # --break-system-packages: on images whose Python is marked externally managed (PEP 668).
 get_uv="python3 -m pip install --user --quiet uv || python3 -m pip install --user --quiet --break-system-packages uv"
-on_workers "{ $get_uv; } && \"$uv\" venv --allow-existing --python=${PYTHON_VERSION:-3.12} \"$venv\" && \"$uv\" pip install --python=\"$venv/bin/python\" -e \"${code}[tpu]\""
+on_workers "{ $get_uv; } && \"$uv\" venv --allow-existing --python=${PYTHON_VERSION:-3.12} \"$venv\" && \"$uv\" pip install --python=\"$venv/bin/python\" -e \"${code}[train,tpu]\""

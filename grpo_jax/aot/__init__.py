@@ -3,7 +3,7 @@
     python -m grpo_jax.aot --config configs/gspo.py --topology v5p:2x2x2 \\
         --config.model.name=qwen3_8b --json fit.json
 
-With libtpu installed (``pip install -e ".[tpu]"``), XLA:TPU compiles for a named topology's
+With libtpu installed (``pip install -e ".[train,tpu]"``), XLA:TPU compiles for a named topology's
 abstract devices (`jax.experimental.topologies`); the topology "cpu" compiles for this
 host's CPU devices instead (no HBM to check against: a smoke test of the same path).
 `report` lowers the run's programs (`programs.build`), compiles them one at a time and
@@ -11,6 +11,10 @@ returns the per-device bytes, FLOPs and estimated times, and whether the run fit
 """
 
 import time
+
+from grpo_jax import _extras
+
+_extras.require("grpo_jax.aot")   # before the imports it guards
 
 import jax
 
@@ -42,7 +46,7 @@ def topology_devices(topology):
                 "process is left") from error
         raise ValueError(
             f"--topology {topology!r}: could not build the TPU topology ({error}). It needs "
-            "libtpu (pip install -e '.[tpu]') and a name such as v5e:2x4, v5p:2x2x2, v6e:2x2"
+            "libtpu (pip install -e '.[train,tpu]') and a name such as v5e:2x4, v5p:2x2x2, v6e:2x2"
         ) from error
 
 

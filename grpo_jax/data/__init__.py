@@ -13,6 +13,10 @@ Every example is a dict with ``task``, ``question``, ``answer`` and ``solution``
 format of each task.
 """
 
+from grpo_jax import _extras
+
+_extras.require("grpo_jax.data")   # before the imports it guards
+
 from grpo_jax.data._records import decode_example
 from grpo_jax.data._records import split_of
 from grpo_jax.data.arithmetic import Arithmetic

@@ -7,6 +7,10 @@
     critic = value_model_from(model, mesh=mesh)             # PPO's value model, V(s_t): [B, S]
 """
 
+from grpo_jax import _extras
+
+_extras.require("grpo_jax.models")   # before the imports it guards
+
 from grpo_jax.models.config import ATTENTION_IMPLS
 from grpo_jax.models.config import Llama3RopeScaling
 from grpo_jax.models.config import ModelConfig

@@ -3,6 +3,12 @@
 Nothing here sees a model, a config object or an RNG, except the composer
 (`policy_objective`), which reads an ml_collections section once and returns a pure
 function. docs/design.md gives the exact semantics of each, side by side.
+
+The gradient contract, the same for every function: the current policy's log-probs
+(``logp``; a value model's ``values``) are the only differentiated input. Old, reference
+and behaviour log-probs, advantages, importance weights and value targets are read with
+a stop-gradient inside, so passing the array being differentiated as ``old_logp`` (the
+on-policy case) gives the policy gradient, not zero. Masks select; they carry no gradient.
 """
 
 from grpo_jax.objectives._advantages import gae
@@ -25,6 +31,7 @@ from grpo_jax.objectives._compose import register_policy_loss
 from grpo_jax.objectives._compose import validate_objective_config
 from grpo_jax.objectives._kl import KL_KINDS
 from grpo_jax.objectives._kl import kl_penalty
+from grpo_jax.objectives._logits import completion_logprobs
 from grpo_jax.objectives._logits import entropy_from_logits
 from grpo_jax.objectives._logits import token_logprobs
 from grpo_jax.objectives._policy_losses import cispo_loss

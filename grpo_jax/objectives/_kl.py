@@ -1,5 +1,6 @@
 """Per-token KL estimators between the policy and a reference policy."""
 
+import jax
 import jax.numpy as jnp
 
 from grpo_jax.objectives import _checks
@@ -59,7 +60,7 @@ def kl_penalty(logp, ref_logp, *, kind="k3", old_logp=None):
       eq. 4; DeepSeek-AI, DeepSeek-V3.2 (arXiv:2512.02556), sec. 3.1, eq. 7.
     """
     _checks.check_choice("kind", kind, KL_KINDS)
-    log_ratio = _clamped(logp, ref_logp)
+    log_ratio = _clamped(logp, jax.lax.stop_gradient(ref_logp))
     if kind == "k1":
         return log_ratio
     if kind == "k2":
@@ -70,4 +71,4 @@ def kl_penalty(logp, ref_logp, *, kind="k3", old_logp=None):
     if old_logp is None:
         raise ValueError("kind='k3_unbiased' needs old_logp, the log-probs of the policy "
                          "that sampled the tokens; pass old_logp=...")
-    return jnp.exp(_clamped(logp, old_logp)) * k3
+    return jnp.exp(_clamped(logp, jax.lax.stop_gradient(old_logp))) * k3

@@ -1,4 +1,5 @@
-"""Quantities read off a model's logits: token log-probs and entropy.
+"""Quantities read off a model's logits: token log-probs (with a causal LM's shift for
+completions) and entropy.
 
 Both upcast to float32 first, whatever the model's compute dtype: a bf16 log-softmax
 over a 150k vocabulary loses the small differences the ratios are made of.
@@ -31,6 +32,52 @@ def token_logprobs(logits, tokens, *, temperature=1.0):
     scaled = logits.astype(jnp.float32) / temperature
     chosen = jnp.take_along_axis(scaled, tokens[..., None], axis=-1)[..., 0]
     return chosen - jax.nn.logsumexp(scaled, axis=-1)
+
+
+def completion_logprobs(logits, tokens, prompt_lengths, completion_len, *, temperature=1.0):
+    r"""Log-probabilities of each row's completion tokens from a causal LM's logits.
+
+    A causal language model's logits at position t score the *next* token, t + 1. For a
+    row whose prompt takes positions `[0, p)` and whose completion follows at `[p, p + N)`,
+    completion token j is scored by the logits at position p + j - 1:
+
+    .. math::
+        \log \pi(y_j \mid x, y_{<j}) = \log\operatorname{softmax}(z_{p + j - 1} / \tau)_{s_{p + j}}
+
+    (`token_logprobs(logits, tokens)` on the same arrays would score each token with the
+    logits that have already seen it.)
+
+    Args:
+      logits: `[B, L, V]` the model's logits on `tokens`, any float dtype.
+      tokens: `[B, L]` each row's prompt then completion (then padding), L >= p + N.
+      prompt_lengths: `[B]` integer p per row (prompts right-padded to where their
+        completion starts), or a Python int for prompts that all end at the same position
+        (left-padded prompts).
+      completion_len: N, a Python int: completion positions to score per row. Positions
+        past a row's completion hold what follows it; mask them in the loss.
+      temperature: `\tau`, as in `token_logprobs`.
+
+    Returns:
+      `[B, N]` float32 log-probabilities, the layout every loss here takes as ``logp``.
+
+    Example:
+      >>> logits = jnp.log(jnp.array([[[0.1, 0.9], [0.3, 0.7], [0.5, 0.5]]]))
+      >>> completion_logprobs(logits, jnp.array([[0, 1, 0]]), 1, 2)  # log 0.9, log 0.3
+      Array([[-0.10536057, -1.2039728 ]], dtype=float32)
+    """
+    b, length = tokens.shape
+    starts = jnp.broadcast_to(jnp.asarray(prompt_lengths, jnp.int32), (b,))
+    if not isinstance(completion_len, int) or completion_len < 1:
+        raise ValueError(f"completion_len must be a Python int >= 1 (the static N of the "
+                         f"[B, N] result), got {completion_len!r}")
+    if logits.shape[:2] != (b, length):
+        raise ValueError(f"logits must be [B, L, V] with [B, L] = tokens' {(b, length)}; "
+                         f"got {logits.shape}")
+    targets = jnp.clip(starts[:, None] + jnp.arange(completion_len), 0, length - 1)   # [B, N]
+    scoring = jnp.clip(targets - 1, 0, length - 1)
+    chosen_logits = jnp.take_along_axis(logits, scoring[..., None], axis=1)          # [B, N, V]
+    return token_logprobs(chosen_logits, jnp.take_along_axis(tokens, targets, axis=1),
+                          temperature=temperature)
 
 
 def entropy_from_logits(logits):

@@ -31,16 +31,17 @@ def _upcast(x):
 
 
 def _per_token(adv, shape):
-    """`[B]` or `[B, T]` advantages -> `[B, T]`, at least float32."""
-    adv = _upcast(adv)
+    """`[B]` or `[B, T]` advantages -> `[B, T]`, at least float32, stop-gradient."""
+    adv = sg(_upcast(adv))
     return jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, shape)
 
 
 def _masked_inputs(logp, old_logp, mask):
-    """Zeroes masked log-probs so padding (even -inf or NaN) cannot reach a gradient."""
+    """Zeroes masked log-probs so padding (even -inf or NaN) cannot reach a gradient;
+    `old_logp` is stop-gradient (the package's gradient contract)."""
     valid = mask.astype(bool)
     logp = jnp.where(valid, _upcast(logp), 0.0)
-    old_logp = jnp.where(valid, _upcast(old_logp), 0.0)
+    old_logp = sg(jnp.where(valid, _upcast(old_logp), 0.0))
     return logp, old_logp, valid
 
 

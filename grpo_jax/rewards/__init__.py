@@ -27,6 +27,10 @@ are counted, never raised. Every grader returns in well under a second on any
 completion of up to 10,000 characters, in the pool or not (a test pins it).
 """
 
+from grpo_jax import _extras
+
+_extras.require("grpo_jax.rewards")   # before the imports it guards
+
 from grpo_jax.rewards._answers import final_boxed_answer
 from grpo_jax.rewards._answers import final_gsm8k_answer
 from grpo_jax.rewards._countdown import countdown_reward

@@ -14,6 +14,10 @@
 `python -m grpo_jax.sampling --checkpoint DIR --prompt "..."` samples from a checkpoint.
 """
 
+from grpo_jax import _extras
+
+_extras.require("grpo_jax.sampling")   # before the imports it guards
+
 from grpo_jax.sampling._buckets import bucket_length
 from grpo_jax.sampling._buckets import pad_prompts
 from grpo_jax.sampling._generate import MAX_NEW_TOKENS

@@ -765,3 +765,52 @@ class TestOffpolicySequenceMask:
     grad = jax.jit(jax.grad(lambda lp: jnp.sum(obj.offpolicy_sequence_mask(
         lp, old, adv, mask, delta=0.0))))(logp)
     np.testing.assert_array_equal(np.asarray(grad), 0.0)
+
+
+class TestCompletionLogprobs:
+    """A causal toy model, a bigram table W: the logits at position t are W[s_t], so they
+    score the next token. Completion token j of a row whose prompt has length p is scored
+    by W[s_{p+j-1}], computed here in numpy; scoring each token with its own position's
+    logits (no shift) gives different numbers."""
+
+    V = 7
+
+    def bigram(self, seed=0):
+        return np.random.default_rng(seed).normal(size=(self.V, self.V)).astype(np.float32)
+
+    def expected(self, w, tokens, starts, n, temperature=1.0):
+        logp = w / temperature - np.log(np.exp(w / temperature).sum(-1, keepdims=True))
+        return np.array([[logp[row[p + j - 1], row[p + j]] for j in range(n)]
+                         for row, p in zip(tokens, starts)], np.float32)
+
+    def test_right_padded_prompts_of_each_length(self):
+        w = self.bigram()
+        tokens = np.random.default_rng(1).integers(0, self.V, (4, 9))
+        starts, n = np.array([2, 3, 1, 4]), 5
+        got = jax.jit(obj.completion_logprobs, static_argnums=3, static_argnames="temperature")(
+            jnp.asarray(w)[tokens], tokens, starts, n, temperature=0.7)
+        np.testing.assert_allclose(got, self.expected(w, tokens, starts, n, 0.7), rtol=1e-5)
+
+    def test_left_padded_prompts_take_an_int_and_differ_from_no_shift(self):
+        w = self.bigram(2)
+        tokens = np.random.default_rng(3).integers(0, self.V, (3, 8))
+        got = obj.completion_logprobs(jnp.asarray(w)[tokens], tokens, 3, 5)
+        np.testing.assert_allclose(got, self.expected(w, tokens, [3, 3, 3], 5), rtol=1e-5)
+        unshifted = obj.token_logprobs(jnp.asarray(w)[tokens], tokens)[:, 3:]
+        assert np.abs(np.asarray(unshifted) - np.asarray(got)).max() > 0.1
+
+    def test_a_gradient_step_raises_the_sampled_next_token(self):
+        """Ascending the completion's log-prob raises p(s_{t+1} | s_t) in the table."""
+        w = jnp.asarray(self.bigram(4))
+        tokens = np.array([[1, 2, 3, 4]])
+        step = jax.grad(lambda w: obj.completion_logprobs(w[tokens], tokens, 1, 3).sum())(w)
+        probs = lambda w: jax.nn.softmax(w, -1)
+        before, after = probs(w), probs(w + 0.1 * step)
+        for prev, nxt in ((1, 2), (2, 3), (3, 4)):
+            assert after[prev, nxt] > before[prev, nxt]
+
+    def test_bad_shapes_name_the_fix(self):
+        with pytest.raises(ValueError, match="completion_len must be a Python int >= 1"):
+            obj.completion_logprobs(jnp.zeros((1, 4, 3)), jnp.zeros((1, 4), jnp.int32), 1, 0)
+        with pytest.raises(ValueError, match=r"logits must be \[B, L, V\] with \[B, L\] = tokens' \(1, 4\)"):
+            obj.completion_logprobs(jnp.zeros((1, 5, 3)), jnp.zeros((1, 4), jnp.int32), 1, 2)

@@ -169,3 +169,67 @@ class TestCheckGrads:
         with jax.enable_x64():
             jax.test_util.check_grads(f, (logp.astype(jnp.float64),), order=1, modes=["rev"],
                                       atol=1e-4, rtol=1e-3)
+
+
+LOSSES = {
+    "pg_loss": (objectives.pg_loss, {}),
+    "ppo_clip_loss": (objectives.ppo_clip_loss, dict(eps_low=0.2, eps_high=0.28, dual_clip=3.0)),
+    "gspo_loss": (objectives.gspo_loss, {}),
+    "cispo_loss": (objectives.cispo_loss, dict(eps_low=1.0, eps_high=0.28)),
+    "sapo_loss": (objectives.sapo_loss, {}),
+}
+
+
+def _riding_on(x, lp):
+    """`x`'s values with a derivative of 1 in `lp` (a stop-gradient inside makes it 0)."""
+    return x + (lp - jax.lax.stop_gradient(lp))
+
+
+class TestGradientContract:
+    """The policy's log-probs are the only differentiated input: passing the very array
+    that is differentiated as old_logp (on-policy, TRL's habit), or reference log-probs,
+    advantages or value targets that depend on it, gives the gradient of passing constants
+    with the same values, and that gradient is the policy gradient, non-zero on every
+    valid token with an advantage."""
+
+    @pytest.mark.parametrize("name", sorted(LOSSES))
+    def test_old_logp_and_advantages_are_constants(self, name):
+        loss_fn, kw = LOSSES[name]
+        logp, _, adv, mask = _batch()
+
+        def total(lp, old, a):
+            return loss_fn(lp, old, a, mask, **kw)[0].sum()
+
+        constant = jax.jit(jax.grad(lambda lp: total(lp, logp, adv)))(logp)
+        same_array = jax.jit(jax.grad(lambda lp: total(lp, lp, adv)))(logp)
+        from_logp = jax.jit(jax.grad(lambda lp: total(lp, lp, _riding_on(adv, lp.sum(-1)))))(logp)
+        np.testing.assert_array_equal(same_array, constant)
+        np.testing.assert_array_equal(from_logp, constant)
+        # on-policy every ratio is 1, so each valid token's gradient is -A (GSPO: the
+        # sequence ratio's gradient 1/|y| summed over |y| tokens, -A per token too)
+        valid = np.asarray(mask) > 0
+        expected = np.where(valid, -np.asarray(adv)[:, None], 0.0)
+        np.testing.assert_allclose(constant, expected, rtol=1e-6, atol=1e-7)
+        assert np.all(np.asarray(constant)[valid] != 0)
+
+    @pytest.mark.parametrize("kind", objectives.KL_KINDS)
+    def test_reference_and_old_logp_are_constants(self, kind):
+        logp, ref, _, mask = _batch(spread=0.3)
+        total = lambda lp, r, o: (objectives.kl_penalty(lp, r, kind=kind, old_logp=o) * mask).sum()
+        constant = jax.jit(jax.grad(lambda lp: total(lp, ref, logp)))(logp)
+        traced = jax.jit(jax.grad(lambda lp: total(lp, _riding_on(ref, lp), lp)))(logp)
+        np.testing.assert_array_equal(traced, constant)
+        d = np.asarray(logp - ref, np.float64)
+        expected = {"k1": np.ones_like(d), "k2": d, "k3": 1.0 - np.exp(-d),
+                    # d/dlp [exp(lp - old) k3] at old = lp: k3 + (1 - e^{-d})
+                    "k3_unbiased": np.exp(-d) + d - 1.0 + 1.0 - np.exp(-d)}[kind]
+        np.testing.assert_allclose(constant, expected * np.asarray(mask), rtol=2e-5, atol=1e-6)
+
+    def test_value_targets_are_constants(self):
+        values, old, _, mask = _batch(spread=0.3)
+        returns = old + 0.1
+        total = lambda v, o, r: objectives.value_loss(v, o, r, mask, clip=0.2)[0].sum()
+        constant = jax.jit(jax.grad(lambda v: total(v, old, returns)))(values)
+        traced = jax.jit(jax.grad(lambda v: total(v, _riding_on(old, v), _riding_on(returns, v))))(values)
+        np.testing.assert_array_equal(traced, constant)
+        assert np.any(np.asarray(constant) != 0)

@@ -128,7 +128,7 @@ class TestSetup:
         command = _remote(install)
         assert install == on_workers("pod-a", command)
         assert '"$HOME/.local/bin/uv" venv --allow-existing --python=3.12 "$HOME/grpo_jax_venv"' in command
-        assert command.endswith('-e "$HOME/grpo_jax[tpu]"')
+        assert command.endswith('-e "$HOME/grpo_jax[train,tpu]"')
 
     def test_git_url_is_cloned_on_every_worker(self, env):
         clone, _ = dry_run("setup.sh", env, REPO="https://github.com/me/grpo_jax.git", REPO_REF="v1")
