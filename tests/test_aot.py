@@ -311,12 +311,12 @@ class TestReplicatedStateBytes:
             footprint.replicated_state_bytes(tiny_config(), "train")
 
 
-def result(name, *, temp, parts, held=0, oom=False, failed=False, other=0):
+def result(name, *, temp, parts, held=0, held_state=0, oom=False, failed=False, other=0):
     """A made-up compiled program: total = the state among its arguments + temp + other."""
     total = None if failed else sum(parts.values()) + (temp or 0) + other + held
     return aot.report_lib.Result(name, "", None, None, None, temp, held, total, None, None, 1.0,
                                  oom=oom, failed=failed, message="boom" if failed else "",
-                                 parts=parts)
+                                 parts=parts, held_state=held_state)
 
 
 class TestAdvice:
@@ -337,6 +337,7 @@ class TestAdvice:
         # m >= 3 dividing 16 rows with whole 8-way rows: 16 / 2 = 8 -> m = 2 fails (3 needed);
         # m = 4 leaves 4 rows, not 8-way -> none fits; so the advice says so
         assert "even one row per chip" in text
+        assert "training weights and optimizer state (6.00 GiB per device) are replicated" in text
         assert "--config.mesh=data=1,fsdp=-1,tensor=1" in text and "saves about 5.25 GiB" in text
         assert text.index("activations") < text.index("replicated")   # the larger cause first
 
@@ -364,6 +365,23 @@ class TestAdvice:
         # and 20 x 4 rows split into 4 minibatches of 20 rows over 2 ways, 21 x 4 do not
         assert "`--config.rollout.prompts_per_batch=20` (now 64" in text
         assert "`--config.rollout.max_new_tokens=332` (now 1000)" in text
+
+    def test_the_sampler_is_told_about_the_held_training_state_and_a_tensor_axis(self):
+        """While sampling, the replicated training state is held (FSDP shrinks it); the
+        sampler's own weights are whole on each chip in the sampling layout (a tensor axis
+        splits them). The cache fix comes first: it is the largest."""
+        config = tiny_config(mesh="data=8,fsdp=1,tensor=1", **{"rollout.prompts_per_batch": 64})
+        mesh = parallel.make_mesh(config.mesh)
+        decode = result("decode", temp=GIB, parts={"weights": 4 * GIB, "cache": 20 * GIB},
+                        held=8 * GIB, held_state=6 * GIB)
+        text = aot.report_lib.advice(decode, self.HBM, config, mesh)
+        assert "training weights and optimizer state (held while it runs) (6.00 GiB per device)" in text
+        assert "saves about 5.25 GiB" in text
+        assert "the sampler's weights (4.00 GiB" in text and "tensor=4 --config.model.rules=fsdp_tp" in text
+        # 12 GiB fixed, 21 GiB scale with the prompts: 64 x 4 / 21 -> 12, and 12 x 4 answers
+        # / 4 minibatches = 12 rows do not split 8 ways; 8 prompts do
+        assert "`--config.rollout.prompts_per_batch=8` (now 64" in text
+        assert text.index("KV cache") < text.index("training weights") < text.index("sampler's weights")
 
     def test_a_compile_error_that_is_not_memory(self):
         config = tiny_config()

@@ -44,6 +44,8 @@ class Program:
       shape: what it was lowered for, in words.
       parts: per-device bytes of the run's state among its arguments and outputs, by name: "weights",
         "optimizer" (its state), "cache" (the KV cache), for the advice on what to change.
+      held_state: of `held`, the training weights, optimizer state and their copies
+        (pi_ref, lagged policies): what sharding the weights over more chips shrinks.
     """
 
     name: str
@@ -51,6 +53,7 @@ class Program:
     held: int
     shape: str
     parts: dict = dataclasses.field(default_factory=dict)
+    held_state: int = 0
 
 
 def abstract(tree, shardings):
@@ -194,14 +197,16 @@ def build(config, mesh, *, prompt_len):
             Program("train", update.lower(params, opt_state, rows, index, *supervised),
                     copies * params_bytes + critic_bytes,
                     f"{minibatch} rows x {seq} in {config.train.micro_batches} micro-batch(es)",
-                    {"weights": params_bytes, "optimizer": opt_bytes}),
+                    {"weights": params_bytes, "optimizer": opt_bytes}, copies * params_bytes),
             Program("logprob", logprob.lower(params, rows),
                     opt_bytes + copies * params_bytes + critic_bytes,
-                    f"{b} rows x {seq} in {pieces} piece(s)", {"weights": params_bytes}),
+                    f"{b} rows x {seq} in {pieces} piece(s)", {"weights": params_bytes},
+                    opt_bytes + copies * params_bytes),
         ]
+        training_state = params_bytes + opt_bytes + copies * params_bytes
         programs += _sampler_programs(config, mesh, cfg, params, prompt_len,
-                                      held=params_bytes + opt_bytes + copies * params_bytes
-                                      + critic_bytes + device_bytes(rows))
+                                      held=training_state + critic_bytes + device_bytes(rows),
+                                      held_state=training_state)
     return programs + critic
 
 
@@ -243,12 +248,13 @@ def _critic_programs(config, mesh, cfg, rows, index, pieces, *, held):
     return programs, device_bytes(params) + device_bytes(opt_state)
 
 
-def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held):
+def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held_state):
     """Prefill of the P prompts and one decode step of the P G rows, in the sampling layout.
 
     The sampler reshards the weights to ``rollout.rules`` inside its program, so while it
     runs a chip holds both layouts (unless they are the same); `held` counts the rest
-    of the run's state (training weights, optimizer state, pi_ref, the last batch).
+    of the run's state (training weights, optimizer state, pi_ref, the last batch), of
+    which `held_state` is the training weights, optimizer state and copies.
     """
     p, g = config.rollout.prompts_per_batch, config.objective.group_size
     s, n = prompt_len, config.rollout.max_new_tokens
@@ -257,6 +263,7 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held):
     same_layout = jax.tree.leaves(jax.tree.map(lambda a, b: a.sharding == b.sharding, params, train_params))
     if all(same_layout):
         held -= device_bytes(train_params)
+        held_state -= device_bytes(train_params)
     prompts = jax.ShapeDtypeStruct((p, s), jnp.int32, sharding=_rows_sharding(mesh, p))
 
     def prefill(state, tokens, mask):
@@ -289,10 +296,10 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held):
     weights = device_bytes(params)
     return [
         Program("prefill", prefill.lower(params, prompts, prompts), held, f"{p} prompts x S={s}",
-                {"weights": weights, "cache": device_bytes(prompt_cache_shapes)}),
+                {"weights": weights, "cache": device_bytes(prompt_cache_shapes)}, held_state),
         Program("decode", decode.lower(params, tokens, cache), held,
                 f"{p * g} rows, cache S={s} (shared) + N={n}",
-                {"weights": weights, "cache": device_bytes(cache)}),
+                {"weights": weights, "cache": device_bytes(cache)}, held_state),
     ]
 
 

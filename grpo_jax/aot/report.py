@@ -91,13 +91,15 @@ class Result:
     failed: bool = False
     message: str = ""
     parts: dict = dataclasses.field(default_factory=dict)
+    held_state: int = 0
 
     def to_json(self):
         return {"bytes_per_device": self.total, "flops": self.flops, "estimated_s": self.estimated_s,
                 "compile_s": self.compile_s, "argument_bytes": self.argument,
                 "output_bytes": self.output, "alias_bytes": self.alias, "temp_bytes": self.temp,
                 "held_bytes": self.held, "compiler_oom": self.oom, "compile_failed": self.failed,
-                "compiler_message": self.message, "state_bytes": self.parts, "shape": self.shape}
+                "compiler_message": self.message, "state_bytes": self.parts,
+                "held_state_bytes": self.held_state, "shape": self.shape}
 
 
 def hbm_bytes(device):
@@ -133,12 +135,13 @@ def compile_program(program):
         if needed is None:
             return Result(program.name, program.shape, None, None, None, None, program.held,
                           None, None, None, seconds, failed=True, message=message,
-                          parts=program.parts)
+                          parts=program.parts, held_state=program.held_state)
         nbytes, kind = needed
         temp = nbytes if kind == "temp" else None
         total = nbytes + (sum(program.parts.values()) if kind == "temp" else 0) + program.held
         return Result(program.name, program.shape, None, None, None, temp, program.held, total,
-                      None, None, seconds, oom=True, message=message, parts=program.parts)
+                      None, None, seconds, oom=True, message=message, parts=program.parts,
+                      held_state=program.held_state)
     seconds = time.time() - begin
     memory = compiled.memory_analysis()
     flops, estimated = _cost(compiled)
@@ -147,7 +150,7 @@ def compile_program(program):
     return Result(program.name, program.shape, memory.argument_size_in_bytes,
                   memory.output_size_in_bytes, memory.alias_size_in_bytes,
                   memory.temp_size_in_bytes, program.held, own + program.held, flops, estimated,
-                  seconds, parts=program.parts)
+                  seconds, parts=program.parts, held_state=program.held_state)
 
 
 def does_not_fit(result, hbm):
@@ -175,18 +178,38 @@ def _divisor_at_least(rows, smallest, ways):
     return None
 
 
+SAMPLER_PROGRAMS = ("prefill", "decode")
+
+
 def _shard_weights_fix(result, config, mesh):
-    """Weights (and optimizer state) copied on every device: shard them."""
-    state = result.parts.get("weights", 0) + result.parts.get("optimizer", 0)
+    """Training weights and optimizer state copied on every device: shard them. (The
+    sampler's own weights follow ``rollout.rules``, whole on each chip but for a tensor
+    axis: `_sampler_weights_fix`.)"""
+    state = result.parts.get("optimizer", 0) + result.held_state
+    if result.name not in SAMPLER_PROGRAMS:
+        state += result.parts.get("weights", 0)
     if not _weights_replicated(mesh) or not state:
         return None
     flags = "--config.mesh=data=1,fsdp=-1,tensor=1"
     if config.model.rules not in ("fsdp", "fsdp_tp", "fsdp_expert"):
         flags += " --config.model.rules=fsdp"
     saved = state * (1 - 1 / mesh.size)
-    return saved, (f"weights and optimizer state ({_gib(state)} per device) are replicated over "
-                   f"the {mesh.size}-way data axis: shard them over every chip with `{flags}` "
-                   f"(saves about {_gib(saved)} per device)")
+    held = " (held while it runs)" if result.name in SAMPLER_PROGRAMS else ""
+    return saved, (f"training weights and optimizer state{held} ({_gib(state)} per device) are "
+                   f"replicated over the {mesh.size}-way data axis: shard them over every chip "
+                   f"with `{flags}` (saves about {_gib(saved)} per device)")
+
+
+def _sampler_weights_fix(result, hbm, mesh):
+    """The sampling layout keeps the weights whole on each chip unless the mesh has a
+    tensor axis; worth saying when they are a large share of the chip."""
+    weights = result.parts.get("weights", 0)
+    if result.name not in SAMPLER_PROGRAMS or weights < hbm / 4 or mesh.shape.get("tensor", 1) > 1:
+        return None
+    return weights * 3 // 4, (f"the sampler's weights ({_gib(weights)}, whole on each chip in the "
+                              f"sampling layout) split over a tensor axis: e.g. "
+                              f"`--config.mesh=data=1,fsdp=-1,tensor=4 --config.model.rules=fsdp_tp` "
+                              f"(a quarter each)")
 
 
 def _activation_fixes(result, hbm, config, mesh):
@@ -269,8 +292,8 @@ def advice(result, hbm, config, mesh):
     needs = f">= {_gib(result.total)}" if result.oom else _gib(result.total)
     head = f"{result.name} does not fit: needs {needs} per device, {_gib(over)} over the {_gib(hbm)} HBM. "
     fixes = [_shard_weights_fix(result, config, mesh)]
-    if result.name in ("prefill", "decode"):
-        fixes += _cache_fixes(result, hbm, config, mesh)
+    if result.name in SAMPLER_PROGRAMS:
+        fixes += [_sampler_weights_fix(result, hbm, mesh), *_cache_fixes(result, hbm, config, mesh)]
     else:
         fixes += _activation_fixes(result, hbm, config, mesh)
     fixes = [text for _, text in sorted(filter(None, fixes), key=lambda fix: -fix[0])]
