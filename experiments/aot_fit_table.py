@@ -182,9 +182,7 @@ def fit_table(out):
             continue
         result, programs = found
         commands.append(f"- `{name}`: `{result['command']}`")
-        versions = result.get("versions", {})
-        commits.add(f"{result['commit']} (" + ", ".join(f"{k} {v}" for k, v in versions.items())
-                    + ")" if versions else result["commit"])
+        commits.add(_provenance(result))
         if programs is None:
             lines.append(f"| {model} | {spec['recipe']} | {rules} | {spec['topology']} | not compiled "
                          f"(stopped after {result['timed_out_s']:.0f} s) | | | | | | |")
@@ -242,7 +240,18 @@ def comparison_tables(out):
                       row(model, program, "xla", f"compare_{model}_xla_attention")]
     commands = [f"- `{name}`: `{command(spec['recipe'], spec['topology'], spec['fields'], spec['programs'])}`"
                 for name, spec in comparison_cells()]
+    ran = sorted({_provenance(json.loads((out / f"{name}.json").read_text()))
+                  for name, _ in comparison_cells() if (out / f"{name}.json").exists()})
+    lines += ["", f"Comparison cells compiled at: {'; '.join(ran) or 'none yet'}."]
     return lines, commands
+
+
+def _provenance(result):
+    """"commit (jax X, libtpu Y)" of a cell's JSON; older JSONs did not record versions."""
+    versions = result.get("versions")
+    if not versions:
+        return f"{result.get('commit', '?')} (compiler versions not recorded)"
+    return f"{result['commit']} (" + ", ".join(f"{k} {v}" for k, v in versions.items()) + ")"
 
 
 def write_tables(out):
@@ -266,11 +275,15 @@ def main():
     parser.add_argument("--timeout_s", type=float, default=900, help="a cell's compile time limit")
     parser.add_argument("--min_free_gib", type=float, default=13,
                         help="host memory to wait for before a cell of a model larger than 0.6B")
+    parser.add_argument("--tables_only", action="store_true",
+                        help="only rewrite aot_fit_table.md from the JSONs in --out")
     parser.add_argument("--cell", help=argparse.SUPPRESS)   # JSON spec: run one cell here
     args = parser.parse_args()
     if args.cell:
         return run_cell(json.loads(args.cell))
     out = pathlib.Path(args.out)
+    if args.tables_only:
+        return write_tables(out)
     out.mkdir(parents=True, exist_ok=True)
     todo = comparison_cells() if args.compare else cells(args.topologies.split(","),
                                                          args.recipes.split(","))
