@@ -218,64 +218,10 @@ def _optimizer(learning_rate):
 
 
 def _objective():
-    """The `objective` section that `grpo_jax.objectives.policy_objective` reads."""
-    obj = config_dict.ConfigDict()
-    obj.group_size = 8
+    """The `objective` section that `grpo_jax.objectives.policy_objective` reads.
 
-    # Advantage estimator: "group" (GRPO, Dr. GRPO), "rloo", "reinforce_pp", "gdpo", or
-    # "gae" (PPO, VAPO: per-token GAE over the values of the `critic` section's model).
-    obj.advantage = config_dict.ConfigDict()
-    obj.advantage.estimator = "group"
-    obj.advantage.scale = "group"        # group: divide by group std; batch; none (Dr. GRPO)
-    obj.advantage.ddof = 0               # 0 = population std (docs/design.md); 1 = TRL/verl
-    obj.advantage.eps = 1e-6
-    obj.advantage.gamma = 1.0            # reinforce_pp and gae discount
-    obj.advantage.baseline = False       # reinforce_pp: subtract the group mean first
-    obj.advantage.lam = 0.95             # gae: the policy's lambda (the critic's: critic.lam)
-    obj.advantage.lam_alpha = 0.0        # gae, > 0: VAPO's length-adaptive lambda
-                                         # 1 - 1/(alpha * length) replaces lam
-    obj.advantage.whiten = True          # gae: whiten over the batch's tokens (mean and std)
-    # (gdpo weighs its reward columns with the weights of reward.specs)
-
-    # Per-token policy loss: "ppo_clip", "gspo", "cispo", "sapo", "pg" (no clip).
-    obj.loss = config_dict.ConfigDict()
-    obj.loss.kind = "ppo_clip"
-    obj.loss.eps_low = 0.2
-    obj.loss.eps_high = 0.2
-    obj.loss.dual_clip = config_dict.placeholder(float)   # None = off; else c > 1
-    obj.loss.tau_pos = 1.0               # sapo gate temperature, A > 0
-    obj.loss.tau_neg = 1.05              # sapo gate temperature, A <= 0
-
-    obj.aggregation = config_dict.ConfigDict()
-    obj.aggregation.mode = "token-mean"
-    obj.aggregation.norm_len = config_dict.placeholder(int)  # seq-mean-token-sum-norm; None = T
-    obj.aggregation.allow_other_modes = False   # gspo/sapo are defined with seq-mean-token-mean
-
-    obj.kl = config_dict.ConfigDict()
-    obj.kl.beta = 0.0                    # > 0 loads a frozen reference model
-    obj.kl.kind = "k3"                   # k1 | k2 | k3 | k3_unbiased (DeepSeek-V3.2)
-    obj.kl.in_reward = False             # reinforce_pp: fold -beta*KL into token rewards
-
-    obj.entropy_coef = 0.0
-    # VAPO's positive-example LM loss: + weight x the token-mean NLL of the batch's correct
-    # answers (self-imitation of the policy's own successes).
-    obj.positive_nll_weight = 0.0
-
-    # Overlong filtering: "none", or "mask" (truncated completions leave the loss and its
-    # token count). DAPO's soft length penalty is a reward: ("overlong", w, {...}).
-    obj.overlong = config_dict.ConfigDict()
-    obj.overlong.mode = "none"
-
-    # DeepSeek-V3.2's off-policy sequence masking: drop answers with A < 0 whose mean
-    # log(pi_behaviour / pi_theta) exceeds delta.
-    obj.offpolicy_mask = config_dict.ConfigDict()
-    obj.offpolicy_mask.enabled = False
-    obj.offpolicy_mask.delta = 0.5
-
-    # Sampler/trainer mismatch correction (truncated importance sampling).
-    obj.importance = config_dict.ConfigDict()
-    obj.importance.enabled = False
-    obj.importance.level = "token"
-    obj.importance.cap = 2.0
-    obj.importance.mode = "truncate"
-    return obj
+    Its fields and defaults are `grpo_jax.objectives.ObjectiveSpec`'s (whose docstring
+    says what each means and its flat keyword): one definition for recipes and presets.
+    """
+    from grpo_jax.objectives import ObjectiveSpec
+    return config_lib.objective_section(ObjectiveSpec(group_size=8))

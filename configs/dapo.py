@@ -19,6 +19,7 @@ Load: `config_lib.load_config("configs/dapo.py:runlocal=True")`.
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -28,11 +29,7 @@ def get_config(arg=None):
     base.set_regime(config, prompts=512, group_size=16, updates=16, max_new_tokens=20480,
                     learning_rate=1e-6, warmup_steps=20, runlocal=arg.runlocal)
     config.reward.specs = (*config.reward.specs, ("overlong", 1.0, {"cache_fraction": 0.2}))
-    obj = config.objective
-    obj.advantage.scale = "group"
-    obj.aggregation.mode = "token-mean"
-    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.28
-    obj.kl.beta = 0.0
+    config_lib.set_objective(config, presets.dapo(group_size=config.objective.group_size))
     config.filtering.dynamic_sampling = True
     config.filtering.max_gen_batches = 10
     return config

@@ -21,6 +21,7 @@ Load: `config_lib.load_config("configs/deepseek_v32.py:runlocal=True")`.
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -34,12 +35,7 @@ def get_config(arg=None):
     config.rollout.top_p = 0.95
     config.rollout.keep_sampling_mask = True
     config.rollout.keep_routing = True
-    obj = config.objective
-    obj.advantage.scale = "none"
-    obj.aggregation.mode = "seq-mean-token-mean"
-    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.2
-    obj.kl.beta = 0.001
-    obj.kl.kind = "k3_unbiased"
-    obj.offpolicy_mask.enabled = True
-    obj.offpolicy_mask.delta = 0.5
+    config_lib.set_objective(config, presets.grpo(
+        group_size=config.objective.group_size, advantage_scale="none", kl_beta=0.001, kl_kind="k3_unbiased",
+        offpolicy_mask=True, offpolicy_delta=0.5))
     return config

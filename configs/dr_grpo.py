@@ -16,6 +16,7 @@ Load: `config_lib.load_config("configs/dr_grpo.py:runlocal=True")`.
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -25,10 +26,8 @@ def get_config(arg=None):
     base.set_regime(config, prompts=128, group_size=8, updates=8, max_new_tokens=3000,
                     learning_rate=1e-6, warmup_steps=0, runlocal=arg.runlocal)
     config.optimizer.b2 = 0.95
-    obj = config.objective
-    obj.advantage.scale = "none"
-    obj.aggregation.mode = "seq-mean-token-sum-norm"
-    obj.aggregation.norm_len = config.rollout.get_ref("max_new_tokens")
-    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.2
-    obj.kl.beta = 0.0
+    config_lib.set_objective(config, presets.dr_grpo(
+        group_size=config.objective.group_size, norm_len=config.rollout.max_new_tokens))
+    # tied, so a command line that changes the budget moves the constant with it
+    config.objective.aggregation.norm_len = config.rollout.get_ref("max_new_tokens")
     return config

@@ -21,6 +21,7 @@ Load: `config_lib.load_config("configs/gdpo.py:runlocal=True")`.
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -32,11 +33,7 @@ def get_config(arg=None):
     correct = config.reward.correct
     fraction = 0.75 if arg.runlocal else 0.5
     config.reward.specs = ((correct, 1.0), ("length_budget", 1.0, {"budget_fraction": fraction}))
-    obj = config.objective
-    obj.advantage.estimator = "gdpo"
-    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.28
-    obj.aggregation.mode = "token-mean"
-    obj.kl.beta = 0.0
+    config_lib.set_objective(config, presets.gdpo(group_size=config.objective.group_size))
     config.filtering.dynamic_sampling = True
     config.filtering.max_gen_batches = 10
     return config

@@ -18,6 +18,7 @@ Load: `config_lib.load_config("configs/grpo.py:runlocal=True")`.
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -26,12 +27,7 @@ def get_config(arg=None):
     config = base.get_config(f"runlocal={arg.runlocal}")
     base.set_regime(config, prompts=512, group_size=16, updates=16, max_new_tokens=32768,
                     learning_rate=3e-6, warmup_steps=0, runlocal=arg.runlocal)
-    obj = config.objective
-    obj.advantage.scale = "group"
-    obj.aggregation.mode = "seq-mean-token-mean"
-    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.2
-    obj.kl.beta = 0.001
-    obj.kl.kind = "k3"
+    config_lib.set_objective(config, presets.grpo(group_size=config.objective.group_size))
     config.train.ref_reset_every = 400
     return config
 

@@ -16,6 +16,7 @@ Load: `config_lib.load_config("configs/olmo3.py:runlocal=True")`.
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -25,15 +26,9 @@ def get_config(arg=None):
     base.set_regime(config, prompts=64, group_size=8, updates=1, max_new_tokens=32768,
                     learning_rate=1e-6, warmup_steps=0, runlocal=arg.runlocal)
     config.rollout.policy_lag = 2 if arg.runlocal else 8
-    obj = config.objective
-    obj.advantage.scale = "none"
-    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.272
-    obj.aggregation.mode = "token-mean"
-    obj.kl.beta = 0.0
-    obj.importance.enabled = True
-    obj.importance.level = "token"
-    obj.importance.cap = 2.0
-    obj.importance.mode = "truncate"
+    config_lib.set_objective(config, presets.dapo(
+        group_size=config.objective.group_size, advantage_scale="none", eps_low=0.2, eps_high=0.272, importance=True,
+        importance_level="token", importance_mode="truncate", importance_high=2.0))
     config.filtering.dynamic_sampling = True
     config.filtering.max_gen_batches = 10
     return config

@@ -26,6 +26,7 @@ Load: `config_lib.load_config("configs/ppo.py:runlocal=True")`.
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -36,15 +37,8 @@ def get_config(arg=None):
                     learning_rate=1e-6, warmup_steps=20, runlocal=arg.runlocal)
     if arg.runlocal:   # one answer per prompt: as many prompts as the others have rows
         config.rollout.prompts_per_batch = 64
+    config_lib.set_objective(config, presets.ppo(group_size=config.objective.group_size))
     obj = config.objective
-    obj.advantage.estimator = "gae"
-    obj.advantage.gamma = 1.0
-    obj.advantage.lam = 0.95
-    obj.advantage.lam_alpha = 0.0
-    obj.advantage.whiten = True
-    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.2
-    obj.aggregation.mode = "seq-mean-token-mean"
-    obj.kl.beta = 0.0
     critic = config.critic
     critic.enabled = True
     critic.lam = obj.advantage.get_ref("lam")   # one lambda for both (VAPO decouples them)

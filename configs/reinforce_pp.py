@@ -21,6 +21,7 @@ Load: `config_lib.load_config("configs/reinforce_pp.py:runlocal=True,kl_in_rewar
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -29,12 +30,6 @@ def get_config(arg=None):
     config = base.get_config(f"runlocal={arg.runlocal}")
     base.set_regime(config, prompts=256, group_size=4, updates=8, max_new_tokens=1024,
                     learning_rate=5e-7, warmup_steps=0, runlocal=arg.runlocal)
-    obj = config.objective
-    obj.advantage.estimator = "reinforce_pp"
-    obj.advantage.baseline = arg.baseline
-    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.2
-    obj.aggregation.mode = "token-mean"
-    obj.kl.in_reward = arg.kl_in_reward
-    obj.kl.beta = 0.01 if arg.kl_in_reward else 0.0
-    obj.kl.kind = "k1"
+    config_lib.set_objective(config, presets.reinforce_pp(
+        group_size=config.objective.group_size, baseline=arg.baseline, kl_in_reward=arg.kl_in_reward))
     return config

@@ -17,6 +17,7 @@ Load: `config_lib.load_config("configs/rloo.py:runlocal=True")`.
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -25,9 +26,5 @@ def get_config(arg=None):
     config = base.get_config(f"runlocal={arg.runlocal}")
     base.set_regime(config, prompts=128, group_size=4, updates=1, max_new_tokens=1024,
                     learning_rate=1e-6, warmup_steps=0, runlocal=arg.runlocal)
-    obj = config.objective
-    obj.advantage.estimator = "rloo"
-    obj.loss.kind = "pg"
-    obj.aggregation.mode = "token-mean"
-    obj.kl.beta = 0.0
+    config_lib.set_objective(config, presets.rloo(group_size=config.objective.group_size))
     return config

@@ -26,6 +26,7 @@ Load: `config_lib.load_config("configs/rpt.py:runlocal=True,sft_weight=0.1")`.
 from ml_collections import config_dict
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -42,11 +43,7 @@ def get_config(arg=None):
     config.reward.correct = "rpt"
     config.rollout.temperature = 0.8
     config.train.sft_weight = float(arg.sft_weight)
-    obj = config.objective
-    obj.advantage.scale = "group"
-    obj.aggregation.mode = "token-mean"
-    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.2
-    obj.kl.beta = 0.0
+    config_lib.set_objective(config, presets.dapo(group_size=config.objective.group_size, eps_high=0.2))
     config.filtering.dynamic_sampling = True
     config.filtering.max_gen_batches = 10
     if arg.runlocal:

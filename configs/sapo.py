@@ -16,6 +16,7 @@ Load: `config_lib.load_config("configs/sapo.py:runlocal=True")`.
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 def get_config(arg=None):
@@ -24,10 +25,5 @@ def get_config(arg=None):
     config = base.get_config(f"runlocal={arg.runlocal}")
     base.set_regime(config, prompts=512, group_size=16, updates=4, max_new_tokens=8192,
                     learning_rate=1e-6, warmup_steps=0, runlocal=arg.runlocal)
-    obj = config.objective
-    obj.advantage.scale = "group"
-    obj.loss.kind = "sapo"
-    obj.loss.tau_pos, obj.loss.tau_neg = 1.0, 1.05
-    obj.aggregation.mode = "seq-mean-token-mean"
-    obj.kl.beta = 0.0
+    config_lib.set_objective(config, presets.sapo(group_size=config.objective.group_size))
     return config

@@ -41,6 +41,7 @@ Load: `config_lib.load_config("configs/vapo.py:runlocal=True")`.
 """
 
 from grpo_jax import config_lib
+from grpo_jax.objectives import presets
 
 
 PAPER_MAX_NEW_TOKENS = 20480
@@ -53,11 +54,8 @@ def get_config(arg=None):
     base.set_regime(config, prompts=512, group_size=16, updates=16,
                     max_new_tokens=PAPER_MAX_NEW_TOKENS,
                     learning_rate=1e-6, warmup_steps=20, runlocal=arg.runlocal)
-    obj = config.objective
-    obj.advantage.lam_alpha = 0.05 * PAPER_MAX_NEW_TOKENS / config.rollout.max_new_tokens
-    obj.loss.eps_low, obj.loss.eps_high = 0.2, 0.28
-    obj.aggregation.mode = "token-mean"
-    obj.positive_nll_weight = 0.1
+    config_lib.set_objective(config, presets.vapo(
+        group_size=config.objective.group_size, lam_alpha=0.05 * PAPER_MAX_NEW_TOKENS / config.rollout.max_new_tokens))
     critic = config.critic
     del critic["lam"]   # decoupled GAE: unlink it from the policy's lambda (ppo.py ties them)
     critic.lam = 1.0

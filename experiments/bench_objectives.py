@@ -5,7 +5,7 @@
 
 Tables: (1) tokens/s of jit(value_and_grad) w.r.t. logp of every policy loss under every
 aggregation mode; (2) rows/s of the advantage estimators at 4,096 rows; (3) the composed
-DAPO objective of configs/dapo.py (loss and metrics) against a plain eager PyTorch DAPO
+DAPO objective (presets.dapo, which configs/dapo.py builds; loss and metrics) against a plain eager PyTorch DAPO
 loss on the same data, values checked to agree; (4) its memory-bandwidth limit: the bytes
 it must read and write once over measured copy bandwidth, and the bytes its compiled HLO
 moves; (5) where its time goes, variants timed round by round.
@@ -18,7 +18,6 @@ hold on a shared machine. Tokens are B*T positions, padding included; masks are 
 """
 
 import argparse
-import importlib.util
 import os
 import pathlib
 import platform
@@ -157,12 +156,9 @@ def bench_advantages(rows, seq, repeats):
 
 # --- 3. Composed DAPO objective vs eager PyTorch ---------------------------------------
 
-def dapo_config():
-    """The `objective` section of configs/dapo.py, loaded by path as config_flags does."""
-    spec = importlib.util.spec_from_file_location("_bench_dapo", ROOT / "configs" / "dapo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(None).objective
+def dapo_objective(group_size):
+    """DAPO's objective from its preset (what configs/dapo.py builds): core install only."""
+    return objs.presets.dapo(group_size=group_size)
 
 
 def torch_dapo(torch, eps_low, eps_high):
@@ -189,14 +185,15 @@ def torch_dapo(torch, eps_low, eps_high):
 
 
 def bench_dapo(data, repeats):
-    cfg, tokens = dapo_config(), data["logp"].size
+    objective, tokens = dapo_objective(group_size=16), data["logp"].size
+    cfg = objective.spec
     logp = jnp.asarray(data["logp"])
     batch = {k: jnp.asarray(data[k]) for k in ("old_logp", "mask", "advantages")}
-    fn = jax.jit(jax.value_and_grad(objs.policy_objective(cfg), has_aux=True))
+    fn = jax.jit(jax.value_and_grad(objective, has_aux=True))
     variants = {"jax.jit(value_and_grad(policy_objective(dapo)))": (fn, (logp, batch))}
     torch, check = _torch(), "torch not installed: no eager comparison"
     if torch is not None:
-        step = torch_dapo(torch, cfg.loss.eps_low, cfg.loss.eps_high)
+        step = torch_dapo(torch, cfg.eps_low, cfg.eps_high)
         targs = [torch.from_numpy(data[k]) for k in ("logp", "old_logp", "advantages", "mask")]
         for threads in sorted({torch.get_num_threads(), 1}, reverse=True):  # credit torch its best
             variants[f"torch eager forward+backward, {threads} thread(s)"] = (
@@ -214,8 +211,8 @@ def bench_dapo(data, repeats):
     if seconds:
         ratio = min(seconds.values()) / jax_s
         rows.append(["ratio JAX / fastest torch (target >= 5x)", f"{ratio:.1f}x", ""])
-    table(f"3. composed DAPO objective (configs/dapo.py: {cfg.loss.kind}, eps {cfg.loss.eps_low}/"
-          f"{cfg.loss.eps_high}, {cfg.aggregation.mode}), value+grad with its metrics, interleaved",
+    table(f"3. composed DAPO objective (presets.dapo: {cfg.policy_loss}, eps {cfg.eps_low}/"
+          f"{cfg.eps_high}, {cfg.aggregation}), value+grad with its metrics, interleaved",
           ["implementation", "Mtokens/s", "ms/call"], rows)
     print(check, "\n")
     return dict(seconds=jax_s, fn=fn, logp=logp, batch=batch, cfg=cfg)
@@ -307,7 +304,7 @@ def lean_dapo(loss_cfg):
 
 
 def bench_variants(dapo, repeats):
-    logp, batch, loss_cfg = dapo["logp"], dapo["batch"], dapo["cfg"].loss
+    logp, batch, loss_cfg = dapo["logp"], dapo["batch"], dapo["cfg"]
     lean = jax.jit(jax.value_and_grad(lean_dapo(loss_cfg), has_aux=True))
     (_, metrics), grad = dapo["fn"](logp, batch)
     (_, lean_metrics), lean_grad = lean(logp, batch)

@@ -79,3 +79,47 @@ def apply_overrides(config, overrides):
             raise KeyError(f"sweep override {dotted!r} names no config field")
         section[leaf] = value
     return config
+
+
+def objective_section(spec):
+    """An `ObjectiveSpec` -> the nested ``objective`` ConfigDict a recipe holds.
+
+    Fields whose value is None become typed placeholders, so a command line can still set
+    them (``--config.objective.loss.dual_clip=1.5``).
+    """
+    from grpo_jax.objectives import _spec
+    types = _spec.field_types()
+    section = ml_collections.ConfigDict()
+    for path, value in spec.config_items():
+        *parents, leaf = path.split(".")
+        node = section
+        for name in parents:
+            if name not in node:
+                node[name] = ml_collections.ConfigDict()
+            node = node[name]
+        node[leaf] = ml_collections.config_dict.placeholder(types[path]) if value is None else value
+    return section
+
+
+def set_objective(config, objective):
+    """Writes a preset's frozen hyper-parameters into ``config.objective``, in place.
+
+    `objective` is what a `grpo_jax.objectives.presets` function returns (or its
+    ``.spec``). Every field but ``group_size`` is written (the regime sets G, and
+    ``rollout.group_size`` stays tied to it), so the recipe's objective is exactly the
+    preset's; a recipe that ties a field to another (e.g. ``norm_len`` to the generation
+    budget) does it after this call.
+    """
+    spec = getattr(objective, "spec", objective)
+    if spec.group_size != config.objective.group_size:
+        raise ValueError(f"the preset was built for group_size={spec.group_size} but "
+                         f"config.objective.group_size is {config.objective.group_size}; "
+                         "build it with group_size=config.objective.group_size")
+    for path, value in spec.config_items():
+        if path != "group_size":
+            *parents, leaf = path.split(".")
+            node = config.objective
+            for name in parents:
+                node = node[name]
+            node[leaf] = value
+    return config

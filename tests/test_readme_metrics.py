@@ -107,3 +107,19 @@ def test_every_rollout_advantage_and_critic_statistic_is_documented():
                        "value_clip_fraction"), 0.0)))
     assert {"advantage_mean_q4", "advantage_std_q1", "critic_grad_norm", "reward_mean"} <= keys
     assert readme_metrics.undocumented(keys) == []
+
+
+def test_sampler_trainer_mismatch_metrics_are_documented():
+    """The trainer logs objectives.mismatch_metrics under mismatch/, and the importance
+    correction reports the share its mask zeroes (mask mode) or its cap lowers (truncate)."""
+    f = jnp.asarray(np.random.default_rng(0).normal(-2.0, 0.5, (4, 3)), jnp.float32)
+    keys = {f"mismatch/{k}" for k in objectives.mismatch_metrics(f, f + 0.1, jnp.ones((4, 3)))}
+    assert {"mismatch/abs_diff_mean", "mismatch/abs_diff_max", "mismatch/kl"} <= keys
+    batch = {"old_logp": f, "behaviour_logp": f - 1.0, "mask": jnp.ones((4, 3)),
+             "rewards": jnp.array([1.0, 0.0, 0.0, 1.0])}
+    for mode, key in (("mask", "importance_masked"), ("truncate", "importance_truncated")):
+        metrics = objectives.presets.dapo(group_size=2, importance=True,
+                                          importance_mode=mode)(f, batch)[1]
+        assert key in metrics
+        keys |= set(metrics)
+    assert readme_metrics.undocumented(keys) == []

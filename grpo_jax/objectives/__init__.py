@@ -1,8 +1,10 @@
 """GRPO-family and PPO objectives: pure functions of arrays, importable into any JAX model.
 
 Nothing here sees a model, a config object or an RNG, except the composer
-(`policy_objective`), which reads an ml_collections section once and returns a pure
-function. docs/design.md gives the exact semantics of each, side by side.
+(`policy_objective`), which reads an `ObjectiveSpec` (or a recipe's config section,
+converted to one once) and returns a pure function; `presets` builds each method's
+objective by name (``presets.dapo(group_size=16)``). docs/design.md gives the exact
+semantics of each, side by side.
 
 The gradient contract, the same for every function: the current policy's log-probs
 (``logp``; a value model's ``values``) are the only differentiated input. Old, reference
@@ -34,6 +36,9 @@ from grpo_jax.objectives._kl import kl_penalty
 from grpo_jax.objectives._logits import completion_logprobs
 from grpo_jax.objectives._logits import entropy_from_logits
 from grpo_jax.objectives._logits import token_logprobs
+from grpo_jax.objectives._mismatch import decoupled_ppo_loss
+from grpo_jax.objectives._mismatch import mismatch_metrics
+from grpo_jax.objectives._mismatch import rollout_correction
 from grpo_jax.objectives._policy_losses import cispo_loss
 from grpo_jax.objectives._policy_losses import gspo_loss
 from grpo_jax.objectives._policy_losses import pg_loss
@@ -44,5 +49,9 @@ from grpo_jax.objectives._shaping import importance_weights
 from grpo_jax.objectives._shaping import offpolicy_sequence_mask
 from grpo_jax.objectives._shaping import overlong_penalty
 from grpo_jax.objectives._shaping import truncated_mask
+from grpo_jax.objectives._spec import CONFIG_PATHS
+from grpo_jax.objectives._spec import ObjectiveSpec
+from grpo_jax.objectives._spec import objective_spec
 from grpo_jax.objectives._value import explained_variance
 from grpo_jax.objectives._value import value_loss
+from grpo_jax.objectives import presets  # noqa: E402  (after the functions it builds on)

@@ -13,9 +13,9 @@ from grpo_jax.objectives import _checks
 GROUP_SCALES = ("group", "batch", "none")
 
 
-def _grouped(rewards, group_size, *, minimum=1):
+def _grouped(rewards, group_size, *, minimum=1, fn=None):
     """`[B]` -> `[P, G]`, after checking that G divides B."""
-    _checks.check_group_size(group_size, rewards.shape[0], minimum=minimum)
+    _checks.check_group_size(group_size, rewards.shape[0], minimum=minimum, fn=fn)
     return rewards.reshape(-1, group_size)
 
 
@@ -24,6 +24,15 @@ def _std(x, *, ddof, axis=None):
     count = x.size if axis is None else x.shape[axis]
     mean = jnp.mean(x, axis=axis, keepdims=True)
     return jnp.sqrt(jnp.sum(jnp.square(x - mean), axis=axis) / (count - ddof))
+
+
+def _check_rewards(fn, rewards, rows=None):
+    """`rewards` is `[B]` (one scalar per completion, `rows` of them), any real dtype."""
+    _checks.check_real(fn, rewards=rewards)
+    columns = len(_checks.shape_of(rewards)) == 2
+    _checks.check_rows(fn, "rewards", rewards, rows=rows,
+                       hint="one scalar per completion (sum the reward columns, or use "
+                            "gdpo_advantages for [B, K])" if columns else None)
 
 
 def _all_equal(grouped_pg):
@@ -62,8 +71,10 @@ def group_advantages(rewards, group_size, *, scale="group", ddof=0, eps=1e-6):
     """
     _checks.check_choice("scale", scale, GROUP_SCALES)
     _checks.check_nonnegative("eps", eps)
+    _check_rewards("group_advantages", rewards)
     rewards = rewards.astype(jnp.float32)
-    grouped = _grouped(rewards, group_size, minimum=ddof + 1 if scale == "group" else 1)
+    grouped = _grouped(rewards, group_size, minimum=ddof + 1 if scale == "group" else 1,
+                       fn="group_advantages")
     centered = grouped - jnp.mean(grouped, axis=1, keepdims=True)
     if scale == "group":
         centered = centered / (_std(grouped, ddof=ddof, axis=1)[:, None] + eps)
@@ -92,7 +103,8 @@ def rloo_advantages(rewards, group_size):
     References:
       Ahmadian et al., Back to Basics: Revisiting REINFORCE-Style Optimization (2024).
     """
-    grouped = _grouped(rewards.astype(jnp.float32), group_size, minimum=2)
+    _check_rewards("rloo_advantages", rewards)
+    grouped = _grouped(rewards.astype(jnp.float32), group_size, minimum=2, fn="rloo_advantages")
     centered = grouped - jnp.mean(grouped, axis=1, keepdims=True)
     advantages = centered * (group_size / (group_size - 1))
     return jnp.where(_all_equal(grouped)[:, None], 0.0, advantages).reshape(-1)
@@ -108,7 +120,7 @@ def masked_whiten(x, mask, *, shift_mean=True, eps=1e-8):
 
     Args:
       x: `[...]` values.
-      mask: `[...]` 1 where a value counts, 0 elsewhere.
+      mask: `[...]`, the shape of `x`: 1 where a value counts, 0 elsewhere.
       shift_mean: subtract the mean (True) or only rescale (False).
       eps: added to the variance.
 
@@ -122,6 +134,8 @@ def masked_whiten(x, mask, *, shift_mean=True, eps=1e-8):
     References:
       Hu, REINFORCE++ (2025), sec. 3.
     """
+    _checks.check_real("masked_whiten", x=x, mask=mask)
+    _checks.check_like("masked_whiten", "[...]", x=x, mask=mask)
     valid = mask.astype(bool)
     x = jnp.where(valid, x.astype(jnp.float32), 0.0)
     count = jnp.sum(valid)
@@ -156,6 +170,9 @@ def outcome_token_rewards(rewards, mask):
       Ouyang et al., Training language models to follow instructions with human
       feedback (InstructGPT, 2022), sec. 3.5: the reward at the end of the episode.
     """
+    _checks.check_real("outcome_token_rewards", rewards=rewards, mask=mask)
+    rows, _ = _checks.check_token_arrays("outcome_token_rewards", mask=mask)
+    _check_rewards("outcome_token_rewards", rewards, rows)
     positions = jnp.arange(mask.shape[1])
     last = jnp.max(jnp.where(mask.astype(bool), positions, -1), axis=1)
     at_last = positions[None, :] == last[:, None]
@@ -206,9 +223,13 @@ def reinforce_pp_advantages(rewards, mask, *, gamma=1.0, group_size=None,
     References:
       Hu, REINFORCE++: A Simple and Efficient Approach for Aligning LLMs (2025).
     """
+    fn = "reinforce_pp_advantages"
+    _checks.check_real(fn, mask=mask, token_rewards=token_rewards)
+    rows, _ = _checks.check_token_arrays(fn, mask=mask, token_rewards=token_rewards)
+    _check_rewards(fn, rewards, rows)
     rewards = rewards.astype(jnp.float32)
     if group_size is not None:
-        grouped = _grouped(rewards, group_size)
+        grouped = _grouped(rewards, group_size, fn=fn)
         rewards = (grouped - jnp.mean(grouped, axis=1, keepdims=True)).reshape(-1)
     per_token = outcome_token_rewards(rewards, mask)
     if token_rewards is not None:
@@ -243,8 +264,14 @@ def gdpo_advantages(rewards, group_size, *, weights=None, eps=1e-6):
     References:
       GDPO: Group reward-Decoupled Normalization Policy Optimization (2026).
     """
-    if rewards.ndim != 2:
-        raise ValueError(f"rewards must be [B, K] for gdpo_advantages, got shape {rewards.shape}")
+    fn = "gdpo_advantages"
+    _checks.check_real(fn, rewards=rewards, weights=weights)
+    _checks.check_rows(fn, "rewards", rewards, ndim=(2,),
+                       hint="one column per reward; [B, 1] for a single reward")
+    if weights is not None and _checks.shape_of(weights) != (rewards.shape[1],):
+        raise _checks.shape_error(fn, "weights", "[K]", _checks.shape_of(weights),
+                                  sizes=f"K = {rewards.shape[1]} reward columns")
+    _checks.check_group_size(group_size, rewards.shape[0], fn=fn)
     per_reward = jax.vmap(lambda r: group_advantages(r, group_size, eps=eps),
                           in_axes=1, out_axes=1)(rewards)
     weights = jnp.ones(rewards.shape[1]) if weights is None else jnp.asarray(weights)
@@ -284,6 +311,11 @@ def gae(token_rewards, values, mask, *, gamma, lam):
       Schulman et al., High-Dimensional Continuous Control Using GAE (2016);
       Yue et al., VAPO (2025), sec. 3.
     """
+    _checks.check_real("gae", token_rewards=token_rewards, mask=mask, lam=lam)
+    _checks.check_floating("gae", values=values)
+    rows, _ = _checks.check_token_arrays("gae", token_rewards=token_rewards, values=values,
+                                         mask=mask)
+    _checks.check_scalar_or_rows("gae", "lam", lam, rows)
     lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (token_rewards.shape[0],))
     valid = mask.astype(bool)
 
@@ -325,5 +357,7 @@ def length_adaptive_lambda(lengths, *, alpha=0.05):
       Yue et al., VAPO (2025), eq. 7.
     """
     _checks.check_greater("alpha", alpha, 0)
+    _checks.check_real("length_adaptive_lambda", lengths=lengths)
+    _checks.check_rows("length_adaptive_lambda", "lengths", lengths)
     lengths = jnp.asarray(lengths, jnp.float32)
     return jnp.maximum(1.0 - 1.0 / (alpha * jnp.maximum(lengths, 1.0)), 0.0)

@@ -46,6 +46,9 @@ def aggregate(loss, mask, *, mode, num_tokens=None, num_seqs=None, norm_len=None
       Yu et al., DAPO (2025), sec. 3.3; Liu et al., Dr. GRPO (2025), sec. 3.1.
     """
     _checks.check_choice("mode", mode, AGGREGATION_MODES)
+    _checks.check_real("aggregate", loss=loss, mask=mask)
+    _checks.check_token_arrays("aggregate", loss=loss, mask=mask)
+    _checks.check_scalar("aggregate", num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
     valid = mask.astype(bool)
     masked = jnp.where(valid, loss.astype(jnp.promote_types(loss.dtype, jnp.float32)), 0.0)
     num_seqs = loss.shape[0] if num_seqs is None else num_seqs

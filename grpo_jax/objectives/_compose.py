@@ -63,7 +63,11 @@ Metrics, each a scalar:
                          with loss.dual_clip)
   ``gate_scale``         sapo's factor on each token's policy gradient    token mean
   ``importance_weight``  the sampler/trainer correction weight            token mean
-                         (importance.enabled)
+                         (importance.enabled), after its bounds
+  ``importance_masked``  share of tokens whose weight the mask zeroes     token mean
+                         (importance.mode == "mask")
+  ``importance_          share of tokens whose weight the cap lowers      token mean
+  truncated``            (importance.mode == "truncate")
   ``entropy``            the token entropy (batch has ``entropy``)        token mean
   ``offpolicy_masked``   share of rows the off-policy sequence mask       sum / num_seqs
                          drops (offpolicy_mask.enabled)
@@ -83,67 +87,60 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-from grpo_jax.objectives import _checks
 from grpo_jax.objectives._advantages import (gae, gdpo_advantages, group_advantages,
                                              length_adaptive_lambda, masked_whiten,
                                              outcome_token_rewards, reinforce_pp_advantages,
                                              rloo_advantages)
-from grpo_jax.objectives._aggregation import AGGREGATION_MODES, aggregate
-from grpo_jax.objectives._kl import KL_KINDS, kl_penalty
+from grpo_jax.objectives._aggregation import aggregate
+from grpo_jax.objectives._kl import kl_penalty
 from grpo_jax.objectives._policy_losses import (cispo_loss, gspo_loss, pg_loss, ppo_clip_loss,
                                                 sapo_loss)
-from grpo_jax.objectives._shaping import (IMPORTANCE_LEVELS, IMPORTANCE_MODES,
-                                          importance_weights, offpolicy_sequence_mask,
-                                          truncated_mask)
+from grpo_jax.objectives._mismatch import rollout_correction
+from grpo_jax.objectives._shaping import offpolicy_sequence_mask, truncated_mask
+from grpo_jax.objectives._spec import OVERLONG_MODES, ObjectiveSpec, objective_spec
 
-OVERLONG_MODES = ("none", "mask")
-# Losses whose paper defines the objective per answer: 1/G sum_i 1/|y_i| sum_t.
-PER_ANSWER_LOSSES = {"gspo": "Zheng et al., arXiv:2507.18071, eq. 5",
-                     "sapo": "Gao et al., arXiv:2511.20347, the SAPO objective"}
+# --- Advantage estimators: (spec, batch, rewards [B] or [B,K], reward_weights) ->
+# advantages. reward_weights is one weight per reward column, or None.
 
-
-# --- Advantage estimators: (objective config, batch, rewards [B] or [B,K], reward_weights)
-# -> advantages. reward_weights is one weight per reward column, or None.
-
-def _group(cfg, batch, rewards, reward_weights):
-    a = cfg.advantage
-    return group_advantages(rewards, cfg.group_size, scale=a.scale, ddof=a.ddof, eps=a.eps)
+def _group(spec, batch, rewards, reward_weights):
+    return group_advantages(rewards, spec.group_size, scale=spec.advantage_scale,
+                            ddof=spec.ddof, eps=spec.advantage_eps)
 
 
-def _rloo(cfg, batch, rewards, reward_weights):
-    return rloo_advantages(rewards, cfg.group_size)
+def _rloo(spec, batch, rewards, reward_weights):
+    return rloo_advantages(rewards, spec.group_size)
 
 
-def _reinforce_pp(cfg, batch, rewards, reward_weights):
+def _reinforce_pp(spec, batch, rewards, reward_weights):
     token_rewards = None
-    if cfg.kl.in_reward:
-        token_rewards = -cfg.kl.beta * kl_penalty(
+    if spec.kl_in_reward:
+        token_rewards = -spec.kl_beta * kl_penalty(
             _require(batch, "old_logp", "kl.in_reward"), _require(batch, "ref_logp", "kl.in_reward"),
-            kind=cfg.kl.kind)
+            kind=spec.kl_kind)
     return reinforce_pp_advantages(
-        rewards, batch["mask"], gamma=cfg.advantage.gamma, token_rewards=token_rewards,
-        group_size=cfg.group_size if cfg.advantage.baseline else None)
+        rewards, batch["mask"], gamma=spec.gamma, token_rewards=token_rewards,
+        group_size=spec.group_size if spec.baseline else None)
 
 
-def _gdpo(cfg, batch, rewards, reward_weights):
+def _gdpo(spec, batch, rewards, reward_weights):
     if reward_weights is not None and rewards.ndim == 2 and len(reward_weights) != rewards.shape[1]:
         raise ValueError(
             f"objective.advantage.estimator='gdpo' got {len(reward_weights)} reward weights for "
             f"{rewards.shape[1]} reward columns; reward.specs must name one (reward, weight) "
             "per column")
     weights = None if reward_weights is None else jnp.asarray(reward_weights, jnp.float32)
-    return gdpo_advantages(rewards, cfg.group_size, weights=weights, eps=cfg.advantage.eps)
+    return gdpo_advantages(rewards, spec.group_size, weights=weights, eps=spec.advantage_eps)
 
 
-def _policy_lambda(cfg, mask):
-    """The policy's GAE lambda: ``advantage.lam``, or with ``advantage.lam_alpha > 0``
-    VAPO's length-adaptive `[B]` lambda 1 - 1 / (alpha * length) (eq. 7)."""
-    if cfg.advantage.lam_alpha > 0:
-        return length_adaptive_lambda(jnp.sum(mask, axis=1), alpha=cfg.advantage.lam_alpha)
-    return cfg.advantage.lam
+def _policy_lambda(spec, mask):
+    """The policy's GAE lambda: ``lam``, or with ``lam_alpha > 0`` VAPO's
+    length-adaptive `[B]` lambda 1 - 1 / (alpha * length) (eq. 7)."""
+    if spec.lam_alpha > 0:
+        return length_adaptive_lambda(jnp.sum(mask, axis=1), alpha=spec.lam_alpha)
+    return spec.lam
 
 
-def _gae(cfg, batch, rewards, reward_weights):
+def _gae(spec, batch, rewards, reward_weights):
     """PPO's advantages from the critic's values: GAE over the outcome reward (on the
     last token), with the policy's lambda, whitened over the batch's tokens if asked."""
     if rewards.ndim != 1:
@@ -152,8 +149,8 @@ def _gae(cfg, batch, rewards, reward_weights):
     mask = batch["mask"]
     values = _require(batch, "values", "advantage.estimator='gae'")
     advantages, _ = gae(outcome_token_rewards(rewards, mask), values, mask,
-                        gamma=cfg.advantage.gamma, lam=_policy_lambda(cfg, mask))
-    return masked_whiten(advantages, mask) if cfg.advantage.whiten else advantages
+                        gamma=spec.gamma, lam=_policy_lambda(spec, mask))
+    return masked_whiten(advantages, mask) if spec.whiten else advantages
 
 
 ADVANTAGE_ESTIMATORS = {
@@ -164,7 +161,7 @@ ADVANTAGE_ESTIMATORS = {
     "gae": _gae,
 }
 
-# --- Policy losses: name -> (function, the loss-config fields passed as keywords).
+# --- Policy losses: name -> (function, the ObjectiveSpec fields passed as keywords).
 
 POLICY_LOSSES = {
     "pg": (pg_loss, ()),
@@ -176,12 +173,17 @@ POLICY_LOSSES = {
 
 
 def register_advantage_estimator(name, fn):
-    """Adds `fn(objective_config, batch, rewards, reward_weights) -> advantages` as `name`."""
+    """Adds `fn(spec, batch, rewards, reward_weights) -> advantages` as `name`
+    (`spec` is the `ObjectiveSpec`)."""
     ADVANTAGE_ESTIMATORS[name] = fn
 
 
 def register_policy_loss(name, fn, fields):
-    """Adds a per-token loss `fn(logp, old_logp, adv, mask, **{f: config.loss[f]})`."""
+    """Adds a per-token loss `fn(logp, old_logp, adv, mask, **{f: spec.f for f in fields})`.
+
+    `fields` are `ObjectiveSpec` keywords (e.g. ``("eps_low", "eps_high")``); bind other
+    hyper-parameters with functools.partial before registering.
+    """
     POLICY_LOSSES[name] = (fn, tuple(fields))
 
 
@@ -191,55 +193,10 @@ def _require(batch, key, why):
     return batch[key]
 
 
-def validate_objective_config(cfg):
-    """Raises ValueError naming the first impossible field of an objective config."""
-    _checks.check_group_size(cfg.group_size, cfg.group_size)
-    _checks.check_choice("objective.advantage.estimator", cfg.advantage.estimator,
-                         tuple(ADVANTAGE_ESTIMATORS))
-    _checks.check_choice("objective.loss.kind", cfg.loss.kind, tuple(POLICY_LOSSES))
-    _checks.check_choice("objective.aggregation.mode", cfg.aggregation.mode, AGGREGATION_MODES)
-    _checks.check_choice("objective.kl.kind", cfg.kl.kind, KL_KINDS)
-    if cfg.overlong.mode == "penalty":
-        raise ValueError("objective.overlong.mode='penalty' is gone: DAPO's soft overlong "
-                         "penalty is a reward; add (\"overlong\", weight, {\"max_len\": ..., "
-                         "\"cache_len\": ...}) to reward.specs and set objective.overlong.mode "
-                         "to 'none' (or 'mask' to also drop truncated answers)")
-    _checks.check_choice("objective.overlong.mode", cfg.overlong.mode, OVERLONG_MODES)
-    _checks.check_choice("objective.importance.level", cfg.importance.level, IMPORTANCE_LEVELS)
-    _checks.check_choice("objective.importance.mode", cfg.importance.mode, IMPORTANCE_MODES)
-    _checks.check_choice("objective.advantage.scale", cfg.advantage.scale, ("group", "batch", "none"))
-    for field in ("eps_low", "eps_high"):
-        _checks.check_nonnegative(f"objective.loss.{field}", cfg.loss[field])
-    if cfg.loss.dual_clip is not None:
-        _checks.check_greater("objective.loss.dual_clip", cfg.loss.dual_clip, 1.0)
-    _checks.check_nonnegative("objective.kl.beta", cfg.kl.beta)
-    _checks.check_nonnegative("objective.offpolicy_mask.delta", cfg.offpolicy_mask.delta)
-    _checks.check_nonnegative("objective.positive_nll_weight", cfg.positive_nll_weight)
-    _checks.check_unit_interval("objective.advantage.gamma", cfg.advantage.gamma)
-    _checks.check_unit_interval("objective.advantage.lam", cfg.advantage.lam)
-    _checks.check_nonnegative("objective.advantage.lam_alpha", cfg.advantage.lam_alpha)
-    if cfg.advantage.estimator == "rloo" and cfg.group_size < 2:
-        raise ValueError(f"objective.group_size must be >= 2 for rloo, got {cfg.group_size}")
-    if cfg.kl.in_reward and cfg.advantage.estimator != "reinforce_pp":
-        raise ValueError("objective.kl.in_reward=True needs objective.advantage.estimator="
-                         f"'reinforce_pp' (token rewards); got {cfg.advantage.estimator!r}")
-    if cfg.kl.in_reward and cfg.kl.kind == "k3_unbiased":
-        raise ValueError("objective.kl.kind='k3_unbiased' corrects the KL loss's gradient; "
-                         "a KL folded into the reward (objective.kl.in_reward=True) has none: "
-                         "use kind 'k1', 'k2' or 'k3' there")
-    _check_aggregation_defined(cfg)
-
-
-def _check_aggregation_defined(cfg):
-    """GSPO and SAPO are defined per answer; another mode is a different objective."""
-    kind, mode = cfg.loss.kind, cfg.aggregation.mode
-    if (kind in PER_ANSWER_LOSSES and mode != "seq-mean-token-mean"
-            and not cfg.aggregation.allow_other_modes):
-        raise ValueError(
-            f"objective.aggregation.mode={mode!r} changes the {kind} objective, which its paper "
-            f"({PER_ANSWER_LOSSES[kind]}) defines with 'seq-mean-token-mean'; set "
-            "objective.aggregation.mode='seq-mean-token-mean', or "
-            "objective.aggregation.allow_other_modes=True to run this variant on purpose")
+def validate_objective_config(config):
+    """Raises ValueError naming the first impossible (or unknown) field of an objective
+    config section (or nested dict); returns its frozen `ObjectiveSpec`."""
+    return objective_spec(config)
 
 
 def _token_means(named, mask, num_tokens):
@@ -261,14 +218,17 @@ def _token_means(named, mask, num_tokens):
 
 @dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity, so jax.jit(objective) works
 class PolicyObjective:
-    """A composed objective; see the module docstring for the batch it reads."""
+    """A composed objective; see the module docstring for the batch it reads.
 
-    config: Any
+    ``spec`` is its frozen `ObjectiveSpec`: the hyper-parameters were bound when it was
+    built, so changing the config section it came from afterwards changes nothing.
+    """
+
+    spec: ObjectiveSpec
     advantage_fn: Callable
     loss_fn: Callable
     loss_kwargs: dict
     reward_weights: tuple | None = None
-
     def advantages(self, batch):
         """`[B]` or `[B, T]` advantages from ``batch["rewards"]``.
 
@@ -276,7 +236,7 @@ class PolicyObjective:
         the full rollout batch, before splitting into micro-batches.
         """
         rewards = _require(batch, "rewards", "advantages").astype(jnp.float32)
-        return self.advantage_fn(self.config, batch, rewards, self.reward_weights)
+        return self.advantage_fn(self.spec, batch, rewards, self.reward_weights)
 
     def loss_mask(self, batch):
         """`[B, T]`: the tokens the loss is normalised over.
@@ -287,28 +247,32 @@ class PolicyObjective:
         minibatch, so the split loss equals the whole batch's.
         """
         mask = batch["mask"]
-        if self.config.overlong.mode == "mask":
+        if self.spec.overlong == "mask":
             mask = truncated_mask(mask, _require(batch, "truncated", "overlong.mode='mask'"))
         return mask
 
     def __call__(self, logp, batch):
         """Returns `(loss, metrics)`: the scalar loss to minimise and scalar metrics."""
-        cfg = self.config
+        spec = self.spec
         mask = self.loss_mask(batch)
         num_tokens, num_seqs = batch.get("num_tokens"), batch.get("num_seqs")
         adv = batch["advantages"] if "advantages" in batch else self.advantages(batch)
         per_token, diagnostics = self.loss_fn(logp, batch["old_logp"], adv, mask, **self.loss_kwargs)
         metrics = {}
-        if cfg.importance.enabled:   # pi_old (trainer) vs the sampler's behaviour policy
-            weights = importance_weights(
+        if spec.importance:   # pi_old (trainer) vs the sampler's behaviour policy
+            weights, correction = rollout_correction(
                 batch["old_logp"], _require(batch, "behaviour_logp", "importance.enabled"), mask,
-                level=cfg.importance.level, cap=cfg.importance.cap, mode=cfg.importance.mode)
+                level=spec.importance_level, mode=spec.importance_mode,
+                low=spec.importance_low, high=spec.importance_high)
             per_token = per_token * weights
-            diagnostics = {**diagnostics, "importance_weight": weights}
-        if cfg.offpolicy_mask.enabled:   # against the policy that sampled the tokens
+            bounded = "importance_masked" if spec.importance_mode == "mask" else "importance_truncated"
+            diagnostics = {**diagnostics, "importance_weight": weights,
+                           bounded: correction["masked" if spec.importance_mode == "mask"
+                                               else "truncated"]}
+        if spec.offpolicy_mask:   # against the policy that sampled the tokens
             keep = offpolicy_sequence_mask(
                 logp, batch.get("behaviour_logp", batch["old_logp"]), adv, mask,
-                delta=cfg.offpolicy_mask.delta)
+                delta=spec.offpolicy_delta)
             per_token = per_token * keep[:, None]
             metrics["offpolicy_masked"] = jnp.sum(1.0 - keep) / (
                 mask.shape[0] if num_seqs is None else num_seqs)
@@ -316,51 +280,55 @@ class PolicyObjective:
             diagnostics = {**diagnostics, "entropy": batch["entropy"]}
 
         def reduce(x):
-            return aggregate(x, mask, mode=cfg.aggregation.mode, num_tokens=num_tokens,
-                             num_seqs=num_seqs, norm_len=cfg.aggregation.norm_len)
+            return aggregate(x, mask, mode=spec.aggregation, num_tokens=num_tokens,
+                             num_seqs=num_seqs, norm_len=spec.norm_len)
 
         metrics.update(policy_loss=reduce(per_token), **_token_means(diagnostics, mask, num_tokens))
         total = per_token
-        if cfg.kl.beta > 0 and not cfg.kl.in_reward:
-            kl = kl_penalty(logp, _require(batch, "ref_logp", "kl.beta > 0"), kind=cfg.kl.kind,
+        if spec.kl_beta > 0 and not spec.kl_in_reward:
+            kl = kl_penalty(logp, _require(batch, "ref_logp", "kl.beta > 0"), kind=spec.kl_kind,
                             old_logp=batch["old_logp"])
             metrics["kl_ref"] = reduce(kl)
-            total = total + cfg.kl.beta * kl
-        if cfg.entropy_coef != 0:
-            total = total - cfg.entropy_coef * _require(batch, "entropy", "entropy_coef != 0")
+            total = total + spec.kl_beta * kl
+        if spec.entropy_coef != 0:
+            total = total - spec.entropy_coef * _require(batch, "entropy", "entropy_coef != 0")
         loss = reduce(total)
-        if cfg.positive_nll_weight > 0:   # VAPO: imitate the batch's correct answers
+        if spec.positive_nll_weight > 0:   # VAPO: imitate the batch's correct answers
             positive = mask * _require(batch, "correct", "positive_nll_weight > 0")[:, None]
             nll = aggregate(-logp, positive, mode="token-mean",
                             num_tokens=batch.get("num_positive_tokens"))
             metrics["positive_nll"] = nll
-            loss = loss + cfg.positive_nll_weight * nll
+            loss = loss + spec.positive_nll_weight * nll
         metrics["loss"] = loss
         return loss, metrics
 
 
 def policy_objective(config, *, reward_weights=None):
-    """Builds the objective selected by an ``objective`` config section.
+    """Builds the objective an ``objective`` config section, nested dict or spec selects.
 
     Args:
-      config: an ml_collections ConfigDict (``config.objective`` of a recipe; see
-        configs/base.py for every field and its default).
+      config: a recipe's ``config.objective`` (an ml_collections ConfigDict; see
+        configs/base.py), a nested dict of the same shape (fields left out take
+        `ObjectiveSpec`'s defaults; group_size is required), or an `ObjectiveSpec`
+        (what the presets in `grpo_jax.objectives.presets` build).
       reward_weights: one weight per reward column, in the order of the run's reward
         specs (``reward.specs``), or None for all 1. The gdpo estimator weights its
         normalised columns with them; the others see a single (already summed) reward.
 
     Returns:
       a `PolicyObjective`: ``objective(logp, batch) -> (loss, metrics)``,
-      ``objective.advantages(batch)`` and ``objective.loss_mask(batch)``.
+      ``objective.advantages(batch)`` and ``objective.loss_mask(batch)``, its
+      hyper-parameters frozen in ``objective.spec``.
 
     Raises:
-      ValueError: naming the field, when a name is unknown or a value impossible.
+      ValueError: naming the field, when a name is unknown (with the closest valid
+        name) or a value impossible.
     """
-    validate_objective_config(config)
-    loss_fn, fields = POLICY_LOSSES[config.loss.kind]
+    spec = objective_spec(config)
+    loss_fn, fields = POLICY_LOSSES[spec.policy_loss]
     return PolicyObjective(
-        config=config,
-        advantage_fn=ADVANTAGE_ESTIMATORS[config.advantage.estimator],
+        spec=spec,
+        advantage_fn=ADVANTAGE_ESTIMATORS[spec.estimator],
         loss_fn=loss_fn,
-        loss_kwargs={f: config.loss[f] for f in fields},
+        loss_kwargs={f: getattr(spec, f) for f in fields},
         reward_weights=None if reward_weights is None else tuple(float(w) for w in reward_weights))

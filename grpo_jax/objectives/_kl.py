@@ -60,6 +60,9 @@ def kl_penalty(logp, ref_logp, *, kind="k3", old_logp=None):
       eq. 4; DeepSeek-AI, DeepSeek-V3.2 (arXiv:2512.02556), sec. 3.1, eq. 7.
     """
     _checks.check_choice("kind", kind, KL_KINDS)
+    _checks.check_floating("kl_penalty", logp=logp, ref_logp=ref_logp, old_logp=old_logp)
+    form = "[B, T]" if len(_checks.shape_of(logp)) == 2 else "[...]"
+    _checks.check_like("kl_penalty", form, logp=logp, ref_logp=ref_logp, old_logp=old_logp)
     log_ratio = _clamped(logp, jax.lax.stop_gradient(ref_logp))
     if kind == "k1":
         return log_ratio

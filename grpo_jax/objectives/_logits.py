@@ -8,6 +8,8 @@ over a 150k vocabulary loses the small differences the ratios are made of.
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.objectives import _checks
+
 
 def token_logprobs(logits, tokens, *, temperature=1.0):
     r"""Log-probability of each chosen token under the (tempered) softmax.
@@ -29,9 +31,22 @@ def token_logprobs(logits, tokens, *, temperature=1.0):
       >>> token_logprobs(logits, jnp.array([[1]]))  # log 0.25
       Array([[-1.3862944]], dtype=float32)
     """
+    _check_logits_and_tokens("token_logprobs", logits, tokens)
     scaled = logits.astype(jnp.float32) / temperature
     chosen = jnp.take_along_axis(scaled, tokens[..., None], axis=-1)[..., 0]
     return chosen - jax.nn.logsumexp(scaled, axis=-1)
+
+
+def _check_logits_and_tokens(fn, logits, tokens):
+    """`logits` `[..., V]` floating, `tokens` `[...]` = logits' shape without V, integer."""
+    _checks.check_floating(fn, logits=logits)
+    _checks.check_integer(fn, tokens=tokens)
+    shape = _checks.check_last_axis(fn, "logits", logits)
+    if _checks.shape_of(tokens) != shape[:-1]:
+        raise _checks.shape_error(
+            fn, "tokens", f"[..., T] = {_checks.shape_text(shape[:-1])}",
+            _checks.shape_of(tokens),
+            sizes=f"logits [..., T, V] = {_checks.shape_text(shape)}")
 
 
 def completion_logprobs(logits, tokens, prompt_lengths, completion_len, *, temperature=1.0):
@@ -65,14 +80,23 @@ def completion_logprobs(logits, tokens, prompt_lengths, completion_len, *, tempe
       >>> completion_logprobs(logits, jnp.array([[0, 1, 0]]), 1, 2)  # log 0.9, log 0.3
       Array([[-0.10536057, -1.2039728 ]], dtype=float32)
     """
-    b, length = tokens.shape
-    starts = jnp.broadcast_to(jnp.asarray(prompt_lengths, jnp.int32), (b,))
+    fn = "completion_logprobs"
+    _checks.check_static_int("completion_len", completion_len, fn=fn)
     if not isinstance(completion_len, int) or completion_len < 1:
-        raise ValueError(f"completion_len must be a Python int >= 1 (the static N of the "
-                         f"[B, N] result), got {completion_len!r}")
-    if logits.shape[:2] != (b, length):
-        raise ValueError(f"logits must be [B, L, V] with [B, L] = tokens' {(b, length)}; "
-                         f"got {logits.shape}")
+        raise ValueError(f"{fn}: completion_len must be a Python int >= 1 (the static N of "
+                         f"the [B, N] result), got {completion_len!r}")
+    _checks.check_floating(fn, logits=logits)
+    _checks.check_integer(fn, tokens=tokens)
+    _checks.check_real(fn, prompt_lengths=prompt_lengths)
+    if len(_checks.shape_of(tokens)) != 2:
+        raise _checks.shape_error(fn, "tokens", "[B, L] (rows x prompt and completion "
+                                  "positions)", _checks.shape_of(tokens))
+    b, length = tokens.shape
+    if _checks.shape_of(logits)[:2] != (b, length) or len(_checks.shape_of(logits)) != 3:
+        raise _checks.shape_error(fn, "logits", f"[B, L, V] with [B, L] = tokens' {(b, length)}",
+                                  _checks.shape_of(logits))
+    _checks.check_scalar_or_rows(fn, "prompt_lengths", prompt_lengths, b)
+    starts = jnp.broadcast_to(jnp.asarray(prompt_lengths, jnp.int32), (b,))
     targets = jnp.clip(starts[:, None] + jnp.arange(completion_len), 0, length - 1)   # [B, N]
     scoring = jnp.clip(targets - 1, 0, length - 1)
     chosen_logits = jnp.take_along_axis(logits, scoring[..., None], axis=1)          # [B, N, V]
@@ -95,6 +119,8 @@ def entropy_from_logits(logits):
       >>> entropy_from_logits(jnp.zeros((1, 4)))  # uniform over 4: log 4
       Array([1.3862944], dtype=float32)
     """
+    _checks.check_floating("entropy_from_logits", logits=logits)
+    _checks.check_last_axis("entropy_from_logits", "logits", logits)
     logits = logits.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(probs * logits, axis=-1)

@@ -1,10 +1,11 @@
 """Per-token policy losses: the plain importance-weighted policy gradient (RLOO),
 PPO clip (GRPO, DAPO), GSPO, CISPO and SAPO.
 
-Every loss takes `[B, T]` log-probs, `[B]` or `[B, T]` advantages and a `[B, T]` mask,
-and returns `(loss_bt, diagnostics)`: the per-token loss (0 at masked positions, with
-exactly zero gradient there) and a dict of `[B, T]` stop-gradient diagnostics, 0 at
-masked positions. Every loss reports
+Every loss takes `[B, T]` float log-probs, `[B]`, `[B, 1]` or `[B, T]` advantages and a
+`[B, T]` mask (bool, int or float), checked at entry (trace time), and returns
+`(loss_bt, diagnostics)`: the per-token loss (0 at masked positions, with exactly zero
+gradient there) and a dict of `[B, T]` stop-gradient diagnostics, 0 at masked positions.
+Every loss reports
 
 - ``ratio``: its importance ratio per token (GSPO: the sequence ratio s_i);
 - ``kl_old``: r - 1 - log r with r = pi_theta / pi_old the token's ratio, the k3
@@ -43,6 +44,14 @@ def _masked_inputs(logp, old_logp, mask):
     logp = jnp.where(valid, _upcast(logp), 0.0)
     old_logp = sg(jnp.where(valid, _upcast(old_logp), 0.0))
     return logp, old_logp, valid
+
+
+def _check_inputs(fn, logp, old_logp, adv, mask):
+    """`[B, T]` float log-probs and mask, `[B]`, `[B, 1]` or `[B, T]` advantages."""
+    _checks.check_floating(fn, logp=logp, old_logp=old_logp)
+    _checks.check_real(fn, adv=adv, mask=mask)
+    batch = _checks.check_token_arrays(fn, logp=logp, old_logp=old_logp, mask=mask)
+    _checks.check_row_values(fn, "adv (advantages)", adv, batch, per_token=True)
 
 
 def _check_clip(eps_low, eps_high):
@@ -93,7 +102,7 @@ def pg_loss(logp, old_logp, adv, mask):
     Args:
       logp: `[B, T]` log-probs of the sampled tokens under the current policy.
       old_logp: `[B, T]` the same under the policy that sampled them.
-      adv: `[B]` or `[B, T]` advantages.
+      adv: `[B]`, `[B, 1]` or `[B, T]` advantages.
       mask: `[B, T]` response mask.
 
     Returns:
@@ -109,6 +118,7 @@ def pg_loss(logp, old_logp, adv, mask):
       Ahmadian et al., Back to Basics: Revisiting REINFORCE-Style Optimization for
       Learning from Human Feedback in LLMs (arXiv:2402.14740).
     """
+    _check_inputs("pg_loss", logp, old_logp, adv, mask)
     logp, old_logp, valid = _masked_inputs(logp, old_logp, mask)
     ratio = _token_ratio(logp, old_logp)
     loss = jnp.where(valid, -ratio * _per_token(adv, logp.shape), 0.0)
@@ -131,7 +141,7 @@ def ppo_clip_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=0.2, dual_
     Args:
       logp: `[B, T]` log-probs of the sampled tokens under the current policy.
       old_logp: `[B, T]` the same under the behaviour (rollout) policy.
-      adv: `[B]` or `[B, T]` advantages.
+      adv: `[B]`, `[B, 1]` or `[B, T]` advantages.
       mask: `[B, T]` response mask.
       eps_low: lower clip range, >= 0.
       eps_high: upper clip range, >= 0 (DAPO's clip-higher: 0.28).
@@ -153,6 +163,7 @@ def ppo_clip_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=0.2, dual_
     _check_clip(eps_low, eps_high)
     if dual_clip is not None:
         _checks.check_greater("dual_clip", dual_clip, 1.0)
+    _check_inputs("ppo_clip_loss", logp, old_logp, adv, mask)
     logp, old_logp, valid = _masked_inputs(logp, old_logp, mask)
     ratio = _token_ratio(logp, old_logp)
     loss, activity = _clipped_surrogate(ratio, _per_token(adv, logp.shape), valid,
@@ -174,7 +185,7 @@ def gspo_loss(logp, old_logp, adv, mask, *, eps_low=3e-4, eps_high=4e-4):
 
     Args:
       logp, old_logp: `[B, T]` current and behaviour log-probs.
-      adv: `[B]` (or `[B, T]`) advantages.
+      adv: `[B]` or `[B, 1]` (or `[B, T]`) advantages.
       mask: `[B, T]` response mask.
       eps_low, eps_high: the sequence-ratio clip range (the paper: 3e-4, 4e-4).
 
@@ -193,6 +204,7 @@ def gspo_loss(logp, old_logp, adv, mask, *, eps_low=3e-4, eps_high=4e-4):
       Zheng et al., Group Sequence Policy Optimization (2025), eq. 5-7 and 10-11.
     """
     _check_clip(eps_low, eps_high)
+    _check_inputs("gspo_loss", logp, old_logp, adv, mask)
     logp, old_logp, valid = _masked_inputs(logp, old_logp, mask)
     lengths = jnp.maximum(jnp.sum(valid, axis=-1, keepdims=True), 1)
     log_seq_ratio = jnp.clip(jnp.sum(logp - old_logp, axis=-1, keepdims=True) / lengths,
@@ -215,7 +227,7 @@ def cispo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high):
 
     Args:
       logp, old_logp: `[B, T]` current and behaviour log-probs.
-      adv: `[B]` or `[B, T]` advantages.
+      adv: `[B]`, `[B, 1]` or `[B, T]` advantages.
       mask: `[B, T]` response mask.
       eps_low, eps_high: the weight's clip range, >= 0.
 
@@ -233,6 +245,7 @@ def cispo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high):
       MiniMax, MiniMax-M1 (2025), sec. 3.1, eq. 4-5.
     """
     _check_clip(eps_low, eps_high)
+    _check_inputs("cispo_loss", logp, old_logp, adv, mask)
     logp, old_logp, valid = _masked_inputs(logp, old_logp, mask)
     ratio = _token_ratio(logp, old_logp)
     weight = sg(jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
@@ -255,7 +268,7 @@ def sapo_loss(logp, old_logp, adv, mask, *, tau_pos=1.0, tau_neg=1.05):
 
     Args:
       logp, old_logp: `[B, T]` current and behaviour log-probs.
-      adv: `[B]` or `[B, T]` advantages.
+      adv: `[B]`, `[B, 1]` or `[B, T]` advantages.
       mask: `[B, T]` response mask.
       tau_pos, tau_neg: gate temperatures (> 0) for positive and other advantages.
 
@@ -271,6 +284,7 @@ def sapo_loss(logp, old_logp, adv, mask, *, tau_pos=1.0, tau_neg=1.05):
     """
     _checks.check_greater("tau_pos", tau_pos, 0.0)
     _checks.check_greater("tau_neg", tau_neg, 0.0)
+    _check_inputs("sapo_loss", logp, old_logp, adv, mask)
     logp, old_logp, valid = _masked_inputs(logp, old_logp, mask)
     ratio = _token_ratio(logp, old_logp)
     adv = _per_token(adv, logp.shape)

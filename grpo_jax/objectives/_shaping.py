@@ -38,6 +38,8 @@ def overlong_penalty(lengths, *, max_len, cache_len):
     _checks.check_greater("max_len", max_len, 0)
     if max_len < cache_len:
         raise ValueError(f"cache_len must be <= max_len, got cache_len={cache_len} > max_len={max_len}")
+    _checks.check_real("overlong_penalty", lengths=lengths)
+    _checks.check_rows("overlong_penalty", "lengths", lengths)
     lengths = jnp.asarray(lengths, jnp.float32)
     zone_start = max_len - cache_len
     in_zone = (zone_start - lengths) / cache_len
@@ -62,6 +64,9 @@ def truncated_mask(mask, truncated):
     References:
       Yu et al., DAPO (2025), sec. 3.4.
     """
+    _checks.check_real("truncated_mask", mask=mask, truncated=truncated)
+    rows, _ = _checks.check_token_arrays("truncated_mask", mask=mask)
+    _checks.check_rows("truncated_mask", "truncated", truncated, rows=rows)
     return jnp.where(jnp.asarray(truncated, bool)[:, None], jnp.zeros_like(mask), mask)
 
 
@@ -82,7 +87,9 @@ def group_has_signal(rewards, group_size):
     References:
       Yu et al., DAPO (2025), sec. 3.2, eq. 11.
     """
-    _checks.check_group_size(group_size, rewards.shape[0])
+    _checks.check_real("group_has_signal", rewards=rewards)
+    _checks.check_rows("group_has_signal", "rewards", rewards)
+    _checks.check_group_size(group_size, rewards.shape[0], fn="group_has_signal")
     grouped = rewards.reshape(-1, group_size)
     return jnp.max(grouped, axis=1) != jnp.min(grouped, axis=1)
 
@@ -97,7 +104,9 @@ def importance_weights(old_logp, behaviour_logp, mask, *, level="token", cap=2.0
 
     ``"truncate"`` caps w at `cap` (truncated importance sampling); ``"mask"`` zeroes
     tokens (or whole sequences) whose weight lies outside [1/cap, cap]. The result is a
-    constant (stop-gradient) that multiplies the per-token loss.
+    constant (stop-gradient) that multiplies the per-token loss. The symmetric special
+    case of `rollout_correction` (which adds the geometric level, free bounds such as
+    IcePop's [0.5, 5] and the shares masked or truncated); the composer uses that.
 
     Args:
       old_logp: `[B, T]` log-probs recomputed by the trainer (the policy of record).
@@ -119,19 +128,17 @@ def importance_weights(old_logp, behaviour_logp, mask, *, level="token", cap=2.0
       Yao et al., Your Efficient RL Framework Secretly Brings You Off-Policy RL
       Training (TIS, 2025); Espeholt et al., IMPALA (2018).
     """
+    from grpo_jax.objectives._mismatch import rollout_correction
     _checks.check_choice("level", level, IMPORTANCE_LEVELS)
     _checks.check_choice("mode", mode, IMPORTANCE_MODES)
     _checks.check_greater("cap", cap, 1.0 if mode == "mask" else 0.0)
-    valid = mask.astype(bool)
-    log_w = jnp.where(valid, old_logp - behaviour_logp, 0.0)
-    if level == "sequence":
-        log_w = jnp.broadcast_to(jnp.sum(log_w, axis=-1, keepdims=True), log_w.shape)
-    w = jnp.exp(jnp.clip(log_w, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    if mode == "truncate":
-        w = jnp.minimum(w, cap)
-    else:
-        w = jnp.where((w >= 1.0 / cap) & (w <= cap), w, 0.0)
-    return jax.lax.stop_gradient(jnp.where(valid, w, 0.0))
+    fn = "importance_weights"
+    _checks.check_floating(fn, old_logp=old_logp, behaviour_logp=behaviour_logp)
+    _checks.check_real(fn, mask=mask)
+    _checks.check_token_arrays(fn, old_logp=old_logp, behaviour_logp=behaviour_logp, mask=mask)
+    low = 1.0 / cap if mode == "mask" else None
+    return rollout_correction(old_logp, behaviour_logp, mask, level=level, mode=mode, low=low,
+                              high=cap)[0]
 
 
 def offpolicy_sequence_mask(logp, old_logp, adv, mask, *, delta):
@@ -154,9 +161,10 @@ def offpolicy_sequence_mask(logp, old_logp, adv, mask, *, delta):
     Args:
       logp: `[B, T]` log-probs under the current policy (read without gradient).
       old_logp: `[B, T]` log-probs under the policy that sampled the tokens.
-      adv: `[B]` advantages, or `[B, T]` per-token advantages; then A_i is their mean over
-        the row's valid tokens (REINFORCE++ with gamma = 1 and no token rewards gives
-        every token of a row the same advantage, so this is the paper's rule exactly).
+      adv: `[B]` (or `[B, 1]`) advantages, or `[B, T]` per-token advantages; then A_i is
+        their mean over the row's valid tokens (REINFORCE++ with gamma = 1 and no token
+        rewards gives every token of a row the same advantage, so this is the paper's
+        rule exactly).
       mask: `[B, T]` response mask.
       delta: the threshold, >= 0. A row without valid tokens is kept (M = 1).
 
@@ -173,6 +181,11 @@ def offpolicy_sequence_mask(logp, old_logp, adv, mask, *, delta):
       DeepSeek-AI, DeepSeek-V3.2 (arXiv:2512.02556), sec. 3.1, eq. 8-9.
     """
     _checks.check_nonnegative("delta", delta)
+    fn = "offpolicy_sequence_mask"
+    _checks.check_floating(fn, logp=logp, old_logp=old_logp)
+    _checks.check_real(fn, adv=adv, mask=mask)
+    batch = _checks.check_token_arrays(fn, logp=logp, old_logp=old_logp, mask=mask)
+    _checks.check_row_values(fn, "adv (advantages)", adv, batch, per_token=True)
     valid = mask.astype(bool)
     count = jnp.maximum(jnp.sum(valid, axis=-1, dtype=jnp.float32), 1.0)
     log_old_over_new = jnp.where(valid, old_logp - logp, 0.0).astype(jnp.float32)

@@ -48,6 +48,10 @@ def value_loss(values, old_values, returns, mask, *, clip=None):
     """
     if clip is not None:
         _checks.check_greater("clip", clip, 0.0)
+    _checks.check_floating("value_loss", values=values, old_values=old_values)
+    _checks.check_real("value_loss", returns=returns, mask=mask)
+    _checks.check_token_arrays("value_loss", values=values, old_values=old_values,
+                               returns=returns, mask=mask)
     valid = mask.astype(bool)
     f32 = lambda x: jnp.where(valid, x.astype(jnp.float32), 0.0)
     values = f32(values)
@@ -91,6 +95,9 @@ def explained_variance(values, returns, mask):
     References:
       Dhariwal et al., OpenAI Baselines (2017), `explained_variance`, logged by ppo2.
     """
+    _checks.check_floating("explained_variance", values=values)
+    _checks.check_real("explained_variance", returns=returns, mask=mask)
+    _checks.check_token_arrays("explained_variance", values=values, returns=returns, mask=mask)
     valid = mask.astype(bool)
     count = jnp.maximum(jnp.sum(valid, dtype=jnp.float32), 1.0)
 

@@ -147,7 +147,7 @@ def make_counts(objective):
         mask = objective.loss_mask(minibatch)
         counts = {"num_tokens": jnp.sum(mask, dtype=jnp.float32),
                   "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
-        if objective.config.positive_nll_weight > 0:
+        if objective.spec.positive_nll_weight > 0:
             counts["num_positive_tokens"] = jnp.sum(mask * minibatch["correct"][:, None],
                                                     dtype=jnp.float32)
         return counts
@@ -228,6 +228,7 @@ def train(config, workdir, *, seconds=None):
     logp_fn = batch_lib.make_logprob_fn(policy.graphdef, mesh, temperature=temperature,
                                         num_pieces=pieces)
     advantages_fn = jax.jit(objective.advantages)
+    mismatch_fn = jax.jit(objectives.mismatch_metrics)   # sampler vs trainer log-probs
     copy = lambda params: jax.tree.map(jnp.copy, params)
     ref_params = copy(policy.params) if cfg.objective.kl.beta > 0 else None
     lagged = [copy(policy.params) for _ in range(cfg.rollout.policy_lag)]
@@ -289,6 +290,9 @@ def train(config, workdir, *, seconds=None):
             if not pretraining:
                 if cfg.train.old_logp == "recompute":
                     batch["old_logp"] = logp_fn(behaviour.params, batch)
+                    metrics.update({f"mismatch/{k}": float(v) for k, v in jax.device_get(
+                        mismatch_fn(batch["old_logp"], batch["behaviour_logp"],
+                                    objective.loss_mask(batch))).items()})
                 else:
                     batch["old_logp"] = batch["behaviour_logp"]
                 if ref_params is not None:

@@ -17,8 +17,6 @@ def _load_script():
 
 @pytest.mark.slow
 def test_quick_run_prints_every_table(capsys):
-    pytest.importorskip("ml_collections", reason="its table 3 builds DAPO from configs/dapo.py: "
-                                                 "the train extra")
     bench = _load_script()
     bench.main(["--quick"])
     out = capsys.readouterr().out

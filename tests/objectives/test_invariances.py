@@ -94,7 +94,7 @@ class TestMicroBatching:
         kept = objectives.truncated_mask(batch["mask"], batch["truncated"])
         loss_fn, fields = objectives.POLICY_LOSSES[kind]
         per_token = loss_fn(logp, batch["old_logp"], batch["advantages"], kept,
-                            **{f: objective.config.loss[f] for f in fields})[0]
+                            **{f: getattr(objective.spec, f) for f in fields})[0]
         pure = objectives.aggregate(per_token, kept, mode=mode)
         np.testing.assert_allclose(full_loss, pure, rtol=1e-6, atol=1e-7)
 

@@ -1,0 +1,290 @@
+"""An objective's hyper-parameters as one frozen value: `ObjectiveSpec`.
+
+The composer (`policy_objective`) and the presets (`grpo_jax.objectives.presets`) build
+from it; a recipe's ``config.objective`` section (nested: ``loss.eps_high``) converts to
+it once, at construction, so an objective never changes after it is built and a typo in
+a field name is an error that names the closest field.
+
+Each field has a flat keyword (what presets and `ObjectiveSpec` take) and a config path
+(the nested ``objective`` section of a recipe); `CONFIG_PATHS` maps one to the other.
+"""
+
+import dataclasses
+import difflib
+from typing import Any, Mapping
+
+from grpo_jax.objectives import _checks
+from grpo_jax.objectives._aggregation import AGGREGATION_MODES
+from grpo_jax.objectives._kl import KL_KINDS
+
+OVERLONG_MODES = ("none", "mask")
+ADVANTAGE_SCALES = ("group", "batch", "none")
+# Losses whose paper defines the objective per answer: 1/G sum_i 1/|y_i| sum_t.
+PER_ANSWER_LOSSES = {"gspo": "Zheng et al., arXiv:2507.18071, eq. 5",
+                     "sapo": "Gao et al., arXiv:2511.20347, the SAPO objective"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSpec:
+    """Every hyper-parameter of a policy objective; frozen, checked when made.
+
+    Flat keyword (config path under ``objective``), default, meaning:
+
+    group_size (group_size), required: G, the completions per prompt; rows are P
+      prompts x G completions laid out consecutively, and G must divide the batch.
+    estimator (advantage.estimator) "group": "group" (GRPO, Dr. GRPO), "rloo",
+      "reinforce_pp", "gdpo", or "gae" (PPO, VAPO: GAE over batch["values"]).
+    advantage_scale (advantage.scale) "group": group estimator's divisor: the group's
+      std ("group"), the batch's ("batch"), none ("none", Dr. GRPO).
+    ddof (advantage.ddof) 0: the std's ddof (0 population; TRL and verl use 1).
+    advantage_eps (advantage.eps) 1e-6: added to the std before dividing.
+    gamma (advantage.gamma) 1.0: reinforce_pp and gae discount.
+    baseline (advantage.baseline) False: reinforce_pp subtracts the group mean first.
+    lam (advantage.lam) 0.95: gae's lambda.
+    lam_alpha (advantage.lam_alpha) 0.0: > 0, VAPO's length-adaptive lambda
+      1 - 1/(alpha * length) replaces lam.
+    whiten (advantage.whiten) True: gae whitens its advantages over the batch's tokens.
+    policy_loss (loss.kind) "ppo_clip": "pg", "ppo_clip", "gspo", "cispo", "sapo".
+    eps_low, eps_high (loss.eps_low, loss.eps_high) 0.2, 0.2: the clip range.
+    dual_clip (loss.dual_clip) None: c > 1 caps -r A at -c A for A < 0 (ppo_clip).
+    tau_pos, tau_neg (loss.tau_pos, loss.tau_neg) 1.0, 1.05: sapo's gate temperatures.
+    aggregation (aggregation.mode) "token-mean": how per-token losses become a scalar
+      (`aggregate`).
+    norm_len (aggregation.norm_len) None: seq-mean-token-sum-norm's constant (None: T).
+    allow_other_modes (aggregation.allow_other_modes) False: let gspo and sapo, defined
+      per answer (seq-mean-token-mean), run with another aggregation on purpose.
+    kl_beta (kl.beta) 0.0: weight of the KL to the reference (batch["ref_logp"]).
+    kl_kind (kl.kind) "k3": "k1", "k2", "k3" or "k3_unbiased" (`kl_penalty`).
+    kl_in_reward (kl.in_reward) False: reinforce_pp folds -beta KL into token rewards.
+    entropy_coef (entropy_coef) 0.0: weight of the entropy bonus (batch["entropy"]).
+    positive_nll_weight (positive_nll_weight) 0.0: VAPO's weight on the NLL of the
+      batch's correct answers (batch["correct"]).
+    overlong (overlong.mode) "none": "mask" drops truncated answers from the loss and its
+      token count (DAPO's overlong filtering).
+    offpolicy_mask (offpolicy_mask.enabled) False: DeepSeek-V3.2's off-policy sequence
+      mask (`offpolicy_sequence_mask`) ...
+    offpolicy_delta (offpolicy_mask.delta) 0.5: ... and its threshold.
+    importance (importance.enabled) False: weight the loss by pi_old / pi_behaviour, the
+      sampler/trainer mismatch correction (batch["behaviour_logp"]; `rollout_correction`)
+      ... With old_logp from a proximal policy and behaviour_logp from a stale one, and
+      mode "mask", low 0, high = cap, this is decoupled PPO (AReaL, arXiv:2505.24298,
+      eq. 5, `decoupled_ppo_loss`) ...
+    importance_level (importance.level) "token": ... per "token", "sequence" (product of
+      the token ratios) or "geometric" (their geometric mean) ...
+    importance_mode (importance.mode) "truncate": ... capped at high ("truncate", TIS) or
+      zero outside [low, high] ("mask", MIS / IcePop) ...
+    importance_low, importance_high (importance.low, importance.high) None, None: ... the
+      bounds; None takes the papers' values: high 2 for "truncate" (TIS), [0.5, 5] for
+      "mask" (IcePop, arXiv:2510.18855).
+    """
+
+    group_size: int
+    estimator: str = "group"
+    advantage_scale: str = "group"
+    ddof: int = 0
+    advantage_eps: float = 1e-6
+    gamma: float = 1.0
+    baseline: bool = False
+    lam: float = 0.95
+    lam_alpha: float = 0.0
+    whiten: bool = True
+    policy_loss: str = "ppo_clip"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    aggregation: str = "token-mean"
+    norm_len: int | None = None
+    allow_other_modes: bool = False
+    kl_beta: float = 0.0
+    kl_kind: str = "k3"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    positive_nll_weight: float = 0.0
+    overlong: str = "none"
+    offpolicy_mask: bool = False
+    offpolicy_delta: float = 0.5
+    importance: bool = False
+    importance_level: str = "token"
+    importance_mode: str = "truncate"
+    importance_low: float | None = None
+    importance_high: float | None = None
+
+    def __post_init__(self):
+        _validate(self)
+
+    def replace(self, **changes):
+        """A copy with `changes` (flat keywords); unknown names are rejected."""
+        check_keywords(changes, "ObjectiveSpec.replace")
+        return dataclasses.replace(self, **changes)
+
+    def config_items(self):
+        """``(config path, value)`` for every field, in declaration order."""
+        return [(CONFIG_PATHS[f.name], getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+
+CONFIG_PATHS = {
+    "group_size": "group_size",
+    "estimator": "advantage.estimator",
+    "advantage_scale": "advantage.scale",
+    "ddof": "advantage.ddof",
+    "advantage_eps": "advantage.eps",
+    "gamma": "advantage.gamma",
+    "baseline": "advantage.baseline",
+    "lam": "advantage.lam",
+    "lam_alpha": "advantage.lam_alpha",
+    "whiten": "advantage.whiten",
+    "policy_loss": "loss.kind",
+    "eps_low": "loss.eps_low",
+    "eps_high": "loss.eps_high",
+    "dual_clip": "loss.dual_clip",
+    "tau_pos": "loss.tau_pos",
+    "tau_neg": "loss.tau_neg",
+    "aggregation": "aggregation.mode",
+    "norm_len": "aggregation.norm_len",
+    "allow_other_modes": "aggregation.allow_other_modes",
+    "kl_beta": "kl.beta",
+    "kl_kind": "kl.kind",
+    "kl_in_reward": "kl.in_reward",
+    "entropy_coef": "entropy_coef",
+    "positive_nll_weight": "positive_nll_weight",
+    "overlong": "overlong.mode",
+    "offpolicy_mask": "offpolicy_mask.enabled",
+    "offpolicy_delta": "offpolicy_mask.delta",
+    "importance": "importance.enabled",
+    "importance_level": "importance.level",
+    "importance_mode": "importance.mode",
+    "importance_low": "importance.low",
+    "importance_high": "importance.high",
+}
+_KEYWORD_OF_PATH = {path: name for name, path in CONFIG_PATHS.items()}
+
+
+def _closest(name, candidates):
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.5)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def check_keywords(changes, where):
+    """Raises TypeError naming the first keyword of `changes` that is not a field."""
+    for name in changes:
+        if name not in CONFIG_PATHS:
+            raise TypeError(f"{where}: unknown objective keyword {name!r}"
+                            f"{_closest(name, CONFIG_PATHS)} (every keyword, with its config "
+                            "path: grpo_jax.objectives.ObjectiveSpec)")
+
+
+def _leaves(section, prefix=""):
+    """``(dotted path, value)`` of every leaf of a nested mapping (a ConfigDict too)."""
+    for key, value in section.items():
+        path = f"{prefix}{key}"
+        if hasattr(value, "items") and not isinstance(value, ObjectiveSpec):
+            yield from _leaves(value, f"{path}.")
+        else:
+            yield path, value
+
+
+def objective_spec(config: Any) -> ObjectiveSpec:
+    """The frozen `ObjectiveSpec` of an ``objective`` section, a nested dict, or a spec.
+
+    A section may leave fields out (they take `ObjectiveSpec`'s defaults) but must give
+    group_size; a path that is not a field raises ValueError naming the closest one.
+    """
+    if isinstance(config, ObjectiveSpec):
+        return config
+    if not hasattr(config, "items"):
+        raise TypeError(f"an objective is built from an ObjectiveSpec, a preset "
+                        f"(grpo_jax.objectives.presets) or a recipe's config.objective "
+                        f"section (a nested mapping); got {type(config).__name__}")
+    values = {}
+    for path, value in _leaves(config):
+        if path == "importance.cap":
+            raise ValueError("objective.importance.cap is now objective.importance.high (the "
+                             "truncation cap, or the mask's upper bound) with "
+                             "objective.importance.low (the mask's lower bound)")
+        if path not in _KEYWORD_OF_PATH:
+            match = difflib.get_close_matches(path, list(_KEYWORD_OF_PATH), n=1, cutoff=0.5)
+            hint = f"; did you mean objective.{match[0]}?" if match else ""
+            raise ValueError(f"objective.{path} is not an objective field{hint}")
+        values[_KEYWORD_OF_PATH[path]] = value
+    if "group_size" not in values:
+        raise ValueError("objective.group_size is missing: set it to G, the completions per "
+                         "prompt (the batch's rows are P prompts x G completions)")
+    return ObjectiveSpec(**values)
+
+
+def _field(name):
+    return f"objective.{CONFIG_PATHS[name]}"
+
+
+def _validate(spec):
+    """Raises ValueError naming the first impossible field (by its config path)."""
+    from grpo_jax.objectives._compose import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+    from grpo_jax.objectives._mismatch import MISMATCH_LEVELS, MISMATCH_MODES, resolve_bounds
+    _checks.check_static_int("objective.group_size", spec.group_size)
+    if not isinstance(spec.group_size, int) or isinstance(spec.group_size, bool) \
+            or spec.group_size < 1:
+        raise ValueError(f"objective.group_size must be an integer >= 1, got {spec.group_size!r}")
+    _checks.check_choice(_field("estimator"), spec.estimator, tuple(ADVANTAGE_ESTIMATORS))
+    _checks.check_choice(_field("policy_loss"), spec.policy_loss, tuple(POLICY_LOSSES))
+    _checks.check_choice(_field("aggregation"), spec.aggregation, AGGREGATION_MODES)
+    _checks.check_choice(_field("kl_kind"), spec.kl_kind, KL_KINDS)
+    if spec.overlong == "penalty":
+        raise ValueError("objective.overlong.mode='penalty' is gone: DAPO's soft overlong "
+                         "penalty is a reward; add (\"overlong\", weight, {\"max_len\": ..., "
+                         "\"cache_len\": ...}) to reward.specs and set objective.overlong.mode "
+                         "to 'none' (or 'mask' to also drop truncated answers)")
+    _checks.check_choice(_field("overlong"), spec.overlong, OVERLONG_MODES)
+    _checks.check_choice(_field("importance_level"), spec.importance_level, MISMATCH_LEVELS)
+    _checks.check_choice(_field("importance_mode"), spec.importance_mode, MISMATCH_MODES)
+    try:
+        resolve_bounds(spec.importance_mode, spec.importance_low, spec.importance_high)
+    except ValueError as error:
+        raise ValueError(f"objective.importance (mode {spec.importance_mode!r}, low "
+                         f"{spec.importance_low}, high {spec.importance_high}): {error}") from None
+    _checks.check_choice(_field("advantage_scale"), spec.advantage_scale, ADVANTAGE_SCALES)
+    for name in ("eps_low", "eps_high", "kl_beta", "offpolicy_delta", "positive_nll_weight",
+                 "lam_alpha"):
+        _checks.check_nonnegative(_field(name), getattr(spec, name))
+    if spec.dual_clip is not None:
+        _checks.check_greater(_field("dual_clip"), spec.dual_clip, 1.0)
+    for name in ("gamma", "lam"):
+        _checks.check_unit_interval(_field(name), getattr(spec, name))
+    if spec.estimator == "rloo" and spec.group_size < 2:
+        raise ValueError(f"objective.group_size must be >= 2 for rloo, got {spec.group_size}")
+    if spec.kl_in_reward and spec.estimator != "reinforce_pp":
+        raise ValueError("objective.kl.in_reward=True needs objective.advantage.estimator="
+                         f"'reinforce_pp' (token rewards); got {spec.estimator!r}")
+    if spec.kl_in_reward and spec.kl_kind == "k3_unbiased":
+        raise ValueError("objective.kl.kind='k3_unbiased' corrects the KL loss's gradient; "
+                         "a KL folded into the reward (objective.kl.in_reward=True) has none: "
+                         "use kind 'k1', 'k2' or 'k3' there")
+    kind, mode = spec.policy_loss, spec.aggregation
+    if kind in PER_ANSWER_LOSSES and mode != "seq-mean-token-mean" and not spec.allow_other_modes:
+        raise ValueError(
+            f"objective.aggregation.mode={mode!r} changes the {kind} objective, which its paper "
+            f"({PER_ANSWER_LOSSES[kind]}) defines with 'seq-mean-token-mean'; set "
+            "objective.aggregation.mode='seq-mean-token-mean', or "
+            "objective.aggregation.allow_other_modes=True to run this variant on purpose")
+
+
+def spec_as_nested_dict(spec: ObjectiveSpec) -> dict[str, Any]:
+    """``{"group_size": G, "loss": {"kind": ..., ...}, ...}``: the config section's shape."""
+    out: dict[str, Any] = {}
+    for path, value in spec.config_items():
+        *sections, leaf = path.split(".")
+        node = out
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = value
+    return out
+
+
+def field_types() -> Mapping[str, type]:
+    """Config path -> the Python type of its value (for None defaults: the type it takes)."""
+    types = {"dual_clip": float, "norm_len": int, "importance_low": float,
+             "importance_high": float}
+    return {CONFIG_PATHS[f.name]: types.get(f.name, type(f.default) if f.default is not
+                                            dataclasses.MISSING else int)
+            for f in dataclasses.fields(ObjectiveSpec)}
