@@ -67,26 +67,31 @@ def _objective_metrics(kind):
     cfg.loss.kind = kind
     if kind == "ppo_clip":
         cfg.loss.dual_clip = 3.0
-    if kind in ("gspo", "sapo"):   # defined per answer
+    if kind in ("gspo", "sapo", "gmpo"):   # defined per answer
         cfg.aggregation.mode = "seq-mean-token-mean"
     cfg.kl.beta, cfg.entropy_coef, cfg.positive_nll_weight = 0.1, 0.01, 0.1
-    cfg.importance.enabled = cfg.offpolicy_mask.enabled = True
+    cfg.importance.enabled = cfg.offpolicy_mask.enabled = cfg.m2po.enabled = True
     rng = np.random.default_rng(0)
     logp = lambda: jnp.asarray(rng.normal(-2.0, 0.5, (4, 3)), jnp.float32)
     batch = {"old_logp": logp(), "behaviour_logp": logp(), "ref_logp": logp(),
              "entropy": jnp.ones((4, 3)), "mask": jnp.ones((4, 3)),
              "rewards": jnp.array([1.0, 0.0, 0.0, 1.0]),
-             "correct": jnp.array([1.0, 0.0, 0.0, 1.0])}
+             "correct": jnp.array([1.0, 0.0, 0.0, 1.0]), "loss_seed": jnp.arange(4)}
     _, metrics = objectives.policy_objective(cfg)(logp(), batch)
     return metrics
 
 
-@pytest.mark.parametrize("kind", ["pg", "ppo_clip", "gspo", "cispo", "sapo"])
+@pytest.mark.parametrize("kind", ["pg", "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "dppo",
+                                  "clip_cov", "kl_cov"])
 def test_every_objective_metric_is_documented(kind):
     metrics = _objective_metrics(kind)
-    options = {"kl_ref", "entropy", "importance_weight", "offpolicy_masked", "positive_nll"}
-    activity = {"ppo_clip": {"clip_low", "clip_high", "clip_dual"}, "gspo": {"clip_low", "clip_high"},
-                "cispo": {"clip_low", "clip_high"}, "sapo": {"gate_scale"}, "pg": set()}[kind]
+    options = {"kl_ref", "entropy", "importance_weight", "importance_truncated",
+               "offpolicy_masked", "positive_nll", "m2po_masked"}
+    clips = {"clip_low", "clip_high"}
+    activity = {"ppo_clip": clips | {"clip_dual"}, "gspo": clips, "cispo": clips,
+                "sapo": {"gate_scale"}, "pg": set(), "gmpo": clips,
+                "dppo": clips | {"divergence", "ratio_capped"}, "clip_cov": clips | {"cov_detached"},
+                "kl_cov": {"cov_penalized"}}[kind]
     assert {"loss", "policy_loss", "ratio", "kl_old"} | options | activity <= set(metrics)
     assert readme_metrics.undocumented(metrics) == []
 

@@ -1,7 +1,7 @@
 """GRPO-family and PPO objectives: pure functions of arrays, importable into any JAX model.
 
-Nothing here sees a model, a config object or an RNG, except the composer
-(`policy_objective`), which reads an `ObjectiveSpec` (or a recipe's config section,
+Nothing here sees a model or a config object, and only `clip_cov_loss` takes a PRNG key
+(an argument), except the composer (`policy_objective`), which reads an `ObjectiveSpec` (or a recipe's config section,
 converted to one once) and returns a pure function; `presets` builds each method's
 objective by name (``presets.dapo(group_size=16)``). docs/design.md gives the exact
 semantics of each, side by side.
@@ -27,9 +27,13 @@ from grpo_jax.objectives._compose import ADVANTAGE_ESTIMATORS
 from grpo_jax.objectives._compose import OVERLONG_MODES
 from grpo_jax.objectives._compose import POLICY_LOSSES
 from grpo_jax.objectives._compose import PolicyObjective
+from grpo_jax.objectives._compose import RANDOM_LOSSES
 from grpo_jax.objectives._compose import policy_objective
 from grpo_jax.objectives._compose import register_advantage_estimator
 from grpo_jax.objectives._compose import register_policy_loss
+from grpo_jax.objectives._covariance import clip_cov_loss
+from grpo_jax.objectives._covariance import kl_cov_loss
+from grpo_jax.objectives._covariance import token_covariance
 from grpo_jax.objectives._compose import validate_objective_config
 from grpo_jax.objectives._kl import KL_KINDS
 from grpo_jax.objectives._kl import kl_penalty
@@ -52,6 +56,10 @@ from grpo_jax.objectives._shaping import truncated_mask
 from grpo_jax.objectives._spec import CONFIG_PATHS
 from grpo_jax.objectives._spec import ObjectiveSpec
 from grpo_jax.objectives._spec import objective_spec
+from grpo_jax.objectives._trust_region import binary_divergence
+from grpo_jax.objectives._trust_region import dppo_loss
+from grpo_jax.objectives._trust_region import gmpo_loss
+from grpo_jax.objectives._trust_region import m2po_mask
 from grpo_jax.objectives._value import explained_variance
 from grpo_jax.objectives._value import value_loss
 from grpo_jax.objectives import presets  # noqa: E402  (after the functions it builds on)

@@ -28,6 +28,9 @@ The batch is a dict of arrays (B = P * G rows, T response tokens):
                                   ``old_logp`` then holds the trainer's); read by
                                   offpolicy_mask when present, else ``old_logp``
   ``truncated``         [B]       overlong.mode == "mask"
+  ``loss_seed``         [B] int   loss.kind == "clip_cov": per-row seeds of its random
+                                  draw (the key is the first row's seed; a trainer
+                                  gives every row and step its own)
   ``num_tokens``        scalar    optional: GLOBAL count of `loss_mask` tokens
   ``num_seqs``          scalar    optional: GLOBAL count of real rows
   ``num_positive_       scalar    optional: GLOBAL count of `loss_mask` tokens of
@@ -52,16 +55,24 @@ Metrics, each a scalar:
   ``kl_ref``             the KL-to-reference estimate (kl.kind) of        aggregation mode
                          KL(pi_theta || pi_ref), before beta; when
                          kl.beta > 0 and not kl.in_reward
-  ``ratio``              pi_theta / pi_old per token (gspo: s_i)          token mean
+  ``ratio``              pi_theta / pi_old per token (gspo: s_i; gmpo:    token mean
+                         the unclipped geometric mean of its answer)
   ``kl_old``             r - 1 - log r: the k3 estimate of                token mean
                          KL(pi_old || pi_theta) from pi_old's samples
   ``clip_low``           share of tokens the lower clip binds             token mean
-                         (ppo_clip, gspo, cispo)
+                         (ppo_clip, gspo, cispo, gmpo, clip_cov; dppo:
+                         A < 0 tokens out of its trust region)
   ``clip_high``          share of tokens the upper (eps_high) clip binds  token mean
-                         (ppo_clip, gspo, cispo)
+                         (same losses; dppo: A > 0 tokens out of it)
   ``clip_dual``          share of tokens the dual clip caps (ppo_clip     token mean
                          with loss.dual_clip)
   ``gate_scale``         sapo's factor on each token's policy gradient    token mean
+  ``divergence``         dppo's binary TV or KL between pi_theta and      token mean
+                         pi_old on the sampled token
+  ``ratio_capped``       share of tokens whose dppo weight is capped      token mean
+  ``cov_detached``       share of tokens clip_cov leaves out              token mean
+  ``cov_penalized``      share of tokens kl_cov penalises                 token mean
+  ``m2po_masked``        share of tokens M2PO's mask drops (m2po)         token mean
   ``importance_weight``  the sampler/trainer correction weight            token mean
                          (importance.enabled), after its bounds
   ``importance_masked``  share of tokens whose weight the mask zeroes     token mean
@@ -85,6 +96,7 @@ token of `loss_mask`, rows the off-policy mask drops included.
 import dataclasses
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 
 from grpo_jax.objectives._advantages import (gae, gdpo_advantages, group_advantages,
@@ -93,8 +105,10 @@ from grpo_jax.objectives._advantages import (gae, gdpo_advantages, group_advanta
                                              rloo_advantages)
 from grpo_jax.objectives._aggregation import aggregate
 from grpo_jax.objectives._kl import kl_penalty
+from grpo_jax.objectives._covariance import clip_cov_loss, kl_cov_loss
 from grpo_jax.objectives._policy_losses import (cispo_loss, gspo_loss, pg_loss, ppo_clip_loss,
                                                 sapo_loss)
+from grpo_jax.objectives._trust_region import dppo_loss, gmpo_loss, m2po_mask
 from grpo_jax.objectives._mismatch import rollout_correction
 from grpo_jax.objectives._shaping import offpolicy_sequence_mask, truncated_mask
 from grpo_jax.objectives._spec import OVERLONG_MODES, ObjectiveSpec, objective_spec
@@ -162,6 +176,7 @@ ADVANTAGE_ESTIMATORS = {
 }
 
 # --- Policy losses: name -> (function, the ObjectiveSpec fields passed as keywords).
+# A field is its keyword's name, or (spec field, keyword) where the two differ.
 
 POLICY_LOSSES = {
     "pg": (pg_loss, ()),
@@ -169,7 +184,16 @@ POLICY_LOSSES = {
     "gspo": (gspo_loss, ("eps_low", "eps_high")),
     "cispo": (cispo_loss, ("eps_low", "eps_high")),
     "sapo": (sapo_loss, ("tau_pos", "tau_neg")),
+    "gmpo": (gmpo_loss, ("eps_low", "eps_high")),
+    "dppo": (dppo_loss, (("dppo_divergence", "divergence"), ("dppo_delta_low", "delta_low"),
+                         ("dppo_delta_high", "delta_high"), ("dppo_ratio_cap", "ratio_cap"))),
+    "clip_cov": (clip_cov_loss, (("clip_cov_fraction", "clip_fraction"),
+                                 ("clip_cov_low", "cov_low"), ("clip_cov_high", "cov_high"),
+                                 "eps_low", "eps_high")),
+    "kl_cov": (kl_cov_loss, (("kl_cov_fraction", "kl_fraction"), ("kl_cov_coef", "kl_coef"))),
 }
+# Losses that draw at random: their key comes from the batch's per-row seeds.
+RANDOM_LOSSES = {"clip_cov"}
 
 
 def register_advantage_estimator(name, fn):
@@ -181,10 +205,25 @@ def register_advantage_estimator(name, fn):
 def register_policy_loss(name, fn, fields):
     """Adds a per-token loss `fn(logp, old_logp, adv, mask, **{f: spec.f for f in fields})`.
 
-    `fields` are `ObjectiveSpec` keywords (e.g. ``("eps_low", "eps_high")``); bind other
+    `fields` are `ObjectiveSpec` keywords (e.g. ``("eps_low", "eps_high")``), or
+    ``(spec field, keyword)`` pairs where `fn` names it otherwise; bind other
     hyper-parameters with functools.partial before registering.
     """
     POLICY_LOSSES[name] = (fn, tuple(fields))
+
+
+def _keyword(spec, field):
+    """A registry field -> ``(keyword, value)`` from `spec`."""
+    name, keyword = (field, field) if isinstance(field, str) else field
+    return keyword, getattr(spec, name)
+
+
+def _loss_key(batch):
+    """The PRNG key of a random loss: from ``batch["loss_seed"]``, `[B]` integers (one
+    per row, so a trainer's row splits carry them); a micro-batch draws with the key of
+    its first row's seed."""
+    seeds = _require(batch, "loss_seed", "objective.loss.kind='clip_cov' (its random draw)")
+    return jax.random.key(seeds[0])
 
 
 def _require(batch, key, why):
@@ -257,7 +296,10 @@ class PolicyObjective:
         mask = self.loss_mask(batch)
         num_tokens, num_seqs = batch.get("num_tokens"), batch.get("num_seqs")
         adv = batch["advantages"] if "advantages" in batch else self.advantages(batch)
-        per_token, diagnostics = self.loss_fn(logp, batch["old_logp"], adv, mask, **self.loss_kwargs)
+        kwargs = dict(self.loss_kwargs)
+        if spec.policy_loss in RANDOM_LOSSES:
+            kwargs["key"] = _loss_key(batch)
+        per_token, diagnostics = self.loss_fn(logp, batch["old_logp"], adv, mask, **kwargs)
         metrics = {}
         if spec.importance:   # pi_old (trainer) vs the sampler's behaviour policy
             weights, correction = rollout_correction(
@@ -276,6 +318,11 @@ class PolicyObjective:
             per_token = per_token * keep[:, None]
             metrics["offpolicy_masked"] = jnp.sum(1.0 - keep) / (
                 mask.shape[0] if num_seqs is None else num_seqs)
+        if spec.m2po:   # M2PO: the largest squared log-ratios until their mean fits tau
+            keep = m2po_mask(logp, batch.get("behaviour_logp", batch["old_logp"]), mask,
+                             tau=spec.m2po_tau)
+            per_token = per_token * keep
+            diagnostics = {**diagnostics, "m2po_masked": (1.0 - keep) * mask}
         if "entropy" in batch:
             diagnostics = {**diagnostics, "entropy": batch["entropy"]}
 
@@ -330,5 +377,5 @@ def policy_objective(config, *, reward_weights=None):
         spec=spec,
         advantage_fn=ADVANTAGE_ESTIMATORS[spec.estimator],
         loss_fn=loss_fn,
-        loss_kwargs={f: getattr(spec, f) for f in fields},
+        loss_kwargs=dict(_keyword(spec, f) for f in fields),
         reward_weights=None if reward_weights is None else tuple(float(w) for w in reward_weights))

@@ -21,7 +21,8 @@ OVERLONG_MODES = ("none", "mask")
 ADVANTAGE_SCALES = ("group", "batch", "none")
 # Losses whose paper defines the objective per answer: 1/G sum_i 1/|y_i| sum_t.
 PER_ANSWER_LOSSES = {"gspo": "Zheng et al., arXiv:2507.18071, eq. 5",
-                     "sapo": "Gao et al., arXiv:2511.20347, the SAPO objective"}
+                     "sapo": "Gao et al., arXiv:2511.20347, the SAPO objective",
+                     "gmpo": "Zhao et al., arXiv:2507.20673, the GMPO objective"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +45,22 @@ class ObjectiveSpec:
     lam_alpha (advantage.lam_alpha) 0.0: > 0, VAPO's length-adaptive lambda
       1 - 1/(alpha * length) replaces lam.
     whiten (advantage.whiten) True: gae whitens its advantages over the batch's tokens.
-    policy_loss (loss.kind) "ppo_clip": "pg", "ppo_clip", "gspo", "cispo", "sapo".
-    eps_low, eps_high (loss.eps_low, loss.eps_high) 0.2, 0.2: the clip range.
+    policy_loss (loss.kind) "ppo_clip": "pg", "ppo_clip", "gspo", "cispo", "sapo",
+      "gmpo", "dppo", "clip_cov", "kl_cov".
+    eps_low, eps_high (loss.eps_low, loss.eps_high) 0.2, 0.2: the clip range (gmpo: of
+      the log-ratio).
     dual_clip (loss.dual_clip) None: c > 1 caps -r A at -c A for A < 0 (ppo_clip).
     tau_pos, tau_neg (loss.tau_pos, loss.tau_neg) 1.0, 1.05: sapo's gate temperatures.
+    dppo_divergence (loss.divergence) "binary_tv": dppo's trust-region divergence,
+      "binary_tv" or "binary_kl" (`dppo_loss`).
+    dppo_delta_low, dppo_delta_high (loss.delta_low, loss.delta_high) None, None: its
+      thresholds for tokens pushed down / up; None: 0.15 (TV) or 0.05 (KL).
+    dppo_ratio_cap (loss.ratio_cap) 20.0: the cap on dppo's importance weight.
+    clip_cov_fraction (loss.clip_fraction) 2e-4: clip_cov's share of tokens left out,
+      drawn with batch["loss_seed"] (`clip_cov_loss`).
+    clip_cov_low, clip_cov_high (loss.cov_low, loss.cov_high) 1.0, 5.0: its covariance band.
+    kl_cov_fraction (loss.kl_fraction) 2e-3: kl_cov's share of tokens penalised.
+    kl_cov_coef (loss.kl_coef) 1.0: kl_cov's penalty weight (`kl_cov_loss`).
     aggregation (aggregation.mode) "token-mean": how per-token losses become a scalar
       (`aggregate`).
     norm_len (aggregation.norm_len) None: seq-mean-token-sum-norm's constant (None: T).
@@ -64,6 +77,10 @@ class ObjectiveSpec:
     offpolicy_mask (offpolicy_mask.enabled) False: DeepSeek-V3.2's off-policy sequence
       mask (`offpolicy_sequence_mask`) ...
     offpolicy_delta (offpolicy_mask.delta) 0.5: ... and its threshold.
+    m2po (m2po.enabled) False: M2PO's second-moment mask (`m2po_mask`, against
+      batch["behaviour_logp"] when present, else old_logp) ...
+    m2po_tau (m2po.tau) 0.04: ... and its budget on the kept tokens' mean squared
+      log-ratio.
     importance (importance.enabled) False: weight the loss by pi_old / pi_behaviour, the
       sampler/trainer mismatch correction (batch["behaviour_logp"]; `rollout_correction`)
       ... With old_logp from a proximal policy and behaviour_logp from a stale one, and
@@ -94,6 +111,15 @@ class ObjectiveSpec:
     dual_clip: float | None = None
     tau_pos: float = 1.0
     tau_neg: float = 1.05
+    dppo_divergence: str = "binary_tv"
+    dppo_delta_low: float | None = None
+    dppo_delta_high: float | None = None
+    dppo_ratio_cap: float | None = 20.0
+    clip_cov_fraction: float = 2e-4
+    clip_cov_low: float = 1.0
+    clip_cov_high: float = 5.0
+    kl_cov_fraction: float = 2e-3
+    kl_cov_coef: float = 1.0
     aggregation: str = "token-mean"
     norm_len: int | None = None
     allow_other_modes: bool = False
@@ -105,6 +131,8 @@ class ObjectiveSpec:
     overlong: str = "none"
     offpolicy_mask: bool = False
     offpolicy_delta: float = 0.5
+    m2po: bool = False
+    m2po_tau: float = 0.04
     importance: bool = False
     importance_level: str = "token"
     importance_mode: str = "truncate"
@@ -141,6 +169,15 @@ CONFIG_PATHS = {
     "dual_clip": "loss.dual_clip",
     "tau_pos": "loss.tau_pos",
     "tau_neg": "loss.tau_neg",
+    "dppo_divergence": "loss.divergence",
+    "dppo_delta_low": "loss.delta_low",
+    "dppo_delta_high": "loss.delta_high",
+    "dppo_ratio_cap": "loss.ratio_cap",
+    "clip_cov_fraction": "loss.clip_fraction",
+    "clip_cov_low": "loss.cov_low",
+    "clip_cov_high": "loss.cov_high",
+    "kl_cov_fraction": "loss.kl_fraction",
+    "kl_cov_coef": "loss.kl_coef",
     "aggregation": "aggregation.mode",
     "norm_len": "aggregation.norm_len",
     "allow_other_modes": "aggregation.allow_other_modes",
@@ -152,6 +189,8 @@ CONFIG_PATHS = {
     "overlong": "overlong.mode",
     "offpolicy_mask": "offpolicy_mask.enabled",
     "offpolicy_delta": "offpolicy_mask.delta",
+    "m2po": "m2po.enabled",
+    "m2po_tau": "m2po.tau",
     "importance": "importance.enabled",
     "importance_level": "importance.level",
     "importance_mode": "importance.mode",
@@ -222,6 +261,7 @@ def _validate(spec):
     """Raises ValueError naming the first impossible field (by its config path)."""
     from grpo_jax.objectives._compose import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
     from grpo_jax.objectives._mismatch import MISMATCH_LEVELS, MISMATCH_MODES, resolve_bounds
+    from grpo_jax.objectives._trust_region import DPPO_DIVERGENCES
     _checks.check_static_int("objective.group_size", spec.group_size)
     if not isinstance(spec.group_size, int) or isinstance(spec.group_size, bool) \
             or spec.group_size < 1:
@@ -245,8 +285,14 @@ def _validate(spec):
                          f"{spec.importance_low}, high {spec.importance_high}): {error}") from None
     _checks.check_choice(_field("advantage_scale"), spec.advantage_scale, ADVANTAGE_SCALES)
     for name in ("eps_low", "eps_high", "kl_beta", "offpolicy_delta", "positive_nll_weight",
-                 "lam_alpha"):
+                 "lam_alpha", "dppo_delta_low", "dppo_delta_high", "kl_cov_coef"):
         _checks.check_nonnegative(_field(name), getattr(spec, name))
+    for name in ("dppo_ratio_cap", "clip_cov_fraction", "kl_cov_fraction", "m2po_tau"):
+        _checks.check_greater(_field(name), getattr(spec, name), 0.0)
+    _checks.check_choice(_field("dppo_divergence"), spec.dppo_divergence, DPPO_DIVERGENCES)
+    if not spec.clip_cov_low < spec.clip_cov_high:
+        raise ValueError(f"objective.loss.cov_low must be < objective.loss.cov_high, got "
+                         f"{spec.clip_cov_low} and {spec.clip_cov_high}")
     if spec.dual_clip is not None:
         _checks.check_greater(_field("dual_clip"), spec.dual_clip, 1.0)
     for name in ("gamma", "lam"):
@@ -284,7 +330,8 @@ def spec_as_nested_dict(spec: ObjectiveSpec) -> dict[str, Any]:
 def field_types() -> Mapping[str, type]:
     """Config path -> the Python type of its value (for None defaults: the type it takes)."""
     types = {"dual_clip": float, "norm_len": int, "importance_low": float,
-             "importance_high": float}
+             "importance_high": float, "dppo_delta_low": float, "dppo_delta_high": float,
+             "dppo_ratio_cap": float}
     return {CONFIG_PATHS[f.name]: types.get(f.name, type(f.default) if f.default is not
                                             dataclasses.MISSING else int)
             for f in dataclasses.fields(ObjectiveSpec)}

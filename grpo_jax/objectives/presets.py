@@ -23,7 +23,7 @@ from grpo_jax.objectives._compose import PolicyObjective, policy_objective
 from grpo_jax.objectives._spec import ObjectiveSpec, check_keywords
 
 __all__ = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "reinforce_pp", "gdpo",
-           "ppo", "vapo"]
+           "ppo", "vapo", "gmpo", "dppo", "m2po", "clip_cov", "kl_cov"]
 
 
 def _build(preset, fields, changes, reward_weights=None) -> PolicyObjective:
@@ -166,3 +166,67 @@ def vapo(*, group_size, lam_alpha=0.05, eps_low=0.2, eps_high=0.28, positive_nll
                                lam_alpha=lam_alpha, whiten=True, aggregation="token-mean",
                                eps_low=eps_low, eps_high=eps_high,
                                positive_nll_weight=positive_nll_weight), changes)
+
+
+def gmpo(*, group_size, eps_low=0.4, eps_high=0.4, **changes) -> PolicyObjective:
+    """GMPO: the geometric mean of token ratios, each clipped in log space, per answer.
+
+    Paper: Zhao et al., Geometric-Mean Policy Optimization (arXiv:2507.20673): the clip
+    range (e^-0.4, e^0.4) of the authors' scripts; group advantages, no KL.
+    """
+    return _build("gmpo", dict(group_size=group_size, policy_loss="gmpo",
+                               aggregation="seq-mean-token-mean", eps_low=eps_low,
+                               eps_high=eps_high), changes)
+
+
+def dppo(*, group_size, divergence="binary_tv", delta_low=None, delta_high=None,
+         ratio_cap=20.0, **changes) -> PolicyObjective:
+    """DPPO: a trust region on the divergence between pi_theta and pi_old, not the ratio.
+
+    A token leaves the update when its binary TV (0.15) or KL (0.05) has moved past the
+    threshold in the direction its advantage pushes it; the importance weight is capped
+    at 20. Token mean, group advantages, no KL. Paper: Qi et al., Rethinking the Trust
+    Region in LLM Reinforcement Learning (arXiv:2602.04879), sec. 5.4 and App. F.
+    """
+    return _build("dppo", dict(group_size=group_size, policy_loss="dppo",
+                               aggregation="token-mean", dppo_divergence=divergence,
+                               dppo_delta_low=delta_low, dppo_delta_high=delta_high,
+                               dppo_ratio_cap=ratio_cap), changes)
+
+
+def m2po(*, group_size, tau=0.04, **changes) -> PolicyObjective:
+    """M2PO: no ratio clip; the tokens with the largest squared log-ratio leave the loss
+    until the rest's second moment is under tau.
+
+    For stale rollouts: the ratio is against ``batch["behaviour_logp"]`` (the policy that
+    sampled) when present. Token mean, group advantages. Paper: Zheng, Zhao & Chen,
+    Prosperity before Collapse (arXiv:2510.01161), tau = 0.04.
+    """
+    return _build("m2po", dict(group_size=group_size, policy_loss="pg", aggregation="token-mean",
+                               m2po=True, m2po_tau=tau), changes)
+
+
+def clip_cov(*, group_size, clip_fraction=2e-4, cov_low=1.0, cov_high=5.0, eps_low=1.0,
+             eps_high=1.0, **changes) -> PolicyObjective:
+    """Clip-Cov: PPO's loss with a random 2e-4 of the tokens whose log-prob/advantage
+    covariance lies in (1, 5) left out, against entropy collapse.
+
+    Needs ``batch["loss_seed"]`` ([B] ints, a fresh draw per step). Token mean. Paper:
+    Cui et al., The Entropy Mechanism of RL for Reasoning LMs (arXiv:2505.22617); clip
+    1 / 1 as the authors' scripts.
+    """
+    return _build("clip_cov", dict(group_size=group_size, policy_loss="clip_cov",
+                                   aggregation="token-mean", clip_cov_fraction=clip_fraction,
+                                   clip_cov_low=cov_low, clip_cov_high=cov_high,
+                                   eps_low=eps_low, eps_high=eps_high), changes)
+
+
+def kl_cov(*, group_size, kl_fraction=2e-3, kl_coef=1.0, **changes) -> PolicyObjective:
+    """KL-Cov: the unclipped policy gradient plus |log r| on the 2e-3 of the tokens with
+    the largest log-prob/advantage covariance, against entropy collapse.
+
+    Token mean. Paper: Cui et al. (arXiv:2505.22617); k = 2e-3 as the authors' 7B recipe.
+    """
+    return _build("kl_cov", dict(group_size=group_size, policy_loss="kl_cov",
+                                 aggregation="token-mean", kl_cov_fraction=kl_fraction,
+                                 kl_cov_coef=kl_coef), changes)

@@ -155,6 +155,13 @@ def make_counts(objective):
     return count_fn
 
 
+def loss_seeds(mask, step):
+    """`[B]` int32 seeds of a random loss's draw (Clip-Cov), one per row and step: a
+    micro-batch draws with its first row's, so every update of every step draws anew."""
+    rows = mask.shape[0]
+    return step * rows + jnp.arange(rows, dtype=jnp.int32)
+
+
 def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatches,
                     sft_rows=None):
     """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
@@ -229,6 +236,7 @@ def train(config, workdir, *, seconds=None):
                                         num_pieces=pieces)
     advantages_fn = jax.jit(objective.advantages)
     mismatch_fn = jax.jit(objectives.mismatch_metrics)   # sampler vs trainer log-probs
+    seeds_fn = jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh))
     copy = lambda params: jax.tree.map(jnp.copy, params)
     ref_params = copy(policy.params) if cfg.objective.kl.beta > 0 else None
     lagged = [copy(policy.params) for _ in range(cfg.rollout.policy_lag)]
@@ -298,6 +306,8 @@ def train(config, workdir, *, seconds=None):
                 if ref_params is not None:
                     batch["ref_logp"] = logp_fn(ref_params, batch)
                 batch["advantages"] = advantages_fn(batch)
+                if objective.spec.policy_loss in objectives.RANDOM_LOSSES:   # Clip-Cov's draw
+                    batch["loss_seed"] = seeds_fn(batch["mask"], jnp.int32(step))
             jax.block_until_ready(batch.get("advantages", batch.get("returns")))
             metrics["time_old_logp"] = time.time() - begin
             if not pretraining:

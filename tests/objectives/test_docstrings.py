@@ -4,12 +4,13 @@ import doctest
 
 import pytest
 
-from grpo_jax.objectives import (_advantages, _aggregation, _kl, _logits, _policy_losses,
-                                 _shaping, _value)
+from grpo_jax.objectives import (_advantages, _aggregation, _covariance, _kl, _logits,
+                                 _mismatch, _policy_losses, _shaping, _trust_region, _value)
 
 
-@pytest.mark.parametrize("module", [_advantages, _aggregation, _kl, _logits, _policy_losses,
-                                    _shaping, _value], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [_advantages, _aggregation, _covariance, _kl, _logits,
+                                    _mismatch, _policy_losses, _shaping, _trust_region, _value],
+                         ids=lambda m: m.__name__)
 def test_examples(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
@@ -22,7 +23,10 @@ def test_every_public_function_documents_shapes_example_and_paper():
                  "outcome_token_rewards", "value_loss", "explained_variance",
                  "overlong_penalty", "truncated_mask", "group_has_signal", "importance_weights",
                  "offpolicy_sequence_mask", "pg_loss", "ppo_clip_loss", "gspo_loss", "cispo_loss",
-                 "sapo_loss", "kl_penalty", "aggregate"):
+                 "sapo_loss", "kl_penalty", "aggregate", "rollout_correction",
+                 "mismatch_metrics", "decoupled_ppo_loss", "gmpo_loss", "dppo_loss",
+                 "m2po_mask", "clip_cov_loss", "kl_cov_loss", "token_covariance",
+                 "binary_divergence"):
         doc = getattr(objectives, name).__doc__
         for section in ("Args:", "Returns:", "Example:", "References:", "["):
             assert section in doc, f"{name} docstring lacks {section!r}"

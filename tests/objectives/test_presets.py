@@ -30,6 +30,7 @@ def batch(seed=0, rows=P * G):
         "values": rng.normal(0, 0.5, (rows, T)).astype(np.float32),
         "correct": rng.integers(0, 2, rows).astype(np.float32),
         "truncated": np.zeros(rows, bool),
+        "loss_seed": np.arange(rows, dtype=np.int32) + 100 * seed,
     }
     return jnp.asarray(logp), {k: jnp.asarray(v) for k, v in arrays.items()}
 
@@ -41,30 +42,24 @@ def loss_and_grad(objective, logp, b):
 class TestPresetsAreTheirMethod:
     """Each preset against the same objective composed by hand from the pure functions."""
 
-    def test_dapo_is_clip_higher_with_token_mean(self):
-        logp, b = batch()
-        adv = objectives.group_advantages(b["rewards"], G)
-
-        def by_hand(lp):
-            per_token, _ = objectives.ppo_clip_loss(lp, b["old_logp"], adv, b["mask"],
-                                                    eps_low=0.2, eps_high=0.28)
-            return objectives.aggregate(per_token, b["mask"], mode="token-mean")
-
-        loss, grad = loss_and_grad(presets.dapo(group_size=G), logp, b)
-        want, want_grad = jax.value_and_grad(by_hand)(logp)
-        np.testing.assert_allclose(loss, want, rtol=1e-6)
-        np.testing.assert_allclose(grad, want_grad, rtol=1e-6, atol=1e-9)
-
-    def test_gspo_is_the_sequence_ratio_per_answer(self):
+    @pytest.mark.parametrize("preset, loss_fn, kwargs, mode", [
+        (presets.dapo, objectives.ppo_clip_loss, dict(eps_low=0.2, eps_high=0.28), "token-mean"),
+        (presets.gspo, objectives.gspo_loss, dict(eps_low=3e-4, eps_high=4e-4),
+         "seq-mean-token-mean"),
+        (presets.cispo, objectives.cispo_loss, dict(eps_low=1.0, eps_high=0.28), "token-mean"),
+        (presets.sapo, objectives.sapo_loss, dict(tau_pos=1.0, tau_neg=1.05),
+         "seq-mean-token-mean"),
+    ])
+    def test_group_advantage_presets_are_their_loss_and_aggregation(self, preset, loss_fn, kwargs,
+                                                                    mode):
         logp, b = batch(1)
         adv = objectives.group_advantages(b["rewards"], G)
 
         def by_hand(lp):
-            per_token, _ = objectives.gspo_loss(lp, b["old_logp"], adv, b["mask"],
-                                                eps_low=3e-4, eps_high=4e-4)
-            return objectives.aggregate(per_token, b["mask"], mode="seq-mean-token-mean")
+            per_token, _ = loss_fn(lp, b["old_logp"], adv, b["mask"], **kwargs)
+            return objectives.aggregate(per_token, b["mask"], mode=mode)
 
-        loss, grad = loss_and_grad(presets.gspo(group_size=G), logp, b)
+        loss, grad = loss_and_grad(preset(group_size=G), logp, b)
         want, want_grad = jax.value_and_grad(by_hand)(logp)
         np.testing.assert_allclose(loss, want, rtol=1e-6)
         np.testing.assert_allclose(grad, want_grad, rtol=1e-6, atol=1e-9)
@@ -222,3 +217,70 @@ class TestCorrectionsThroughTheComposer:
                          importance_low=3.0, importance_high=2.0)
         with pytest.raises(ValueError, match=r"objective.importance .*applies to mode='mask' only"):
             presets.dapo(group_size=G, importance=True, importance_low=0.5)
+
+
+class TestNewerLossesThroughTheComposer:
+    """GMPO, DPPO, Clip-Cov, KL-Cov and M2PO presets equal their pure functions."""
+
+    @pytest.mark.parametrize("name, fn, kwargs, mode", [
+        ("gmpo", objectives.gmpo_loss, dict(eps_low=0.4, eps_high=0.4), "seq-mean-token-mean"),
+        ("dppo", objectives.dppo_loss, dict(divergence="binary_tv", ratio_cap=20.0), "token-mean"),
+        ("kl_cov", objectives.kl_cov_loss, dict(kl_fraction=2e-3, kl_coef=1.0), "token-mean"),
+    ])
+    def test_deterministic_losses(self, name, fn, kwargs, mode):
+        logp, b = batch(9)
+        adv = objectives.group_advantages(b["rewards"], G)
+
+        def by_hand(lp):
+            per_token, _ = fn(lp, b["old_logp"], adv, b["mask"], **kwargs)
+            return objectives.aggregate(per_token, b["mask"], mode=mode)
+
+        objective = getattr(presets, name)(group_size=G)
+        loss, grad = loss_and_grad(objective, logp, b)
+        want, want_grad = jax.value_and_grad(by_hand)(logp)
+        np.testing.assert_allclose(loss, want, rtol=1e-6)
+        np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-9)
+
+    def test_clip_cov_draws_with_the_first_rows_seed(self):
+        logp, b = batch(10)
+        adv = objectives.group_advantages(b["rewards"], G)
+        objective = presets.clip_cov(group_size=G, clip_fraction=0.2, cov_low=-1.0)
+        per_token, diag = objectives.clip_cov_loss(
+            logp, b["old_logp"], adv, b["mask"], key=jax.random.key(b["loss_seed"][0]),
+            clip_fraction=0.2, cov_low=-1.0, cov_high=5.0, eps_low=1.0, eps_high=1.0)
+        loss, metrics = objective(logp, b)
+        np.testing.assert_allclose(loss, objectives.aggregate(per_token, b["mask"],
+                                                              mode="token-mean"), rtol=1e-6)
+        valid = np.asarray(b["mask"]) > 0
+        assert float(metrics["cov_detached"]) > 0
+        np.testing.assert_allclose(metrics["cov_detached"],
+                                   np.asarray(diag["cov_detached"])[valid].mean(), rtol=1e-6)
+        del b["loss_seed"]
+        with pytest.raises(KeyError, match=r"batch\['loss_seed'\] is required by "
+                                           r"objective.loss.kind='clip_cov'"):
+            objective(logp, b)
+
+    def test_m2po_masks_against_the_behaviour_policy(self):
+        logp, b = batch(11)
+        rng = np.random.default_rng(11)
+        b["behaviour_logp"] = b["old_logp"] + jnp.asarray(rng.normal(0, 0.4, b["mask"].shape),
+                                                          jnp.float32)
+        adv = objectives.group_advantages(b["rewards"], G)
+        keep = objectives.m2po_mask(logp, b["behaviour_logp"], b["mask"], tau=0.04)
+        valid = np.asarray(b["mask"]) > 0
+        assert 0 < (np.asarray(keep)[valid] == 0).mean() < 1
+        per_token, _ = objectives.pg_loss(logp, b["old_logp"], adv, b["mask"])
+        want = objectives.aggregate(per_token * keep, b["mask"], mode="token-mean")
+        loss, metrics = presets.m2po(group_size=G)(logp, b)
+        np.testing.assert_allclose(loss, want, rtol=1e-6)
+        np.testing.assert_allclose(metrics["m2po_masked"],
+                                   (np.asarray(keep)[valid] == 0).mean(), rtol=1e-6)
+
+    def test_bad_new_fields_are_named(self):
+        with pytest.raises(ValueError, match="objective.loss.divergence must be one of"):
+            presets.dppo(group_size=G, divergence="tv")
+        with pytest.raises(ValueError, match=r"objective.m2po.tau must be > 0.0, got 0"):
+            presets.m2po(group_size=G, tau=0)
+        with pytest.raises(ValueError, match="objective.aggregation.mode='token-mean' changes "
+                                             "the gmpo objective"):
+            presets.gmpo(group_size=G, aggregation="token-mean")

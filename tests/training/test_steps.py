@@ -234,3 +234,35 @@ def test_moe_router_term_is_in_the_loss_and_weighted_by_the_loss_tokens():
     np.testing.assert_allclose(metrics["router_aux_loss"], float(aux), rtol=1e-5)
     np.testing.assert_allclose(
         metrics["loss"], metrics["policy_loss"] + cfg.router_aux_loss_coef * float(aux), rtol=1e-5)
+
+
+def test_clip_cov_draws_through_the_update_with_the_trainers_row_seeds():
+    """The trainer's per-row seeds ride the row split: the update's loss is the objective's
+    on the same rows and seeds, and another step's seeds draw other tokens."""
+    from grpo_jax.training.rl import loss_seeds
+    mesh = parallel.make_mesh((("data", 1), ("fsdp", 1), ("tensor", 1)), devices=jax.devices()[:1])
+    graphdef, params = _sharded_model(mesh)
+    objective = objectives.presets.clip_cov(group_size=4, clip_fraction=0.3, cov_low=-10.0)
+    tx = optax.sgd(0.0)
+    opt_state = init_optimizer_state(tx, params, mesh)
+    update = make_update_step(graphdef, tx, _loss(objective), _counts(objective), mesh=mesh,
+                              param_shardings=_shardings(params),
+                              opt_shardings=_shardings(opt_state), micro_batches=1)
+    rows = _rows(4)
+    logp = batch_lib.completion_logprobs(nnx.merge(graphdef, params),
+                                         {k: jnp.asarray(v) for k, v in rows.items()})
+    logp = jnp.copy(logp)   # the update donates the parameters
+    losses = []
+    for step in (1, 2):
+        seeded = {**rows, "loss_seed": np.asarray(loss_seeds(jnp.asarray(rows["mask"]), step))}
+        assert seeded["loss_seed"][0] == step * B
+        fresh = jax.tree.map(jnp.copy, (params, opt_state))
+        metrics = update(*fresh, parallel.global_rows(mesh, seeded), jnp.arange(B))[2]
+        want = objective(logp, {**{k: jnp.asarray(v) for k, v in seeded.items()},
+                                "num_tokens": jnp.sum(jnp.asarray(rows["mask"]), dtype=jnp.float32),
+                                "num_seqs": jnp.float32(B)})[1]
+        np.testing.assert_allclose(metrics["loss"], want["loss"], rtol=1e-5)
+        np.testing.assert_allclose(metrics["cov_detached"], want["cov_detached"], rtol=1e-5)
+        assert float(want["cov_detached"]) > 0
+        losses.append(float(metrics["loss"]))
+    assert losses[0] != losses[1]
