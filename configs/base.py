@@ -139,7 +139,6 @@ def get_config(arg=None):
     config.filtering.short_batch = "error"
 
     config.objective = _objective()
-    config.rollout.group_size = config.objective.get_ref("group_size")
 
     # PPO's critic (objective.advantage.estimator = "gae"): the policy's decoder with a
     # scalar head, its own optimizer, trained on the policy's minibatches.

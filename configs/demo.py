@@ -3,7 +3,7 @@
     python -m grpo_jax.main        # = --config configs/demo.py --workdir workdirs/demo
 
 The task is the bundled procedural arithmetic (prompt ``478+256=``, answer
-``8+6+0=14 7+5+1=13 4+2+1=7 #### 734``). The warm start learns from targets half of which
+``8+6+0=14 7+5+1=13 4+2+1=7 #### 734``). The warm start learns from targets 60% of which
 come from a teacher that forgets every carry, so the SFT policy writes carries only some
 of the time: the right answer is among its samples but not yet its pick, which is what RL
 can select. Then three held-out evaluations: after SFT, after DAPO, and after more SFT

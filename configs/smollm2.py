@@ -15,7 +15,7 @@ tokenizer's chat template over ``"17+25"`` and the instruction to end with
 (``gsm8k``: the last ``####`` answer, else the last number written) plus 0.25 for an
 integer after the last ``####``, right or wrong (``integer_format``): the base model
 almost never uses the format (0 of 200 greedy answers), so a format bonus paid only with
-a right answer would rarely be seen. Accuracy counts the first. Measured (README, "Train a
+a right answer would rarely be seen. Accuracy counts the first. Measured (docs/models.md, "Train a
 real model on CPU"): 45 minutes take greedy held-out accuracy from 7.0% to 79.0%, but the
 format bonus was earned by one answer in 55 steps: the model learned to end with the
 right number, not the format.

@@ -1,4 +1,4 @@
-"""The README's fit table: `grpo_jax.aot` reports for Qwen3 models on TPU topologies.
+"""The fit table of docs/tpu.md: `grpo_jax.aot` reports for Qwen3 models on TPU topologies.
 
     pip install -e ".[train,tpu]"
     python experiments/aot_fit_table.py             # the fit table (about 70 min on 2 cores)
@@ -67,7 +67,7 @@ def overrides(model, rules, chips, extra=()):
 
 def command(recipe, topology, fields, programs):
     """The `python -m grpo_jax.aot` command of a cell (``--programs`` only when it compiles
-    fewer than a run without a critic has: the README quotes a whole cell's command)."""
+    fewer than a run without a critic has: docs/tpu.md quotes a whole cell's command)."""
     flags = " ".join(f"--config.{k}={v}" for k, v in fields.items())
     chosen = "" if tuple(programs) == ALL_PROGRAMS else f" --programs {','.join(programs)}"
     return (f"python -m grpo_jax.aot --config configs/{recipe}.py --topology {topology} "

@@ -47,7 +47,6 @@ next-token logits after the chat prompts (V = 49,152) and the random model's (V 
 """
 
 import argparse
-import contextlib
 import os
 import pathlib
 import platform
@@ -65,14 +64,14 @@ from flax import nnx
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
-from grpo_jax import models, parallel, sampling  # noqa: E402  (runs from a checkout, uninstalled)
+from grpo_jax import models, parallel  # noqa: E402  (runs from a checkout, uninstalled)
 from grpo_jax.models import layers  # noqa: E402
 from grpo_jax.objectives import token_logprobs  # noqa: E402
+from _bench_common import (GROUP_SIZE, PROMPT_LEN, ours, pick_torch_threads, prompts,  # noqa: E402
+                           seconds, table, torch_or_none, transformers_generate)
 
 parallel.use_cpu_cores()   # before JAX runs anything; a no-op when XLA_FLAGS sets the count
 
-GROUP_SIZE = 8
-PROMPT_LEN = 32
 # (B, new tokens, prompt tokens): the speed target's grid, then long prompts, where the G completions
 # sharing one cached prompt (cascade attention) matters most.
 CASES = [(b, n, PROMPT_LEN) for b in (16, 64, 256) for n in (128, 512)] + [(64, 128, 256), (256, 128, 256)]
@@ -85,7 +84,7 @@ def header(argv):
                             capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "grpo_jax/sampling"],
                            capture_output=True, text=True).stdout.strip()
-    torch = _torch()
+    torch = torch_or_none()
     print(f"# bench_sampler  commit {commit or '?'}{' (sampling/ modified)' if dirty else ''}  "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# CPU {cpu.group(1) if cpu else platform.processor()}, {os.cpu_count()} cores, no GPU; python "
@@ -95,82 +94,12 @@ def header(argv):
     print(f"# load average at start {os.getloadavg()[0]:.1f} (other processes share the cores)\n")
 
 
-def _torch():
-    try:
-        import torch
-        return torch
-    except ImportError:
-        return None
-
-
-def table(title, columns, rows):
-    print(title)
-    widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows)]
-    for cells in [columns, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))))
-    print()
-
-
-def prompts(batch, vocab_size, length=PROMPT_LEN):
-    """`[B/G, length]` random prompt ids (no padding)."""
-    rng = np.random.default_rng(0)
-    return rng.integers(0, vocab_size, size=(batch // GROUP_SIZE, length)).astype(np.int32)
-
-
-def ours(graphdef, state, ids, new_tokens, seed, max_len_bucket=None, mesh=None, method=sampling.Temperature(1.0),
-         mask=None, pad_id=0):
-    """One `generate` call, under `mesh` when given (rows split over its "data" axis)."""
-    mask = np.ones_like(ids) if mask is None else mask
-    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        rollout = sampling.generate(
-            graphdef, state, ids, mask, rng=jax.random.key(seed), method=method, group_size=GROUP_SIZE,
-            max_new_tokens=new_tokens, stop_tokens=[], pad_id=pad_id, max_len_bucket=max_len_bucket,
-        )
-        jax.block_until_ready(rollout)
-    assert int(rollout.lengths.min()) == new_tokens
-    return rollout
-
-
-def transformers_generate(torch, torch_model, ids, new_tokens, seed, mask=None, top_p=1.0, top_k=0, pad_id=0):
-    """transformers' sampling (temperature 1, then top-k / top-p when set), forced to `new_tokens`."""
-    torch.manual_seed(seed)
-    mask = np.ones_like(ids) if mask is None else mask
-    with torch.no_grad():
-        out = torch_model.generate(
-            input_ids=torch.tensor(ids).long(), attention_mask=torch.tensor(mask).long(),
-            do_sample=True, temperature=1.0, top_k=top_k, top_p=top_p, num_return_sequences=GROUP_SIZE,
-            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id,
-        )
-    assert out.shape == (ids.shape[0] * GROUP_SIZE, ids.shape[1] + new_tokens)
-    return out
-
-
-def pick_torch_threads(torch, torch_model, ids):
-    """Sets torch to the faster of 1 and 2 threads on a short generate, and says so."""
-    rates = {}
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        transformers_generate(torch, torch_model, ids, 4, 0)
-        rates[threads] = ids.shape[0] * GROUP_SIZE * 32 / seconds(
-            lambda: transformers_generate(torch, torch_model, ids, 32, 0))
-    best = max(rates, key=rates.get)
-    torch.set_num_threads(best)
-    print(f"# torch threads: {best} (probe, B=64, 32 new tokens: "
-          + ", ".join(f"{t} thread(s) {r:,.0f} tok/s" for t, r in rates.items()) + ")\n")
-
-
-def seconds(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def bench_throughput(path, cases, repeats):
     model, _ = models.from_pretrained(path)
     single = nnx.split(model)   # the default device, no mesh
     mesh = parallel.make_mesh([("data", -1), ("tensor", 1)])
     spread = nnx.split(models.from_pretrained(path, mesh=mesh, rules="sampling")[0])
-    torch = _torch()
+    torch = torch_or_none()
     torch_model = None
     if torch is not None:
         import transformers
@@ -312,7 +241,6 @@ def main(argv=None):
             bench_logp(path, 16, 16 if args.quick else 128)
             bench_attention(path, 16 if args.quick else 256, (64,) if args.quick else (96, 544))
     if tables & {"vocab", "step"}:
-        sys.modules.setdefault("bench_sampler", sys.modules[__name__])  # its helpers, not a second copy
         import bench_sampler_vocab as vocab   # the real-vocabulary tables, beside this file
 
         with tempfile.TemporaryDirectory() as path:

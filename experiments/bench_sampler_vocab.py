@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from bench_sampler import GROUP_SIZE, _torch, ours, pick_torch_threads, prompts, seconds, table, transformers_generate
+from _bench_common import (GROUP_SIZE, ours, pick_torch_threads, prompts, seconds, table, torch_or_none,
+                           transformers_generate)
 from grpo_jax import models, parallel, sampling
 
 QWEN3_VOCAB = 151_936
@@ -46,7 +47,7 @@ def batch_prompts(tokenizer, batch, vocab_size):
 def load(path, dtype, mesh):
     """Both libraries' copies of the model in `dtype` (weights and compute), and the tokenizer."""
     model, tokenizer = models.from_pretrained(path, mesh=mesh, rules="sampling", dtype=dtype, param_dtype=dtype)
-    torch = _torch()
+    torch = torch_or_none()
     torch_model = None
     if torch is not None:
         import transformers

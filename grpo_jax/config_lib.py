@@ -105,10 +105,9 @@ def set_objective(config, objective):
     """Writes a preset's frozen hyper-parameters into ``config.objective``, in place.
 
     `objective` is what a `grpo_jax.objectives.presets` function returns (or its
-    ``.spec``). Every field but ``group_size`` is written (the regime sets G, and
-    ``rollout.group_size`` stays tied to it), so the recipe's objective is exactly the
-    preset's; a recipe that ties a field to another (e.g. ``norm_len`` to the generation
-    budget) does it after this call.
+    ``.spec``). Every field but ``group_size`` is written (the regime sets G), so the
+    recipe's objective is exactly the preset's; a recipe that ties a field to another
+    (e.g. ``norm_len`` to the generation budget) does it after this call.
     """
     spec = getattr(objective, "spec", objective)
     if spec.group_size != config.objective.group_size:

@@ -435,40 +435,40 @@ def test_host_memory_estimate_names_scan_layers():
     assert scanned.bodies == 1 and scanned.warning is None
 
 
-# ----- the README's fit command(s): each is a fit-table cell's, and each ends in a report ----
+# ----- docs/tpu.md's fit command(s): each is a fit-table cell's, and each ends in a report ----
 
 REPO = GSPO.parent.parent
-README = (REPO / "README.md").read_text()
+TPU_PAGE = (REPO / "docs" / "tpu.md").read_text()   # "Will it fit?"
 FIT_TABLE = (REPO / "experiments" / "results" / "aot_fit_table.md").read_text()
 
 
-def readme_fit_commands():
+def tpu_page_fit_commands():
     """The commands of the ```bash blocks after each <!-- fit-command --> marker, with the
     line continuations joined."""
-    blocks = re.findall(r"<!-- fit-command -->\n```bash\n(.*?)```", README, re.S)
+    blocks = re.findall(r"<!-- fit-command -->\n```bash\n(.*?)```", TPU_PAGE, re.S)
     return [" ".join(block.replace("\\\n", " ").split()) for block in blocks]
 
 
-def test_every_readme_fit_command_is_a_fit_table_cell():
-    commands = readme_fit_commands()
-    assert commands, "the README has no <!-- fit-command --> block"
+def test_every_tpu_page_fit_command_is_a_fit_table_cell():
+    commands = tpu_page_fit_commands()
+    assert commands, "docs/tpu.md has no <!-- fit-command --> block"
     cells = re.findall(r"^- `[^`]+`: `([^`]+)`$", FIT_TABLE, re.M)
     for command in commands:
         assert command in cells, f"not a cell of experiments/results/aot_fit_table.md: {command}"
 
 
-def test_readme_fit_table_is_the_generated_one():
-    """The README's table is experiments/aot_fit_table.py's, row for row."""
+def test_tpu_page_fit_table_is_the_generated_one():
+    """docs/tpu.md's table is experiments/aot_fit_table.py's, row for row."""
     header = "| model | recipe | rules | topology | train | logprob | prefill | decode | HBM | fits |"
     def table(text):
         lines = text[text.index(header):].splitlines()
         return lines[:next(i for i, line in enumerate(lines) if not line.startswith("|"))]
     generated = table(FIT_TABLE)
-    assert len(generated) > 2 and table(README) == generated
+    assert len(generated) > 2 and table(TPU_PAGE) == generated
 
 
 def small(command, topology):
-    """The README's command with a small model and budget on `topology` (same flags else)."""
+    """docs/tpu.md's command with a small model and budget on `topology` (same flags else)."""
     command = re.sub(r"--topology \S+", f"--topology {topology}", command)
     command = re.sub(r"--prompt_len \d+", "--prompt_len 128", command)
     command = re.sub(r"--config.model.name=\S+", "--config.model.name=tiny", command)
@@ -486,9 +486,9 @@ def run_small(command, topology, devices):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", readme_fit_commands())
-def test_readme_fit_command_runs_on_cpu_devices(command):
-    """Every flag the README passes is one the tool takes; it ends in a report."""
+@pytest.mark.parametrize("command", tpu_page_fit_commands())
+def test_tpu_page_fit_command_runs_on_cpu_devices(command):
+    """Every flag docs/tpu.md passes is one the tool takes; it ends in a report."""
     done = run_small(command, "cpu", devices=8)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| train |" in done.stdout and "| decode |" in done.stdout
@@ -496,8 +496,8 @@ def test_readme_fit_command_runs_on_cpu_devices(command):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", readme_fit_commands())
-def test_readme_fit_command_runs_on_its_tpu_topology(command):
+@pytest.mark.parametrize("command", tpu_page_fit_commands())
+def test_tpu_page_fit_command_runs_on_its_tpu_topology(command):
     tpu_topology()
     topology = re.search(r"--topology (\S+)", command).group(1)
     done = run_small(command, topology, devices=1)

@@ -78,8 +78,6 @@ def test_runlocal_shrinks_and_references_follow():
     # The soft length penalty is a reward whose zone is a fraction of whatever budget the
     # run has (the trainer passes rollout.max_new_tokens), so it follows an override.
     assert ("overlong", 1.0, {"cache_fraction": 0.2}) in big.reward.specs
-    small.rollout.group_size = 16
-    assert small.objective.group_size == 16
     dr = _load("dr_grpo.py")
     assert dr.objective.aggregation.norm_len == dr.rollout.max_new_tokens
     dr.rollout.max_new_tokens = 77

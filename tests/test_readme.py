@@ -1,4 +1,4 @@
-"""The README's commands and its code example are real."""
+"""The README's commands and the objectives page's code examples are real."""
 
 import pathlib
 import re
@@ -7,17 +7,19 @@ import sys
 
 import numpy as np
 
-README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+REPO = pathlib.Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+OBJECTIVES = (REPO / "docs" / "objectives.md").read_text()
 
 
-def _block_after(marker, language):
-    section = README[README.index(marker):]
+def _block_after(marker, language, text=README):
+    section = text[text.index(marker):]
     return re.search(rf"```{language}\n(.*?)```", section, re.S).group(1)
 
 
 def test_objectives_example_runs_verbatim_and_is_right():
     namespace = {}
-    exec(_block_after("## Use the objectives in your own JAX model", "python"), namespace)
+    exec(_block_after("# Use the objectives in your own JAX model", "python", OBJECTIVES), namespace)
     loss, grads, mask, rewards = (namespace[k] for k in ("loss", "grads", "mask", "rewards"))
     # At rollout time logp == old_logp, so every ratio is 1 and the DAPO loss is
     # -sum_i A_i n_i / sum_i n_i with GRPO advantages (population std, eps 1e-6).
@@ -31,9 +33,9 @@ def test_objectives_example_runs_verbatim_and_is_right():
 def test_preset_example_is_the_hand_composed_dapo():
     """The preset block, run after the first one, gives the same DAPO loss and gradient."""
     namespace = {}
-    exec(_block_after("## Use the objectives in your own JAX model", "python"), namespace)
+    exec(_block_after("# Use the objectives in your own JAX model", "python", OBJECTIVES), namespace)
     by_hand_loss, by_hand_grads = namespace["loss"], namespace["grads"]
-    exec(_block_after("Or take a method whole", "python"), namespace)
+    exec(_block_after("Or take a method whole", "python", OBJECTIVES), namespace)
     np.testing.assert_allclose(float(namespace["loss"]), float(by_hand_loss), rtol=1e-6)
     for name, grad in namespace["grads"].items():
         np.testing.assert_allclose(grad, by_hand_grads[name], rtol=1e-5, atol=1e-7)

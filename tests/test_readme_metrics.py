@@ -1,4 +1,4 @@
-"""The README's Metrics section names every metric the code reports.
+"""docs/metrics.md names every metric the code reports.
 
 The trainers' own metrics.jsonl files are checked where the trainer tests run them
 (tests/training/test_rl.py, test_demo.py, test_steps.py); here: the parser, and the
@@ -15,19 +15,26 @@ from grpo_jax.training import critic as critic_lib, metrics as metrics_lib, roll
 from tests import readme_metrics
 from tests.training.training_setups import REPO
 
-MADE_UP = """# A project
-
-## Metrics
+MADE_UP = """# Metrics
 
 Intro naming `prose_key` outside any table.
+
+```bash
+# a comment in a code block, not a heading
+```
 
 | key | what it is |
 |---|---|
 | `plain`, `second` | mentions `described_key` in its description, a \\| b |
+
+## A subsection
+
+| key | what it is |
+|---|---|
 | `adv_q1..q3` | a range |
 | `rewards/<name>` | one per reward |
 
-## Performance
+# Performance
 
 | `elsewhere` | another section's table |
 """
@@ -47,15 +54,17 @@ def test_the_parser_reports_a_key_the_section_does_not_name(key):
     assert readme_metrics.undocumented(["plain", key], MADE_UP) == [key]
 
 
-def test_a_readme_without_the_section_is_an_error():
-    with pytest.raises(ValueError, match="no '## Metrics' section"):
-        readme_metrics.undocumented(["loss"], "# A project\n\n## Performance\n")
+def test_a_page_without_the_section_is_an_error():
+    with pytest.raises(ValueError, match="no '# Metrics' section"):
+        readme_metrics.undocumented(["loss"], "# Performance\n\n## Metrics\n")
 
 
-def test_the_section_comes_right_before_performance_and_names_the_console_and_watched_metrics():
-    text = readme_metrics.README.read_text(encoding="utf-8")
-    headings = [line for line in text.splitlines() if line.startswith("## ")]
-    assert headings[headings.index("## Metrics") + 1] == "## Performance"
+def test_the_page_is_the_section_holding_every_table_and_names_the_console_and_watched_metrics():
+    text = readme_metrics.METRICS_PAGE.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert lines[0] == "# Metrics"   # the section starts the page ...
+    # ... and runs to its end: every table row of the page is read
+    assert readme_metrics.documented_names(text) == readme_metrics.first_cell_names(lines)
     named = [name for name, _, _ in metrics_lib.CONSOLE] + list(metrics_lib.WATCHED)
     assert readme_metrics.undocumented(named) == []
 

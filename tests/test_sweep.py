@@ -40,7 +40,7 @@ def _parse_like_the_trainer(argv):
     return flag_values.config
 
 
-def test_every_ablation_of_the_issue_has_a_config_with_a_sweep():
+def test_each_of_the_seven_ablations_has_a_config_with_a_sweep():
     assert {s.split("/")[-1][:-3] for s in SWEPT if "ablations" in s} == {
         "loss_aggregation", "advantage_scale", "clip_higher", "dynamic_sampling", "overlong",
         "ratio_level", "baselines"}

@@ -2,8 +2,8 @@
 
 Every input is a `jax.ShapeDtypeStruct` carrying the sharding the run gives it, so a
 program lowers for devices that are not there (a TPU topology's abstract devices) and no
-memory is allocated. The programs are the project's own functions, built as the RL loop
-(`training.rl.train`) builds them:
+memory is allocated. The programs are the RL loop's own (`training.programs` builds them for `rl.train`
+and for this report alike):
 
 | program | function | shape |
 |---|---|---|
@@ -24,11 +24,9 @@ import numpy as np
 from flax import nnx
 from jax.experimental.layout import Format, Layout
 
-from grpo_jax import models, objectives, parallel, rewards, sampling
+from grpo_jax import models, parallel
 from grpo_jax.models import sharding as sharding_lib
-from grpo_jax.training import batch as batch_lib
-from grpo_jax.training import optimizer as optimizer_lib
-from grpo_jax.training import critic as critic_lib, rl, rollout as rollout_lib, steps
+from grpo_jax.training import programs as programs_lib, rl
 from grpo_jax.training.footprint import model_config
 
 
@@ -67,56 +65,13 @@ def device_bytes(tree):
                for x in jax.tree.leaves(tree))
 
 
-def _rows_sharding(mesh, rows):
-    """Rows over the row axes when they split evenly (as `parallel.global_rows` places them)."""
-    if rows % parallel.row_ways(mesh) == 0:
-        return parallel.row_sharding(mesh)
-    return jax.NamedSharding(mesh, jax.P())
-
-
-def _record_shapes(config, cfg, b, s, n):
-    """The sampler's records a batch carries when the run keeps them (`rollout.draw`):
-    the support of every sampled position (``rollout.keep_sampling_mask``) and, on an MoE,
-    the experts of every token (``rollout.keep_routing``)."""
-    shapes = {}
-    if config.rollout.keep_sampling_mask:
-        method = rollout_lib.sampling_method(config)
-        logits = jax.ShapeDtypeStruct((1, cfg.vocab_size), jnp.float32)
-        support = jax.eval_shape(
-            lambda z: sampling.sample(method, jax.random.key(0), z, with_support=True), logits)[2]
-        shapes["support_ids"] = ((b, n, support.ids.shape[-1]), jnp.int32)
-        shapes["support_size"] = ((b, n), jnp.int32)
-    if config.rollout.keep_routing:
-        moe_layers = sum(map(cfg.is_moe_layer, range(cfg.n_layers)))
-        shapes["prompt_routing"] = ((b, s, moe_layers, cfg.n_experts_per_tok), jnp.int32)
-        shapes["routing"] = ((b, n, moe_layers, cfg.n_experts_per_tok), jnp.int32)
-    return shapes
-
-
 def batch_rows(config, cfg, mesh, prompt_len):
-    """The rollout batch the loop trains on, as abstract `[B, ...]` rows (rl.train's `batch`)
-    of a model `cfg` (its vocabulary and experts size the sampler's records)."""
-    p, g = config.rollout.prompts_per_batch, config.objective.group_size
-    b, s, n = p * g, prompt_len, config.rollout.max_new_tokens
-    specs = rewards.as_specs(config.reward.specs)
-    gdpo = config.objective.advantage.estimator == "gdpo"
-    shapes = {
-        "prompt_tokens": ((b, s), jnp.int32), "prompt_mask": ((b, s), jnp.int32),
-        "tokens": ((b, n), jnp.int32), "mask": ((b, n), jnp.int32),
-        "behaviour_logp": ((b, n), jnp.float32), "old_logp": ((b, n), jnp.float32),
-        "lengths": ((b,), jnp.int32), "truncated": ((b,), bool), "correct": ((b,), bool),
-        "rewards": ((b, len(specs)) if gdpo else (b,), jnp.float32), "row_valid": ((b,), bool),
-        **_record_shapes(config, cfg, b, s, n),
-    }
-    if config.objective.kl.beta > 0:
-        shapes["ref_logp"] = ((b, n), jnp.float32)
-    if config.critic.enabled:   # the critic's values and its regression targets
-        shapes["values"] = shapes["returns"] = ((b, n), jnp.float32)
-    rows = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
-    objective = policy_objective(config)
-    rows["advantages"] = jax.eval_shape(objective.advantages, rows)
-    sharding = _rows_sharding(mesh, b)
-    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in rows.items()}
+    """The rollout batch the loop trains on (`training.programs.batch_layout`, what
+    rl.train checks its batches against), as abstract `[B, ...]` rows of a model `cfg`."""
+    layout = programs_lib.batch_layout(config, cfg, prompt_len)
+    sharding = parallel.rows_sharding(mesh, layout["mask"][0][0])
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+            for k, (shape, dtype) in layout.items()}
 
 
 def sft_rows(config, mesh, prompt_len):
@@ -124,18 +79,12 @@ def sft_rows(config, mesh, prompt_len):
     prompts and their reference solutions, `task.target_rows`) and one update's index."""
     p, s, n = config.rollout.prompts_per_batch, prompt_len, config.rollout.max_new_tokens
     shapes = {"prompt_tokens": (p, s), "prompt_mask": (p, s), "tokens": (p, n), "mask": (p, n)}
-    sharding = _rows_sharding(mesh, p)
+    sharding = parallel.rows_sharding(mesh, p)
     rows = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k, shape in shapes.items()}
     rows["row_valid"] = jax.ShapeDtypeStruct((p,), bool, sharding=sharding)
     index = jax.ShapeDtypeStruct((p // config.train.minibatches,), jnp.int32,
                                  sharding=jax.NamedSharding(mesh, jax.P()))
     return rows, index
-
-
-def policy_objective(config):
-    """The recipe's objective, as `rl.train` builds it (reward weights from reward.specs)."""
-    weights = rewards.spec_weights(rewards.as_specs(config.reward.specs))
-    return objectives.policy_objective(config.objective, reward_weights=weights)
 
 
 def _params(state, mesh, rules):
@@ -167,29 +116,20 @@ def build(config, mesh, *, prompt_len):
     rl.check_model(config, cfg)
     graphdef, state = models.abstract_model(cfg)
     params = _params(state, mesh, config.model.rules)
-    updates = config.train.steps * config.train.epochs * config.train.minibatches
-    tx = optimizer_lib.make_optimizer(config.optimizer, updates)
-    opt_shardings = steps.optimizer_state_shardings(tx, params, mesh)
-    opt_state = abstract(jax.eval_shape(tx.init, params), opt_shardings)
+    objective = programs_lib.rl_objective(config)
+    run = programs_lib.policy_programs(config, mesh, graphdef, params, objective)
+    opt_state = abstract(jax.eval_shape(run.tx.init, params), run.opt_shardings)
     rows = batch_rows(config, cfg, mesh, prompt_len)
     b = rows["mask"].shape[0]
     minibatch = b // config.train.minibatches
     index = jax.ShapeDtypeStruct((minibatch,), jnp.int32, sharding=jax.NamedSharding(mesh, jax.P()))
-    objective = policy_objective(config)
-    temperature = config.rollout.temperature
     copies = (config.objective.kl.beta > 0) + config.rollout.policy_lag   # pi_ref, lagged policies
     params_bytes, opt_bytes = device_bytes(params), device_bytes(opt_state)
-    pieces = config.train.minibatches * config.train.micro_batches
+    pieces = run.pieces
     critic, critic_bytes = _critic_programs(config, mesh, cfg, rows, index, pieces,
                                             held=params_bytes + opt_bytes + copies * params_bytes)
-
-    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-    update = steps.make_update_step(
-        graphdef, tx, rl.make_loss(objective, temperature), rl.make_counts(objective), mesh=mesh,
-        param_shardings=shardings(params), opt_shardings=shardings(opt_state),
-        micro_batches=config.train.micro_batches, sft_weight=config.train.sft_weight)
+    update, logprob = run.update, run.forward
     supervised = sft_rows(config, mesh, prompt_len) if config.train.sft_weight else ()
-    logprob = batch_lib.make_logprob_fn(graphdef, mesh, temperature=temperature, num_pieces=pieces)
     n, s = config.rollout.max_new_tokens, prompt_len
     seq = f"S={s}+N={n}"
     with jax.set_mesh(mesh):
@@ -225,17 +165,9 @@ def _critic_programs(config, mesh, cfg, rows, index, pieces, *, held):
         return [], 0
     graphdef, state = models.abstract_value_model(cfg)
     params = _params(state, mesh, config.model.rules)
-    updates = ((config.critic.pretrain_steps + config.train.steps) * config.train.epochs
-               * config.train.minibatches)
-    tx = optimizer_lib.make_optimizer(config.critic.optimizer, updates)
-    opt_state = abstract(jax.eval_shape(tx.init, params),
-                         steps.optimizer_state_shardings(tx, params, mesh))
-    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-    update = steps.make_update_step(
-        graphdef, tx, critic_lib.make_loss(config.critic.value_clip), batch_lib.token_counts,
-        mesh=mesh, param_shardings=shardings(params), opt_shardings=shardings(opt_state),
-        micro_batches=config.train.micro_batches)
-    values = critic_lib.make_value_fn(graphdef, mesh, num_pieces=pieces)
+    run = programs_lib.critic_programs(config, mesh, graphdef, params)
+    opt_state = abstract(jax.eval_shape(run.tx.init, params), run.opt_shardings)
+    update, values = run.update, run.forward
     b, seq = rows["mask"].shape[0], f"S={rows['prompt_tokens'].shape[1]}+N={rows['mask'].shape[1]}"
     with jax.set_mesh(mesh):
         programs = [
@@ -264,7 +196,7 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held
     if all(same_layout):
         held -= device_bytes(train_params)
         held_state -= device_bytes(train_params)
-    prompts = jax.ShapeDtypeStruct((p, s), jnp.int32, sharding=_rows_sharding(mesh, p))
+    prompts = jax.ShapeDtypeStruct((p, s), jnp.int32, sharding=parallel.rows_sharding(mesh, p))
 
     def prefill(state, tokens, mask):
         model = nnx.merge(graphdef, state)
@@ -287,12 +219,12 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held
     prompt_cache_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), prompt_cache_shapes)
     prompt_cache = jax.tree.map(lambda x: x.sharding, prompt_cache_shapes)
-    tokens = jax.ShapeDtypeStruct((p * g,), jnp.int32, sharding=_rows_sharding(mesh, p * g))
-    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-    prefill = jax.jit(prefill, out_shardings=(_rows_sharding(mesh, p), layouts(prompt_cache)))
+    tokens = jax.ShapeDtypeStruct((p * g,), jnp.int32, sharding=parallel.rows_sharding(mesh, p * g))
+    shardings = parallel.tree_shardings
+    prefill = jax.jit(prefill, out_shardings=(parallel.rows_sharding(mesh, p), layouts(prompt_cache)))
     decode = jax.jit(decode, donate_argnums=2,
                      in_shardings=(shardings(params), tokens.sharding, layouts(shardings(cache))),
-                     out_shardings=(_rows_sharding(mesh, p * g), layouts(shardings(cache))))
+                     out_shardings=(parallel.rows_sharding(mesh, p * g), layouts(shardings(cache))))
     weights = device_bytes(params)
     return [
         Program("prefill", prefill.lower(params, prompts, prompts), held, f"{p} prompts x S={s}",

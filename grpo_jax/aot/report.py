@@ -22,6 +22,7 @@ import time
 import jax
 
 from grpo_jax import parallel
+from grpo_jax.models.config import as_remat_policy
 
 # HBM per device that XLA:TPU reports available (its CompileTimeHbmOom message, libtpu
 # 0.0.52 and 0.0.42.1): device_kind -> bytes.
@@ -219,7 +220,7 @@ def _activation_fixes(result, hbm, config, mesh):
     fixes = []
     rows = config.rollout.prompts_per_batch * config.objective.group_size // config.train.minibatches
     micro = config.train.micro_batches
-    if result.name in ("train", "critic_train") and config.model.remat in (False, "off"):
+    if result.name in ("train", "critic_train") and as_remat_policy(config.model.remat) == "off":
         fixes.append((result.temp, "activations: keep one layer input per layer instead of every "
                                    "intermediate with `--config.model.remat=full`"))
     rest = result.total - result.temp

@@ -20,6 +20,17 @@ ATTENTION_IMPLS = ("xla", "splash", "cudnn")
 REMAT_POLICIES = ("off", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 
+def as_remat_policy(remat):
+    """`remat` as one of `REMAT_POLICIES` when it is the original on/off flag: True or
+    False, or either as the command line spells it (`--config.model.remat=True` gives the
+    string "True") read as "full" or "off". Anything else is returned as it is."""
+    if isinstance(remat, bool):
+        return "full" if remat else "off"
+    if remat in ("True", "true", "False", "false"):
+        return "full" if remat.lower() == "true" else "off"
+    return remat
+
+
 @dataclasses.dataclass(frozen=True)
 class Llama3RopeScaling:
     """Llama 3.1's frequency-dependent rope rescaling (transformers' rope_type "llama3")."""
@@ -56,7 +67,8 @@ class ModelConfig:
       param_dtype: storage dtype of the weights (e.g. float32 master weights).
       remat: what each layer keeps for the backward pass, one of `REMAT_POLICIES`
         ("off": everything; "full": its input only, the rest recomputed; "dots_saveable":
-        also every matmul result). True and False mean "full" and "off".
+        also every matmul result). True and False (or "True"/"true", "False"/"false")
+        mean "full" and "off".
       attention_impl: one of `ATTENTION_IMPLS`: "xla" (any backend), "splash" (the Pallas
         TPU kernel for training and prefill; decoding stays XLA) or "cudnn" (NVIDIA GPUs,
         bf16/fp16, through `jax.nn.dot_product_attention`).
@@ -98,8 +110,7 @@ class ModelConfig:
     scan_layers: bool = False
 
     def __post_init__(self):
-        if isinstance(self.remat, bool):   # the original on/off flag
-            object.__setattr__(self, "remat", "full" if self.remat else "off")
+        object.__setattr__(self, "remat", as_remat_policy(self.remat))
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be one of {REMAT_POLICIES} (or a bool), got {self.remat!r}")
         if self.attention_impl not in ATTENTION_IMPLS:

@@ -1,10 +1,10 @@
 """GRPO-family and PPO objectives: pure functions of arrays, importable into any JAX model.
 
 Nothing here sees a model or a config object, and only `clip_cov_loss` takes a PRNG key
-(an argument), except the composer (`policy_objective`), which reads an `ObjectiveSpec` (or a recipe's config section,
-converted to one once) and returns a pure function; `presets` builds each method's
-objective by name (``presets.dapo(group_size=16)``). docs/design.md gives the exact
-semantics of each, side by side.
+(as an argument). The composer (`policy_objective`) reads an `ObjectiveSpec` (or a
+recipe's config section, converted to one once) and returns a pure function; `presets`
+builds each method's objective by name (``presets.dapo(group_size=16)``).
+docs/design.md gives the exact semantics of each, side by side.
 
 The gradient contract, the same for every function: the current policy's log-probs
 (``logp``; a value model's ``values``) are the only differentiated input. Old, reference

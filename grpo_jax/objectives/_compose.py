@@ -290,6 +290,20 @@ class PolicyObjective:
             mask = truncated_mask(mask, _require(batch, "truncated", "overlong.mode='mask'"))
         return mask
 
+    def global_counts(self, batch):
+        """The counts the loss normalises by, over `batch` (a whole minibatch): ``num_tokens``
+        (`loss_mask` tokens), ``num_seqs`` (real rows: ``batch["row_valid"]`` when present,
+        else every row) and, with ``positive_nll_weight > 0``, ``num_positive_tokens``.
+        A trainer that splits the minibatch passes them with each piece."""
+        mask = self.loss_mask(batch)
+        rows = batch.get("row_valid", jnp.ones(mask.shape[:1], bool))
+        counts = {"num_tokens": jnp.sum(mask, dtype=jnp.float32),
+                  "num_seqs": jnp.sum(rows, dtype=jnp.float32)}
+        if self.spec.positive_nll_weight > 0:
+            correct = _require(batch, "correct", "positive_nll_weight > 0")
+            counts["num_positive_tokens"] = jnp.sum(mask * correct[:, None], dtype=jnp.float32)
+        return counts
+
     def __call__(self, logp, batch):
         """Returns `(loss, metrics)`: the scalar loss to minimise and scalar metrics."""
         spec = self.spec

@@ -18,4 +18,6 @@ from grpo_jax.parallel.mesh import parse_mesh
 from grpo_jax.parallel.mesh import row_axes
 from grpo_jax.parallel.mesh import row_sharding
 from grpo_jax.parallel.mesh import row_ways
+from grpo_jax.parallel.mesh import rows_sharding
+from grpo_jax.parallel.mesh import tree_shardings
 from grpo_jax.parallel.mesh import use_cpu_cores

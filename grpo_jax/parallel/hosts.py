@@ -14,7 +14,6 @@ import os
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec
 
 from grpo_jax.parallel import mesh as mesh_lib
 
@@ -117,14 +116,12 @@ def allgather_json(obj):
 
 def _row_sharding(mesh, rows):
     """Rows over the row axes; a single process may replicate rows that do not split."""
-    if rows % mesh_lib.row_ways(mesh) == 0:
-        return mesh_lib.row_sharding(mesh)
-    if jax.process_count() > 1:
+    if rows % mesh_lib.row_ways(mesh) and jax.process_count() > 1:
         raise ValueError(
             f"{rows} rows per process do not split over the mesh's {mesh_lib.row_ways(mesh)}-way "
             f"row axes {mesh_lib.row_axes(mesh)} across {jax.process_count()} processes; make "
             "rollout.prompts_per_batch (and sft.batch_size) a multiple of the row ways")
-    return NamedSharding(mesh, PartitionSpec())
+    return mesh_lib.rows_sharding(mesh, rows)
 
 
 def global_rows(mesh, local):

@@ -120,6 +120,18 @@ def row_sharding(mesh, leading=0):
     return NamedSharding(mesh, PartitionSpec(*[None] * leading, row_axes(mesh)))
 
 
+def rows_sharding(mesh, rows):
+    """`[rows, ...]` arrays over the row axes when `rows` splits evenly, else replicated."""
+    if rows % row_ways(mesh) == 0:
+        return row_sharding(mesh)
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def tree_shardings(tree):
+    """The sharding of every leaf of a tree of arrays (or sharded ShapeDtypeStructs)."""
+    return jax.tree.map(lambda x: x.sharding, tree)
+
+
 def cpu_cores():
     """The cores this process may run on (its CPU affinity where the OS reports one)."""
     try:

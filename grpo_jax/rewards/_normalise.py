@@ -7,7 +7,7 @@ plain `1,000`, but misreads other ways models write numbers:
 |----------------|------------------------------|--------------------------|
 | `10\\,080`      | 90 (reads `10\\,0` then `80`)  | 10080                    |
 | `５`, `٥`       | nothing parsed               | 5                        |
-| `50\\%`         | 0.5, and equal to 0.5        | 50 (the issue's rule)    |
+| `50\\%`         | 0.5, and equal to 0.5        | 50 (`%` is dropped)      |
 | `5.` in a box  | the string '5.'              | 5                        |
 
 Integers are compared as digit strings (`canonical_integer`), never through `int()` or

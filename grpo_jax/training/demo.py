@@ -8,11 +8,11 @@ import json
 import os
 import time
 
-import jax
 from flax import nnx
 
 from grpo_jax import config_lib, models, parallel, paths
 from grpo_jax.training import evaluation, footprint, policy as policy_lib, rl, rollout, sft
+from grpo_jax.training import steps
 from grpo_jax.training import task as task_lib
 
 
@@ -40,7 +40,8 @@ def evaluate_export(config, path):
     try:
         return evaluation.evaluate(policy, mesh, scorer,
                                    evaluation.own_examples(source, config.eval.num_prompts),
-                                   config, rng=jax.random.key(config.seed + 1), method=method)
+                                   config, rng=steps.step_rng(config.seed, "eval", 0),
+                                   method=method)
     finally:
         scorer.close()
 

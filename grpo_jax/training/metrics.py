@@ -14,6 +14,8 @@ import time
 
 import jax
 
+from grpo_jax import parallel
+
 # The console line: (metric, label, format). Everything else goes to the files only.
 CONSOLE = (
     ("reward_mean", "reward", "{:.3f}"),
@@ -102,11 +104,10 @@ class MetricWriter:
         self.total_seconds = total_seconds   # a run bounded by wall time shows time progress
         self.prefix = prefix
         self.stream = stream
-        self.is_main = jax.process_index() == 0
         self._start = time.time()
         self._compile_at_start = self._compile_at_last_write = compile_seconds()
         self._jsonl = self._tb = None
-        if self.is_main:
+        if parallel.is_main():
             os.makedirs(workdir, exist_ok=True)
             path = os.path.join(workdir, "metrics.jsonl")
             _drop_steps_after(path, start_step)
@@ -120,7 +121,7 @@ class MetricWriter:
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["time_compile"] = compiled - self._compile_at_last_write
         self._compile_at_last_write = compiled
-        if not self.is_main:
+        if not parallel.is_main():
             return
         self._jsonl.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
         self._jsonl.flush()
@@ -146,6 +147,6 @@ class MetricWriter:
                 f" | compile {compiling:.0f}s")
 
     def close(self):
-        if self.is_main:
+        if parallel.is_main():
             self._jsonl.close()
             self._tb.close()

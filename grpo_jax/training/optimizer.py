@@ -1,17 +1,25 @@
 """The optax optimizer from the config: AdamW, global-norm clipping, warmup + schedule."""
 
-import optax
+import numbers
 
-from grpo_jax.objectives import _checks
+import optax
 
 SCHEDULES = ("constant", "cosine", "linear")
 
 
+def _check_greater(name, value, bound):
+    """Raises ValueError unless the Python number `value` is > `bound`."""
+    if isinstance(value, numbers.Real) and not value > bound:
+        raise ValueError(f"{name} must be > {bound}, got {value}")
+
+
 def learning_rate_schedule(cfg, total_steps):
     """Linear warmup over `cfg.warmup_steps`, then constant, cosine or linear decay to 0."""
-    _checks.check_choice("optimizer.schedule", cfg.schedule, SCHEDULES)
-    _checks.check_greater("optimizer.learning_rate", cfg.learning_rate, 0.0)
-    _checks.check_nonnegative("optimizer.warmup_steps", cfg.warmup_steps)
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"optimizer.schedule must be one of {SCHEDULES}, got {cfg.schedule!r}")
+    _check_greater("optimizer.learning_rate", cfg.learning_rate, 0.0)
+    if isinstance(cfg.warmup_steps, numbers.Real) and cfg.warmup_steps < 0:
+        raise ValueError(f"optimizer.warmup_steps must be >= 0, got {cfg.warmup_steps}")
     warmup = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
     decay_steps = max(total_steps - cfg.warmup_steps, 1)
     after = {
@@ -27,7 +35,7 @@ def make_optimizer(cfg, total_steps):
 
     `total_steps` counts optimizer updates (RL: steps x epochs x minibatches).
     """
-    _checks.check_greater("optimizer.grad_clip", cfg.grad_clip, 0.0)
+    _check_greater("optimizer.grad_clip", cfg.grad_clip, 0.0)
     return optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip),
         optax.adamw(learning_rate_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,

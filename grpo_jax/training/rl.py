@@ -33,20 +33,11 @@ import numpy as np
 from grpo_jax import objectives, parallel, paths
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import checkpoint, critic as critic_lib, evaluation, footprint
-from grpo_jax.training import metrics as metrics_lib, optimizer
+from grpo_jax.training import metrics as metrics_lib, programs
 from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
 
 OLD_LOGP = ("recompute", "sampler")
-RNG_STREAMS = ("rollout", "eval")
-
-
-def step_rng(seed, stream, step):
-    """The key of `stream` ("rollout", "eval") at `step`: fold_in(seed, ...)."""
-    key = jax.random.fold_in(jax.random.key(seed), RNG_STREAMS.index(stream))
-    return jax.random.fold_in(key, step)
-
-
 def check_config(config, mesh):
     """Raises ValueError naming the field for settings the loop cannot run."""
     objectives.validate_objective_config(config.objective)
@@ -121,40 +112,6 @@ def check_model(config, model_cfg):
                          "set rollout.keep_routing=False for a dense model")
 
 
-def make_loss(objective, temperature):
-    """The loss of one micro-batch: completion log-probs at the rollout temperature ->
-    the recipe's objective (+ the MoE load-balancing loss)."""
-
-    def loss_fn(model, micro):
-        logp, entropy, aux_loss = batch_lib.completion_logprobs(
-            model, micro, temperature=temperature, with_stats=True)
-        loss, metrics = objective(logp, {**micro, "entropy": entropy})
-        if model.cfg.n_experts:   # keep the experts balanced; micro-batches add up to 1
-            # num_tokens counts the loss's tokens (overlong masking may leave some out)
-            share = jnp.sum(objective.loss_mask(micro)) / jnp.maximum(micro["num_tokens"], 1)
-            loss = loss + model.cfg.router_aux_loss_coef * aux_loss * share
-            metrics = {**metrics, "loss": loss, "router_aux_loss": aux_loss * share}
-        return loss, metrics
-
-    return loss_fn
-
-
-def make_counts(objective):
-    """A minibatch's global counts: the tokens the loss is normalised over, the real rows
-    (and the tokens of correct answers, for VAPO's positive-example LM loss)."""
-
-    def count_fn(minibatch):
-        mask = objective.loss_mask(minibatch)
-        counts = {"num_tokens": jnp.sum(mask, dtype=jnp.float32),
-                  "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
-        if objective.spec.positive_nll_weight > 0:
-            counts["num_positive_tokens"] = jnp.sum(mask * minibatch["correct"][:, None],
-                                                    dtype=jnp.float32)
-        return counts
-
-    return count_fn
-
-
 def loss_seeds(mask, step):
     """`[B]` int32 seeds of a random loss's draw (Clip-Cov), one per row and step: a
     micro-batch draws with its first row's, so every update of every step draws anew."""
@@ -218,22 +175,15 @@ def train(config, workdir, *, seconds=None):
     held_out = evaluation.own_examples(eval_source, cfg.eval.num_prompts)
     scorer = task_lib.Scorer(cfg.reward, separate=cfg.objective.advantage.estimator == "gdpo",
                              max_new_tokens=cfg.rollout.max_new_tokens)
-    objective = objectives.policy_objective(cfg.objective, reward_weights=scorer.weights)
+    objective = programs.rl_objective(cfg)
     method = rollout.sampling_method(cfg)
-    temperature = cfg.rollout.temperature
+    layout = programs.batch_layout(cfg, policy.model_config(), prompt_len=1)   # its keys
 
     total_steps = cfg.critic.pretrain_steps + cfg.train.steps   # value pre-training first
-    updates_per_step = cfg.train.epochs * cfg.train.minibatches
-    tx = optimizer.make_optimizer(cfg.optimizer, cfg.train.steps * updates_per_step)
-    opt_state = steps.init_optimizer_state(tx, policy.params, mesh)
-    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-    update = steps.make_update_step(
-        policy.graphdef, tx, make_loss(objective, temperature), make_counts(objective), mesh=mesh,
-        param_shardings=shardings(policy.params), opt_shardings=shardings(opt_state),
-        micro_batches=cfg.train.micro_batches, sft_weight=cfg.train.sft_weight)
-    pieces = cfg.train.minibatches * cfg.train.micro_batches   # rows per log-prob pass as an update's
-    logp_fn = batch_lib.make_logprob_fn(policy.graphdef, mesh, temperature=temperature,
-                                        num_pieces=pieces)
+    updates_per_step = programs.updates_per_step(cfg)
+    run = programs.policy_programs(cfg, mesh, policy.graphdef, policy.params, objective)
+    opt_state = steps.init_optimizer_state(run.tx, policy.params, mesh)
+    update, logp_fn = run.update, run.forward
     advantages_fn = jax.jit(objective.advantages)
     mismatch_fn = jax.jit(objectives.mismatch_metrics)   # sampler vs trainer log-probs
     seeds_fn = jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh))
@@ -244,13 +194,9 @@ def train(config, workdir, *, seconds=None):
     critic = None   # PPO's value model: its own optimizer, the same minibatches
     if cfg.critic.enabled:
         critic = critic_lib.start_critic(cfg, mesh, policy)
-        critic_tx = optimizer.make_optimizer(cfg.critic.optimizer, total_steps * updates_per_step)
-        critic.opt_state = steps.init_optimizer_state(critic_tx, critic.params, mesh)
-        critic_update = steps.make_update_step(
-            critic.graphdef, critic_tx, critic_lib.make_loss(cfg.critic.value_clip),
-            batch_lib.token_counts, mesh=mesh, param_shardings=shardings(critic.params),
-            opt_shardings=shardings(critic.opt_state), micro_batches=cfg.train.micro_batches)
-        values_fn = critic_lib.make_value_fn(critic.graphdef, mesh, num_pieces=pieces)
+        critic_run = programs.critic_programs(cfg, mesh, critic.graphdef, critic.params)
+        critic.opt_state = steps.init_optimizer_state(critic_run.tx, critic.params, mesh)
+        critic_update, values_fn = critic_run.update, critic_run.forward
 
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            keep=cfg.train.keep_checkpoints)
@@ -281,7 +227,7 @@ def train(config, workdir, *, seconds=None):
                          if lagged else policy)
             batch, metrics, examples = rollout.collect(behaviour, mesh, train_iter, config=cfg,
                                                        scorer=scorer, method=method,
-                                                       rng=step_rng(cfg.seed, "rollout", step))
+                                                       rng=steps.step_rng(cfg.seed, "rollout", step))
             if lagged:
                 lagged = lagged[1:] + [copy(policy.params)]
             if cfg.train.log_rollouts_every and step % cfg.train.log_rollouts_every == 0:
@@ -308,6 +254,7 @@ def train(config, workdir, *, seconds=None):
                 batch["advantages"] = advantages_fn(batch)
                 if objective.spec.policy_loss in objectives.RANDOM_LOSSES:   # Clip-Cov's draw
                     batch["loss_seed"] = seeds_fn(batch["mask"], jnp.int32(step))
+            programs.check_batch(batch, layout, pretraining=pretraining)
             jax.block_until_ready(batch.get("advantages", batch.get("returns")))
             metrics["time_old_logp"] = time.time() - begin
             if not pretraining:
@@ -346,7 +293,7 @@ def train(config, workdir, *, seconds=None):
             if not pretraining and rl_step % cfg.train.eval_every == 0:
                 begin = time.time()
                 metrics.update(evaluation.evaluate(policy, mesh, scorer, held_out, cfg,
-                                                   rng=step_rng(cfg.seed, "eval", step),
+                                                   rng=steps.step_rng(cfg.seed, "eval", step),
                                                    method=method))
                 metrics["time_eval"] = time.time() - begin
             writer.write(step, metrics)

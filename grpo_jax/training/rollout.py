@@ -39,6 +39,26 @@ def sampling_method(config):
                                 min_p=r.min_p)
 
 
+def record_layout(config, model_cfg, rows, prompt_len, new_tokens):
+    """``{key: (shape, dtype)}`` of the sampler's records a batch carries when the run
+    keeps them (`draw`): the support of every sampled position
+    (``rollout.keep_sampling_mask``) and, on an MoE, the experts of every token
+    (``rollout.keep_routing``)."""
+    b, s, n = rows, prompt_len, new_tokens
+    layout = {}
+    if config.rollout.keep_sampling_mask:
+        logits = jax.ShapeDtypeStruct((1, model_cfg.vocab_size), jnp.float32)
+        support = jax.eval_shape(lambda z: sampling.sample(
+            sampling_method(config), jax.random.key(0), z, with_support=True), logits)[2]
+        layout["support_ids"] = ((b, n, support.ids.shape[-1]), jnp.int32)
+        layout["support_size"] = ((b, n), jnp.int32)
+    if config.rollout.keep_routing:
+        moe_layers = sum(map(model_cfg.is_moe_layer, range(model_cfg.n_layers)))
+        layout["prompt_routing"] = ((b, s, moe_layers, model_cfg.n_experts_per_tok), jnp.int32)
+        layout["routing"] = ((b, n, moe_layers, model_cfg.n_experts_per_tok), jnp.int32)
+    return layout
+
+
 def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules,
                    record_support=False, record_routing=False):
     """`sampling.generate` on global prompt rows; returns the `Rollout` on the mesh."""
@@ -154,9 +174,8 @@ def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id):
     valid = signal[groups] if dynamic else jnp.ones((num_groups,), bool)
     batch["row_valid"] = jnp.repeat(valid, group_size)
     batch["mask"] = batch["mask"] * batch["row_valid"][:, None]
-    if (num_groups * group_size) % parallel.row_ways(mesh) == 0:
-        batch = jax.lax.with_sharding_constraint(batch, parallel.row_sharding(mesh))
-    return batch
+    return jax.lax.with_sharding_constraint(
+        batch, parallel.rows_sharding(mesh, num_groups * group_size))
 
 
 @functools.partial(jax.jit, static_argnames=("group_size",))

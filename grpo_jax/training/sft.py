@@ -15,9 +15,8 @@ import jax
 import numpy as np
 
 from grpo_jax import parallel, paths
-from grpo_jax.training import batch as batch_lib
-from grpo_jax.training import checkpoint, evaluation, footprint, metrics as metrics_lib, optimizer
-from grpo_jax.training import policy as policy_lib, preemption
+from grpo_jax.training import checkpoint, evaluation, footprint, metrics as metrics_lib
+from grpo_jax.training import policy as policy_lib, preemption, programs
 from grpo_jax.training import rollout, steps, task as task_lib
 
 
@@ -37,13 +36,9 @@ def train(config, workdir, *, seconds=None):
     held_out = evaluation.own_examples(eval_source, cfg.eval.num_prompts)
     scorer = task_lib.Scorer(cfg.reward, separate=False, max_new_tokens=cfg.rollout.max_new_tokens)
     method = rollout.sampling_method(cfg)
-    tx = optimizer.make_optimizer(cfg.sft.optimizer, cfg.sft.steps)
-    opt_state = steps.init_optimizer_state(tx, policy.params, mesh)
-    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-    update = steps.make_update_step(
-        policy.graphdef, tx, batch_lib.nll_loss, batch_lib.token_counts, mesh=mesh,
-        param_shardings=shardings(policy.params), opt_shardings=shardings(opt_state),
-        micro_batches=cfg.train.micro_batches)
+    run = programs.sft_programs(cfg, mesh, policy.graphdef, policy.params)
+    opt_state = steps.init_optimizer_state(run.tx, policy.params, mesh)
+    update = run.update
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            keep=cfg.train.keep_checkpoints)
     step, state = checkpointer.restore_run({"params": policy.params, "opt_state": opt_state},
@@ -75,7 +70,7 @@ def train(config, workdir, *, seconds=None):
             if step % cfg.sft.eval_every == 0:
                 metrics.update(evaluation.evaluate(
                     policy, mesh, scorer, held_out, cfg, method=method,
-                    rng=jax.random.fold_in(jax.random.key(cfg.seed + 1), step)))
+                    rng=steps.step_rng(cfg.seed, "eval", step)))
             if step % cfg.sft.log_every == 0 or last or "eval_accuracy" in metrics:
                 writer.write(step, metrics)
             stopping = stop.requested() and not last   # agreed by every process

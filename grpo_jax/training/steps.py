@@ -18,6 +18,15 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from grpo_jax.training import batch as batch_lib
 
 
+RNG_STREAMS = ("rollout", "eval")
+
+
+def step_rng(seed, stream, step):
+    """The key of `stream` ("rollout", "eval") at `step`: fold_in(seed, ...)."""
+    key = jax.random.fold_in(jax.random.key(seed), RNG_STREAMS.index(stream))
+    return jax.random.fold_in(key, step)
+
+
 def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shardings,
                      opt_shardings, micro_batches, sft_weight=0.0):
     """Returns the jitted ``update(params, opt_state, rows, index[, sft_rows, sft_index])

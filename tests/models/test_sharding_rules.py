@@ -147,3 +147,5 @@ def test_config_rejects_unknown_choices(field, value):
 def test_remat_flag_reads_as_a_policy():
     assert dataclasses.replace(CFG, remat=True).remat == "full"
     assert dataclasses.replace(CFG, remat=False).remat == "off"
+    for spelling, policy in (("True", "full"), ("true", "full"), ("False", "off"), ("false", "off")):
+        assert dataclasses.replace(CFG, remat=spelling).remat == policy   # as the command line gives it

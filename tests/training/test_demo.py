@@ -22,7 +22,7 @@ def test_demo_pipeline_runs_each_stage_once_and_prints_the_table(data_dir, tmp_p
     assert results[2]["seconds"] == results[1]["seconds"]   # the control gets RL's wall time
     for stage in ("sft", "rl", "sft_control"):
         assert os.path.exists(tmp_path / stage / "export" / "config.json")
-        with open(tmp_path / stage / "metrics.jsonl") as f:   # the README names each metric
+        with open(tmp_path / stage / "metrics.jsonl") as f:   # docs/metrics.md names each metric
             keys = set().union(*(json.loads(line) for line in f))
         assert readme_metrics.undocumented(keys) == [], stage
     # The timed control logs and saves its last step, whatever sft.log_every is.

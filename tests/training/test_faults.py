@@ -29,9 +29,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from safetensors.numpy import load_file
 
 from grpo_jax.training import checkpoint, preemption, rl
-from tests.training.test_multihost import _commands, _start
-from tests.training.test_rl import _cli, _comparable, _config_file, _finished_checkpoints, _metrics
-from tests.training.training_setups import REPO, tiny_config
+from tests.training.training_setups import (REPO, assert_metric_close, cli, cli_config_file,
+                                            comparable, finished_checkpoints, main_commands,
+                                            read_metrics, start_processes, tiny_config)
 
 # A failed orbax read or write leaves coroutines and callbacks of a closed event loop behind;
 # collected later, they warn from whichever test runs then. Noise, not a fault.
@@ -58,14 +58,14 @@ def reference(data_dir, tmp_path_factory):
 
 def _assert_rows_equal(workdir, reference, steps, rtol=0.0, atol=0.0):
     """metrics.jsonl of `workdir` has one row per step of `steps`, equal to the reference's."""
-    rows, want = _metrics(workdir), {r["step"]: _comparable(r) for r in _metrics(reference)}
+    rows, want = read_metrics(workdir), {r["step"]: comparable(r) for r in read_metrics(reference)}
     assert [r["step"] for r in rows] == list(steps)
     for row in rows:
-        got = _comparable(row)
+        got = comparable(row)
         assert got.keys() == want[row["step"]].keys()
         for key, value in want[row["step"]].items():
-            np.testing.assert_allclose(got[key], value, rtol=rtol, atol=atol,
-                                       err_msg=f"step {row['step']} {key}")
+            assert_metric_close(key, got[key], value, rtol=rtol, atol=atol,
+                                err_msg=f"step {row['step']} {key}")
 
 
 def _assert_same_export(workdir, reference, rtol=0.0, atol=0.0):
@@ -258,8 +258,8 @@ def test_a_failed_write_mid_run_stops_it_and_the_rerun_equals_an_uninterrupted_r
         rl.train(config, str(tmp_path))
     monkeypatch.undo()
     assert "File too large" in str(failure.value) and "intact (steps [2])" in str(failure.value)
-    assert _finished_checkpoints(tmp_path) == [2]
-    assert [r["step"] for r in _metrics(tmp_path)] == [1, 2, 3, 4, 5, 6]
+    assert finished_checkpoints(tmp_path) == [2]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5, 6]
 
     capsys.readouterr()
     assert rl.train(config, str(tmp_path)) == 12
@@ -287,7 +287,7 @@ def test_jax_preemption_notice_stops_the_run_and_damaged_checkpoints_are_skipped
     monkeypatch.undo()
     assert stopped.value.step == 5 and str(directory / "5") in str(stopped.value)
     assert signal.getsignal(signal.SIGTERM) is handler   # the loop put the handler back
-    assert _finished_checkpoints(tmp_path) == [2, 3, 4, 5]
+    assert finished_checkpoints(tmp_path) == [2, 3, 4, 5]
     _assert_rows_equal(tmp_path, reference, range(1, 6))
 
     os.rename(directory / "5", directory / "5.orbax-checkpoint-tmp")   # a save cut short
@@ -311,7 +311,7 @@ def test_jax_preemption_notice_stops_the_run_and_damaged_checkpoints_are_skipped
     kept = directory / "3.unreadable" / os.path.relpath(truncated, directory / "3")
     assert os.path.getsize(kept) == truncated_size   # set aside as it was
     assert (directory / "4.unreadable" / "state").is_dir()
-    assert _finished_checkpoints(tmp_path) == [9, 10, 11, 12]
+    assert finished_checkpoints(tmp_path) == [9, 10, 11, 12]
     _assert_rows_equal(tmp_path, reference, range(1, 13))
     _assert_same_export(tmp_path, reference)
 
@@ -357,10 +357,10 @@ def test_soak_of_alternating_sigterm_and_sigkill_ends_as_the_uninterrupted_run(d
     random fraction of a step after the first step the process runs; every run resumes
     where the last one saved, and the whole equals the uninterrupted run exactly."""
     overrides = {**FAULTS, "train.checkpoint_every": 3, "train.export": True}
-    command, where = _cli([f"--config={_config_file(tmp_path, data_dir, overrides)}",
-                           "--workdir=soak"], cwd=tmp_path)
+    command, where = cli([f"--config={cli_config_file(tmp_path, data_dir, overrides)}",
+                          "--workdir=soak"], cwd=tmp_path)
     workdir = tmp_path / "soak"
-    times = [r["time"] for r in _metrics(reference)]
+    times = [r["time"] for r in read_metrics(reference)]
     step_seconds = float(np.median(np.diff(times)))
     rng = np.random.default_rng(17)
     resumed, lost = 0, []
@@ -385,7 +385,7 @@ def test_soak_of_alternating_sigterm_and_sigkill_ends_as_the_uninterrupted_run(d
             saved = last
         else:
             assert code == -signal.SIGKILL, text[-3000:]
-            saved = (_finished_checkpoints(workdir) or [0])[-1]
+            saved = (finished_checkpoints(workdir) or [0])[-1]
         lost.append((kind.name, last, saved))
         resumed = saved
 
@@ -407,12 +407,12 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(data_dir
     re-run of both resumes there and ends as the one-process run (within the tolerance of
     two processes against one)."""
     overrides = {**FAULTS, "train.checkpoint_every": 12, "train.export": True}
-    config_file = _config_file(tmp_path, data_dir, overrides)
+    config_file = cli_config_file(tmp_path, data_dir, overrides)
     workdir = tmp_path / "two"
-    commands = _commands(config_file, workdir, 2)
+    commands = main_commands(config_file, workdir, 2)
     logs = [tmp_path / f"two_{i}.log" for i in range(2)]
     files = [open(log, "w") for log in logs]
-    processes = _start(commands, files)
+    processes = start_processes(commands, files)
     _wait_for_step(processes[0], logs[0], int(np.random.default_rng(3).integers(1, 4)))
     processes[1].send_signal(signal.SIGTERM)
     codes = [p.wait(timeout=600) for p in processes]
@@ -423,10 +423,10 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(data_dir
     stopped = _step_lines(texts[0])[-1]
     assert f"stopped by SIGTERM after step {stopped}; its checkpoint is" in texts[0]
     assert "SIGTERM: stopping once" in texts[1] and "SIGTERM: stopping once" not in texts[0]
-    assert _finished_checkpoints(workdir) == [stopped]
+    assert finished_checkpoints(workdir) == [stopped]
 
     files = [open(tmp_path / f"resumed_{i}.log", "w") for i in range(2)]
-    processes = _start(commands, files)
+    processes = start_processes(commands, files)
     codes = [p.wait(timeout=600) for p in processes]
     for f in files:
         f.close()

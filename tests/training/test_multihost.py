@@ -6,26 +6,14 @@ the same rewards, log the same metrics (from process 0 only) and end with the sa
 parameters as the one-process run, and survive kill -9 of both processes.
 """
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tests.training.training_setups import REPO
-
-TIMING = ("time", "tokens_per_s", "s/step")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.training.training_setups import (assert_metric_close, comparable, main_commands,
+                                             read_metrics, start_processes)
 
 
 def _config_file(tmp_path, data_dir):
@@ -39,31 +27,9 @@ def _config_file(tmp_path, data_dir):
     return path
 
 
-def _commands(config_file, workdir, processes):
-    """One `python -m grpo_jax.main` command and environment per process."""
-    port = _free_port()
-    commands = []
-    for index in range(processes):
-        env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
-               "XLA_FLAGS": f"--xla_force_host_platform_device_count={8 // processes}"}
-        args = [sys.executable, "-m", "grpo_jax.main", f"--config={config_file}",
-                f"--workdir={workdir}"]
-        if processes > 1:
-            args += [f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-                     f"--config.distributed.num_processes={processes}",
-                     f"--config.distributed.process_id={index}"]
-        commands.append((args, env))
-    return commands
-
-
-def _start(commands, logs):
-    return [subprocess.Popen(args, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-            for (args, env), log in zip(commands, logs)]
-
-
 def _run(commands, tmp_path, name):
     logs = [open(tmp_path / f"{name}_{i}.log", "w") for i in range(len(commands))]
-    processes = _start(commands, logs)
+    processes = start_processes(commands, logs)
     codes = [p.wait(timeout=900) for p in processes]
     for log in logs:
         log.close()
@@ -72,9 +38,7 @@ def _run(commands, tmp_path, name):
 
 
 def _metrics(workdir):
-    with open(workdir / "metrics.jsonl") as f:
-        return [{k: v for k, v in json.loads(line).items() if not any(t in k for t in TIMING)}
-                for line in f]
+    return [comparable(row) for row in read_metrics(workdir)]
 
 
 def _assert_same_run(got_dir, want_dir):
@@ -83,7 +47,7 @@ def _assert_same_run(got_dir, want_dir):
     for g, w in zip(got, want):
         assert g.keys() == w.keys()
         for key in w:
-            np.testing.assert_allclose(g[key], w[key], rtol=2e-4, atol=1e-6, err_msg=key)
+            assert_metric_close(key, g[key], w[key], rtol=2e-4, atol=1e-6, err_msg=key)
     got_params = load_file(str(got_dir / "export" / "model.safetensors"))
     want_params = load_file(str(want_dir / "export" / "model.safetensors"))
     assert got_params.keys() == want_params.keys()
@@ -98,8 +62,8 @@ def test_two_processes_equal_one_process_and_resume_after_kill(tmp_path):
     config_file = _config_file(tmp_path, data_dir)
     one, two, killed = tmp_path / "one", tmp_path / "two", tmp_path / "killed"
 
-    _run(_commands(config_file, one, 1), tmp_path, "one")   # also builds the warm start
-    _run(_commands(config_file, two, 2), tmp_path, "two")
+    _run(main_commands(config_file, one, 1), tmp_path, "one")   # also builds the warm start
+    _run(main_commands(config_file, two, 2), tmp_path, "two")
 
     # Step 1's rollout: the same prompts, completions and rewards, row for row.
     assert (two / "rollouts" / "1.jsonl").read_text() == (one / "rollouts" / "1.jsonl").read_text()
@@ -111,9 +75,9 @@ def test_two_processes_equal_one_process_and_resume_after_kill(tmp_path):
     assert "step " not in log1 and "mesh" not in log1
 
     # kill -9 of both processes once step 1's checkpoint is on disk, then the same commands.
-    commands = _commands(config_file, killed, 2)
+    commands = main_commands(config_file, killed, 2)
     logs = [open(tmp_path / f"killed_{i}.log", "w") for i in range(2)]
-    processes = _start(commands, logs)
+    processes = start_processes(commands, logs)
     deadline = time.time() + 900
     while time.time() < deadline and not (killed / "checkpoints" / "1").is_dir():
         assert all(p.poll() is None for p in processes), "a process ended before the kill"

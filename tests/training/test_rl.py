@@ -1,7 +1,6 @@
 """The RL loop end to end on the tiny model: every recipe, resume, filtering, errors."""
 
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -16,21 +15,12 @@ from safetensors.numpy import load_file
 from grpo_jax import objectives, parallel, sampling
 from grpo_jax.training import evaluation, policy as policy_lib, rl, rollout, task as task_lib
 from tests import readme_metrics
-from tests.training.training_setups import REPO, runlocal_config, tiny_config
+from tests.training.training_setups import (REPO, cli, cli_config_file, comparable, finished_checkpoints,
+                                            read_metrics, runlocal_config, tiny_config)
 
 RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(str(REPO / "configs" / "*.py"))
                  if not p.endswith(("demo.py", "smollm2.py")))
 # demo: tests/training/test_demo.py; smollm2 (a real checkpoint): test_smollm2_recipe.py
-TIMING = ("time", "tokens_per_s", "s/step")
-
-
-def _metrics(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def _comparable(row):
-    return {k: v for k, v in row.items() if not any(t in k for t in TIMING)}
 
 
 def _off_policy_activity(recipe, row):
@@ -58,9 +48,9 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
     config = runlocal_config(recipe, data_dir, **{"train.steps": 3, "train.eval_every": 3})
     pretrain = config.critic.pretrain_steps = min(config.critic.pretrain_steps, 1)
     assert rl.train(config, str(tmp_path)) == pretrain + 3
-    rows = _metrics(tmp_path)
+    rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(1, pretrain + 4))
-    assert readme_metrics.undocumented(set().union(*rows)) == []   # the README names each one
+    assert readme_metrics.undocumented(set().union(*rows)) == []   # docs/metrics.md names each one
     for row in rows:
         assert all(np.isfinite(v) for v in row.values()), row
         assert row["updates_per_step"] == config.train.minibatches * config.train.epochs
@@ -100,27 +90,6 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
     assert os.path.isdir(tmp_path / "tensorboard")
 
 
-def _finished_checkpoints(workdir):
-    directory = workdir / "checkpoints"
-    return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if directory.exists() else []
-
-
-def _config_file(tmp_path, data_dir, overrides, recipe="dapo"):
-    """A config file for `python -m grpo_jax.main`: the tiny `recipe` setting with `overrides`."""
-    config_file = tmp_path / "cli_config.py"
-    config_file.write_text(
-        "from tests.training.training_setups import tiny_config\n\n\n"
-        "def get_config(arg=None):\n"
-        f"    return tiny_config({recipe!r}, {data_dir!r}, **{overrides!r})\n")
-    return config_file
-
-
-def _cli(args, cwd, **env):
-    """`python -m grpo_jax.main ARGS` from `cwd` (this checkout's grpo_jax and tests importable)."""
-    environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return [sys.executable, "-m", "grpo_jax.main", *args], dict(cwd=cwd, env=environment)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe, overrides", [
     ("dapo", {"train.steps": 6}),
@@ -132,33 +101,33 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
     overrides = {**overrides, "train.checkpoint_every": 2, "train.eval_every": 100}
     reference = tmp_path / "uninterrupted"
     rl.train(tiny_config(recipe, data_dir, **overrides), str(reference))
-    expected = {r["step"]: _comparable(r) for r in _metrics(reference)}
+    expected = {r["step"]: comparable(r) for r in read_metrics(reference)}
 
     # A relative --workdir: orbax needs absolute paths, so this is what a user's
     # `--workdir runs/x` meets; the rerun must find the same checkpoints.
-    config_file = _config_file(tmp_path, data_dir, overrides, recipe)
-    command, where = _cli([f"--config={config_file}", "--workdir=runs/killed"], cwd=tmp_path)
+    config_file = cli_config_file(tmp_path, data_dir, overrides, recipe)
+    command, where = cli([f"--config={config_file}", "--workdir=runs/killed"], cwd=tmp_path)
     workdir = tmp_path / "runs" / "killed"
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **where)
     deadline = time.time() + 600
     while time.time() < deadline and process.poll() is None:
         # Mid-run, past step 3, once the step-2 checkpoint is on disk (saves are async).
-        if (os.path.exists(workdir / "metrics.jsonl") and len(_metrics(workdir)) >= 3
-                and _finished_checkpoints(workdir)):
+        if (os.path.exists(workdir / "metrics.jsonl") and len(read_metrics(workdir)) >= 3
+                and finished_checkpoints(workdir)):
             process.kill()   # SIGKILL: no cleanup, no final save
             break
         time.sleep(0.02)
     assert process.wait() == -9, "the run finished before it could be killed"
-    logged = [r["step"] for r in _metrics(workdir)]
-    resume_from = _finished_checkpoints(workdir)[-1]
+    logged = [r["step"] for r in read_metrics(workdir)]
+    resume_from = finished_checkpoints(workdir)[-1]
     assert resume_from < 6 and logged[-1] >= resume_from
 
     resumed = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600, **where)
     assert f"resumed from the checkpoint of step {resume_from} in {workdir}" in resumed.stdout
-    rows = _metrics(workdir)   # the rows logged past the checkpoint were dropped and redone
+    rows = read_metrics(workdir)   # the rows logged past the checkpoint were dropped and redone
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     for row in rows:
-        got, want = _comparable(row), expected[row["step"]]
+        got, want = comparable(row), expected[row["step"]]
         assert got.keys() == want.keys()
         for key in want:
             np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-7, err_msg=key)
@@ -181,10 +150,10 @@ def test_lagged_rollouts_and_reference_resets_resume_exactly(data_dir, tmp_path)
     rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "whole"))
     rl.train(tiny_config("dapo", data_dir, **{**overrides, "train.steps": 2}), str(tmp_path / "cut"))
     rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "cut"))
-    whole, cut = _metrics(tmp_path / "whole"), _metrics(tmp_path / "cut")
+    whole, cut = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "cut")
     assert [r["step"] for r in cut] == [1, 2, 3, 4]
     for got, want in zip(cut, whole):
-        for key, value in _comparable(want).items():
+        for key, value in comparable(want).items():
             np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
     # With a lag of 2, steps 1 and 2 sample with the starting parameters, which the update
     # of step 1 has already left by step 2: the ratio moves off 1 before any minibatch.
@@ -197,17 +166,17 @@ def test_home_relative_paths_are_expanded(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     overrides = {"train.steps": 1, "train.eval_every": 100, "train.export": True}
-    config_file = _config_file(tmp_path, "~/tfds", overrides)
-    command, where = _cli([f"--config={config_file}", "--workdir=~/runs/first"], cwd=tmp_path,
-                          HOME=str(home))
+    config_file = cli_config_file(tmp_path, "~/tfds", overrides)
+    command, where = cli([f"--config={config_file}", "--workdir=~/runs/first"], cwd=tmp_path,
+                         HOME=str(home))
     subprocess.run(command, check=True, capture_output=True, timeout=600, **where)
     assert (home / "runs" / "first" / "checkpoints" / "1").is_dir()
     assert (home / "runs" / "first" / "export" / "config.json").is_file()
     assert any((home / "tfds").iterdir())
     # The export read back through a `~` model.path, by the eval mode into a relative workdir.
-    command, where = _cli([f"--config={config_file}", "--workdir=eval_run",
-                           "--config.mode=eval", "--config.model.path=~/runs/first/export",
-                           "--config.model.name="], cwd=tmp_path, HOME=str(home))
+    command, where = cli([f"--config={config_file}", "--workdir=eval_run",
+                          "--config.mode=eval", "--config.model.path=~/runs/first/export",
+                          "--config.model.name="], cwd=tmp_path, HOME=str(home))
     subprocess.run(command, check=True, capture_output=True, timeout=600, **where)
     assert (tmp_path / "eval_run" / "eval.json").is_file()
     assert not list(tmp_path.rglob("~"))   # nothing was written to a directory named "~"
@@ -325,7 +294,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_
     finally:
         del objectives.POLICY_LOSSES["nan_loss"]
     assert sorted(int(os.path.basename(p)) for p in glob.glob(str(tmp_path / "checkpoints" / "*"))) [-1] == 2
-    assert [r["step"] for r in _metrics(tmp_path)] == [1, 2]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
 
 
 def test_held_out_shares_are_equal_sized_and_cover_every_example():

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from grpo_jax import config_lib, models, objectives, parallel
-from grpo_jax.training import batch as batch_lib, optimizer
+from grpo_jax.training import batch as batch_lib, optimizer, programs
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
 from tests import readme_metrics
 
@@ -110,6 +110,19 @@ def _project_adamw():
     return optimizer.make_optimizer(config_lib.load_config("configs/base.py").optimizer, 10)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("schedule", "step", r"optimizer.schedule must be one of \('constant', 'cosine', 'linear'\)"),
+    ("learning_rate", 0.0, r"optimizer.learning_rate must be > 0.0, got 0.0"),
+    ("warmup_steps", -1, r"optimizer.warmup_steps must be >= 0, got -1"),
+    ("grad_clip", 0.0, r"optimizer.grad_clip must be > 0.0, got 0.0"),
+])
+def test_optimizer_config_errors_name_the_field(field, value, message):
+    cfg = config_lib.load_config("configs/base.py").optimizer
+    cfg[field] = value
+    with pytest.raises(ValueError, match=message):
+        optimizer.make_optimizer(cfg, 10)
+
+
 def _moments(opt_state):
     """Adam's (count, mu, nu) inside the project's clip-then-AdamW chain."""
     adam = opt_state[1][0]
@@ -186,7 +199,7 @@ def test_overlong_masking_through_the_update_equals_the_pure_objective(mode):
 
 def test_sft_weight_adds_the_token_mean_nll_of_the_targets_and_reports_it():
     """RPT's hybrid: the update's loss is the RL loss + w x the targets' token-mean NLL,
-    over two micro-batches of each; both are metrics the README names."""
+    over two micro-batches of each; both are metrics docs/metrics.md names."""
     mesh = parallel.make_mesh("data=-1,fsdp=1,tensor=1")
     rows, targets = _rows(3), _rows(4)
     objective = objectives.policy_objective(config_lib.load_config("configs/base.py").objective)
@@ -212,7 +225,6 @@ def test_moe_router_term_is_in_the_loss_and_weighted_by_the_loss_tokens():
     """An MoE policy's update minimises objective + coef x the router's load-balancing loss:
     `loss` reports that sum, and with overlong masking the router term of one micro-batch
     is the whole batch's (its weight is the loss's kept tokens over their count: 1)."""
-    from grpo_jax.training import rl
     mesh = parallel.make_mesh("data=-1,fsdp=1,tensor=1")
     rows = _rows(5)
     rows["truncated"] = np.arange(B) % 4 == 0
@@ -226,8 +238,8 @@ def test_moe_router_term_is_in_the_loss_and_weighted_by_the_loss_tokens():
         nnx.merge(graphdef, p), r, with_stats=True)[2])(params, batch)
     tx = optax.sgd(1.0)
     opt_state = init_optimizer_state(tx, params, mesh)
-    update = make_update_step(graphdef, tx, rl.make_loss(objective, 1.0), rl.make_counts(objective),
-                              mesh=mesh, param_shardings=_shardings(params),
+    update = make_update_step(graphdef, tx, programs.policy_loss(objective, 1.0),
+                              objective.global_counts, mesh=mesh, param_shardings=_shardings(params),
                               opt_shardings=_shardings(opt_state), micro_batches=1)
     _, _, metrics = jax.device_get(update(params, opt_state, batch, jnp.arange(B)))
     assert float(aux) > 0

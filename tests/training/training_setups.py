@@ -3,13 +3,26 @@
 Every RL test starts from a supervised warm start (200 steps on 2-digit addition with a
 scratchpad, built once per data_dir and cached) that answers right some of the time: its
 groups have signal, so the losses, gradients and clip activity are real.
+
+Also the helpers the trainer tests share to run `python -m grpo_jax.main` in subprocesses
+and read what a run left in its workdir.
 """
 
+import json
+import os
 import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
 
 from grpo_jax import config_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+
+# Metrics whose name holds one of these vary from run to run (wall-clock time).
+TIMING = ("time", "tokens_per_s", "s/step")
 
 
 def runlocal_config(recipe, data_dir, **overrides):
@@ -45,3 +58,79 @@ def tiny_config(recipe, data_dir, **overrides):
     small = {"rollout.prompts_per_batch": 4, "objective.group_size": 4, "train.minibatches": 2,
              "train.epochs": 1}
     return runlocal_config(recipe, data_dir, **{**small, **overrides})
+
+
+def read_metrics(workdir):
+    """Every row of `workdir/metrics.jsonl`, in order."""
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def comparable(row):
+    """A metrics row without its timing entries: what two equal runs log alike."""
+    return {k: v for k, v in row.items() if not any(t in k for t in TIMING)}
+
+
+# Metrics that measure float rounding (the sampler's and the trainer's log-probs of the
+# same tokens): equal between identical runs, but set by the programs' float order, so two
+# device layouts give different noise. Across layouts they are compared to this tolerance.
+ROUNDING_METRICS, ROUNDING_ATOL = ("mismatch/",), 1e-4
+
+
+def assert_metric_close(key, got, want, *, rtol, atol, err_msg):
+    """`assert_allclose` of one metric; a rounding metric gets at least ROUNDING_ATOL."""
+    if key.startswith(ROUNDING_METRICS):
+        atol = max(atol, ROUNDING_ATOL)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=err_msg)
+
+
+def finished_checkpoints(workdir):
+    """The steps of the finished checkpoints under `workdir/checkpoints`, ascending."""
+    directory = pathlib.Path(workdir) / "checkpoints"
+    return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if directory.exists() else []
+
+
+def cli_config_file(tmp_path, data_dir, overrides, recipe="dapo"):
+    """A config file for `python -m grpo_jax.main`: the tiny `recipe` setting with `overrides`."""
+    config_file = tmp_path / "cli_config.py"
+    config_file.write_text(
+        "from tests.training.training_setups import tiny_config\n\n\n"
+        "def get_config(arg=None):\n"
+        f"    return tiny_config({recipe!r}, {data_dir!r}, **{overrides!r})\n")
+    return config_file
+
+
+def cli(args, cwd, **env):
+    """`python -m grpo_jax.main ARGS` from `cwd` (this checkout's grpo_jax and tests importable)."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    return [sys.executable, "-m", "grpo_jax.main", *args], dict(cwd=cwd, env=environment)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main_commands(config_file, workdir, processes):
+    """One `python -m grpo_jax.main` command and environment per process: `processes` JAX
+    processes on localhost sharing 8 CPU devices."""
+    port = free_port()
+    commands = []
+    for index in range(processes):
+        env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
+               "XLA_FLAGS": f"--xla_force_host_platform_device_count={8 // processes}"}
+        args = [sys.executable, "-m", "grpo_jax.main", f"--config={config_file}",
+                f"--workdir={workdir}"]
+        if processes > 1:
+            args += [f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+                     f"--config.distributed.num_processes={processes}",
+                     f"--config.distributed.process_id={index}"]
+        commands.append((args, env))
+    return commands
+
+
+def start_processes(commands, logs):
+    """Starts each (args, env) of `commands` from the repository root, output to its log."""
+    return [subprocess.Popen(args, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            for (args, env), log in zip(commands, logs)]

@@ -1,0 +1,162 @@
+"""The programs a run compiles, built in one place for the trainers and the fit report.
+
+`rl.train` and `sft.train` build their optimizers, update steps, log-prob and value
+functions here from concrete parameters; `grpo_jax.aot` builds the same from abstract
+ones (`jax.ShapeDtypeStruct`s carrying shardings), so the fit report compiles exactly
+what the trainer runs. `batch_layout` is the rollout batch the RL update reads: the
+trainer checks every batch it builds against it, and the fit report lowers with it.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax import objectives, parallel, rewards
+from grpo_jax.training import batch as batch_lib
+from grpo_jax.training import critic as critic_lib, optimizer, steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    """One model's optimizer and the jitted functions a run calls on it.
+
+    Attributes:
+      tx: the optax optimizer (its schedule spans the run's updates).
+      opt_shardings: the sharding of every leaf of ``tx.init(params)``.
+      update: ``(params, opt_state, rows, index[, sft_rows, sft_index]) -> (params,
+        opt_state, metrics)``, one optimizer step on the rows at `index`.
+      forward: ``(params, rows) -> [B, N]``: completion log-probs (the policy) or values
+        (the critic), `pieces` rows at a time; None for SFT.
+      pieces: how many pieces the batch's rows are split into for `forward`, as an update
+        splits them (train.minibatches x train.micro_batches).
+    """
+
+    tx: Any
+    opt_shardings: Any
+    update: Callable
+    forward: Callable | None
+    pieces: int
+
+
+def policy_loss(objective, temperature):
+    """The loss of one micro-batch: completion log-probs at the rollout temperature ->
+    the recipe's objective (+ the MoE load-balancing loss)."""
+
+    def loss_fn(model, micro):
+        logp, entropy, aux_loss = batch_lib.completion_logprobs(
+            model, micro, temperature=temperature, with_stats=True)
+        loss, metrics = objective(logp, {**micro, "entropy": entropy})
+        if model.cfg.n_experts:   # keep the experts balanced; micro-batches add up to 1
+            # num_tokens counts the loss's tokens (overlong masking may leave some out)
+            share = jnp.sum(objective.loss_mask(micro)) / jnp.maximum(micro["num_tokens"], 1)
+            loss = loss + model.cfg.router_aux_loss_coef * aux_loss * share
+            metrics = {**metrics, "loss": loss, "router_aux_loss": aux_loss * share}
+        return loss, metrics
+
+    return loss_fn
+
+
+def rl_objective(config):
+    """The run's objective, its reward weights those of ``reward.specs`` (GDPO's)."""
+    weights = rewards.spec_weights(rewards.as_specs(config.reward.specs))
+    return objectives.policy_objective(config.objective, reward_weights=weights)
+
+
+def updates_per_step(config):
+    """Optimizer updates per RL step: train.epochs x train.minibatches."""
+    return config.train.epochs * config.train.minibatches
+
+
+def _pieces(config):
+    return config.train.minibatches * config.train.micro_batches
+
+
+def _programs(tx, graphdef, params, mesh, loss_fn, count_fn, *, micro_batches, forward,
+              pieces, sft_weight=0.0):
+    opt_shardings = steps.optimizer_state_shardings(tx, params, mesh)
+    update = steps.make_update_step(
+        graphdef, tx, loss_fn, count_fn, mesh=mesh, param_shardings=parallel.tree_shardings(params),
+        opt_shardings=opt_shardings, micro_batches=micro_batches, sft_weight=sft_weight)
+    return Programs(tx, opt_shardings, update, forward, pieces)
+
+
+def policy_programs(config, mesh, graphdef, params, objective):
+    """The RL policy's optimizer, update step and log-prob function.
+
+    `params` may be concrete or abstract; only their shardings are read.
+    """
+    temperature = config.rollout.temperature
+    tx = optimizer.make_optimizer(config.optimizer, config.train.steps * updates_per_step(config))
+    logprob = batch_lib.make_logprob_fn(graphdef, mesh, temperature=temperature,
+                                        num_pieces=_pieces(config))
+    return _programs(tx, graphdef, params, mesh, policy_loss(objective, temperature),
+                     objective.global_counts, micro_batches=config.train.micro_batches,
+                     forward=logprob, pieces=_pieces(config), sft_weight=config.train.sft_weight)
+
+
+def critic_programs(config, mesh, graphdef, params):
+    """PPO's critic: its own optimizer (over value pre-training and the RL steps), its
+    update on the policy's minibatches and its value function."""
+    total = (config.critic.pretrain_steps + config.train.steps) * updates_per_step(config)
+    tx = optimizer.make_optimizer(config.critic.optimizer, total)
+    values = critic_lib.make_value_fn(graphdef, mesh, num_pieces=_pieces(config))
+    return _programs(tx, graphdef, params, mesh, critic_lib.make_loss(config.critic.value_clip),
+                     batch_lib.token_counts, micro_batches=config.train.micro_batches,
+                     forward=values, pieces=_pieces(config))
+
+
+def sft_programs(config, mesh, graphdef, params):
+    """Supervised fine-tuning: token-mean NLL of the reference solutions."""
+    tx = optimizer.make_optimizer(config.sft.optimizer, config.sft.steps)
+    return _programs(tx, graphdef, params, mesh, batch_lib.nll_loss, batch_lib.token_counts,
+                     micro_batches=config.train.micro_batches, forward=None, pieces=1)
+
+
+def batch_layout(config, model_cfg, prompt_len):
+    """The rollout batch an RL update reads: ``{key: (shape, dtype)}``.
+
+    What the sampler returns (`rollout.collect`, with its records when the run keeps
+    them) plus what the loop adds before the updates: pi_old's log-probs, pi_ref's
+    (kl.beta > 0), the critic's values and targets (critic.enabled), the advantages and
+    a random loss's per-row seeds. P prompts x G completions of S + N tokens.
+    """
+    from grpo_jax.training import rollout
+    p, g = config.rollout.prompts_per_batch, config.objective.group_size
+    b, s, n = p * g, prompt_len, config.rollout.max_new_tokens
+    columns = len(rewards.as_specs(config.reward.specs))
+    gdpo = config.objective.advantage.estimator == "gdpo"
+    layout = {
+        "prompt_tokens": ((b, s), jnp.int32), "prompt_mask": ((b, s), jnp.int32),
+        "tokens": ((b, n), jnp.int32), "mask": ((b, n), jnp.int32),
+        "behaviour_logp": ((b, n), jnp.float32), "old_logp": ((b, n), jnp.float32),
+        "lengths": ((b,), jnp.int32), "truncated": ((b,), bool), "correct": ((b,), bool),
+        "rewards": ((b, columns) if gdpo else (b,), jnp.float32), "row_valid": ((b,), bool),
+        **rollout.record_layout(config, model_cfg, b, s, n),
+    }
+    if config.objective.kl.beta > 0:
+        layout["ref_logp"] = ((b, n), jnp.float32)
+    if config.critic.enabled:
+        layout["values"] = layout["returns"] = ((b, n), jnp.float32)
+    objective = rl_objective(config)
+    if objective.spec.policy_loss in objectives.RANDOM_LOSSES:
+        layout["loss_seed"] = ((b,), jnp.int32)
+    abstract = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in layout.items()}
+    advantages = jax.eval_shape(objective.advantages, abstract)
+    layout["advantages"] = (advantages.shape, advantages.dtype)
+    return layout
+
+
+def check_batch(batch, layout_keys, *, pretraining):
+    """Raises if the loop's batch has other keys than `batch_layout` names (what the fit
+    report compiles for); during value pre-training only the critic's keys are added."""
+    expected = set(layout_keys)
+    if pretraining:
+        expected -= {"old_logp", "ref_logp", "advantages", "loss_seed"}
+    if set(batch) != expected:
+        raise AssertionError(
+            f"the RL batch has keys {sorted(set(batch) - expected)} that "
+            f"training.programs.batch_layout does not list, and lacks "
+            f"{sorted(expected - set(batch))}: update batch_layout so the fit report "
+            "compiles what the trainer runs")
