@@ -8,7 +8,7 @@ import pytest
 from grpo_jax import config_lib
 from grpo_jax import objectives
 from grpo_jax.objectives import presets
-from tests.objectives.test_presets import batch
+from tests.objectives.preset_batches import batch
 
 # recipe argument string -> the preset call it must equal (G from the recipe's regime)
 RECIPES = {
