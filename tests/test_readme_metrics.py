@@ -110,7 +110,7 @@ def test_every_rollout_advantage_and_critic_statistic_is_documented():
             "lengths": jnp.array([3, 5]), "truncated": jnp.array([False, True])}
     keys = set(rollout.rollout_statistics((draw,), jnp.array([1.0, 0.5]), group_size=2))
     mask = jnp.ones((4, 8))
-    keys |= set(rollout.advantage_statistics(
+    keys |= set(metrics_lib.advantage_statistics(
         jnp.ones((4, 8)), jnp.array([True, True, True, False]), jnp.ones(4, bool), mask,
         group_size=4))
     keys |= set(critic_lib.batch_statistics(

@@ -6,6 +6,7 @@ compiling (counted through `jax.monitoring`), which is reported on its own: the 
 steps of a run compile every program, and would otherwise inflate the ETA many times.
 """
 
+import functools
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 
 from grpo_jax import parallel
 
@@ -59,6 +61,50 @@ def compile_seconds():
 
 WATCHED = ("loss", "policy_loss", "grad_norm", "update_norm", "kl_ref", "kl_old", "value_loss",
            "critic_grad_norm")
+
+
+NEARLY = 0.25   # a group is nearly solved (failed) when at most this share of it is wrong (right)
+
+
+@functools.partial(jax.jit, static_argnames=("group_size",))
+def advantage_statistics(advantages, correct, row_valid, loss_mask, *, group_size):
+    """Where the train batch's advantage weight sits, by how well each group was solved.
+
+    A row's weight is its |advantage| (the mean |A_t| over its loss tokens for per-token
+    advantages), on real rows only. Dividing by the group std (GRPO) gives more weight to
+    the groups whose answers nearly all agree than not dividing does (Liu et al.,
+    arXiv:2503.20783, sec. 3.1, "question-level difficulty bias").
+
+    Args:
+      advantages: `[B]` or `[B, T]`, B = P G.
+      correct: `[B]` bool.
+      row_valid: `[B]` bool, False on padding rows.
+      loss_mask: `[B, T]`, the tokens the loss counts.
+      group_size: G.
+
+    Returns:
+      ``advantage_share_nearly_solved`` / ``_nearly_failed``: the share of the batch's
+      summed row weight carried by nearly-solved groups (3/4 <= share correct < 1) /
+      nearly-failed ones (0 < share correct <= 1/4), 0 when every weight is 0;
+      ``groups_nearly_solved`` / ``_nearly_failed``: the share of the real groups that are.
+    """
+    if advantages.ndim == 2:
+        mask = loss_mask.astype(jnp.float32)
+        weight = jnp.sum(jnp.abs(advantages) * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1)
+    else:
+        weight = jnp.abs(advantages)
+    weight = weight * row_valid
+    solved = jnp.mean(correct.reshape(-1, group_size).astype(jnp.float32), axis=1)   # [P]
+    real = row_valid.reshape(-1, group_size)[:, 0]
+    groups = {"nearly_solved": (solved >= 1 - NEARLY) & (solved < 1),
+              "nearly_failed": (solved > 0) & (solved <= NEARLY)}
+    total = jnp.sum(weight)
+    stats = {}
+    for name, where in groups.items():
+        carried = jnp.sum(weight * jnp.repeat(where, group_size))
+        stats[f"advantage_share_{name}"] = jnp.where(total > 0, carried / jnp.where(total > 0, total, 1), 0.0)
+        stats[f"groups_{name}"] = jnp.sum(where & real) / jnp.maximum(jnp.sum(real), 1)
+    return stats
 
 
 def stop_if_not_finite(metrics, step, checkpointer):

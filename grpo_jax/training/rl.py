@@ -258,7 +258,7 @@ def train(config, workdir, *, seconds=None):
             jax.block_until_ready(batch.get("advantages", batch.get("returns")))
             metrics["time_old_logp"] = time.time() - begin
             if not pretraining:
-                weights = rollout.advantage_statistics(
+                weights = metrics_lib.advantage_statistics(
                     batch["advantages"], batch["correct"], batch["row_valid"],
                     objective.loss_mask(batch), group_size=cfg.objective.group_size)
                 metrics.update({k: float(v) for k, v in jax.device_get(weights).items()})

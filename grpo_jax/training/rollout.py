@@ -205,50 +205,6 @@ def rollout_statistics(draws, reward_weights, *, group_size):
     }
 
 
-NEARLY = 0.25   # a group is nearly solved (failed) when at most this share of it is wrong (right)
-
-
-@functools.partial(jax.jit, static_argnames=("group_size",))
-def advantage_statistics(advantages, correct, row_valid, loss_mask, *, group_size):
-    """Where the train batch's advantage weight sits, by how well each group was solved.
-
-    A row's weight is its |advantage| (the mean |A_t| over its loss tokens for per-token
-    advantages), on real rows only. Dividing by the group std (GRPO) gives more weight to
-    the groups whose answers nearly all agree than not dividing does (Liu et al.,
-    arXiv:2503.20783, sec. 3.1, "question-level difficulty bias").
-
-    Args:
-      advantages: `[B]` or `[B, T]`, B = P G.
-      correct: `[B]` bool.
-      row_valid: `[B]` bool, False on padding rows.
-      loss_mask: `[B, T]`, the tokens the loss counts.
-      group_size: G.
-
-    Returns:
-      ``advantage_share_nearly_solved`` / ``_nearly_failed``: the share of the batch's
-      summed row weight carried by nearly-solved groups (3/4 <= share correct < 1) /
-      nearly-failed ones (0 < share correct <= 1/4), 0 when every weight is 0;
-      ``groups_nearly_solved`` / ``_nearly_failed``: the share of the real groups that are.
-    """
-    if advantages.ndim == 2:
-        mask = loss_mask.astype(jnp.float32)
-        weight = jnp.sum(jnp.abs(advantages) * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1)
-    else:
-        weight = jnp.abs(advantages)
-    weight = weight * row_valid
-    solved = jnp.mean(correct.reshape(-1, group_size).astype(jnp.float32), axis=1)   # [P]
-    real = row_valid.reshape(-1, group_size)[:, 0]
-    groups = {"nearly_solved": (solved >= 1 - NEARLY) & (solved < 1),
-              "nearly_failed": (solved > 0) & (solved <= NEARLY)}
-    total = jnp.sum(weight)
-    stats = {}
-    for name, where in groups.items():
-        carried = jnp.sum(weight * jnp.repeat(where, group_size))
-        stats[f"advantage_share_{name}"] = jnp.where(total > 0, carried / jnp.where(total > 0, total, 1), 0.0)
-        stats[f"groups_{name}"] = jnp.sum(where & real) / jnp.maximum(jnp.sum(real), 1)
-    return stats
-
-
 def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
     """One train batch of P x G rows on the mesh, the step's rollout metrics, and this
     process's examples of the first draw (for a supervised term on the same prompts).

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import objectives
-from grpo_jax.training import rl, rollout
+from grpo_jax.training import metrics as metrics_lib, rl
 
 
 def _numpy_statistics(advantages, correct, row_valid, mask, group_size):
@@ -48,7 +48,7 @@ VALID = np.repeat([True, True, True, True, True, False], 4)
 class TestAdvantageStatistics:
 
     def _check(self, advantages, mask):
-        got = jax.jit(rollout.advantage_statistics, static_argnames="group_size")(
+        got = jax.jit(metrics_lib.advantage_statistics, static_argnames="group_size")(
             jnp.asarray(advantages), jnp.asarray(CORRECT), jnp.asarray(VALID), jnp.asarray(mask),
             group_size=4)
         want = _numpy_statistics(advantages, CORRECT, VALID, mask, 4)
