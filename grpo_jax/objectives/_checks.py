@@ -64,9 +64,6 @@ def shape_text(shape):
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-_shape_text = shape_text   # the earlier name
-
-
 def _leaves(x):
     """The scalars of a (nested) list or tuple."""
     if isinstance(x, (list, tuple)):

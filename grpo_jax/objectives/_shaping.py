@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.objectives import _checks
+from grpo_jax.objectives._mismatch import rollout_correction
 
 IMPORTANCE_LEVELS = ("token", "sequence")
 IMPORTANCE_MODES = ("truncate", "mask")
@@ -128,7 +129,6 @@ def importance_weights(old_logp, behaviour_logp, mask, *, level="token", cap=2.0
       Yao et al., Your Efficient RL Framework Secretly Brings You Off-Policy RL
       Training (TIS, 2025); Espeholt et al., IMPALA (2018).
     """
-    from grpo_jax.objectives._mismatch import rollout_correction
     _checks.check_choice("level", level, IMPORTANCE_LEVELS)
     _checks.check_choice("mode", mode, IMPORTANCE_MODES)
     _checks.check_greater("cap", cap, 1.0 if mode == "mask" else 0.0)

@@ -11,11 +11,14 @@ Each field has a flat keyword (what presets and `ObjectiveSpec` take) and a conf
 
 import dataclasses
 import difflib
+import typing
 from typing import Any, Mapping
 
 from grpo_jax.objectives import _checks
 from grpo_jax.objectives._aggregation import AGGREGATION_MODES
 from grpo_jax.objectives._kl import KL_KINDS
+from grpo_jax.objectives._mismatch import MISMATCH_LEVELS, MISMATCH_MODES, resolve_bounds
+from grpo_jax.objectives._trust_region import DPPO_DIVERGENCES
 
 OVERLONG_MODES = ("none", "mask")
 ADVANTAGE_SCALES = ("group", "batch", "none")
@@ -259,9 +262,7 @@ def _field(name):
 
 def _validate(spec):
     """Raises ValueError naming the first impossible field (by its config path)."""
-    from grpo_jax.objectives._compose import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-    from grpo_jax.objectives._mismatch import MISMATCH_LEVELS, MISMATCH_MODES, resolve_bounds
-    from grpo_jax.objectives._trust_region import DPPO_DIVERGENCES
+    from grpo_jax.objectives._compose import ADVANTAGE_ESTIMATORS, POLICY_LOSSES  # imports us
     _checks.check_static_int("objective.group_size", spec.group_size)
     if not isinstance(spec.group_size, int) or isinstance(spec.group_size, bool) \
             or spec.group_size < 1:
@@ -315,23 +316,10 @@ def _validate(spec):
             "objective.aggregation.allow_other_modes=True to run this variant on purpose")
 
 
-def spec_as_nested_dict(spec: ObjectiveSpec) -> dict[str, Any]:
-    """``{"group_size": G, "loss": {"kind": ..., ...}, ...}``: the config section's shape."""
-    out: dict[str, Any] = {}
-    for path, value in spec.config_items():
-        *sections, leaf = path.split(".")
-        node = out
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[leaf] = value
-    return out
-
-
 def field_types() -> Mapping[str, type]:
-    """Config path -> the Python type of its value (for None defaults: the type it takes)."""
-    types = {"dual_clip": float, "norm_len": int, "importance_low": float,
-             "importance_high": float, "dppo_delta_low": float, "dppo_delta_high": float,
-             "dppo_ratio_cap": float}
-    return {CONFIG_PATHS[f.name]: types.get(f.name, type(f.default) if f.default is not
-                                            dataclasses.MISSING else int)
-            for f in dataclasses.fields(ObjectiveSpec)}
+    """Config path -> the Python type of its value (``float | None`` fields: float)."""
+    def value_type(field):
+        types = [t for t in typing.get_args(field.type) if t is not type(None)]
+        return types[0] if types else field.type
+
+    return {CONFIG_PATHS[f.name]: value_type(f) for f in dataclasses.fields(ObjectiveSpec)}
