@@ -29,13 +29,12 @@ sys.path.insert(0, ROOT)
 
 def held_out_answers(config, checkpoint):
     """Greedy answers of `checkpoint` to the held-out prompts -> a dict of per-answer lists."""
-    import jax
     import numpy as np
 
     from grpo_jax import parallel, sampling
-    from grpo_jax.training import demo, evaluation, rollout, task as task_lib
+    from grpo_jax.training import evaluation, rollout, steps, task as task_lib
 
-    mesh, policy, source = demo.load_for_evaluation(config, checkpoint)
+    mesh, policy, source = evaluation.load_for_evaluation(config, checkpoint)
     tokenizer = policy.tokenizer
     examples, real = evaluation.own_examples(source, config.eval.num_prompts)
     scorer = task_lib.Scorer(config.reward, separate=True,
@@ -50,8 +49,9 @@ def held_out_answers(config, checkpoint):
             texts, tokens, mask = task_lib.prompt_rows(config.task, padded, tokenizer)
             prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
             out = rollout.sample_on_mesh(
-                policy, mesh, prompts, rng=jax.random.key(0), method=sampling.Greedy(),
-                group_size=1, max_new_tokens=config.rollout.max_new_tokens,
+                policy, mesh, prompts, rng=steps.step_rng(config.seed, "eval", 0),
+                method=sampling.Greedy(), group_size=1,
+                max_new_tokens=config.rollout.max_new_tokens,
                 rules=config.rollout.rules)
             columns, _, _ = rollout.score_own_rows(out, texts, padded, scorer, tokenizer, 1)
             completions = task_lib.decode_completions(tokenizer, out.tokens, out.mask)

@@ -43,10 +43,10 @@ def _parse_override(text):
 
 def run_one(args):
     """One (recipe, seed) run in this process; prints its result as the last JSON line."""
-    from grpo_jax import config_lib, parallel
+    from grpo_jax import config_lib, parallel, paths
     parallel.use_cpu_cores()
     import jax
-    from grpo_jax.training import demo, rl, warm_start
+    from grpo_jax.training import evaluation, rl, warm_start
     config = config_lib.load_config(os.path.join(REPO, "configs", f"{args.recipe}.py:runlocal=True"))
     config_lib.apply_overrides(config, {
         "seed": args.seed, "train.steps": 10**6, "train.eval_every": 10**9,
@@ -57,11 +57,12 @@ def run_one(args):
         "filtering.short_batch": "pad"})
     config_lib.apply_overrides(config, dict(_parse_override(o) for o in args.override))
     workdir = os.path.join(os.path.abspath(args.workdir), f"{args.recipe}_seed{args.seed}")
-    warm_start.use_if_configured(config)   # built (or found) before the clock starts
+    config, workdir = paths.resolve_run_paths(config, workdir)   # as rl.train does first
+    config = warm_start.prepared(config)   # built (or found) before the clock starts
     begin = time.time()
     steps = rl.train(config, workdir, seconds=args.seconds)
     seconds = time.time() - begin
-    metrics = demo.evaluate_export(config, os.path.join(workdir, "export"))
+    metrics = evaluation.evaluate_export(config, os.path.join(workdir, "export"))
     device = jax.devices()[0].memory_stats() or {}
     pretrain = min(steps, config.critic.pretrain_steps)
     print(json.dumps({"recipe": args.recipe, "seed": args.seed, "rl_steps": steps - pretrain,

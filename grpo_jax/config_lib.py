@@ -3,11 +3,18 @@
 Every recipe in configs/ has `get_config(arg=None)`; `arg` is the text after the
 colon, parsed by `parse_arg` against the recipe's declared arguments, the same
 convention as ml_collections' `config_flags` and big_vision.
+
+A run reads its config and never writes it: each entry point works on a `frozen` copy
+(an assignment raises), and a change (resolved paths, a warm start's model) is a new
+config (`replaced`), printed and saved with the run (`record`).
 """
 
 import ast
 import importlib.util
+import json
+import os
 import pathlib
+import types
 
 from grpo_jax import _extras
 
@@ -122,3 +129,59 @@ def set_objective(config, objective):
                 node = node[name]
             node[leaf] = value
     return config
+
+
+def frozen(config):
+    """A read-only copy of `config`, its field references resolved; `config` is left as is.
+
+    An `ml_collections.FrozenConfigDict`: assigning a field raises. Its lists are tuples,
+    and a dict inside one (a reward's options in ``reward.specs``) is a read-only mapping
+    (FrozenConfigDict holds no dict inside a tuple).
+    """
+    if isinstance(config, ml_collections.FrozenConfigDict):
+        config = config.as_configdict()
+    copy = config.copy_and_resolve_references()
+    _read_only_sequences(copy)
+    return ml_collections.FrozenConfigDict(copy)
+
+
+def _read_only_sequences(section):
+    """Makes each dict inside a list or tuple of `section` a read-only mapping, in place."""
+    for key, value in section.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            _read_only_sequences(value)
+        elif isinstance(value, (list, tuple)):
+            section[key] = _read_only_items(value)
+
+
+def _read_only_items(items):
+    return tuple(types.MappingProxyType(dict(item)) if isinstance(item, dict)
+                 else _read_only_items(item) if isinstance(item, (list, tuple)) else item
+                 for item in items)
+
+
+def replaced(config, changes):
+    """A `frozen` copy of `config` with ``{"section.field": value}`` changes (as
+    `apply_overrides`); `config` is left as is."""
+    if isinstance(config, ml_collections.FrozenConfigDict):
+        config = config.as_configdict()
+    return frozen(apply_overrides(config.copy_and_resolve_references(), changes))
+
+
+def to_json(config, **dumps):
+    """`config` as JSON text (a reward's options as objects); `dumps`: json.dumps's options."""
+    return json.dumps(config.to_dict(), sort_keys=True, default=dict, **dumps)
+
+
+def record(config, workdir):
+    """Prints `config` (a line per section) and writes it to ``workdir/config.json``.
+
+    Every entry point calls it once at its start, on the main process; a resumed run
+    writes the file again, so it holds the config of the latest start.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+        f.write(to_json(config, indent=2) + "\n")
+    sections = json.loads(to_json(config))
+    lines = [f"  {name}: {json.dumps(value)}" for name, value in sections.items()]
+    print("\n".join([f"config ({os.path.join(workdir, 'config.json')}):", *lines]), flush=True)

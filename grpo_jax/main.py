@@ -7,7 +7,8 @@
 task's reference solutions), "demo" (SFT warm start, then RL, then an equal-time SFT
 control, ending with a before/after table) or "eval" (held-out pass@1, mean@k and pass@k
 of the checkpoint in ``model.path``, written to ``workdir/eval.json``). Re-running a
-command resumes its workdir.
+command resumes its workdir. Each mode reads its config, never writes it: it prints the
+resolved config once and saves it as ``workdir/config.json``.
 
 A SIGTERM (a preempted VM, a scheduler's stop) ends the step in progress, saves it and
 exits with status 75 (`preemption.EXIT_STATUS`); re-running the command resumes from it.
@@ -49,11 +50,11 @@ def main(argv):
     tfds.disable_progress_bar()                 # one line per step is the progress output
     from grpo_jax import parallel
     parallel.use_cpu_cores()                    # on CPU, one device per core (see its docstring)
-    from grpo_jax.training import demo, preemption, rl, sft   # after flag parsing: jax starts here
+    from grpo_jax.training import demo, evaluation, preemption, rl, sft   # jax starts here
     workdir = _WORKDIR.value              # made absolute by each mode (grpo_jax.paths)
     try:
-        {"rl": rl.train, "sft": sft.train, "demo": demo.run, "eval": demo.evaluate_to_file}[
-            config.mode](config, workdir)
+        {"rl": rl.train, "sft": sft.train, "demo": demo.run,
+         "eval": evaluation.evaluate_to_file}[config.mode](config, workdir)
     except preemption.Stopped as stopped:   # the checkpoint is on disk: say so, exit "try again"
         if parallel.is_main():
             print(f"{stopped} (exit status {preemption.EXIT_STATUS})", flush=True)

@@ -32,12 +32,15 @@ def resolve(path):
 
 
 def resolve_run_paths(config, workdir):
-    """Makes the config's path fields absolute in place; returns the absolute `workdir`.
+    """Returns `(config, workdir)`: a read-only copy of `config` (`config_lib.frozen`) with
+    its path fields absolute, and `workdir` absolute; `config` is left as is.
 
     Every entry point of a run (train, sft, demo, eval) calls this first; calling it
     again on resolved paths changes nothing.
     """
+    from grpo_jax import config_lib   # needs the train extra, which resolve() does not
+    changes = {}
     for dotted in CONFIG_PATH_FIELDS:
         section, field = dotted.split(".")
-        config[section][field] = resolve(config[section][field])
-    return resolve(workdir)
+        changes[dotted] = resolve(config[section][field])
+    return config_lib.replaced(config, changes), resolve(workdir)

@@ -182,8 +182,8 @@ def missing_inputs(config):
     """What a run of `config` would build in a shared directory before it trains: its
     dataset, its SFT warm start ([] when both exist)."""
     from grpo_jax.training import task, warm_start   # imports tfds and jax
-    config = config.copy_and_resolve_references()
-    paths.resolve_run_paths(config, "")   # as the trainer does first: the warm start's key covers them
+    # As the trainer does first: the warm start's key covers the resolved paths.
+    config, _ = paths.resolve_run_paths(config, "")
     missing = []
     if not task.is_prepared(config.task):
         missing.append(f"the {config.task.name} dataset in {paths.resolve(config.task.data_dir)}")

@@ -8,9 +8,9 @@ setup.py forgot passes every other test and fails only for a user. The checks: e
 third-party module the package imports belongs to a distribution the core or the train
 extra names, and grpo_jax.objectives imports only the core's; every module imports (and a
 chat template renders) in an environment that holds only the distributions the core and
-the train extra reach; and with the core alone, the objectives import and work while the
-rest fails at once with one line naming the extra. The environments are built here from
-symlinks.
+the train extra reach; and with the core alone, the objectives import and work (their
+worked examples, `python -m grpo_jax.objectives`, run) while the rest fails at once with
+one line naming the extra. The environments are built here from symlinks.
 """
 
 import ast
@@ -161,10 +161,12 @@ import jax.numpy as jnp
 from grpo_jax import objectives
 adv = objectives.group_advantages(jnp.array([1.0, 0.0, 0.0, 0.0]), group_size=4)
 print("advantages", *[float(a) for a in adv])
+import runpy
+runpy.run_module("grpo_jax.objectives", run_name="__main__")   # python -m grpo_jax.objectives
 import grpo_jax
 for m in pkgutil.iter_modules(grpo_jax.__path__, "grpo_jax."):
-    if m.name in ("grpo_jax._extras", "grpo_jax.objectives", "grpo_jax.paths", "grpo_jax.demo",
-                  "grpo_jax.parallel", "grpo_jax.__main__"):
+    if m.name in ("grpo_jax._extras", "grpo_jax.objectives", "grpo_jax.paths",
+                  "grpo_jax.parallel"):
         continue
     try:
         importlib.import_module(m.name)
@@ -185,4 +187,5 @@ def test_the_core_alone_gives_the_objectives_and_names_the_extra_for_the_rest(tm
     line = next(line for line in result.stdout.splitlines() if line.startswith("advantages "))
     expected = (np.array([1.0, 0, 0, 0]) - 0.25) / (np.sqrt(3) / 4 + 1e-6)
     np.testing.assert_allclose([float(x) for x in line.split()[1:]], expected, rtol=1e-6)
+    assert "18,000 tokens -> -0.5" in result.stdout   # the worked examples ran to the end
     assert "each part beyond the objectives names the train extra" in result.stdout

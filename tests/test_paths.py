@@ -24,23 +24,26 @@ def test_resolve(given, expected, tmp_path, monkeypatch):
     assert paths.resolve(given) == expected.format(cwd=tmp_path, home="/home/someone")
 
 
-def test_resolve_run_paths_fixes_every_path_field_and_is_idempotent(tmp_path, monkeypatch):
+def test_resolve_run_paths_returns_a_new_read_only_config_and_is_idempotent(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", "/home/someone")
-    config = ml_collections.ConfigDict({
+    given = ml_collections.ConfigDict({
         "model": {"path": "ckpt/policy", "name": ""},
         "critic": {"path": "~/critic"},
         "task": {"data_dir": "~/tfds", "manual_dir": "", "name": "gsm8k"}})
-    workdir = paths.resolve_run_paths(config, "runs/a")
+    before = given.to_dict()
+    config, workdir = paths.resolve_run_paths(given, "runs/a")
+    assert given.to_dict() == before   # the caller's config is left as it was
     assert workdir == f"{tmp_path}/runs/a"
     assert config.model.path == f"{tmp_path}/ckpt/policy"
     assert config.critic.path == "/home/someone/critic"
     assert config.task.data_dir == "/home/someone/tfds"
     assert config.task.manual_dir == ""
-    before = config.to_dict()
+    with pytest.raises(AttributeError, match="immutable"):
+        config.model.path = "elsewhere"
     monkeypatch.chdir("/")
-    assert paths.resolve_run_paths(config, workdir) == workdir
-    assert config.to_dict() == before
+    again, same_workdir = paths.resolve_run_paths(config, workdir)
+    assert same_workdir == workdir and again.to_dict() == config.to_dict()
 
 
 def test_every_path_field_exists_in_the_base_config():

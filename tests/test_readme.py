@@ -49,9 +49,9 @@ def test_ci_runs_both_readme_commands():
         assert _block_after(marker, "bash").startswith("python3 -m venv .venv && ")
 
 
-def test_demo_prints_the_worked_examples():
-    out = subprocess.run([sys.executable, "-m", "grpo_jax.demo"], capture_output=True, text=True,
-                         check=True, timeout=300).stdout
+def test_objectives_main_prints_the_worked_examples():
+    out = subprocess.run([sys.executable, "-m", "grpo_jax.objectives"], capture_output=True,
+                         text=True, check=True, timeout=300).stdout
     for expected in ("right:wrong = 6.0 : 1   whole answers +0.50 / -0.50",
                      "right:wrong = 1.0 : 1", "right +0.378   wrong -2.646",
                      "right +0.354   wrong -2.475", "right +0.125   wrong -0.875",

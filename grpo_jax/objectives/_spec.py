@@ -76,7 +76,8 @@ class ObjectiveSpec:
     positive_nll_weight (positive_nll_weight) 0.0: VAPO's weight on the NLL of the
       batch's correct answers (batch["correct"]).
     overlong (overlong.mode) "none": "mask" drops truncated answers from the loss and its
-      token count (DAPO's overlong filtering).
+      token count (DAPO's overlong filtering). DAPO's soft overlong penalty is a reward,
+      not a mode (`overlong_penalty`; ``("overlong", weight, {...})`` in ``reward.specs``).
     offpolicy_mask (offpolicy_mask.enabled) False: DeepSeek-V3.2's off-policy sequence
       mask (`offpolicy_sequence_mask`) ...
     offpolicy_delta (offpolicy_mask.delta) 0.5: ... and its threshold.
@@ -221,7 +222,7 @@ def _leaves(section, prefix=""):
     """``(dotted path, value)`` of every leaf of a nested mapping (a ConfigDict too)."""
     for key, value in section.items():
         path = f"{prefix}{key}"
-        if hasattr(value, "items") and not isinstance(value, ObjectiveSpec):
+        if hasattr(value, "items"):
             yield from _leaves(value, f"{path}.")
         else:
             yield path, value
@@ -271,11 +272,6 @@ def _validate(spec):
     _checks.check_choice(_field("policy_loss"), spec.policy_loss, tuple(POLICY_LOSSES))
     _checks.check_choice(_field("aggregation"), spec.aggregation, AGGREGATION_MODES)
     _checks.check_choice(_field("kl_kind"), spec.kl_kind, KL_KINDS)
-    if spec.overlong == "penalty":
-        raise ValueError("objective.overlong.mode='penalty' is gone: DAPO's soft overlong "
-                         "penalty is a reward; add (\"overlong\", weight, {\"max_len\": ..., "
-                         "\"cache_len\": ...}) to reward.specs and set objective.overlong.mode "
-                         "to 'none' (or 'mask' to also drop truncated answers)")
     _checks.check_choice(_field("overlong"), spec.overlong, OVERLONG_MODES)
     _checks.check_choice(_field("importance_level"), spec.importance_level, MISMATCH_LEVELS)
     _checks.check_choice(_field("importance_mode"), spec.importance_mode, MISMATCH_MODES)

@@ -8,56 +8,8 @@ import json
 import os
 import time
 
-from flax import nnx
-
-from grpo_jax import config_lib, models, parallel, paths
-from grpo_jax.training import evaluation, footprint, policy as policy_lib, rl, rollout, sft
-from grpo_jax.training import steps
-from grpo_jax.training import task as task_lib
-
-
-def _stage_config(config, **changes):
-    """A copy of `config` with ``{"section.field": value}`` changes for one stage."""
-    return config_lib.apply_overrides(config.copy_and_resolve_references(), changes)
-
-
-def load_for_evaluation(config, path):
-    """`(mesh, policy, held-out source)`: the saved policy at `path` on the config's mesh,
-    through the same loading code as any checkpoint, and the task's evaluation split."""
-    mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "eval"))
-    model, tokenizer = models.from_pretrained(path, mesh=mesh, rules=config.model.rules)
-    graphdef, params = nnx.split(model)
-    policy = policy_lib.Policy(graphdef, params, tokenizer)
-    return mesh, policy, task_lib.data_source(config.task, config.task.eval_split)
-
-
-def evaluate_export(config, path):
-    """Held-out metrics of a saved policy (`load_for_evaluation`)."""
-    mesh, policy, source = load_for_evaluation(config, path)
-    scorer = task_lib.Scorer(config.reward, separate=False,
-                             max_new_tokens=config.rollout.max_new_tokens)
-    method = rollout.sampling_method(config)
-    try:
-        return evaluation.evaluate(policy, mesh, scorer,
-                                   evaluation.own_examples(source, config.eval.num_prompts),
-                                   config, rng=steps.step_rng(config.seed, "eval", 0),
-                                   method=method)
-    finally:
-        scorer.close()
-
-
-def evaluate_to_file(config, workdir):
-    """The "eval" mode: held-out metrics of ``model.path``, printed and saved as JSON."""
-    if not config.model.path:
-        raise ValueError("mode 'eval' needs --config.model.path, a checkpoint to evaluate")
-    workdir = paths.resolve_run_paths(config, workdir)
-    metrics = evaluate_export(config, config.model.path)
-    if parallel.is_main():
-        os.makedirs(workdir, exist_ok=True)
-        with open(os.path.join(workdir, "eval.json"), "w") as f:
-            json.dump(metrics, f, indent=2)
-        print(json.dumps(metrics, indent=2), flush=True)
-    return metrics
+from grpo_jax import config_lib, parallel, paths
+from grpo_jax.training import evaluation, rl, sft
 
 
 def _timed(workdir, fn):
@@ -76,16 +28,19 @@ def _timed(workdir, fn):
 
 def run(config, workdir):
     """Runs the three stages and prints (and saves) the before/after table."""
-    workdir = paths.resolve_run_paths(config, workdir)
+    config, workdir = paths.resolve_run_paths(config, workdir)
+    parallel.initialize(config.distributed)   # which process is the main one
+    if parallel.is_main():
+        config_lib.record(config, workdir)
     sft_dir, rl_dir, control_dir = (os.path.join(workdir, d) for d in ("sft", "rl", "sft_control"))
     warm = os.path.join(sft_dir, "export")
 
     sft_seconds = _timed(sft_dir, lambda: sft.train(config, sft_dir))
-    rl_config = _stage_config(config, **{"model.path": warm, "model.name": "",
-                                         "model.sft_warm_start": False})
+    rl_config = config_lib.replaced(config, {"model.path": warm, "model.name": "",
+                                             "model.sft_warm_start": False})
     rl_seconds = _timed(rl_dir, lambda: rl.train(rl_config, rl_dir))
-    control_config = _stage_config(config, **{"model.path": warm, "model.name": "",
-                                              "sft.steps": 10**9, "sft.eval_every": 10**9})
+    control_config = config_lib.replaced(config, {"model.path": warm, "model.name": "",
+                                                  "sft.steps": 10**9, "sft.eval_every": 10**9})
     _timed(control_dir, lambda: sft.train(control_config, control_dir, seconds=rl_seconds))
 
     rows = [("SFT warm start", warm, sft_seconds),
@@ -93,7 +48,7 @@ def run(config, workdir):
             ("+ SFT for the same time (control)", os.path.join(control_dir, "export"), rl_seconds)]
     results = []
     for name, path, seconds in rows:
-        metrics = evaluate_export(config, path)
+        metrics = evaluation.evaluate_export(config, path)
         results.append({"stage": name, "seconds": round(seconds, 1), **metrics})
     if parallel.is_main():
         with open(os.path.join(workdir, "results.json"), "w") as f:

@@ -1,15 +1,26 @@
 """Held-out evaluation: greedy pass@1, and mean@k / pass@k over k samples per prompt.
 
+    python -m grpo_jax.main --config configs/dapo.py:runlocal=True --config.mode=eval \\
+        --config.model.path=/tmp/dapo/export --config.model.name= --workdir /tmp/dapo_eval
+
 Each process evaluates its own share of the held-out prompts on the shared mesh and the
-counts are summed over processes, so every process returns the same numbers.
+counts are summed over processes, so every process returns the same numbers. The
+trainers evaluate their policy every ``eval_every`` steps (`evaluate`); the "eval" mode
+evaluates a saved policy (`evaluate_to_file`). The draws of an evaluation at step s are
+the seed's "eval" stream at s (`steps.step_rng`), whoever evaluates.
 """
+
+import json
+import os
 
 import jax
 import numpy as np
+from flax import nnx
 
-from grpo_jax import data, parallel, sampling
+from grpo_jax import config_lib, data, models, parallel, paths, sampling
+from grpo_jax.training import footprint, policy as policy_lib
 from grpo_jax.training import rollout as rollout_lib
-from grpo_jax.training import task as task_lib
+from grpo_jax.training import steps, task as task_lib
 
 EVAL_CHUNK = 256   # prompts per sampler call (per process)
 
@@ -55,12 +66,14 @@ def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size)
     return np.concatenate(correct) if correct else np.zeros(0, bool)
 
 
-def evaluate(policy, mesh, scorer, own, config, *, rng, method):
+def evaluate(policy, mesh, scorer, own, config, *, step, method):
     """Accuracy on held-out examples: ``config.eval.samples`` samples per prompt with the
     rollout's sampling `method`, at most ``config.rollout.max_new_tokens`` tokens.
 
     Args:
       own: `(examples, real)` from `own_examples`: this process's share.
+      step: the training step evaluated at (0 for a saved policy); the draws are the
+        ``"eval"`` stream of ``config.seed`` at it.
 
     Returns:
       ``eval_accuracy`` (greedy pass@1), ``eval_mean_at_k`` (mean correctness of k
@@ -69,6 +82,7 @@ def evaluate(policy, mesh, scorer, own, config, *, rng, method):
     """
     examples, real = own
     k = config.eval.samples
+    rng = steps.step_rng(config.seed, "eval", step)
     greedy = _correct(policy, mesh, scorer, examples, config, rng=rng, method=sampling.Greedy(),
                       group_size=1)[:real]
     totals = [greedy.sum(), greedy.size]
@@ -83,3 +97,41 @@ def evaluate(policy, mesh, scorer, own, config, *, rng, method):
         metrics.update(eval_mean_at_k=summed[2] / max(summed[1] * k, 1),
                        eval_pass_at_k=summed[3] / max(summed[1], 1), eval_k=float(k))
     return {name: float(value) for name, value in metrics.items()}
+
+
+def load_for_evaluation(config, path):
+    """`(mesh, policy, held-out source)`: the saved policy at `path` on the config's mesh,
+    through the same loading code as any checkpoint, and the task's evaluation split."""
+    mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "eval"))
+    model, tokenizer = models.from_pretrained(path, mesh=mesh, rules=config.model.rules)
+    graphdef, params = nnx.split(model)
+    policy = policy_lib.Policy(graphdef, params, tokenizer)
+    return mesh, policy, task_lib.data_source(config.task, config.task.eval_split)
+
+
+def evaluate_export(config, path):
+    """Held-out metrics of a saved policy (`load_for_evaluation`)."""
+    mesh, policy, source = load_for_evaluation(config, path)
+    scorer = task_lib.Scorer(config.reward, separate=False,
+                             max_new_tokens=config.rollout.max_new_tokens)
+    try:
+        return evaluate(policy, mesh, scorer, own_examples(source, config.eval.num_prompts),
+                        config, step=0, method=rollout_lib.sampling_method(config))
+    finally:
+        scorer.close()
+
+
+def evaluate_to_file(config, workdir):
+    """The "eval" mode: held-out metrics of ``model.path``, printed and saved as JSON."""
+    if not config.model.path:
+        raise ValueError("mode 'eval' needs --config.model.path, a checkpoint to evaluate")
+    config, workdir = paths.resolve_run_paths(config, workdir)
+    parallel.initialize(config.distributed)   # which process is the main one
+    if parallel.is_main():
+        config_lib.record(config, workdir)
+    metrics = evaluate_export(config, config.model.path)
+    if parallel.is_main():
+        with open(os.path.join(workdir, "eval.json"), "w") as f:
+            json.dump(metrics, f, indent=2)
+        print(json.dumps(metrics, indent=2), flush=True)
+    return metrics

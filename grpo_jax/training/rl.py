@@ -10,34 +10,43 @@ rows it scores (`rollout.draw`) and the metrics, nothing else. Each step makes
 second update on the policy is off the behaviour policy and the clip (or gate, or cap)
 of the recipe acts.
 
-With a critic (``critic.enabled``: PPO, VAPO), a value model gives every completion token
-its value, the policy's advantages are GAE over them, and the critic makes the same
-``epochs x minibatches`` updates toward its targets. VAPO's value pre-training is the
-first ``critic.pretrain_steps`` steps: rollouts of the frozen starting policy train only
-the critic, toward Monte-Carlo returns (lambda = 1); the ``train.steps`` RL steps follow.
+A run goes through phases, each before the next, and the loop's body never asks which
+one it is in: the SFT warm start (`warm_start.prepared`, before the loop), VAPO's value
+pre-training (steps 1..P, P = ``critic.pretrain_steps``: `critic_pretraining_step`),
+then the ``train.steps`` RL steps (P+1..P+T: `rl_step`). `schedule` picks each step's
+function once per phase; the loop's tail (metrics, checkpoint, preemption, the time
+limit) is the same for both. With a critic (``critic.enabled``: PPO, VAPO), a value model
+gives every completion token its value, the policy's advantages are GAE over them, and
+the critic makes the same ``epochs x minibatches`` updates toward its targets.
 
-Re-running the same command resumes from the last checkpoint: parameters, optimizer
-state (the critic's too), step and every process's data position are restored, and the
-step's RNG is `fold_in(seed, step)`, so the resumed run continues exactly as an
-uninterrupted one would.
+The config is read, never written: `train` works on a resolved, read-only copy
+(`paths.resolve_run_paths`), the warm start makes a new one, and the run's config is
+printed once and saved as ``workdir/config.json``.
+
+Re-running the same command resumes from the last checkpoint (in either phase):
+parameters, optimizer state (the critic's too), step and every process's data position
+are restored, and the step's RNG is `fold_in(seed, step)`, so the resumed run continues
+exactly as an uninterrupted one would.
 """
 
-import functools
+import dataclasses
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import objectives, parallel, paths
-from grpo_jax.training import batch as batch_lib
+from grpo_jax import config_lib, objectives, parallel, paths
 from grpo_jax.training import checkpoint, critic as critic_lib, evaluation, footprint
 from grpo_jax.training import metrics as metrics_lib, programs
 from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
 
 OLD_LOGP = ("recompute", "sampler")
+
+
 def check_config(config, mesh):
     """Raises ValueError naming the field for settings the loop cannot run."""
     objectives.validate_objective_config(config.objective)
@@ -143,179 +152,315 @@ def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatch
     return params, opt_state, metrics
 
 
-def run_state(params, opt_state, lagged, ref_params, *, reference_moves, critic=None):
+@dataclasses.dataclass
+class Run:
+    """An RL run from its set-up to its last step: what the steps read, and the state they
+    move (the policy's and the critic's parameters and optimizer states, the lagged
+    copies, the reference).
+
+    Attributes:
+      config: the run's resolved, read-only config; workdir: its absolute workdir.
+      mesh: the device mesh.
+      policy: the `policy_lib.Policy` being trained; opt_state: its optimizer state.
+      lagged: ``rollout.policy_lag`` copies of the policy's parameters, oldest first;
+        the rollouts sample with ``lagged[0]`` (asynchronous RL's staleness).
+      ref_params: pi_ref's parameters (None without a KL term: ``kl.beta = 0``).
+      critic: PPO's value model (`critic_lib.Critic`; None without ``critic.enabled``).
+      policy_programs, critic_programs: the policy's and the critic's `programs.Programs`.
+      objective: the recipe's objective (`programs.rl_objective`).
+      scorer, method: the rewards (`task_lib.Scorer`) and the rollouts' sampling method.
+      layout: the RL batch's keys (`programs.batch_layout`), checked at every step.
+      train_iter: this process's prompt stream; held_out: its held-out examples.
+      checkpointer: the run's `checkpoint.Checkpointer`.
+      advantages_fn, mismatch_fn, seeds_fn: jitted functions of the batch: the
+        advantages, sampler-vs-trainer log-prob metrics, a random loss's row seeds.
+    """
+
+    config: Any
+    workdir: str
+    mesh: jax.sharding.Mesh
+    policy: policy_lib.Policy
+    opt_state: Any
+    lagged: list
+    ref_params: Any
+    critic: critic_lib.Critic | None
+    policy_programs: programs.Programs
+    critic_programs: programs.Programs | None
+    objective: Any
+    scorer: task_lib.Scorer
+    method: Any
+    layout: dict
+    train_iter: Any
+    held_out: tuple
+    checkpointer: checkpoint.Checkpointer
+    advantages_fn: Callable
+    mismatch_fn: Callable
+    seeds_fn: Callable
+
+
+def _copy(params):
+    return jax.tree.map(jnp.copy, params)
+
+
+def set_up(config, workdir, mesh):
+    """The `Run` of `config` (resolved, read-only) in `workdir` at its start: data, the
+    starting policy and critic, the objective, programs and optimizer states, the
+    checkpointer. `restore` then moves it to the newest checkpoint."""
+    train_source = task_lib.data_source(config.task, "train")
+    eval_source = task_lib.data_source(config.task, config.task.eval_split)
+    texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
+    policy = policy_lib.start_policy(config, mesh, workdir, texts)
+    check_model(config, policy.model_config())
+    objective = programs.rl_objective(config)
+    policy_run = programs.policy_programs(config, mesh, policy.graphdef, policy.params, objective)
+    critic = critic_run = None
+    if config.critic.enabled:   # PPO's value model: its own optimizer, the same minibatches
+        critic = critic_lib.start_critic(config, mesh, policy)
+        critic_run = programs.critic_programs(config, mesh, critic.graphdef, critic.params)
+        critic.opt_state = steps.init_optimizer_state(critic_run.tx, critic.params, mesh)
+    return Run(
+        config=config, workdir=workdir, mesh=mesh, policy=policy,
+        opt_state=steps.init_optimizer_state(policy_run.tx, policy.params, mesh),
+        lagged=[_copy(policy.params) for _ in range(config.rollout.policy_lag)],
+        ref_params=_copy(policy.params) if config.objective.kl.beta > 0 else None,
+        critic=critic, policy_programs=policy_run, critic_programs=critic_run, objective=objective,
+        scorer=task_lib.Scorer(config.reward,
+                               separate=config.objective.advantage.estimator == "gdpo",
+                               max_new_tokens=config.rollout.max_new_tokens),
+        method=rollout.sampling_method(config),
+        layout=programs.batch_layout(config, policy.model_config(), prompt_len=1),   # its keys
+        train_iter=iter(task_lib.loader(train_source, config,
+                                        batch_size=config.rollout.prompts_per_batch)),
+        held_out=evaluation.own_examples(eval_source, config.eval.num_prompts),
+        checkpointer=checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                             keep=config.train.keep_checkpoints),
+        advantages_fn=jax.jit(objective.advantages),
+        mismatch_fn=jax.jit(objectives.mismatch_metrics),
+        seeds_fn=jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh)))
+
+
+def checkpoint_state(run):
     """What a checkpoint of the run holds: parameters, optimizer state, the lagged rollout
-    parameters, the KL reference when it can differ from the starting policy, and the
-    critic's parameters and optimizer state when there is one."""
-    state = {"params": params, "opt_state": opt_state, "lagged": tuple(lagged)}
-    if reference_moves:
-        state["ref_params"] = ref_params
-    if critic is not None:
-        state["critic"] = {"params": critic.params, "opt_state": critic.opt_state}
+    parameters, the KL reference when it can differ from the starting policy
+    (``train.ref_reset_every``), and the critic's parameters and optimizer state."""
+    state = {"params": run.policy.params, "opt_state": run.opt_state, "lagged": tuple(run.lagged)}
+    if run.config.train.ref_reset_every:
+        state["ref_params"] = run.ref_params
+    if run.critic is not None:
+        state["critic"] = {"params": run.critic.params, "opt_state": run.critic.opt_state}
     return state
 
 
+def restore(run):
+    """Moves `run` to its newest checkpoint (its state and this process's data position);
+    returns that checkpoint's step, 0 when there is none."""
+    start, state = run.checkpointer.restore_run(checkpoint_state(run), run.train_iter)
+    run.policy.params, run.opt_state = state["params"], state["opt_state"]
+    run.lagged, run.ref_params = list(state["lagged"]), state.get("ref_params", run.ref_params)
+    if run.critic is not None:
+        run.critic.params = state["critic"]["params"]
+        run.critic.opt_state = state["critic"]["opt_state"]
+    if start and parallel.is_main():
+        print(f"resumed from the checkpoint of step {start} in {run.workdir}", flush=True)
+    return start
+
+
+def export(run):
+    """Writes the policy to ``workdir/export`` and the critic to ``workdir/export_critic``
+    as Hugging Face checkpoints."""
+    policy_lib.export(run.policy, os.path.join(run.workdir, "export"))
+    if run.critic is not None:
+        critic_lib.export(run.critic, run.policy.tokenizer,
+                          os.path.join(run.workdir, "export_critic"))
+
+
+def schedule(config, start):
+    """`(step, step function)` for every step after `start`: `critic_pretraining_step`
+    for steps 1..P (P = ``critic.pretrain_steps``), then `rl_step` for P+1..P+T
+    (T = ``train.steps``). The function is chosen once per phase."""
+    pretrain = config.critic.pretrain_steps
+    phases = ((critic_pretraining_step, 1, pretrain),
+              (rl_step, pretrain + 1, pretrain + config.train.steps))
+    for take_step, first, last in phases:
+        for step in range(max(first, start + 1), last + 1):
+            yield step, take_step
+
+
+def _rollouts(run, step):
+    """The step's rollouts and rewards (DAPO's dynamic sampling draws more if asked),
+    sampled by the parameters of ``policy_lag`` steps ago; the lag moves on by one.
+    Returns `(batch, metrics, examples, behaviour)`: `rollout.collect`'s three and the
+    `Policy` that sampled."""
+    config, policy = run.config, run.policy
+    behaviour = (policy_lib.Policy(policy.graphdef, run.lagged[0], policy.tokenizer)
+                 if run.lagged else policy)
+    batch, metrics, examples = rollout.collect(behaviour, run.mesh, run.train_iter, config=config,
+                                               scorer=run.scorer, method=run.method,
+                                               rng=steps.step_rng(config.seed, "rollout", step))
+    if run.lagged:
+        run.lagged = run.lagged[1:] + [_copy(policy.params)]
+    if config.train.log_rollouts_every and step % config.train.log_rollouts_every == 0:
+        rollout.write_samples(batch, policy.tokenizer,
+                              os.path.join(run.workdir, "rollouts", f"{step}.jsonl"))
+    return batch, metrics, examples, behaviour
+
+
+def _value_targets(run, batch, lam):
+    """``{"values", "returns"}``: the critic's `[B, N]` values of the batch and its
+    targets, the GAE returns with `lam` (1: Monte-Carlo); {} without a critic."""
+    if run.critic is None:
+        return {}
+    values = run.critic_programs.forward(run.critic.params, batch)
+    returns = critic_lib.value_targets({**batch, "values": values}, lam,
+                                       gamma=run.config.objective.advantage.gamma)
+    return {"values": values, "returns": returns}
+
+
+def _policy_targets(run, batch, behaviour, step):
+    """Adds pi_old (the parameters that sampled, recomputed, or the sampler's log-probs),
+    pi_ref, the advantages and a random loss's seeds to `batch`; returns the metrics of
+    the sampler's against the trainer's log-probs (none when pi_old is the sampler's)."""
+    config, objective, logp_fn = run.config, run.objective, run.policy_programs.forward
+    metrics = {}
+    if config.train.old_logp == "recompute":
+        batch["old_logp"] = logp_fn(behaviour.params, batch)
+        mismatch = run.mismatch_fn(batch["old_logp"], batch["behaviour_logp"],
+                                   objective.loss_mask(batch))
+        metrics = {f"mismatch/{k}": float(v) for k, v in jax.device_get(mismatch).items()}
+    else:
+        batch["old_logp"] = batch["behaviour_logp"]
+    if run.ref_params is not None:
+        batch["ref_logp"] = logp_fn(run.ref_params, batch)
+    batch["advantages"] = run.advantages_fn(batch)
+    if objective.spec.policy_loss in objectives.RANDOM_LOSSES:   # Clip-Cov's draw
+        batch["loss_seed"] = run.seeds_fn(batch["mask"], jnp.int32(step))
+    return metrics
+
+
+def _critic_update(run, batch, step):
+    """The critic on the batch (`critic_lib.batch_statistics`), then its ``epochs x
+    minibatches`` updates toward the batch's targets; returns their metrics ({} without
+    a critic)."""
+    if run.critic is None:
+        return {}
+    config, critic = run.config, run.critic
+    metrics = jax.device_get(critic_lib.batch_statistics(batch))
+    critic.params, critic.opt_state, updates = update_on_batch(
+        run.critic_programs.update, critic.params, critic.opt_state, batch, (config.seed, step),
+        epochs=config.train.epochs, minibatches=config.train.minibatches)
+    return {**metrics, **critic_lib.update_metrics(updates)}
+
+
+def _checked_updates(run, batch, metrics, begin, step):
+    """`metrics` with the update stage's time and throughput (it began at `begin`); stops
+    the run (`metrics_lib.stop_if_not_finite`) when one of them is not finite."""
+    seconds = time.time() - begin
+    tokens = float(jnp.sum(batch["mask"])) * run.config.train.epochs
+    metrics.update(time_update=seconds, update_tokens_per_s=tokens / max(seconds, 1e-9),
+                   updates_per_step=float(programs.updates_per_step(run.config)))
+    metrics_lib.stop_if_not_finite(metrics, step, run.checkpointer)
+    return metrics
+
+
+def critic_pretraining_step(run, step):
+    """One step of VAPO's value pre-training (Yue et al., arXiv:2504.05118, sec. 3.1,
+    after VC-PPO, arXiv:2503.01491): rollouts of the frozen starting policy train only
+    the critic, toward Monte-Carlo returns (lambda = 1). Returns the step's metrics."""
+    batch, metrics, _, _ = _rollouts(run, step)
+    begin = time.time()
+    batch.update(_value_targets(run, batch, 1.0))
+    programs.check_batch(batch, run.layout, pretraining=True)
+    jax.block_until_ready(batch["returns"])
+    metrics["time_old_logp"] = time.time() - begin
+    begin = time.time()
+    metrics.update(_critic_update(run, batch, step))
+    return _checked_updates(run, batch, metrics, begin, step)
+
+
+def rl_step(run, step):
+    """One RL step; returns its metrics. RL steps count from the end of value
+    pre-training (``train.eval_every`` and ``train.ref_reset_every`` count them)."""
+    config, policy = run.config, run.policy
+    rl_steps = step - config.critic.pretrain_steps
+    # 1. Rollouts and rewards.
+    batch, metrics, examples, behaviour = _rollouts(run, step)
+    # 2. The critic's values and targets; pi_old and pi_ref, then advantages.
+    begin = time.time()
+    batch.update(_value_targets(run, batch, config.critic.lam))
+    metrics.update(_policy_targets(run, batch, behaviour, step))
+    programs.check_batch(batch, run.layout, pretraining=False)
+    jax.block_until_ready(batch["advantages"])
+    metrics["time_old_logp"] = time.time() - begin
+    weights = metrics_lib.advantage_statistics(
+        batch["advantages"], batch["correct"], batch["row_valid"],
+        run.objective.loss_mask(batch), group_size=config.objective.group_size)
+    metrics.update({k: float(v) for k, v in jax.device_get(weights).items()})
+    # 3. Updates: epochs x minibatches optimizer steps on the batch (policy, critic).
+    begin = time.time()
+    sft_rows = None
+    if config.train.sft_weight:   # the reference solutions of the step's first prompts
+        local, _ = task_lib.target_rows(examples, config.task, policy.tokenizer,
+                                        config.rollout.max_new_tokens)
+        sft_rows = parallel.global_rows(run.mesh, local)
+    policy.params, run.opt_state, updates = update_on_batch(
+        run.policy_programs.update, policy.params, run.opt_state, batch, (config.seed, step),
+        epochs=config.train.epochs, minibatches=config.train.minibatches, sft_rows=sft_rows)
+    metrics.update(updates)
+    metrics.update(_critic_update(run, batch, step))
+    metrics = _checked_updates(run, batch, metrics, begin, step)
+    if config.train.ref_reset_every and rl_steps % config.train.ref_reset_every == 0:
+        run.ref_params = _copy(policy.params)   # DeepSeek-R1: the reference follows the policy
+    # 4. Held-out evaluation.
+    if rl_steps % config.train.eval_every == 0:
+        begin = time.time()
+        metrics.update(evaluation.evaluate(policy, run.mesh, run.scorer, run.held_out, config,
+                                           step=step, method=run.method))
+        metrics["time_eval"] = time.time() - begin
+    return metrics
+
+
 def train(config, workdir, *, seconds=None):
-    """Runs (or resumes) the RL loop in `workdir`; returns the last step.
+    """Runs (or resumes) the RL loop in `workdir`; returns the last step. `config` is left
+    as it is: the run reads a resolved, read-only copy.
 
     With `seconds`, the run also ends after the first step that finishes past that much
     wall time (for comparisons at equal time): that step is saved and exported."""
-    # --- set-up: mesh, data, policy, objective, optimizer, checkpoint --------------------
-    workdir = paths.resolve_run_paths(config, workdir)
+    # --- set-up: mesh, warm start, data, policy, objective, optimizer, checkpoint --------
+    config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
     mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "rl"))
     check_config(config, mesh)
-    warm_start.use_if_configured(config)
-    cfg = config
-    train_source = task_lib.data_source(cfg.task, "train")
-    eval_source = task_lib.data_source(cfg.task, cfg.task.eval_split)
-    texts = None if cfg.model.path else task_lib.tokenizer_corpus(train_source)
-    policy = policy_lib.start_policy(cfg, mesh, workdir, texts)
-    check_model(cfg, policy.model_config())
-    train_iter = iter(task_lib.loader(train_source, cfg, batch_size=cfg.rollout.prompts_per_batch))
-    held_out = evaluation.own_examples(eval_source, cfg.eval.num_prompts)
-    scorer = task_lib.Scorer(cfg.reward, separate=cfg.objective.advantage.estimator == "gdpo",
-                             max_new_tokens=cfg.rollout.max_new_tokens)
-    objective = programs.rl_objective(cfg)
-    method = rollout.sampling_method(cfg)
-    layout = programs.batch_layout(cfg, policy.model_config(), prompt_len=1)   # its keys
-
-    total_steps = cfg.critic.pretrain_steps + cfg.train.steps   # value pre-training first
-    updates_per_step = programs.updates_per_step(cfg)
-    run = programs.policy_programs(cfg, mesh, policy.graphdef, policy.params, objective)
-    opt_state = steps.init_optimizer_state(run.tx, policy.params, mesh)
-    update, logp_fn = run.update, run.forward
-    advantages_fn = jax.jit(objective.advantages)
-    mismatch_fn = jax.jit(objectives.mismatch_metrics)   # sampler vs trainer log-probs
-    seeds_fn = jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh))
-    copy = lambda params: jax.tree.map(jnp.copy, params)
-    ref_params = copy(policy.params) if cfg.objective.kl.beta > 0 else None
-    lagged = [copy(policy.params) for _ in range(cfg.rollout.policy_lag)]
-    reference_moves = bool(cfg.train.ref_reset_every)
-    critic = None   # PPO's value model: its own optimizer, the same minibatches
-    if cfg.critic.enabled:
-        critic = critic_lib.start_critic(cfg, mesh, policy)
-        critic_run = programs.critic_programs(cfg, mesh, critic.graphdef, critic.params)
-        critic.opt_state = steps.init_optimizer_state(critic_run.tx, critic.params, mesh)
-        critic_update, values_fn = critic_run.update, critic_run.forward
-
-    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                           keep=cfg.train.keep_checkpoints)
-    start, state = checkpointer.restore_run(
-        run_state(policy.params, opt_state, lagged, ref_params, reference_moves=reference_moves,
-                  critic=critic), train_iter)
-    policy.params, opt_state, lagged = state["params"], state["opt_state"], list(state["lagged"])
-    ref_params = state.get("ref_params", ref_params)
-    if critic is not None:
-        critic.params, critic.opt_state = state["critic"]["params"], state["critic"]["opt_state"]
-    if start and parallel.is_main():
-        print(f"resumed from the checkpoint of step {start} in {workdir}", flush=True)
+    config = warm_start.prepared(config)   # its own phase: an SFT run, cached
+    if parallel.is_main():
+        config_lib.record(config, workdir)
+    run = set_up(config, workdir, mesh)
+    start = restore(run)
+    total_steps = config.critic.pretrain_steps + config.train.steps
     writer = metrics_lib.MetricWriter(workdir, total_steps=total_steps, start_step=start,
                                       total_seconds=seconds)
     started, step = time.time(), start
 
-    # --- the loop ------------------------------------------------------------------------
+    # --- the loop: value pre-training, then RL (`schedule`) ------------------------------
     stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
     try:
-        for step in range(start + 1, total_steps + 1):
-            # VAPO's value pre-training: only the critic learns, on the starting policy's
-            # rollouts, toward Monte-Carlo returns; RL steps count from its end.
-            rl_step = step - cfg.critic.pretrain_steps
-            pretraining = rl_step <= 0
-            # 1. Rollouts and rewards (DAPO's dynamic sampling draws more if asked), sampled
-            #    by the parameters of `policy_lag` steps ago (asynchronous RL's staleness).
-            behaviour = (policy_lib.Policy(policy.graphdef, lagged[0], policy.tokenizer)
-                         if lagged else policy)
-            batch, metrics, examples = rollout.collect(behaviour, mesh, train_iter, config=cfg,
-                                                       scorer=scorer, method=method,
-                                                       rng=steps.step_rng(cfg.seed, "rollout", step))
-            if lagged:
-                lagged = lagged[1:] + [copy(policy.params)]
-            if cfg.train.log_rollouts_every and step % cfg.train.log_rollouts_every == 0:
-                rollout.write_samples(batch, policy.tokenizer,
-                                      os.path.join(workdir, "rollouts", f"{step}.jsonl"))
-            # 2. The critic's values and targets; pi_old (the parameters that sampled,
-            #    recomputed) and pi_ref, then advantages.
-            begin = time.time()
-            if critic is not None:
-                batch["values"] = values_fn(critic.params, batch)
-                lam = 1.0 if pretraining else cfg.critic.lam   # pre-training: Monte-Carlo
-                batch["returns"] = critic_lib.value_targets(batch, lam,
-                                                            gamma=cfg.objective.advantage.gamma)
-            if not pretraining:
-                if cfg.train.old_logp == "recompute":
-                    batch["old_logp"] = logp_fn(behaviour.params, batch)
-                    metrics.update({f"mismatch/{k}": float(v) for k, v in jax.device_get(
-                        mismatch_fn(batch["old_logp"], batch["behaviour_logp"],
-                                    objective.loss_mask(batch))).items()})
-                else:
-                    batch["old_logp"] = batch["behaviour_logp"]
-                if ref_params is not None:
-                    batch["ref_logp"] = logp_fn(ref_params, batch)
-                batch["advantages"] = advantages_fn(batch)
-                if objective.spec.policy_loss in objectives.RANDOM_LOSSES:   # Clip-Cov's draw
-                    batch["loss_seed"] = seeds_fn(batch["mask"], jnp.int32(step))
-            programs.check_batch(batch, layout, pretraining=pretraining)
-            jax.block_until_ready(batch.get("advantages", batch.get("returns")))
-            metrics["time_old_logp"] = time.time() - begin
-            if not pretraining:
-                weights = metrics_lib.advantage_statistics(
-                    batch["advantages"], batch["correct"], batch["row_valid"],
-                    objective.loss_mask(batch), group_size=cfg.objective.group_size)
-                metrics.update({k: float(v) for k, v in jax.device_get(weights).items()})
-            # 3. Updates: epochs x minibatches optimizer steps on the batch (policy, critic).
-            begin = time.time()
-            if not pretraining:
-                sft_rows = None
-                if cfg.train.sft_weight:   # the reference solutions of the step's first prompts
-                    local, _ = task_lib.target_rows(examples, cfg.task, policy.tokenizer,
-                                                    cfg.rollout.max_new_tokens)
-                    sft_rows = parallel.global_rows(mesh, local)
-                policy.params, opt_state, update_metrics = update_on_batch(
-                    update, policy.params, opt_state, batch, (cfg.seed, step),
-                    epochs=cfg.train.epochs, minibatches=cfg.train.minibatches, sft_rows=sft_rows)
-                metrics.update(update_metrics)
-            if critic is not None:
-                metrics.update(jax.device_get(critic_lib.batch_statistics(batch)))
-                critic.params, critic.opt_state, critic_metrics = update_on_batch(
-                    critic_update, critic.params, critic.opt_state, batch, (cfg.seed, step),
-                    epochs=cfg.train.epochs, minibatches=cfg.train.minibatches)
-                metrics.update(critic_lib.update_metrics(critic_metrics))
-            update_seconds = time.time() - begin
-            tokens = float(jnp.sum(batch["mask"])) * cfg.train.epochs
-            metrics.update(time_update=update_seconds,
-                           update_tokens_per_s=tokens / max(update_seconds, 1e-9),
-                           updates_per_step=float(updates_per_step))
-            metrics_lib.stop_if_not_finite(metrics, step, checkpointer)
-            if not pretraining and cfg.train.ref_reset_every and (
-                    rl_step % cfg.train.ref_reset_every == 0):
-                ref_params = copy(policy.params)   # DeepSeek-R1: the reference follows the policy
-            # 4. Held-out evaluation (of the policy: not while it is frozen), metrics, checkpoint.
-            if not pretraining and rl_step % cfg.train.eval_every == 0:
-                begin = time.time()
-                metrics.update(evaluation.evaluate(policy, mesh, scorer, held_out, cfg,
-                                                   rng=steps.step_rng(cfg.seed, "eval", step),
-                                                   method=method))
-                metrics["time_eval"] = time.time() - begin
+        for step, take_step in schedule(config, start):
+            metrics = take_step(run, step)
             writer.write(step, metrics)
             out_of_time = seconds is not None and bool(   # agreed by every process
                 parallel.agree_max(int(time.time() - started >= seconds)))
             last = step == total_steps or out_of_time
             stopping = stop.requested() and not last   # agreed by every process
-            if step % cfg.train.checkpoint_every == 0 or last or stopping:
-                state = run_state(policy.params, opt_state, lagged, ref_params,
-                                  reference_moves=reference_moves, critic=critic)
-                checkpointer.save_run(step, state, train_iter, seed=cfg.seed)
+            if step % config.train.checkpoint_every == 0 or last or stopping:
+                run.checkpointer.save_run(step, checkpoint_state(run), run.train_iter,
+                                          seed=config.seed)
             if stopping:
-                raise preemption.Stopped(step, checkpointer.directory)
+                raise preemption.Stopped(step, run.checkpointer.directory)
             if last:
                 break
     finally:
         stop.close()
         writer.close()
-        checkpointer.close()
-        scorer.close()
-    if cfg.train.export:
-        policy_lib.export(policy, os.path.join(workdir, "export"))
-        if critic is not None:
-            critic_lib.export(critic, policy.tokenizer, os.path.join(workdir, "export_critic"))
+        run.checkpointer.close()
+        run.scorer.close()
+    if config.train.export:
+        export(run)
     return step

@@ -14,7 +14,7 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import parallel, paths
+from grpo_jax import config_lib, parallel, paths
 from grpo_jax.training import checkpoint, evaluation, footprint, metrics as metrics_lib
 from grpo_jax.training import policy as policy_lib, preemption, programs
 from grpo_jax.training import rollout, steps, task as task_lib
@@ -25,40 +25,41 @@ def train(config, workdir, *, seconds=None):
     last step. With `seconds` (the demo's control), the run also ends after the first step
     that finishes past that much wall time; that step is logged and saved, as every last one."""
     # --- set-up ------------------------------------------------------------------------
-    workdir = paths.resolve_run_paths(config, workdir)
+    config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
     mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "sft"))
-    cfg = config
-    train_source = task_lib.data_source(cfg.task, "train")
-    eval_source = task_lib.data_source(cfg.task, cfg.task.eval_split)
-    texts = None if cfg.model.path else task_lib.tokenizer_corpus(train_source)
-    policy = policy_lib.start_policy(cfg, mesh, workdir, texts)
-    train_iter = iter(task_lib.loader(train_source, cfg, batch_size=cfg.sft.batch_size))
-    held_out = evaluation.own_examples(eval_source, cfg.eval.num_prompts)
-    scorer = task_lib.Scorer(cfg.reward, separate=False, max_new_tokens=cfg.rollout.max_new_tokens)
-    method = rollout.sampling_method(cfg)
-    run = programs.sft_programs(cfg, mesh, policy.graphdef, policy.params)
+    if parallel.is_main():
+        config_lib.record(config, workdir)
+    train_source = task_lib.data_source(config.task, "train")
+    eval_source = task_lib.data_source(config.task, config.task.eval_split)
+    texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
+    policy = policy_lib.start_policy(config, mesh, workdir, texts)
+    train_iter = iter(task_lib.loader(train_source, config, batch_size=config.sft.batch_size))
+    held_out = evaluation.own_examples(eval_source, config.eval.num_prompts)
+    scorer = task_lib.Scorer(config.reward, separate=False, max_new_tokens=config.rollout.max_new_tokens)
+    method = rollout.sampling_method(config)
+    run = programs.sft_programs(config, mesh, policy.graphdef, policy.params)
     opt_state = steps.init_optimizer_state(run.tx, policy.params, mesh)
     update = run.update
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                           keep=cfg.train.keep_checkpoints)
+                                           keep=config.train.keep_checkpoints)
     step, state = checkpointer.restore_run({"params": policy.params, "opt_state": opt_state},
                                            train_iter)
     policy.params, opt_state = state["params"], state["opt_state"]
     if step and parallel.is_main():
         print(f"resumed from the checkpoint of step {step} in {workdir}", flush=True)
-    writer = metrics_lib.MetricWriter(workdir, total_steps=cfg.sft.steps, start_step=step,
+    writer = metrics_lib.MetricWriter(workdir, total_steps=config.sft.steps, start_step=step,
                                       total_seconds=seconds,
                                       prefix="sft " if seconds is None else "sft (timed) ")
-    index = np.arange(cfg.sft.batch_size, dtype=np.int32)
+    index = np.arange(config.sft.batch_size, dtype=np.int32)
 
     # --- the loop ------------------------------------------------------------------------
     start = time.time()
     stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
     try:
-        while step < cfg.sft.steps:
+        while step < config.sft.steps:
             step += 1
-            rows, cut = task_lib.target_rows(next(train_iter), cfg.task, policy.tokenizer,
-                                    cfg.rollout.max_new_tokens)
+            rows, cut = task_lib.target_rows(next(train_iter), config.task, policy.tokenizer,
+                                             config.rollout.max_new_tokens)
             batch = parallel.global_rows(mesh, rows)
             policy.params, opt_state, metrics = update(policy.params, opt_state, batch, index)
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -66,17 +67,16 @@ def train(config, workdir, *, seconds=None):
             metrics_lib.stop_if_not_finite(metrics, step, checkpointer)
             out_of_time = seconds is not None and bool(   # agreed by every process
                 parallel.agree_max(int(time.time() - start >= seconds)))
-            last = step == cfg.sft.steps or out_of_time   # logged and saved
-            if step % cfg.sft.eval_every == 0:
-                metrics.update(evaluation.evaluate(
-                    policy, mesh, scorer, held_out, cfg, method=method,
-                    rng=steps.step_rng(cfg.seed, "eval", step)))
-            if step % cfg.sft.log_every == 0 or last or "eval_accuracy" in metrics:
+            last = step == config.sft.steps or out_of_time   # logged and saved
+            if step % config.sft.eval_every == 0:
+                metrics.update(evaluation.evaluate(policy, mesh, scorer, held_out, config,
+                                                   step=step, method=method))
+            if step % config.sft.log_every == 0 or last or "eval_accuracy" in metrics:
                 writer.write(step, metrics)
             stopping = stop.requested() and not last   # agreed by every process
-            if step % cfg.sft.checkpoint_every == 0 or last or stopping:
+            if step % config.sft.checkpoint_every == 0 or last or stopping:
                 checkpointer.save_run(step, {"params": policy.params, "opt_state": opt_state},
-                                      train_iter, seed=cfg.seed)
+                                      train_iter, seed=config.seed)
             if stopping:
                 raise preemption.Stopped(step, checkpointer.directory)
             if last:

@@ -49,11 +49,12 @@ def is_built(config):
     return os.path.exists(os.path.join(warm_start_dir(config), "export", "config.json"))
 
 
-def use_if_configured(config):
-    """With ``model.sft_warm_start`` and no ``model.path``: builds the warm start unless it is
-    cached, then points ``model.path`` at it (in place). Otherwise changes nothing."""
+def prepared(config):
+    """The config a run of `config` trains: with ``model.sft_warm_start`` and no
+    ``model.path``, a new one whose ``model.path`` is the warm start's export (built
+    first unless it is cached); otherwise `config` itself. `config` is left as is."""
     if not needed(config):
-        return
+        return config
     from grpo_jax.training import sft   # sft imports the trainer's modules; import late
     directory = warm_start_dir(config)
     export = os.path.join(directory, "export")
@@ -61,9 +62,8 @@ def use_if_configured(config):
         if parallel.is_main():
             print(f"building the SFT warm start ({config.sft.steps} steps) in {directory}",
                   flush=True)
-        sft_config = config_lib.apply_overrides(config.copy_and_resolve_references(),
-                                                {"mode": "sft", "model.sft_warm_start": False})
-        sft.train(sft_config, directory)
+        sft.train(config_lib.replaced(config, {"mode": "sft", "model.sft_warm_start": False}),
+                  directory)
     elif parallel.is_main():
         print(f"starting from the cached SFT warm start {export}", flush=True)
-    config.model.path, config.model.name = export, ""
+    return config_lib.replaced(config, {"model.path": export, "model.name": ""})

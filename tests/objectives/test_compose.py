@@ -255,9 +255,7 @@ class TestConfigErrors:
          r"objective.kl.kind='k3_unbiased' corrects the KL loss's gradient; a KL folded into the "
          r"reward \(objective.kl.in_reward=True\) has none"),
         ({"overlong.mode": "penalty"},
-         r"objective.overlong.mode='penalty' is gone: DAPO's soft overlong penalty is a reward; "
-         r"add \(\"overlong\", weight, .*\) to reward.specs"),
-        ({"overlong.mode": "soft"}, r"objective.overlong.mode must be one of 'none', 'mask'; got 'soft'"),
+         r"objective.overlong.mode must be one of 'none', 'mask'; got 'penalty'"),
         ({"kl.beta": -1.0}, r"objective.kl.beta must be >= 0"),
         ({"offpolicy_mask.delta": -0.1}, r"objective.offpolicy_mask.delta must be >= 0, got -0.1"),
     ])

@@ -9,10 +9,11 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-from grpo_jax import models, objectives, parallel, sampling
+from grpo_jax import config_lib, models, objectives, parallel, sampling
 from grpo_jax.training import critic as critic_lib, policy as policy_lib, rl, rollout
 from grpo_jax.training import task as task_lib
-from tests.training.training_setups import tiny_config
+from tests.training.training_setups import (comparable, finished_checkpoints, read_metrics,
+                                            tiny_config)
 
 
 def _metrics(workdir):
@@ -72,11 +73,14 @@ def test_value_pretraining_lowers_the_held_out_value_loss(data_dir, tmp_path):
     # batch without a correct answer while V is still 0: loss 0, gradient 0).
     assert all(r["critic_grad_norm"] > 0 or r["value_loss"] == 0 for r in rows)
     assert sum(r["critic_grad_norm"] > 0 for r in rows) >= steps - 1
-    start = load_file(os.path.join(config.model.path, "model.safetensors"))   # the warm start
+    with open(tmp_path / "config.json") as f:   # the run's config: from the warm start
+        warm_start = json.load(f)["model"]["path"]
+    start = load_file(os.path.join(warm_start, "model.safetensors"))
     end = load_file(str(tmp_path / "export" / "model.safetensors"))
     for name in start:
         np.testing.assert_array_equal(end[name], start[name], err_msg=name)
 
+    config = config_lib.replaced(config, {"model.path": warm_start, "model.name": ""})
     mesh = parallel.setup_mesh(config)
     policy = policy_lib.start_policy(config, mesh, str(tmp_path), None)
     held_out = _unseen_rows(config, policy, mesh, skip=steps)
@@ -89,6 +93,35 @@ def test_value_pretraining_lowers_the_held_out_value_loss(data_dir, tmp_path):
           f"{steps} steps of value pre-training (best constant: {floor:.4f}; accuracy "
           f"{float(np.mean(held_out['correct'])):.3f})")
     assert floor < before and after < before - 0.5 * (before - floor)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_in_value_pretraining_resumes_there_exactly(data_dir, tmp_path, capsys):
+    """A run that ends inside value pre-training (out of time after step 1 of 2) resumes
+    there: the rest of pre-training and the RL steps after it, the policy and the critic
+    it exports, equal an uninterrupted run's."""
+    config = tiny_config("vapo", data_dir, **{"critic.pretrain_steps": 2, "train.steps": 2,
+                                              "train.eval_every": 2, "train.export": True})
+    rl.train(config, str(tmp_path / "whole"))
+    assert rl.train(config, str(tmp_path / "cut"), seconds=0) == 1
+    assert finished_checkpoints(tmp_path / "cut") == [1]
+    capsys.readouterr()
+    assert rl.train(config, str(tmp_path / "cut")) == 4
+    assert f"resumed from the checkpoint of step 1 in {tmp_path / 'cut'}" in capsys.readouterr().out
+    whole, cut = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "cut")
+    assert [r["step"] for r in cut] == [1, 2, 3, 4]
+    assert "grad_norm" not in cut[1] and "grad_norm" in cut[2] and "eval_accuracy" in cut[3]
+    for got, want in zip(cut, whole):
+        got, want = comparable(got), comparable(want)
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    for export in ("export", "export_critic"):
+        got = load_file(str(tmp_path / "cut" / export / "model.safetensors"))
+        want = load_file(str(tmp_path / "whole" / export / "model.safetensors"))
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{export}: {name}")
 
 
 def test_the_critic_starts_from_the_policy_or_from_critic_path(data_dir, tmp_path):

@@ -40,19 +40,3 @@ def test_demo_pipeline_runs_each_stage_once_and_prints_the_table(data_dir, tmp_p
     again = demo.run(config, str(tmp_path))
     assert [r["eval_accuracy"] for r in again] == [r["eval_accuracy"] for r in results]
     assert mtimes == {s: os.path.getmtime(tmp_path / s / "wall_time.json") for s in mtimes}
-
-
-@pytest.mark.slow
-def test_eval_mode_scores_a_checkpoint(data_dir, tmp_path):
-    config = tiny_config("dapo", data_dir, **{"train.export": True, "eval.num_prompts": 8})
-    from grpo_jax.training import rl
-    rl.train(config, str(tmp_path / "run"))
-    config.model.path, config.model.name = str(tmp_path / "run" / "export"), ""
-    metrics = demo.evaluate_to_file(config, str(tmp_path / "eval"))
-    with open(tmp_path / "eval" / "eval.json") as f:
-        assert json.load(f) == metrics
-    assert set(metrics) == {"eval_accuracy", "eval_mean_at_k", "eval_pass_at_k", "eval_k"}
-    assert readme_metrics.undocumented(metrics) == []
-    config.model.path = ""
-    with pytest.raises(ValueError, match="mode 'eval' needs --config.model.path"):
-        demo.evaluate_to_file(config, str(tmp_path / "eval2"))

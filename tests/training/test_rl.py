@@ -1,6 +1,7 @@
 """The RL loop end to end on the tiny model: every recipe, resume, filtering, errors."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from grpo_jax import objectives, parallel, sampling
-from grpo_jax.training import evaluation, policy as policy_lib, rl, rollout, task as task_lib
+from grpo_jax import config_lib, objectives, parallel, sampling
+from grpo_jax.training import policy as policy_lib, rl, rollout, task as task_lib
 from tests import readme_metrics
 from tests.training.training_setups import (REPO, cli, cli_config_file, comparable, finished_checkpoints,
                                             read_metrics, runlocal_config, tiny_config)
@@ -266,6 +267,35 @@ def test_bad_configs_name_the_field(data_dir, tmp_path, overrides, error, messag
         rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path))
 
 
+class _AtSetUp(Exception):
+    pass
+
+
+def test_train_reads_a_resolved_read_only_copy_and_records_it(tmp_path, monkeypatch, capsys):
+    """The loop sees a new config, paths absolute, that raises on assignment; it is printed
+    once and saved as workdir/config.json; the caller's config is left as it was."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    given = tiny_config("dapo", "~/tfds", **{"model.sft_warm_start": False})
+    before = given.to_dict()
+    seen = []
+
+    def stop_at_set_up(config, workdir, mesh):
+        seen.append((config, workdir))
+        raise _AtSetUp
+
+    monkeypatch.setattr(rl, "set_up", stop_at_set_up)
+    with pytest.raises(_AtSetUp):
+        rl.train(given, "~/run")
+    assert given.to_dict() == before
+    [(config, workdir)] = seen
+    assert workdir == str(tmp_path / "run") and config.task.data_dir == str(tmp_path / "tfds")
+    with pytest.raises(AttributeError, match="immutable"):
+        config.train.steps = 1
+    with open(tmp_path / "run" / "config.json") as f:
+        assert json.load(f) == json.loads(config_lib.to_json(config))
+    assert capsys.readouterr().out.count(f"config ({workdir}/config.json):") == 1
+
+
 def test_unknown_recipe_and_field_fail_at_the_command_line(tmp_path):
     def run(*flags):
         return subprocess.run([sys.executable, "-m", "grpo_jax.main", *flags,
@@ -295,9 +325,3 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_
         del objectives.POLICY_LOSSES["nan_loss"]
     assert sorted(int(os.path.basename(p)) for p in glob.glob(str(tmp_path / "checkpoints" / "*"))) [-1] == 2
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
-
-
-def test_held_out_shares_are_equal_sized_and_cover_every_example():
-    source = [{"task": "t", "question": str(i), "answer": str(i), "solution": ""} for i in range(7)]
-    examples, real = evaluation.own_examples(source, 5)   # one process: all of it
-    assert real == 5 and [e["question"] for e in examples] == ["0", "1", "2", "3", "4"]

@@ -1,9 +1,10 @@
 """Prints the worked examples of docs/design.md, each computed by grpo_jax.objectives.
 
-    python -m grpo_jax.demo
+    python -m grpo_jax.objectives
 
 A two-second tour of what the objectives do: loss aggregation (seq-mean vs token-mean),
 advantage normalisation (GRPO vs Dr. GRPO), clip-higher, and DAPO's overlong penalty.
+It needs the core install alone (jax and numpy); importing the package runs nothing.
 """
 
 import functools

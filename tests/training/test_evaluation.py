@@ -1,0 +1,35 @@
+"""Held-out evaluation: each process's share of the prompts, and the "eval" mode."""
+
+import json
+
+import pytest
+
+from grpo_jax import config_lib
+from grpo_jax.training import evaluation, rl
+from tests import readme_metrics
+from tests.training.training_setups import tiny_config
+
+
+def test_held_out_shares_are_equal_sized_and_cover_every_example():
+    source = [{"task": "t", "question": str(i), "answer": str(i), "solution": ""} for i in range(7)]
+    examples, real = evaluation.own_examples(source, 5)   # one process: all of it
+    assert real == 5 and [e["question"] for e in examples] == ["0", "1", "2", "3", "4"]
+
+
+@pytest.mark.slow
+def test_eval_mode_scores_a_checkpoint_and_records_its_config(data_dir, tmp_path):
+    config = tiny_config("dapo", data_dir, **{"train.export": True, "eval.num_prompts": 8})
+    rl.train(config, str(tmp_path / "run"))
+    config.model.path, config.model.name = str(tmp_path / "run" / "export"), ""
+    metrics = evaluation.evaluate_to_file(config, str(tmp_path / "eval"))
+    with open(tmp_path / "eval" / "eval.json") as f:
+        assert json.load(f) == metrics
+    assert set(metrics) == {"eval_accuracy", "eval_mean_at_k", "eval_pass_at_k", "eval_k"}
+    assert readme_metrics.undocumented(metrics) == []
+    with open(tmp_path / "eval" / "config.json") as f:
+        assert json.load(f) == json.loads(config_lib.to_json(config_lib.frozen(config)))
+    # The same draws as an evaluation at step 0 of the saved policy, whoever asks.
+    assert evaluation.evaluate_export(config, config.model.path) == metrics
+    config.model.path = ""
+    with pytest.raises(ValueError, match="mode 'eval' needs --config.model.path"):
+        evaluation.evaluate_to_file(config, str(tmp_path / "eval2"))
