@@ -1,8 +1,9 @@
-"""The registry and the composer: a config section in, a pure objective out.
+"""The composer: a config section in, a pure objective out.
 
 ``policy_objective(config.objective, reward_weights=...)`` returns a `PolicyObjective`, a
 callable ``(logp, batch) -> (loss, metrics)`` that a trainer differentiates without knowing
-which recipe it runs. Adding a variant is one function, one registry line and one config:
+which recipe it runs. Adding a variant is one function, one registry line (the registries
+are in `_registry`) and one config:
 
       register_policy_loss("my_loss", my_loss_fn, fields=("eps_low", "eps_high"))
 
@@ -99,117 +100,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.objectives._advantages import (gae, gdpo_advantages, group_advantages,
-                                             length_adaptive_lambda, masked_whiten,
-                                             outcome_token_rewards, reinforce_pp_advantages,
-                                             rloo_advantages)
 from grpo_jax.objectives._aggregation import aggregate
 from grpo_jax.objectives._kl import kl_penalty
-from grpo_jax.objectives._covariance import clip_cov_loss, kl_cov_loss
-from grpo_jax.objectives._policy_losses import (cispo_loss, gspo_loss, pg_loss, ppo_clip_loss,
-                                                sapo_loss)
-from grpo_jax.objectives._trust_region import dppo_loss, gmpo_loss, m2po_mask
 from grpo_jax.objectives._mismatch import rollout_correction
+from grpo_jax.objectives._registry import (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, RANDOM_LOSSES,
+                                           required)
 from grpo_jax.objectives._shaping import offpolicy_sequence_mask, truncated_mask
-from grpo_jax.objectives._spec import OVERLONG_MODES, ObjectiveSpec, objective_spec
-
-# --- Advantage estimators: (spec, batch, rewards [B] or [B,K], reward_weights) ->
-# advantages. reward_weights is one weight per reward column, or None.
-
-def _group(spec, batch, rewards, reward_weights):
-    return group_advantages(rewards, spec.group_size, scale=spec.advantage_scale,
-                            ddof=spec.ddof, eps=spec.advantage_eps)
-
-
-def _rloo(spec, batch, rewards, reward_weights):
-    return rloo_advantages(rewards, spec.group_size)
-
-
-def _reinforce_pp(spec, batch, rewards, reward_weights):
-    token_rewards = None
-    if spec.kl_in_reward:
-        token_rewards = -spec.kl_beta * kl_penalty(
-            _require(batch, "old_logp", "kl.in_reward"), _require(batch, "ref_logp", "kl.in_reward"),
-            kind=spec.kl_kind)
-    return reinforce_pp_advantages(
-        rewards, batch["mask"], gamma=spec.gamma, token_rewards=token_rewards,
-        group_size=spec.group_size if spec.baseline else None)
-
-
-def _gdpo(spec, batch, rewards, reward_weights):
-    if reward_weights is not None and rewards.ndim == 2 and len(reward_weights) != rewards.shape[1]:
-        raise ValueError(
-            f"objective.advantage.estimator='gdpo' got {len(reward_weights)} reward weights for "
-            f"{rewards.shape[1]} reward columns; reward.specs must name one (reward, weight) "
-            "per column")
-    weights = None if reward_weights is None else jnp.asarray(reward_weights, jnp.float32)
-    return gdpo_advantages(rewards, spec.group_size, weights=weights, eps=spec.advantage_eps)
-
-
-def _policy_lambda(spec, mask):
-    """The policy's GAE lambda: ``lam``, or with ``lam_alpha > 0`` VAPO's
-    length-adaptive `[B]` lambda 1 - 1 / (alpha * length) (eq. 7)."""
-    if spec.lam_alpha > 0:
-        return length_adaptive_lambda(jnp.sum(mask, axis=1), alpha=spec.lam_alpha)
-    return spec.lam
-
-
-def _gae(spec, batch, rewards, reward_weights):
-    """PPO's advantages from the critic's values: GAE over the outcome reward (on the
-    last token), with the policy's lambda, whitened over the batch's tokens if asked."""
-    if rewards.ndim != 1:
-        raise ValueError(f"objective.advantage.estimator='gae' takes one reward per answer, got "
-                         f"rewards of shape {rewards.shape}; sum the reward columns (not gdpo)")
-    mask = batch["mask"]
-    values = _require(batch, "values", "advantage.estimator='gae'")
-    advantages, _ = gae(outcome_token_rewards(rewards, mask), values, mask,
-                        gamma=spec.gamma, lam=_policy_lambda(spec, mask))
-    return masked_whiten(advantages, mask) if spec.whiten else advantages
-
-
-ADVANTAGE_ESTIMATORS = {
-    "group": _group,
-    "rloo": _rloo,
-    "reinforce_pp": _reinforce_pp,
-    "gdpo": _gdpo,
-    "gae": _gae,
-}
-
-# --- Policy losses: name -> (function, the ObjectiveSpec fields passed as keywords).
-# A field is its keyword's name, or (spec field, keyword) where the two differ.
-
-POLICY_LOSSES = {
-    "pg": (pg_loss, ()),
-    "ppo_clip": (ppo_clip_loss, ("eps_low", "eps_high", "dual_clip")),
-    "gspo": (gspo_loss, ("eps_low", "eps_high")),
-    "cispo": (cispo_loss, ("eps_low", "eps_high")),
-    "sapo": (sapo_loss, ("tau_pos", "tau_neg")),
-    "gmpo": (gmpo_loss, ("eps_low", "eps_high")),
-    "dppo": (dppo_loss, (("dppo_divergence", "divergence"), ("dppo_delta_low", "delta_low"),
-                         ("dppo_delta_high", "delta_high"), ("dppo_ratio_cap", "ratio_cap"))),
-    "clip_cov": (clip_cov_loss, (("clip_cov_fraction", "clip_fraction"),
-                                 ("clip_cov_low", "cov_low"), ("clip_cov_high", "cov_high"),
-                                 "eps_low", "eps_high")),
-    "kl_cov": (kl_cov_loss, (("kl_cov_fraction", "kl_fraction"), ("kl_cov_coef", "kl_coef"))),
-}
-# Losses that draw at random: their key comes from the batch's per-row seeds.
-RANDOM_LOSSES = {"clip_cov"}
-
-
-def register_advantage_estimator(name, fn):
-    """Adds `fn(spec, batch, rewards, reward_weights) -> advantages` as `name`
-    (`spec` is the `ObjectiveSpec`)."""
-    ADVANTAGE_ESTIMATORS[name] = fn
-
-
-def register_policy_loss(name, fn, fields):
-    """Adds a per-token loss `fn(logp, old_logp, adv, mask, **{f: spec.f for f in fields})`.
-
-    `fields` are `ObjectiveSpec` keywords (e.g. ``("eps_low", "eps_high")``), or
-    ``(spec field, keyword)`` pairs where `fn` names it otherwise; bind other
-    hyper-parameters with functools.partial before registering.
-    """
-    POLICY_LOSSES[name] = (fn, tuple(fields))
+from grpo_jax.objectives._spec import ObjectiveSpec, objective_spec
+from grpo_jax.objectives._trust_region import m2po_mask
 
 
 def _keyword(spec, field):
@@ -222,14 +120,8 @@ def _loss_key(batch):
     """The PRNG key of a random loss: from ``batch["loss_seed"]``, `[B]` integers (one
     per row, so a trainer's row splits carry them); a micro-batch draws with the key of
     its first row's seed."""
-    seeds = _require(batch, "loss_seed", "objective.loss.kind='clip_cov' (its random draw)")
+    seeds = required(batch, "loss_seed", "objective.loss.kind='clip_cov' (its random draw)")
     return jax.random.key(seeds[0])
-
-
-def _require(batch, key, why):
-    if key not in batch:
-        raise KeyError(f"batch[{key!r}] is required by {why}; the batch has {sorted(batch)}")
-    return batch[key]
 
 
 def validate_objective_config(config):
@@ -274,7 +166,7 @@ class PolicyObjective:
         Group and batch statistics make this a whole-batch computation: call it once on
         the full rollout batch, before splitting into micro-batches.
         """
-        rewards = _require(batch, "rewards", "advantages").astype(jnp.float32)
+        rewards = required(batch, "rewards", "advantages").astype(jnp.float32)
         return self.advantage_fn(self.spec, batch, rewards, self.reward_weights)
 
     def loss_mask(self, batch):
@@ -287,7 +179,7 @@ class PolicyObjective:
         """
         mask = batch["mask"]
         if self.spec.overlong == "mask":
-            mask = truncated_mask(mask, _require(batch, "truncated", "overlong.mode='mask'"))
+            mask = truncated_mask(mask, required(batch, "truncated", "overlong.mode='mask'"))
         return mask
 
     def global_counts(self, batch):
@@ -300,7 +192,7 @@ class PolicyObjective:
         counts = {"num_tokens": jnp.sum(mask, dtype=jnp.float32),
                   "num_seqs": jnp.sum(rows, dtype=jnp.float32)}
         if self.spec.positive_nll_weight > 0:
-            correct = _require(batch, "correct", "positive_nll_weight > 0")
+            correct = required(batch, "correct", "positive_nll_weight > 0")
             counts["num_positive_tokens"] = jnp.sum(mask * correct[:, None], dtype=jnp.float32)
         return counts
 
@@ -317,7 +209,7 @@ class PolicyObjective:
         metrics = {}
         if spec.importance:   # pi_old (trainer) vs the sampler's behaviour policy
             weights, correction = rollout_correction(
-                batch["old_logp"], _require(batch, "behaviour_logp", "importance.enabled"), mask,
+                batch["old_logp"], required(batch, "behaviour_logp", "importance.enabled"), mask,
                 level=spec.importance_level, mode=spec.importance_mode,
                 low=spec.importance_low, high=spec.importance_high)
             per_token = per_token * weights
@@ -347,15 +239,15 @@ class PolicyObjective:
         metrics.update(policy_loss=reduce(per_token), **_token_means(diagnostics, mask, num_tokens))
         total = per_token
         if spec.kl_beta > 0 and not spec.kl_in_reward:
-            kl = kl_penalty(logp, _require(batch, "ref_logp", "kl.beta > 0"), kind=spec.kl_kind,
+            kl = kl_penalty(logp, required(batch, "ref_logp", "kl.beta > 0"), kind=spec.kl_kind,
                             old_logp=batch["old_logp"])
             metrics["kl_ref"] = reduce(kl)
             total = total + spec.kl_beta * kl
         if spec.entropy_coef != 0:
-            total = total - spec.entropy_coef * _require(batch, "entropy", "entropy_coef != 0")
+            total = total - spec.entropy_coef * required(batch, "entropy", "entropy_coef != 0")
         loss = reduce(total)
         if spec.positive_nll_weight > 0:   # VAPO: imitate the batch's correct answers
-            positive = mask * _require(batch, "correct", "positive_nll_weight > 0")[:, None]
+            positive = mask * required(batch, "correct", "positive_nll_weight > 0")[:, None]
             nll = aggregate(-logp, positive, mode="token-mean",
                             num_tokens=batch.get("num_positive_tokens"))
             metrics["positive_nll"] = nll

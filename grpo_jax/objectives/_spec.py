@@ -18,6 +18,7 @@ from grpo_jax.objectives import _checks
 from grpo_jax.objectives._aggregation import AGGREGATION_MODES
 from grpo_jax.objectives._kl import KL_KINDS
 from grpo_jax.objectives._mismatch import MISMATCH_LEVELS, MISMATCH_MODES, resolve_bounds
+from grpo_jax.objectives._registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from grpo_jax.objectives._trust_region import DPPO_DIVERGENCES
 
 OVERLONG_MODES = ("none", "mask")
@@ -263,7 +264,6 @@ def _field(name):
 
 def _validate(spec):
     """Raises ValueError naming the first impossible field (by its config path)."""
-    from grpo_jax.objectives._compose import ADVANTAGE_ESTIMATORS, POLICY_LOSSES  # imports us
     _checks.check_static_int("objective.group_size", spec.group_size)
     if not isinstance(spec.group_size, int) or isinstance(spec.group_size, bool) \
             or spec.group_size < 1:
