@@ -147,6 +147,9 @@ class Checkpointer:
         """Blocks until the save in flight is on disk (OSError as `save` if it failed)."""
         with self._naming_write_failures():
             self._manager.wait_until_finished()
+            # A write error can be recorded after the finalize thread ended cleanly; orbax
+            # then raises it at the start of the NEXT save, under that step's name.
+            self._manager.check_for_errors()
         self._in_flight = None
 
     @contextlib.contextmanager
