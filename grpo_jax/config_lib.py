@@ -138,11 +138,16 @@ def frozen(config):
     and a dict inside one (a reward's options in ``reward.specs``) is a read-only mapping
     (FrozenConfigDict holds no dict inside a tuple).
     """
-    if isinstance(config, ml_collections.FrozenConfigDict):
-        config = config.as_configdict()
-    copy = config.copy_and_resolve_references()
+    copy = _thawed(config)
     _read_only_sequences(copy)
     return ml_collections.FrozenConfigDict(copy)
+
+
+def _thawed(config):
+    """A writable copy of `config` (a ConfigDict or a frozen one), references resolved."""
+    if isinstance(config, ml_collections.FrozenConfigDict):
+        config = config.as_configdict()
+    return config.copy_and_resolve_references()
 
 
 def _read_only_sequences(section):
@@ -163,9 +168,7 @@ def _read_only_items(items):
 def replaced(config, changes):
     """A `frozen` copy of `config` with ``{"section.field": value}`` changes (as
     `apply_overrides`); `config` is left as is."""
-    if isinstance(config, ml_collections.FrozenConfigDict):
-        config = config.as_configdict()
-    return frozen(apply_overrides(config.copy_and_resolve_references(), changes))
+    return frozen(apply_overrides(_thawed(config), changes))
 
 
 def to_json(config, **dumps):

@@ -95,7 +95,7 @@ token of `loss_mask`, rows the off-policy mask drops included.
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

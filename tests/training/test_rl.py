@@ -268,7 +268,7 @@ def test_bad_configs_name_the_field(data_dir, tmp_path, overrides, error, messag
 
 
 class _AtSetUp(Exception):
-    pass
+    """Raised in place of the set-up: the test reads what train() hands to it."""
 
 
 def test_train_reads_a_resolved_read_only_copy_and_records_it(tmp_path, monkeypatch, capsys):
