@@ -47,6 +47,9 @@ def get_config(arg=None):
     # only), "dots_saveable" or "dots_with_no_batch_dims_saveable" (also matmul results).
     config.model.remat = "off"
     config.model.attention = "xla"       # "xla" (any backend), "splash" (TPU kernel), "cudnn"
+    # Routed experts: "ragged" (jax.lax.ragged_dot, k/E of the FLOPs), "dense" (every expert
+    # on every token: faster on CPU), "auto" (dense on CPU devices, ragged elsewhere).
+    config.model.moe = "auto"
     # Runs of identical layers under jax.lax.scan over stacked weights: one compiled layer
     # body per run instead of one per layer (same network; HF checkpoints load either way).
     config.model.scan_layers = False

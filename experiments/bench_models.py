@@ -3,6 +3,8 @@
     python experiments/bench_models.py                      # CPU: tiny and 0.6B shapes, short sequences
     python experiments/bench_models.py --gpu                # GPU: bf16 compute, seq 2048, MFU
     python experiments/bench_models.py --quick              # smoke run (tiny only)
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/bench_models.py \
+        --models tiny_moe --batch 32 --data_parallel 8 --quick --moe_impl ragged   # or dense
 
 Table 1 times what a trainer runs on a batch of B x S tokens: the forward pass to
 per-token log-probs (chunked over the vocabulary, `Decoder.token_logprobs`) and the
@@ -24,6 +26,7 @@ chunk of them at a time.
 """
 
 import argparse
+import contextlib
 import os
 import pathlib
 import platform
@@ -89,9 +92,16 @@ def median_seconds(fn, args, steps):
 
 def throughput(name, args):
     """One row of table 1: forward and forward+backward tokens/s (and MFU) of model `name`."""
-    cfg = models.get_model_config(name, dtype=args.dtype, remat=args.remat, attention_impl=args.attention_impl)
-    graphdef, state = nnx.split(models.init_model(cfg))
+    cfg = models.get_model_config(name, dtype=args.dtype, remat=args.remat, attention_impl=args.attention_impl,
+                                  moe_impl=args.moe_impl)
+    mesh = None
+    if args.data_parallel > 1:   # the rows split over a data axis, the weights by the fsdp rules
+        mesh = jax.make_mesh((args.data_parallel, 1), ("data", "fsdp"),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    graphdef, state = nnx.split(models.init_model(cfg, mesh=mesh))
     tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
+    if mesh is not None:
+        tokens = jax.device_put(tokens, jax.NamedSharding(mesh, jax.P("data")))
     targets = jnp.roll(tokens, -1, axis=1)
 
     def loss(state, tokens):
@@ -102,7 +112,8 @@ def throughput(name, args):
     row = {"model": name, "params": sum(x.size for x in jax.tree.leaves(state))}
     peak = peak_flops(args.peak_tflops)
     for label, fn, backward in (("fwd", jax.jit(loss), False), ("fwd+bwd", jax.jit(jax.value_and_grad(loss)), True)):
-        seconds = median_seconds(fn, (state, tokens), args.steps)
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            seconds = median_seconds(fn, (state, tokens), args.steps)
         row[f"{label} tok/s"] = n_tokens / seconds
         achieved = flops_per_token(cfg, args.seq, backward) * n_tokens / seconds
         row[f"{label} MFU"] = f"{100 * achieved / peak:.1f}%" if peak else "n/a"
@@ -151,13 +162,15 @@ def header(args):
         f" jax {jax.__version__}; load average at start {os.getloadavg()[0]:.1f}",
         f"# command: python {' '.join(sys.argv)}",
         f"# B={args.batch} S={args.seq} dtype={args.dtype} (float32 weights) remat={args.remat} "
-        f"chunk={args.chunk_size} attention={args.attention_impl}, median of {args.steps} steps",
+        f"chunk={args.chunk_size} attention={args.attention_impl} moe={args.moe_impl} "
+        f"data_parallel={args.data_parallel}, median of {args.steps} steps",
     ])
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="tiny,qwen3_0_6b")
+    parser.add_argument("--models", default=None, help="comma-separated named shapes "
+                        "(default tiny,qwen3_0_6b; with --quick, tiny)")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
@@ -165,14 +178,20 @@ def main():
     parser.add_argument("--remat", action="store_true")
     parser.add_argument("--chunk_size", type=int, default=1024)
     parser.add_argument("--attention_impl", default="xla", choices=models.ATTENTION_IMPLS)
+    parser.add_argument("--moe_impl", default="ragged", choices=models.MOE_IMPLS,
+                        help="how an MoE model's routed experts are computed")
+    parser.add_argument("--data_parallel", type=int, default=1,
+                        help="split the rows over this many devices (on CPU, force them with "
+                             "XLA_FLAGS=--xla_force_host_platform_device_count=N)")
     parser.add_argument("--peak_tflops", type=float, default=None)
     parser.add_argument("--gpu", action="store_true", help="bf16, B=8, S=2048, remat, 10 steps")
-    parser.add_argument("--quick", action="store_true", help="tiny model only, S=32, no table 2")
+    parser.add_argument("--quick", action="store_true", help="tiny model (unless --models), S=32, 2 steps, no table 2")
     args = parser.parse_args()
     if args.gpu:
         args.dtype, args.batch, args.seq, args.remat, args.steps = "bfloat16", 8, 2048, True, 10
     if args.quick:
-        args.models, args.seq, args.steps = "tiny", 32, 2
+        args.models, args.seq, args.steps = args.models or "tiny", 32, 2
+    args.models = args.models or "tiny,qwen3_0_6b"
     print(header(args), flush=True)
     rows = [throughput(name, args) for name in args.models.split(",")]
     print("\n1. tokens/s (B*S tokens per step)\n" + table(rows), flush=True)

@@ -5,6 +5,8 @@ working directory must find the same files, so every path a run reads or writes 
 absolute once, where it enters (the command line, the config), and used as is after that.
 """
 
+import contextlib
+import fcntl
 import os
 import re
 
@@ -44,3 +46,25 @@ def resolve_run_paths(config, workdir):
         section, field = dotted.split(".")
         changes[dotted] = resolve(config[section][field])
     return config_lib.replaced(config, changes), resolve(workdir)
+
+
+@contextlib.contextmanager
+def exclusive(path):
+    """Holds an exclusive lock on the file `path` (created, with its directory) while the
+    block runs, so runs on one machine that share a directory (a sweep's runs, a test
+    suite's workers) build what they share (a dataset, a warm start) once, one at a time.
+
+    A URL path takes no lock (object stores have no file locks: build those beforehand,
+    or from one process). Several JAX processes of one run coordinate by barriers
+    instead and must not call this in one process only.
+    """
+    if _URL.match(os.fspath(path)):
+        yield
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

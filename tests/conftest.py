@@ -26,3 +26,52 @@ _CACHE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
                           ".jax_cache")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE_DIR)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+import pytest  # noqa: E402  (after the environment above)
+
+
+@pytest.fixture(scope="session")
+def shared_tmp_dir(tmp_path_factory, request):
+    """`shared_tmp_dir(name)`: a directory of this test session that every pytest-xdist
+    worker gets the same copy of (the session's base temp dir, where each worker's own
+    temp dirs live). What is built there (datasets, SFT warm starts) is built once: the
+    builders take a file lock (`grpo_jax.paths.exclusive`), so a second worker waits for
+    the first and then reuses its result."""
+    root = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):   # a pytest-xdist worker: <session>/popen-gwN
+        root = root.parent
+
+    def get(name):
+        path = root / name
+        path.mkdir(exist_ok=True)
+        return path
+
+    return get
+
+
+# The modules whose tests take longest (minutes of end-to-end runs), longest first. They
+# run first and the many short tests after them; with pytest-xdist's work-stealing
+# scheduler (below) a worker that runs out of tests takes the back half of the other's
+# queue, so the short tests fill in around the long ones and no long test starts last,
+# leaving the other worker idle. A module's tests stay together (in their own order).
+LONGEST_FIRST = ("training/test_multihost.py", "training/test_faults.py", "training/test_rl.py",
+                 "training/test_demo.py", "training/test_sweep_launcher.py",
+                 "training/test_critic.py", "sampling/test_bench_sampler_smoke.py",
+                 "models/test_scan_layers.py", "training/test_steps.py", "test_aot.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        path = item.nodeid.split("::")[0].removeprefix("tests/")
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)   # stable: each module's own order is kept
+
+
+def pytest_configure(config):
+    """`-n N` without `--dist` schedules with work stealing ("worksteal") rather than
+    xdist's default ("load"), which hands each worker a quarter of the suite up front in
+    consecutive blocks: the block of long tests would all go to one worker."""
+    chose = any(arg == "--dist" or arg.startswith("--dist=") for arg in config.invocation_params.args)
+    if getattr(config.option, "dist", "no") == "load" and not chose:
+        config.option.dist = "worksteal"

@@ -1,6 +1,8 @@
 """grpo_jax.paths: where relative, `~` and remote paths end up."""
 
 import os
+import threading
+import time
 
 import ml_collections
 import pytest
@@ -52,3 +54,29 @@ def test_every_path_field_exists_in_the_base_config():
     for dotted in paths.CONFIG_PATH_FIELDS:
         section, field = dotted.split(".")
         assert isinstance(config[section][field], str), dotted
+
+
+def test_exclusive_makes_a_second_holder_wait_for_the_first(tmp_path):
+    """Two holders of one lock file (separate opens, as two processes would): the second
+    enters only after the first has left; a URL takes no lock and enters at once."""
+    lock = str(tmp_path / "sub" / "build.lock")   # its directory is created
+    events, first_inside = [], threading.Event()
+
+    def hold(name, seconds):
+        with paths.exclusive(lock):
+            events.append(f"{name} in")
+            first_inside.set()
+            time.sleep(seconds)
+            events.append(f"{name} out")
+
+    first = threading.Thread(target=hold, args=("first", 0.3))
+    first.start()
+    first_inside.wait(5)
+    second = threading.Thread(target=hold, args=("second", 0.0))
+    second.start()
+    first.join(5)
+    second.join(5)
+    assert events == ["first in", "first out", "second in", "second out"]
+    with paths.exclusive("gs://bucket/data/build.lock"):
+        events.append("url in")
+    assert events[-1] == "url in" and not os.path.exists("gs:")

@@ -112,7 +112,7 @@ def build(config, mesh, *, prompt_len):
       with ``critic.enabled``).
     """
     rl.check_config(config, mesh)
-    cfg = model_config(config)
+    cfg = model_config(config, mesh)
     rl.check_model(config, cfg)
     graphdef, state = models.abstract_model(cfg)
     params = _params(state, mesh, config.model.rules)

@@ -18,12 +18,14 @@ example that would have come next::
   iterator.set_state(state)           # continues at the next example
 """
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import grain
 import tensorflow_datasets as tfds
 
+from grpo_jax import paths
 from grpo_jax.data import _records
 from grpo_jax.data import arithmetic
 from grpo_jax.data import gsm8k
@@ -87,8 +89,12 @@ def data_source(name: str, *, split: str, data_dir: str,
             raise FileNotFoundError(
                 f"{builder.data_dir} is not prepared; call data_source(..., "
                 "prepare=True) once first")
-        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-            manual_dir=manual_dir, try_download_gcs=False))
+        # Runs on one machine sharing data_dir take turns; one that waited finds it built.
+        with paths.exclusive(os.path.join(data_dir, f".{name}.prepare.lock")):
+            builder = _builder(name, data_dir=data_dir, config=config)
+            if not builder.is_prepared():
+                builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+                    manual_dir=manual_dir, try_download_gcs=False))
     return builder.as_data_source(split=split)
 
 

@@ -13,6 +13,7 @@ _extras.require("grpo_jax.models")   # before the imports it guards
 
 from grpo_jax.models.config import ATTENTION_IMPLS
 from grpo_jax.models.config import Llama3RopeScaling
+from grpo_jax.models.config import MOE_IMPLS
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.config import REMAT_POLICIES
 from grpo_jax.models.config import SUPPORTED_MODEL_TYPES

@@ -8,6 +8,7 @@ flags (qkv bias, q/k norm, rope scaling, routed experts). `from_hf_config` and
 
 import dataclasses
 
+import jax
 import transformers
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -15,6 +16,11 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 # splash-attention kernel for training and prefill (interpreted on CPU); "cudnn": fused
 # flash attention on NVIDIA GPUs through `jax.nn.dot_product_attention`.
 ATTENTION_IMPLS = ("xla", "splash", "cudnn")
+# How routed experts are multiplied: "ragged" sorts the (token, expert) rows by expert and
+# uses `jax.lax.ragged_dot` (k/E of the dense FLOPs; native on TPU and GPU); "dense" runs
+# every expert on every token and keeps each token's k (faster on CPU, whose ragged_dot is
+# emulated). The same network either way.
+MOE_IMPLS = ("ragged", "dense")
 # What a layer keeps for the backward pass (see `decoder.remat_policy`): "off" keeps
 # every activation, "full" only the layer's input, the others also the named results.
 REMAT_POLICIES = ("off", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -72,6 +78,7 @@ class ModelConfig:
       attention_impl: one of `ATTENTION_IMPLS`: "xla" (any backend), "splash" (the Pallas
         TPU kernel for training and prefill; decoding stays XLA) or "cudnn" (NVIDIA GPUs,
         bf16/fp16, through `jax.nn.dot_product_attention`).
+      moe_impl: one of `MOE_IMPLS`, how routed experts are computed ("ragged" or "dense").
       scan_layers: run runs of identical layers with `jax.lax.scan` over stacked weights
         (one compiled layer body per run instead of one per layer); the KV cache is
         stacked likewise. Numerically the same network.
@@ -107,6 +114,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat: str = "off"
     attention_impl: str = "xla"
+    moe_impl: str = "ragged"
     scan_layers: bool = False
 
     def __post_init__(self):
@@ -117,6 +125,9 @@ class ModelConfig:
             raise ValueError(
                 f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
             )
+        if self.moe_impl not in MOE_IMPLS:
+            raise ValueError(f"moe_impl (a run config's model.moe) must be 'auto' in a run "
+                             f"config or one of {MOE_IMPLS}, got {self.moe_impl!r}")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"model_type must be one of {SUPPORTED_MODEL_TYPES}, got {self.model_type!r}"
@@ -262,12 +273,22 @@ def to_hf_config(cfg):
 
 # A run config's ``model`` section -> the `ModelConfig` fields it sets.
 RUN_FIELDS = {"dtype": "dtype", "param_dtype": "param_dtype", "remat": "remat",
-              "attention": "attention_impl", "scan_layers": "scan_layers"}
+              "attention": "attention_impl", "moe": "moe_impl", "scan_layers": "scan_layers"}
 
 
-def run_overrides(model_section):
+def moe_impl_for(moe, platform):
+    """``model.moe`` resolved for devices of `platform` ("cpu", "tpu", "gpu"/"cuda"...):
+    "auto" is "dense" on CPU and "ragged" elsewhere; anything else is returned as it is."""
+    if moe != "auto":
+        return moe
+    return "dense" if platform == "cpu" else "ragged"
+
+
+def run_overrides(model_section, mesh=None):
     """`{ModelConfig field: value}` from a run config's ``model`` section (configs/base.py):
-    dtype, param_dtype, remat, attention (-> attention_impl) and scan_layers.
+    dtype, param_dtype, remat, attention (-> attention_impl), moe (-> moe_impl, "auto"
+    resolved for the platform of `mesh`'s devices, or of JAX's default backend without a
+    mesh) and scan_layers.
 
     Raises:
       ValueError naming the missing ``model.`` field.
@@ -275,5 +296,9 @@ def run_overrides(model_section):
     missing = [f"model.{name}" for name in RUN_FIELDS if name not in model_section]
     if missing:
         raise ValueError(f"the config lacks {', '.join(missing)}; configs/base.py defines them "
-                         f"(attention: one of {ATTENTION_IMPLS}, remat: one of {REMAT_POLICIES})")
-    return {ours: model_section[name] for name, ours in RUN_FIELDS.items()}
+                         f"(attention: one of {ATTENTION_IMPLS}, moe: 'auto' or one of "
+                         f"{MOE_IMPLS}, remat: one of {REMAT_POLICIES})")
+    overrides = {ours: model_section[name] for name, ours in RUN_FIELDS.items()}
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    overrides["moe_impl"] = moe_impl_for(overrides["moe_impl"], platform)
+    return overrides

@@ -316,19 +316,43 @@ class MoeMlp(nnx.Module):
             top_p = jnp.take_along_axis(probs, top_e, axis=-1)
         if self.cfg.norm_topk_prob:
             top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
-        flat_e = top_e.reshape(-1)  # [T*k]
-        order = jnp.argsort(flat_e, stable=True)
-        group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
-        rows = x_td[order // k]  # [T*k, D], grouped by expert
-        g = jax.lax.ragged_dot(rows, self.gate[...].astype(dt), group_sizes)
-        u = jax.lax.ragged_dot(rows, self.up[...].astype(dt), group_sizes)
-        y_sorted = jax.lax.ragged_dot(jax.nn.silu(g) * u, self.down[...].astype(dt), group_sizes)
-        y = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(b * s, k, d)
+        weights = tuple(w[...].astype(dt) for w in (self.gate, self.up, self.down))
+        experts = _every_expert if self.cfg.moe_impl == "dense" else _chosen_experts_ragged
+        y = experts(x_td, top_e, *weights)  # [T, k, D]
         out = jnp.einsum("tkd,tk->td", y, top_p.astype(dt)).reshape(b, s, d)
         m = token_mask.reshape(-1, 1).astype(jnp.float32)
         counts = jnp.sum(jax.nn.one_hot(top_e, e, dtype=jnp.float32).sum(1) * m, axis=0)
         prob_sums = jnp.sum(probs * m, axis=0)
         return out, jnp.stack([counts, prob_sums]), top_e.reshape(b, s, k)
+
+
+def _chosen_experts_ragged(x, top_e, gate, up, down):
+    """Each token's k experts' SwiGLU outputs, `[T, k, D]`: the T*k (token, expert) rows
+    sorted by expert and multiplied group by group with `jax.lax.ragged_dot` (k/E of the
+    FLOPs of running every expert; native on TPU and GPU).
+
+    Args: x `[T, D]`; top_e `[T, k]` int expert ids; gate, up `[E, D, F]`; down `[E, F, D]`.
+    """
+    k, e = top_e.shape[1], gate.shape[0]
+    flat_e = top_e.reshape(-1)  # [T*k]
+    order = jnp.argsort(flat_e, stable=True)
+    group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
+    rows = x[order // k]  # [T*k, D], grouped by expert
+    g = jax.lax.ragged_dot(rows, gate, group_sizes)
+    u = jax.lax.ragged_dot(rows, up, group_sizes)
+    y_sorted = jax.lax.ragged_dot(jax.nn.silu(g) * u, down, group_sizes)
+    return jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(x.shape[0], k, -1)
+
+
+def _every_expert(x, top_e, gate, up, down):
+    """`_chosen_experts_ragged`'s result by running every expert on every token and keeping
+    each token's k: E/k times the FLOPs and a `[T, E, F]` activation, but plain einsums,
+    which CPU backends run many times faster than their emulation of `ragged_dot`
+    (measured by benchmarks/bench_moe.py). The same products and sums per (token, expert)."""
+    h = (jax.nn.silu(jnp.einsum("td,edf->tef", x, gate))
+         * jnp.einsum("td,edf->tef", x, up))
+    y = jnp.einsum("tef,efd->ted", h, down)  # [T, E, D]
+    return jnp.take_along_axis(y, top_e[:, :, None], axis=1)
 
 
 def load_balancing_loss(stats, n_moe_layers, n_tokens):

@@ -46,7 +46,7 @@ def start_critic(config, mesh, policy):
     model_cfg = config.model
     if config.critic.path:
         model = models.load_value_model(config.critic.path, mesh=mesh, rules=model_cfg.rules,
-                                        **models.run_overrides(model_cfg))
+                                        **models.run_overrides(model_cfg, mesh))
         vocab, policy_vocab = model.cfg.vocab_size, policy.model_config().vocab_size
         if vocab != policy_vocab:
             raise ValueError(f"critic.path {config.critic.path!r} has a vocabulary of {vocab} "

@@ -16,10 +16,11 @@ from grpo_jax.training import optimizer as optimizer_lib
 PHASES = ("rl", "sft", "eval")
 
 
-def model_config(config):
+def model_config(config, mesh=None):
     """The `ModelConfig` of ``config.model``: a named shape, or an HF directory's config.json
-    (no weights read), with the run's dtype, remat, attention and scan settings."""
-    overrides = models.run_overrides(config.model)
+    (no weights read), with the run's dtype, remat, attention, MoE and scan settings (MoE's
+    "auto" resolved for `mesh`'s platform; see `models.run_overrides`)."""
+    overrides = models.run_overrides(config.model, mesh)
     if config.model.path:
         return models.load_config(paths.resolve(config.model.path), **overrides)
     if not config.model.name:

@@ -45,7 +45,7 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
             raise FileNotFoundError(f"model.path {model_cfg.path!r} is not a directory; point it at "
                                     "a local Hugging Face checkpoint (config.json + *.safetensors)")
         model, tokenizer = models.from_pretrained(
-            path, mesh=mesh, rules=model_cfg.rules, **models.run_overrides(model_cfg))
+            path, mesh=mesh, rules=model_cfg.rules, **models.run_overrides(model_cfg, mesh))
         if tokenizer is None:
             raise FileNotFoundError(f"model.path {path!r} has no tokenizer files; save the "
                                     "tokenizer next to the weights")
@@ -60,7 +60,8 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     vocab = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     cfg = models.get_model_config(
         model_cfg.name, vocab_size=vocab, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **models.run_overrides(model_cfg))
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        **models.run_overrides(model_cfg, mesh))
     return models.init_model(cfg, seed=seed, mesh=mesh, rules=model_cfg.rules), tokenizer
 
 

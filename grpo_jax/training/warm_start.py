@@ -10,9 +10,12 @@ depends on (task, model, sft section, seed, completion budget), so every run wit
 settings reuses it, and an interrupted build resumes.
 """
 
+import contextlib
 import hashlib
 import json
 import os
+
+import jax
 
 from grpo_jax import config_lib, parallel, paths
 
@@ -58,12 +61,17 @@ def prepared(config):
     from grpo_jax.training import sft   # sft imports the trainer's modules; import late
     directory = warm_start_dir(config)
     export = os.path.join(directory, "export")
-    if not is_built(config):
-        if parallel.is_main():
-            print(f"building the SFT warm start ({config.sft.steps} steps) in {directory}",
-                  flush=True)
-        sft.train(config_lib.replaced(config, {"mode": "sft", "model.sft_warm_start": False}),
-                  directory)
-    elif parallel.is_main():
-        print(f"starting from the cached SFT warm start {export}", flush=True)
+    # Runs on one machine sharing the data dir (a sweep, test workers) build it once: the
+    # others wait for the lock, then find it built. Several processes of one run build it
+    # together (barriers inside), without the lock.
+    alone = jax.process_count() == 1
+    with paths.exclusive(directory + ".lock") if alone else contextlib.nullcontext():
+        if not is_built(config):
+            if parallel.is_main():
+                print(f"building the SFT warm start ({config.sft.steps} steps) in {directory}",
+                      flush=True)
+            sft.train(config_lib.replaced(config, {"mode": "sft", "model.sft_warm_start": False}),
+                      directory)
+        elif parallel.is_main():
+            print(f"starting from the cached SFT warm start {export}", flush=True)
     return config_lib.replaced(config, {"model.path": export, "model.name": ""})

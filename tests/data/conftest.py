@@ -15,9 +15,9 @@ def _quiet_tfds():
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    """One data_dir shared by the session, so each config is built once."""
-    return str(tmp_path_factory.mktemp("tfds"))
+def data_dir(shared_tmp_dir):
+    """One data_dir shared by the session's workers, so each config is built once."""
+    return str(shared_tmp_dir("data_tfds"))
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 import jax
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -96,3 +97,38 @@ class TestNumerics:
         ref, got = forward(model, *batch), forward(bf16, *batch)
         assert got.dtype == jax.numpy.float32
         assert float(jax.numpy.max(jax.numpy.abs(got - ref))) < 0.02 * float(jax.numpy.max(jax.numpy.abs(ref)))
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_dense_experts_equal_ragged_experts_with_their_gradients(batch, replay):
+    """moe_impl="dense" (every expert on every token, each token's k kept) is the network
+    of moe_impl="ragged" (rows sorted by expert, ragged_dot): the same logits, load-balancing
+    loss and gradient of every weight, with the model's own routing and with a replayed one."""
+    tokens, mask = batch
+    cfg = models.get_model_config("tiny_moe")
+    k, n_moe = cfg.n_experts_per_tok, cfg.n_layers
+    routing = (jax.random.randint(jax.random.key(3), (n_moe, *tokens.shape, k), 0, cfg.n_experts)
+               if replay else None)
+    results = {}
+    for impl in models.MOE_IMPLS:
+        graphdef, state = nnx.split(models.init_model(dataclasses.replace(cfg, moe_impl=impl), seed=4))
+
+        def loss(state):
+            hidden, aux = nnx.merge(graphdef, state).hidden_states(
+                tokens, attention_mask=mask, routing=routing)
+            logits = nnx.merge(graphdef, state).logits(hidden)
+            return jax.numpy.mean(jax.nn.logsumexp(logits, -1) * mask) + aux, (logits, aux)
+
+        results[impl] = jax.jit(jax.value_and_grad(loss, has_aux=True))(state)
+    (ragged_loss, (ragged_logits, ragged_aux)), ragged_grads = results["ragged"]
+    (dense_loss, (dense_logits, dense_aux)), dense_grads = results["dense"]
+    assert float(ragged_aux) > 0
+    np.testing.assert_allclose(dense_logits, ragged_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dense_aux, ragged_aux, rtol=1e-6)
+    np.testing.assert_allclose(dense_loss, ragged_loss, rtol=1e-6)
+    flat_dense = dict(nnx.to_flat_state(dense_grads))
+    for path, grad in nnx.to_flat_state(ragged_grads):
+        want = np.asarray(grad.get_value())
+        assert np.abs(want).max() > 0 or "router" not in str(path), path
+        np.testing.assert_allclose(flat_dense[path].get_value(), want, rtol=1e-4, atol=1e-6,
+                                   err_msg=str(path))

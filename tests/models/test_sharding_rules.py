@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import types
 
 import jax
 import numpy as np
@@ -130,15 +131,34 @@ class TestActivationSharding:
 def test_run_overrides_map_the_config_model_section():
     from ml_collections import config_dict
     section = config_dict.ConfigDict(dict(dtype="bfloat16", param_dtype="float32", remat="full",
-                                          attention="splash", scan_layers=True, rules="fsdp"))
+                                          attention="splash", moe="ragged", scan_layers=True,
+                                          rules="fsdp"))
     assert models.run_overrides(section) == dict(
-        dtype="bfloat16", param_dtype="float32", remat="full", attention_impl="splash", scan_layers=True)
+        dtype="bfloat16", param_dtype="float32", remat="full", attention_impl="splash",
+        moe_impl="ragged", scan_layers=True)
     del section["attention"]
     with pytest.raises(ValueError, match="model.attention"):
         models.run_overrides(section)
 
 
-@pytest.mark.parametrize("field,value", [("remat", "some"), ("attention_impl", "flash")])
+def test_moe_auto_is_dense_on_cpu_devices_and_ragged_on_others():
+    from ml_collections import config_dict
+    section = config_dict.ConfigDict(dict(dtype="float32", param_dtype="float32", remat="off",
+                                          attention="xla", moe="auto", scan_layers=False))
+    cpu_mesh = jax.make_mesh((8,), ("data",), axis_types=(AUTO,))
+    assert models.run_overrides(section, cpu_mesh)["moe_impl"] == "dense"
+    assert models.run_overrides(section)["moe_impl"] == "dense"   # the default backend: cpu
+    tpu_mesh = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform="tpu")]))
+    assert models.run_overrides(section, tpu_mesh)["moe_impl"] == "ragged"
+    from grpo_jax.models.config import moe_impl_for
+    assert [moe_impl_for("auto", p) for p in ("cpu", "tpu", "gpu")] == ["dense", "ragged", "ragged"]
+    assert moe_impl_for("ragged", "cpu") == "ragged" and moe_impl_for("dense", "tpu") == "dense"
+    section.moe = "sorted"
+    with pytest.raises(ValueError, match="model.moe"):
+        dataclasses.replace(CFG, **models.run_overrides(section))
+
+
+@pytest.mark.parametrize("field,value", [("remat", "some"), ("attention_impl", "flash"), ("moe_impl", "sorted")])
 def test_config_rejects_unknown_choices(field, value):
     with pytest.raises(ValueError, match=field):
         dataclasses.replace(CFG, **{field: value})

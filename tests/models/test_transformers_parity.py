@@ -82,6 +82,19 @@ class TestFromPretrained:
         assert fields(models.to_hf_config(model.cfg)) == fields(torch_model.config)
 
 
+def test_dense_experts_match_transformers(hf_checkpoint):
+    """Qwen3-MoE with every expert run on every token (moe_impl="dense", the CPU default of
+    a run config) gives transformers' logits and load-balancing loss too."""
+    path, torch_model = hf_checkpoint("qwen3_moe")
+    model, _ = models.from_pretrained(path, moe_impl="dense")
+    assert model.cfg.moe_impl == "dense"
+    tokens, mask = padded_batch(model.cfg.vocab_size)
+    hidden, aux = jax.jit(lambda t, m: model.hidden_states(t, attention_mask=m))(tokens, mask)
+    ref = hf_forward(torch_model, tokens, mask)
+    assert max_rel_error(jax.jit(model.logits)(hidden), ref.logits.numpy(), mask) < 1e-4
+    np.testing.assert_allclose(float(aux), float(ref.aux_loss), rtol=1e-5)
+
+
 @pytest.mark.slow
 def test_save_pretrained_loads_in_transformers(family, hf_checkpoint, tmp_path):
     """save_pretrained -> transformers.from_pretrained gives our logits; index-sharded files too."""

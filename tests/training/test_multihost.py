@@ -57,29 +57,19 @@ def _assert_same_run(got_dir, want_dir):
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_process_and_resume_after_kill(tmp_path):
-    data_dir = str(tmp_path / "tfds")
+def test_two_processes_equal_one_process_and_resume_after_kill(data_dir, tmp_path):
+    """The one-process run, then the two-process run killed (-9, both processes) once step
+    1's checkpoint is on disk and run again: it resumes there and ends as the one-process
+    run, its step-1 rollout row for row the same."""
     config_file = _config_file(tmp_path, data_dir)
-    one, two, killed = tmp_path / "one", tmp_path / "two", tmp_path / "killed"
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run(main_commands(config_file, one, 1), tmp_path, "one")   # the warm start, if unbuilt
 
-    _run(main_commands(config_file, one, 1), tmp_path, "one")   # also builds the warm start
-    _run(main_commands(config_file, two, 2), tmp_path, "two")
-
-    # Step 1's rollout: the same prompts, completions and rewards, row for row.
-    assert (two / "rollouts" / "1.jsonl").read_text() == (one / "rollouts" / "1.jsonl").read_text()
-    _assert_same_run(two, one)
-    # Process 0 alone wrote metrics and printed the mesh of both processes' devices.
-    assert len(list(two.glob("metrics.jsonl*"))) == 1
-    log0, log1 = ((tmp_path / f"two_{i}.log").read_text() for i in range(2))
-    assert "over 8 cpu device(s) in 2 processes" in log0 and "step     3/3" in log0
-    assert "step " not in log1 and "mesh" not in log1
-
-    # kill -9 of both processes once step 1's checkpoint is on disk, then the same commands.
-    commands = main_commands(config_file, killed, 2)
+    commands = main_commands(config_file, two, 2)
     logs = [open(tmp_path / f"killed_{i}.log", "w") for i in range(2)]
     processes = start_processes(commands, logs)
     deadline = time.time() + 900
-    while time.time() < deadline and not (killed / "checkpoints" / "1").is_dir():
+    while time.time() < deadline and not (two / "checkpoints" / "1").is_dir():
         assert all(p.poll() is None for p in processes), "a process ended before the kill"
         time.sleep(0.05)
     for p in processes:
@@ -87,7 +77,15 @@ def test_two_processes_equal_one_process_and_resume_after_kill(tmp_path):
     assert [p.wait() for p in processes] == [-9, -9]
     for log in logs:
         log.close()
-    assert not (killed / "export").exists()
+    assert not (two / "export").exists()
+    # Step 1's rollout: the same prompts, completions and rewards, row for row.
+    assert (two / "rollouts" / "1.jsonl").read_text() == (one / "rollouts" / "1.jsonl").read_text()
+
     _run(commands, tmp_path, "resumed")
-    assert "resumed from the checkpoint of step" in (tmp_path / "resumed_0.log").read_text()
-    _assert_same_run(killed, one)
+    log0, log1 = ((tmp_path / f"resumed_{i}.log").read_text() for i in range(2))
+    assert "resumed from the checkpoint of step" in log0
+    _assert_same_run(two, one)
+    # Process 0 alone wrote metrics and printed the mesh of both processes' devices.
+    assert len(list(two.glob("metrics.jsonl*"))) == 1
+    assert "over 8 cpu device(s) in 2 processes" in log0 and "step     3/3" in log0
+    assert "step " not in log1 and "mesh" not in log1
