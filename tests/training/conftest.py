@@ -2,9 +2,27 @@
 
 import pytest
 
+from grpo_jax import paths
+from grpo_jax.training import rl
+from tests.training.training_setups import faults_config
+
 
 @pytest.fixture(scope="session")
 def data_dir(shared_tmp_dir):
     """The session's datasets and SFT warm starts, shared by every worker: each warm start
     (keyed by everything it depends on) is trained once per session."""
     return str(shared_tmp_dir("tfds"))
+
+
+@pytest.fixture(scope="session")
+def reference(data_dir, shared_tmp_dir):
+    """The workdir of the uninterrupted `faults_config` run that every interrupted run
+    must end equal to: metrics.jsonl, export/ and each step's rollouts/ (run once per
+    session: a worker that finds another's finished run reuses it)."""
+    workdir = shared_tmp_dir("faults_uninterrupted")
+    config = faults_config(data_dir, **{"train.checkpoint_every": 12, "train.export": True,
+                                        "train.log_rollouts_every": 1})
+    with paths.exclusive(f"{workdir}.lock"):
+        if not (workdir / "export" / "model.safetensors").exists():
+            rl.train(config, str(workdir))
+    return workdir

@@ -1,12 +1,11 @@
 """Faults a run survives: SIGTERM (a preempted VM), SIGKILL, damaged and unfinished
-checkpoints, a failed write; a soak of alternating SIGTERM and SIGKILL; two processes
-stopping after the same step.
+checkpoints, a failed write; a soak of alternating SIGTERM and SIGKILL. (Two processes
+killed, and stopped by SIGTERM to one of them: tests/training/test_multihost.py.)
 
 Every run that is interrupted must end equal to one uninterrupted run of the same config
-(`reference`): the same metrics row for each step, written once, and the same exported
-parameters. On one machine with one device count XLA on CPU is deterministic and a resumed
-run continues from exactly the saved state, so those comparisons are exact; a run over two
-processes is compared within the tolerance of tests/training/test_multihost.py.
+(the `reference` fixture): the same metrics row for each step, written once, and the same
+exported parameters. On one machine with one device count XLA on CPU is deterministic and
+a resumed run continues from exactly the saved state, so those comparisons are exact.
 """
 
 import contextlib
@@ -26,59 +25,16 @@ import numpy as np
 import pytest
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
-from safetensors.numpy import load_file
 
-from grpo_jax import paths
 from grpo_jax.training import checkpoint, preemption, rl
-from tests.training.training_setups import (REPO, assert_metric_close, cli, cli_config_file,
-                                            comparable, finished_checkpoints, main_commands,
-                                            read_metrics, start_processes, tiny_config)
+from tests.training.training_setups import (FAULTS, REPO, assert_rows_equal, assert_same_export,
+                                            cli, cli_config_file, faults_config,
+                                            finished_checkpoints, read_metrics, step_lines,
+                                            wait_for_step)
 
 # A failed orbax read or write leaves coroutines and callbacks of a closed event loop behind;
 # collected later, they warn from whichever test runs then. Noise, not a fault.
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
-# 8 prompts, so the rows also split over two processes' 8-way mesh; 12 steps. Every
-# interrupted run below uses these settings (the learning-rate schedule depends on
-# train.steps), varying only what does not change the numbers: checkpoints and export.
-FAULTS = {"rollout.prompts_per_batch": 8, "train.steps": 12, "train.eval_every": 100}
-
-
-def _config(data_dir, **overrides):
-    return tiny_config("dapo", data_dir, **{**FAULTS, **overrides})
-
-
-@pytest.fixture(scope="module")
-def reference(data_dir, shared_tmp_dir):
-    """The workdir of the uninterrupted run: metrics.jsonl and export/ (run once per
-    session: a worker that finds another's finished run reuses it)."""
-    workdir = shared_tmp_dir("faults_uninterrupted")
-    config = _config(data_dir, **{"train.checkpoint_every": 12, "train.export": True})
-    with paths.exclusive(f"{workdir}.lock"):
-        if not (workdir / "export" / "model.safetensors").exists():
-            rl.train(config, str(workdir))
-    return workdir
-
-
-def _assert_rows_equal(workdir, reference, steps, rtol=0.0, atol=0.0):
-    """metrics.jsonl of `workdir` has one row per step of `steps`, equal to the reference's."""
-    rows, want = read_metrics(workdir), {r["step"]: comparable(r) for r in read_metrics(reference)}
-    assert [r["step"] for r in rows] == list(steps)
-    for row in rows:
-        got = comparable(row)
-        assert got.keys() == want[row["step"]].keys()
-        for key, value in want[row["step"]].items():
-            assert_metric_close(key, got[key], value, rtol=rtol, atol=atol,
-                                err_msg=f"step {row['step']} {key}")
-
-
-def _assert_same_export(workdir, reference, rtol=0.0, atol=0.0):
-    got = load_file(str(workdir / "export" / "model.safetensors"))
-    want = load_file(str(reference / "export" / "model.safetensors"))
-    assert got.keys() == want.keys()
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
-
 
 class _Position:
     """A data iterator's position, as `Checkpointer.save_run` and `restore_run` see it."""
@@ -245,7 +201,7 @@ def test_a_failed_write_mid_run_stops_it_and_the_rerun_equals_an_uninterrupted_r
         data_dir, reference, tmp_path, monkeypatch, capsys):
     """The disk fills while step 4 is saved: the error comes at the next save (step 6),
     step 2 is intact, and the re-run (space freed) resumes there and ends as the reference."""
-    config = _config(data_dir, **{"train.checkpoint_every": 2, "train.export": True})
+    config = faults_config(data_dir, **{"train.checkpoint_every": 2, "train.export": True})
     directory = tmp_path / "checkpoints"
     real_save = checkpoint.Checkpointer.save
     limit = contextlib.ExitStack()
@@ -273,8 +229,8 @@ def test_a_failed_write_mid_run_stops_it_and_the_rerun_equals_an_uninterrupted_r
     out = capsys.readouterr().out
     assert f"ignoring {directory}/4.orbax-checkpoint-tmp: an unfinished save" in out
     assert f"resumed from the checkpoint of step 2 in {tmp_path}" in out
-    _assert_rows_equal(tmp_path, reference, range(1, 13))   # rows 3-6 dropped and redone, once
-    _assert_same_export(tmp_path, reference)
+    assert_rows_equal(tmp_path, reference, range(1, 13))   # rows 3-6 dropped and redone, once
+    assert_same_export(tmp_path, reference)
 
 
 @pytest.mark.slow
@@ -284,7 +240,7 @@ def test_jax_preemption_notice_stops_the_run_and_damaged_checkpoints_are_skipped
     interrupted mid-save, step 4 holds another step's arrays (reads fine, wrong numbers) and
     step 3 a truncated file: the re-run names all three, sets 4 and 3 aside, resumes from
     step 2, and ends as the uninterrupted run."""
-    config = _config(data_dir, **{"train.checkpoint_every": 1, "train.keep_checkpoints": 4,
+    config = faults_config(data_dir, **{"train.checkpoint_every": 1, "train.keep_checkpoints": 4,
                                   "train.export": True})
     directory = tmp_path / "checkpoints"
     handler = signal.getsignal(signal.SIGTERM)
@@ -295,7 +251,7 @@ def test_jax_preemption_notice_stops_the_run_and_damaged_checkpoints_are_skipped
     assert stopped.value.step == 5 and str(directory / "5") in str(stopped.value)
     assert signal.getsignal(signal.SIGTERM) is handler   # the loop put the handler back
     assert finished_checkpoints(tmp_path) == [2, 3, 4, 5]
-    _assert_rows_equal(tmp_path, reference, range(1, 6))
+    assert_rows_equal(tmp_path, reference, range(1, 6))
 
     os.rename(directory / "5", directory / "5.orbax-checkpoint-tmp")   # a save cut short
     shutil.rmtree(directory / "4" / "state")
@@ -319,8 +275,8 @@ def test_jax_preemption_notice_stops_the_run_and_damaged_checkpoints_are_skipped
     assert os.path.getsize(kept) == truncated_size   # set aside as it was
     assert (directory / "4.unreadable" / "state").is_dir()
     assert finished_checkpoints(tmp_path) == [9, 10, 11, 12]
-    _assert_rows_equal(tmp_path, reference, range(1, 13))
-    _assert_same_export(tmp_path, reference)
+    assert_rows_equal(tmp_path, reference, range(1, 13))
+    assert_same_export(tmp_path, reference)
 
 
 _SIGTERM_TWICE = """
@@ -341,20 +297,6 @@ def test_the_first_sigterm_is_read_at_the_step_boundary_and_the_second_ends_the_
     assert done.stdout.split() == ["False", "True"]
     assert done.returncode == -signal.SIGTERM
     assert "stopping once the step in progress is done and saved" in done.stderr
-
-
-def _step_lines(text):
-    """The steps of the console lines ("step     3/12 ...") in a run's output."""
-    return [int(s) for s in re.findall(r"^step +(\d+)/", text, flags=re.MULTILINE)]
-
-
-def _wait_for_step(process, log, step, timeout=600):
-    """Waits until the run writing `log` has printed the line of `step`."""
-    deadline = time.time() + timeout
-    while step not in _step_lines(log.read_text()):
-        assert process.poll() is None, f"ended before step {step}: {log.read_text()[-3000:]}"
-        assert time.time() < deadline, f"no step {step} after {timeout} s"
-        time.sleep(0.02)
 
 
 @pytest.mark.slow
@@ -378,7 +320,7 @@ def test_soak_of_alternating_sigterm_and_sigkill_ends_as_the_uninterrupted_run(d
         log = tmp_path / f"soak_{interruption}.log"
         with open(log, "w") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, **where)
-            _wait_for_step(process, log, resumed + 1)
+            wait_for_step(process, log, resumed + 1)
             time.sleep(rng.uniform(0.0, 1.0) * step_seconds)
             process.send_signal(kind)
             code = process.wait(timeout=600)
@@ -386,7 +328,7 @@ def test_soak_of_alternating_sigterm_and_sigkill_ends_as_the_uninterrupted_run(d
         assert (f"resumed from the checkpoint of step {resumed} in" in text) == (resumed > 0)
         for path in unfinished:   # left by a SIGKILL during a save: named, not restored
             assert f"ignoring {path}: an unfinished save" in text
-        last = _step_lines(text)[-1]   # the last step this run finished and logged
+        last = step_lines(text)[-1]   # the last step this run finished and logged
         if kind == signal.SIGTERM:
             assert code == preemption.EXIT_STATUS, text[-3000:]
             assert f"stopped by SIGTERM after step {last}; its checkpoint is" in text
@@ -400,46 +342,8 @@ def test_soak_of_alternating_sigterm_and_sigkill_ends_as_the_uninterrupted_run(d
     final = subprocess.run(command, capture_output=True, text=True, timeout=600, **where)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     assert (f"resumed from the checkpoint of step {resumed} in" in final.stdout) == (resumed > 0)
-    _assert_rows_equal(workdir, reference, range(1, 13))
-    _assert_same_export(workdir, reference)
+    assert_rows_equal(workdir, reference, range(1, 13))
+    assert_same_export(workdir, reference)
     print("interruptions (signal, last step logged, step resumed from, steps recomputed): "
           + ", ".join(f"({k}, {last}, {saved}, {last - saved})" for k, last, saved in lost))
     assert all(last == saved for kind, last, saved in lost if kind == "SIGTERM")
-
-
-@pytest.mark.slow
-def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step(data_dir, reference,
-                                                                        tmp_path):
-    """Process 1 alone gets SIGTERM at a random point; process 0 learns it at the next step
-    boundary (the flags are agreed every step), both save that step and exit 75, and the
-    re-run of both resumes there and ends as the one-process run (within the tolerance of
-    two processes against one)."""
-    overrides = {**FAULTS, "train.checkpoint_every": 12, "train.export": True}
-    config_file = cli_config_file(tmp_path, data_dir, overrides)
-    workdir = tmp_path / "two"
-    commands = main_commands(config_file, workdir, 2)
-    logs = [tmp_path / f"two_{i}.log" for i in range(2)]
-    files = [open(log, "w") for log in logs]
-    processes = start_processes(commands, files)
-    _wait_for_step(processes[0], logs[0], int(np.random.default_rng(3).integers(1, 4)))
-    processes[1].send_signal(signal.SIGTERM)
-    codes = [p.wait(timeout=600) for p in processes]
-    for f in files:
-        f.close()
-    texts = [log.read_text() for log in logs]
-    assert codes == [preemption.EXIT_STATUS] * 2, [t[-3000:] for t in texts]
-    stopped = _step_lines(texts[0])[-1]
-    assert f"stopped by SIGTERM after step {stopped}; its checkpoint is" in texts[0]
-    assert "SIGTERM: stopping once" in texts[1] and "SIGTERM: stopping once" not in texts[0]
-    assert finished_checkpoints(workdir) == [stopped]
-
-    files = [open(tmp_path / f"resumed_{i}.log", "w") for i in range(2)]
-    processes = start_processes(commands, files)
-    codes = [p.wait(timeout=600) for p in processes]
-    for f in files:
-        f.close()
-    resumed = (tmp_path / "resumed_0.log").read_text()
-    assert codes == [0, 0], resumed[-3000:]
-    assert f"resumed from the checkpoint of step {stopped} in" in resumed
-    _assert_rows_equal(workdir, reference, range(1, 13), rtol=2e-4, atol=1e-6)
-    _assert_same_export(workdir, reference, rtol=1e-4, atol=1e-6)

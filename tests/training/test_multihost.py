@@ -3,89 +3,83 @@
 Each process has 4 CPU devices (gloo collectives between them); together they form the
 global mesh the config declares. The two-process run must sample the same tokens, score
 the same rewards, log the same metrics (from process 0 only) and end with the same
-parameters as the one-process run, and survive kill -9 of both processes.
+parameters as the one-process run (the `reference` fixture: the fault tests' 12-step run),
+through kill -9 of both processes and SIGTERM to one of them.
 """
 
+import signal
 import time
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
-from tests.training.training_setups import (assert_metric_close, comparable, main_commands,
-                                             read_metrics, start_processes)
-
-
-def _config_file(tmp_path, data_dir):
-    path = tmp_path / "multihost_config.py"
-    path.write_text(
-        "from tests.training.training_setups import runlocal_config\n\n\n"
-        "def get_config(arg=None):\n"
-        f"    return runlocal_config('dapo', {data_dir!r}, **{{'train.steps': 3, "
-        "'train.checkpoint_every': 1, 'train.eval_every': 3, 'train.export': True, "
-        "'train.log_rollouts_every': 1})\n")
-    return path
+from grpo_jax.training import preemption
+from tests.training.training_setups import (FAULTS, assert_rows_equal, assert_same_export,
+                                             cli_config_file, finished_checkpoints,
+                                             main_commands, start_processes, step_lines,
+                                             wait_for_step)
 
 
-def _run(commands, tmp_path, name):
-    logs = [open(tmp_path / f"{name}_{i}.log", "w") for i in range(len(commands))]
-    processes = start_processes(commands, logs)
-    codes = [p.wait(timeout=900) for p in processes]
-    for log in logs:
-        log.close()
-    assert codes == [0] * len(codes), [(tmp_path / f"{name}_{i}.log").read_text()[-3000:]
-                                       for i in range(len(codes))]
+def _start(commands, tmp_path, name):
+    """Both processes, each writing `<name>_<i>.log`; returns (processes, logs, files)."""
+    logs = [tmp_path / f"{name}_{i}.log" for i in range(len(commands))]
+    files = [open(log, "w") for log in logs]
+    return start_processes(commands, files), logs, files
 
 
-def _metrics(workdir):
-    return [comparable(row) for row in read_metrics(workdir)]
-
-
-def _assert_same_run(got_dir, want_dir):
-    got, want = _metrics(got_dir), _metrics(want_dir)
-    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3]
-    for g, w in zip(got, want):
-        assert g.keys() == w.keys()
-        for key in w:
-            assert_metric_close(key, g[key], w[key], rtol=2e-4, atol=1e-6, err_msg=key)
-    got_params = load_file(str(got_dir / "export" / "model.safetensors"))
-    want_params = load_file(str(want_dir / "export" / "model.safetensors"))
-    assert got_params.keys() == want_params.keys()
-    for name in want_params:
-        np.testing.assert_allclose(got_params[name], want_params[name], rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
+def _wait(processes, logs, files, timeout=900):
+    codes = [p.wait(timeout=timeout) for p in processes]
+    for f in files:
+        f.close()
+    return codes, [log.read_text() for log in logs]
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_process_and_resume_after_kill(data_dir, tmp_path):
-    """The one-process run, then the two-process run killed (-9, both processes) once step
-    1's checkpoint is on disk and run again: it resumes there and ends as the one-process
-    run, its step-1 rollout row for row the same."""
-    config_file = _config_file(tmp_path, data_dir)
-    one, two = tmp_path / "one", tmp_path / "two"
-    _run(main_commands(config_file, one, 1), tmp_path, "one")   # the warm start, if unbuilt
+def test_two_processes_equal_one_process_through_kill_and_sigterm(data_dir, reference, tmp_path):
+    """The two-process run is killed (-9, both processes) once step 2's checkpoint is on
+    disk; run again, it resumes there, and process 1 alone gets SIGTERM a random number of
+    steps later: process 0 learns it at the next step boundary (the flags are agreed every
+    step), both save that step and exit 75. The third run resumes there and ends as the
+    one-process run (within the tolerance of two processes against one), its step-1
+    rollout row for row the same."""
+    overrides = {**FAULTS, "train.checkpoint_every": 2, "train.export": True,
+                 "train.log_rollouts_every": 1}
+    workdir = tmp_path / "two"
+    commands = main_commands(cli_config_file(tmp_path, data_dir, overrides), workdir, 2)
 
-    commands = main_commands(config_file, two, 2)
-    logs = [open(tmp_path / f"killed_{i}.log", "w") for i in range(2)]
-    processes = start_processes(commands, logs)
+    processes, logs, files = _start(commands, tmp_path, "killed")
     deadline = time.time() + 900
-    while time.time() < deadline and not (two / "checkpoints" / "1").is_dir():
+    while time.time() < deadline and 2 not in finished_checkpoints(workdir):
         assert all(p.poll() is None for p in processes), "a process ended before the kill"
         time.sleep(0.05)
     for p in processes:
         p.kill()
-    assert [p.wait() for p in processes] == [-9, -9]
-    for log in logs:
-        log.close()
-    assert not (two / "export").exists()
+    codes, _ = _wait(processes, logs, files)
+    assert codes == [-9, -9]
+    assert not (workdir / "export").exists()
     # Step 1's rollout: the same prompts, completions and rewards, row for row.
-    assert (two / "rollouts" / "1.jsonl").read_text() == (one / "rollouts" / "1.jsonl").read_text()
+    assert (workdir / "rollouts" / "1.jsonl").read_text() == \
+        (reference / "rollouts" / "1.jsonl").read_text()
 
-    _run(commands, tmp_path, "resumed")
-    log0, log1 = ((tmp_path / f"resumed_{i}.log").read_text() for i in range(2))
-    assert "resumed from the checkpoint of step" in log0
-    _assert_same_run(two, one)
+    processes, logs, files = _start(commands, tmp_path, "sigterm")
+    resumed = finished_checkpoints(workdir)[-1]
+    wait_for_step(processes[0], logs[0], resumed + int(np.random.default_rng(3).integers(1, 4)))
+    processes[1].send_signal(signal.SIGTERM)
+    codes, texts = _wait(processes, logs, files, timeout=600)
+    assert codes == [preemption.EXIT_STATUS] * 2, [t[-3000:] for t in texts]
+    assert f"resumed from the checkpoint of step {resumed} in" in texts[0]
+    stopped = step_lines(texts[0])[-1]
+    assert f"stopped by SIGTERM after step {stopped}; its checkpoint is" in texts[0]
+    assert "SIGTERM: stopping once" in texts[1] and "SIGTERM: stopping once" not in texts[0]
+    assert finished_checkpoints(workdir)[-1] == stopped
+
+    processes, logs, files = _start(commands, tmp_path, "finished")
+    codes, (log0, log1) = _wait(processes, logs, files)
+    assert codes == [0, 0], log0[-3000:]
+    assert f"resumed from the checkpoint of step {stopped} in" in log0
+    assert_rows_equal(workdir, reference, range(1, 13), rtol=2e-4, atol=1e-6)
+    assert_same_export(workdir, reference, rtol=1e-4, atol=1e-6)
     # Process 0 alone wrote metrics and printed the mesh of both processes' devices.
-    assert len(list(two.glob("metrics.jsonl*"))) == 1
-    assert "over 8 cpu device(s) in 2 processes" in log0 and "step     3/3" in log0
+    assert len(list(workdir.glob("metrics.jsonl*"))) == 1
+    assert "over 8 cpu device(s) in 2 processes" in log0 and "step    12/12" in log0
     assert "step " not in log1 and "mesh" not in log1

@@ -93,8 +93,8 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe, overrides", [
-    ("dapo", {"train.steps": 6}),
-    # A critic (its parameters and optimizer state) and a step of value pre-training.
+    # A critic (its parameters and optimizer state) and a step of value pre-training. (A
+    # policy alone, killed and stopped in a relative workdir: test_faults.py's soak.)
     ("vapo", {"train.steps": 5, "critic.pretrain_steps": 1, "train.export": True}),
 ])
 def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(

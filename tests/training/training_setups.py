@@ -11,11 +11,14 @@ and read what a run left in its workdir.
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
+from safetensors.numpy import load_file
 
 from grpo_jax import config_lib
 
@@ -46,11 +49,11 @@ def runlocal_config(recipe, data_dir, **overrides):
     config.train.export = False
     config.eval.num_prompts = 4
     config.eval.samples = 2
-    # Half the warm start, still with answers right and wrong, where a step costs more: rpt's
-    # rows are 8x wider (its instruction takes a 256-token prompt bucket; half the rows too)
-    # and its answers a token or two; the MoE model runs 8 experts per layer.
-    costly = config.task.name == "rpt" or config.model.name == "tiny_moe"
-    config.sft.steps = 100 if costly else 200
+    # A shorter warm start, still with answers right and wrong, where a step costs more:
+    # rpt's rows are 8x wider (its instruction takes a 256-token prompt bucket; half the
+    # rows too) and its answers a token or two (its SFT loss is flat after ~40 steps); the
+    # MoE model runs 8 experts per layer.
+    config.sft.steps = {"rpt": 40}.get(config.task.name, 100 if config.model.name == "tiny_moe" else 200)
     config.sft.batch_size = 16 if config.task.name == "rpt" else 32
     config.sft.optimizer.learning_rate = 2e-3
     config.sft.eval_every = 200
@@ -63,6 +66,18 @@ def tiny_config(recipe, data_dir, **overrides):
     small = {"rollout.prompts_per_batch": 4, "objective.group_size": 4, "train.minibatches": 2,
              "train.epochs": 1}
     return runlocal_config(recipe, data_dir, **{**small, **overrides})
+
+
+# The runs the fault tests interrupt: 8 prompts, so the rows also split over two
+# processes' 8-way mesh; 12 steps. Every interrupted run uses these settings (the
+# learning-rate schedule depends on train.steps), varying only what does not change the
+# numbers: checkpoints, export and the rollouts logged.
+FAULTS = {"rollout.prompts_per_batch": 8, "train.steps": 12, "train.eval_every": 100}
+
+
+def faults_config(data_dir, **overrides):
+    """`tiny_config("dapo")` with the `FAULTS` settings and `overrides`."""
+    return tiny_config("dapo", data_dir, **{**FAULTS, **overrides})
 
 
 def read_metrics(workdir):
@@ -139,3 +154,38 @@ def start_processes(commands, logs):
     """Starts each (args, env) of `commands` from the repository root, output to its log."""
     return [subprocess.Popen(args, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
             for (args, env), log in zip(commands, logs)]
+
+
+def assert_rows_equal(workdir, reference, steps, rtol=0.0, atol=0.0):
+    """metrics.jsonl of `workdir` has one row per step of `steps`, equal to the reference's."""
+    rows, want = read_metrics(workdir), {r["step"]: comparable(r) for r in read_metrics(reference)}
+    assert [r["step"] for r in rows] == list(steps)
+    for row in rows:
+        got = comparable(row)
+        assert got.keys() == want[row["step"]].keys()
+        for key, value in want[row["step"]].items():
+            assert_metric_close(key, got[key], value, rtol=rtol, atol=atol,
+                                err_msg=f"step {row['step']} {key}")
+
+
+def assert_same_export(workdir, reference, rtol=0.0, atol=0.0):
+    """The exported policy of `workdir` equals the reference's, tensor by tensor."""
+    got = load_file(str(pathlib.Path(workdir) / "export" / "model.safetensors"))
+    want = load_file(str(pathlib.Path(reference) / "export" / "model.safetensors"))
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+def step_lines(text):
+    """The steps of the console lines ("step     3/12 ...") in a run's output."""
+    return [int(s) for s in re.findall(r"^step +(\d+)/", text, flags=re.MULTILINE)]
+
+
+def wait_for_step(process, log, step, timeout=600):
+    """Waits until the run writing `log` has printed the line of `step`."""
+    deadline = time.time() + timeout
+    while step not in step_lines(log.read_text()):
+        assert process.poll() is None, f"ended before step {step}: {log.read_text()[-3000:]}"
+        assert time.time() < deadline, f"no step {step} after {timeout} s"
+        time.sleep(0.02)
