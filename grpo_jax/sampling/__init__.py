@@ -24,6 +24,7 @@ from grpo_jax.sampling._generate import MAX_NEW_TOKENS
 from grpo_jax.sampling._generate import STOP_TOKEN
 from grpo_jax.sampling._generate import Rollout
 from grpo_jax.sampling._generate import generate
+from grpo_jax.sampling._generate import row_keys
 from grpo_jax.sampling._generate import row_multiple
 from grpo_jax.sampling._generate import to_host
 from grpo_jax.sampling._methods import Greedy

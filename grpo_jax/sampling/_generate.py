@@ -166,11 +166,25 @@ def _grow(cache, slots):
                          valid=pad(cache.valid, 1))
 
 
-def _sample_column(loop, rng, method, stop_tokens, pad_id):
-    """Samples column `loop.step` from `loop.logits`; finished rows get pad_id and zeros
-    (and an empty support when it is recorded)."""
+def row_keys(rng, prompt_ids, group_size):
+    """`[P*G]` keys, one per completion: ``fold_in(fold_in(rng, prompt id), completion
+    index)``. Token t of a completion is drawn with ``fold_in(its key, t)``, so what it
+    samples depends on (rng, prompt id, completion index, position) and the logits, not
+    on which other rows share its batch or in which order they come."""
+    def key(prompt_id, completion):
+        return jax.random.fold_in(jax.random.fold_in(rng, prompt_id), completion)
+
+    prompt_b = jnp.repeat(prompt_ids, group_size)
+    completion_b = jnp.tile(jnp.arange(group_size, dtype=jnp.int32), prompt_ids.shape[0])
+    return jax.vmap(key)(prompt_b, completion_b)
+
+
+def _sample_column(loop, keys_b, method, stop_tokens, pad_id):
+    """Samples column `loop.step` from `loop.logits` (row b with ``fold_in(keys_b[b],
+    step)``); finished rows get pad_id and zeros (and an empty support when it is recorded)."""
     record = loop.support_ids is not None
-    drawn = sample(method, jax.random.fold_in(rng, loop.step), loop.logits, with_support=record)
+    step_keys_b = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_b, loop.step)
+    drawn = sample(method, step_keys_b, loop.logits, with_support=record)
     token_b, sample_logp_b = drawn[:2]
     live_b = ~loop.done
     token_b = jnp.where(live_b, token_b, pad_id)
@@ -206,8 +220,9 @@ def _support_bound(method, logits_bv):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "rules",
                                              "record_support", "record_routing"))
-def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tokens, pad_id,
-              max_new_tokens, *, group_size, buffer_len, rules, record_support, record_routing):
+def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, method, stop_tokens,
+              pad_id, max_new_tokens, *, group_size, buffer_len, rules, record_support,
+              record_routing):
     mesh = jax.sharding.get_abstract_mesh()
     batch_axes = () if mesh.empty else parallel.row_axes(mesh)
     ways = 1 if mesh.empty else parallel.row_ways(mesh)
@@ -245,7 +260,9 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tok
         done=jnp.zeros((b,), bool), lengths=jnp.zeros((b,), jnp.int32),
         support_ids=support_ids, support_size=support_size, routing=routing,
     )
-    step = functools.partial(_sample_column, rng=rng, method=method, stop_tokens=stop_tokens, pad_id=pad_id)
+    keys_b = row_keys(rng, prompt_ids, group_size)
+    step = functools.partial(_sample_column, keys_b=keys_b, method=method, stop_tokens=stop_tokens,
+                             pad_id=pad_id)
     loop = step(loop)
 
     def cond(loop, end):
@@ -274,27 +291,33 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, method, stop_tok
 
 
 def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size, max_new_tokens,
-             stop_tokens, pad_id, max_len_bucket=None, rules="sampling", record_support=False,
-             record_routing=False):
+             stop_tokens, pad_id, prompt_ids=None, max_len_bucket=None, rules="sampling",
+             record_support=False, record_routing=False):
     """Samples `group_size` completions of every prompt.
 
     Under a mesh (`jax.set_mesh`), the rows are split over the mesh's row axes (every
     axis but "tensor", `parallel.row_axes`) and the weights are resharded on device to
     `rules`, once, before the loop. The same `rng` gives the same tokens on
-    any mesh (threefry random bits do not depend on the sharding).
+    any mesh (threefry random bits do not depend on the sharding), and in any batch:
+    completion g of the prompt with id i draws token t with
+    ``fold_in(fold_in(fold_in(rng, i), g), t)`` (`row_keys`), so reordering the prompts
+    (with their ids), sampling a prompt alone or with others, or asking for more
+    completions per prompt leaves every completion's tokens as they were.
 
     Args:
       graphdef, state: `nnx.split(model)` of a `models.Decoder`; `state` may be the
         trainer's live (sharded) weights.
       prompt_tokens: `[P, S]` int32 left-padded prompts (see `pad_prompts`).
       prompt_mask: `[P, S]` 1 on prompt tokens; every row needs at least one.
-      rng: a PRNG key; step t draws with `fold_in(rng, t)`.
+      rng: a PRNG key (see above for how each token's key derives from it).
       method: `Greedy()`, `Temperature(t)`, `TopK(k, t)`, `TopP(p, t)` or `MinP(p, t)`.
       group_size: G, completions per prompt (static).
       max_new_tokens: the most tokens per completion, an int or a scalar array in
         [1, N]; a new value does not recompile.
       stop_tokens: ids that end a completion (e.g. `[eos]`), `[K]` ints; may be empty.
       pad_id: written after a completion's last token.
+      prompt_ids: `[P]` ints naming each prompt's random streams (default 0..P-1); give
+        a prompt the same id in another call to sample it the same way.
       max_len_bucket: N, the static completion buffer (`Rollout.tokens` is `[B, N]`);
         default `bucket_length(max_new_tokens)`, a power of two.
       rules: the weights' sharding rule set while sampling (`models.RULE_SETS`).
@@ -339,8 +362,12 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
                 f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes ({ways} ways); "
                 f"use a number of prompts times group_size that is a multiple of {ways}"
             )
+    if prompt_ids is None:
+        prompt_ids = np.arange(p, dtype=np.int32)
+    if np.shape(prompt_ids) != (p,):
+        raise ValueError(f"prompt_ids has shape {np.shape(prompt_ids)}; it must be ({p},), one id per prompt")
     return _generate(
-        graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, method,
+        graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids), method,
         _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
         group_size=group_size, buffer_len=int(max_len_bucket), rules=rules,
         record_support=bool(record_support), record_routing=bool(record_routing),

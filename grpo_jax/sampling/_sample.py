@@ -62,6 +62,14 @@ def inverse_cdf(weights_bv, u_b):
     return (block_b * BLOCK + offset_b).astype(jnp.int32), total_b
 
 
+def _uniforms(rng, b):
+    """`[B]` uniform numbers in [0, 1): from one key, or one from each of `[B]` keys."""
+    single = 0 if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key) else 1
+    if rng.ndim == single:
+        return jax.random.uniform(rng, (b,))
+    return jax.vmap(lambda key: jax.random.uniform(key, ()))(rng)
+
+
 def sample(method, rng, logits_bv, *, with_support=False):
     """Draws one token per row from `method`'s distribution, by inverse CDF.
 
@@ -72,7 +80,8 @@ def sample(method, rng, logits_bv, *, with_support=False):
 
     Args:
       method: `Greedy`, `Temperature`, `TopK`, `TopP` or `MinP`.
-      rng: a PRNG key.
+      rng: a PRNG key, or `[B]` keys, one per row: then a row's token depends on its
+        own key and logits only, not on the other rows of the batch.
       logits_bv: `[B, V]` next-token logits.
       with_support: also return the `Support` the token was drawn from (static).
 
@@ -95,7 +104,7 @@ def sample(method, rng, logits_bv, *, with_support=False):
         q_bv = jnp.exp(logp_bv)
         floor_b, candidates_bk = method.cut(q_bv)
         keep_bv = q_bv >= floor_b[:, None]
-        tokens_b, kept_mass_b = inverse_cdf(jnp.where(keep_bv, q_bv, 0.0), jax.random.uniform(rng, (b,)))
+        tokens_b, kept_mass_b = inverse_cdf(jnp.where(keep_bv, q_bv, 0.0), _uniforms(rng, b))
         logp_b = jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0] - jnp.log(kept_mass_b)
         size_b = jnp.sum(keep_bv, axis=-1, dtype=jnp.int32)
         in_support_bk = jnp.arange(candidates_bk.shape[-1]) < size_b[:, None]

@@ -83,6 +83,33 @@ class TestStopsMasksTruncation:
         assert not np.array_equal(a.tokens, c.tokens)
 
 
+class TestScheduleFreeRandomness:
+    """A completion's tokens are addressed by (rng, prompt id, completion index, position):
+    the batch it is drawn in does not change them."""
+
+    @pytest.mark.slow
+    def test_reordered_subset_with_more_completions_draws_the_same_tokens(self, tiny_model):
+        method = sampling.TopP(0.95, temperature=1.0)
+        a, b, c = [5, 6, 7], [8, 9], list(range(20, 30))
+        args = dict(max_new_tokens=20, stop_tokens=np.arange(0, 512, 16))
+        base = run(tiny_model, [a, b, c], method, seed=4, group_size=2, **args)
+        # C then A (ids 2 and 0), four completions each: the first two of each are base's.
+        other = run(tiny_model, [c, a], method, seed=4, group_size=4, prompt_ids=[2, 0], **args)
+        assert base.prompt_tokens.shape[1] == other.prompt_tokens.shape[1]   # one prompt bucket
+        assert len(set(base.lengths)) > 2   # ragged rows: the schedule differs from row to row
+        for got, want in ((0, 4), (1, 5), (4, 0), (5, 1)):   # (row of other, row of base)
+            np.testing.assert_array_equal(other.tokens[got], base.tokens[want])
+            np.testing.assert_allclose(other.logp[got], base.logp[want], rtol=1e-6, atol=1e-6)
+        # the extra completions are new draws, and the same ids in a new order are not enough
+        assert not np.array_equal(other.tokens[2], other.tokens[0])
+        swapped = run(tiny_model, [c, a], method, seed=4, group_size=4, **args)   # ids 0, 1
+        assert not np.array_equal(swapped.tokens[0], base.tokens[4])
+
+    def test_prompt_ids_need_one_per_prompt(self):
+        with pytest.raises(ValueError, match=r"prompt_ids has shape \(3,\); it must be \(2,\)"):
+            run(successor(), [[1], [2]], prompt_ids=[0, 1, 2])
+
+
 class TestArgumentErrors:
     def test_max_new_tokens_beyond_the_buffer(self):
         with pytest.raises(ValueError, match="max_len_bucket=8"):
