@@ -95,6 +95,9 @@ def get_config(arg=None):
     config.rollout.keep_sampling_mask = False
     # ... and keep routing: an MoE's training forward replays the sampler's experts.
     config.rollout.keep_routing = False
+    # Continuous batching: decode in this many slots, a stopped row's slot going to the
+    # next pending one (0: every row of the batch at once). The same samples either way.
+    config.rollout.slots = 0
 
     config.train = config_dict.ConfigDict()
     config.train.steps = 200

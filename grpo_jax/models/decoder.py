@@ -359,9 +359,15 @@ class Decoder(nnx.Module):
         seen = jnp.sum(cache.valid, axis=1, dtype=jnp.int32) + cache.prefix_lengths()
         positions = default_positions(attention_mask, offset=seen)
         valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask.astype(bool), (0, cache.index))
-        slots = jnp.arange(max_len)
-        causal = slots[None, :] <= cache.index + jnp.arange(s)[:, None]  # [S, L]
-        mask = causal[None] & valid[:, None, :]
+        if s == 1:
+            # One new token attends every valid slot: all were written before it (or are
+            # it), wherever they sit; a continuous-batching sampler writes completions
+            # into a ring of columns, so some may lie after `index`.
+            mask = valid[:, None, :]
+        else:
+            slots = jnp.arange(max_len)
+            causal = slots[None, :] <= cache.index + jnp.arange(s)[:, None]  # [S, L]
+            mask = causal[None] & valid[:, None, :]
         hidden, (k, v), _, experts = self._run(tokens, attention_mask, positions, mask, cache)
         cache = cache.replace(k=tuple(k), v=tuple(v), valid=valid, index=cache.index + s)
         if with_routing:

@@ -135,6 +135,15 @@ def _weights_in(state, rules):
     return jax.tree.map(constrain, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def _on_mesh(state, rules):
+    """`(state, batch_axes, ways)` under the current mesh: the weights in the sampling
+    layout, the axes rows split over and how many ways (unchanged, (), 1 without a mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return state, (), 1
+    return _weights_in(state, rules), parallel.row_axes(mesh), parallel.row_ways(mesh)
+
+
 def _segment_ends(buffer_len):
     """Completion lengths at which the KV cache grows: 64, 128, 192, 256, 320, 448, ..., buffer_len.
 
@@ -179,14 +188,15 @@ def row_keys(rng, prompt_ids, group_size):
     return jax.vmap(key)(prompt_b, completion_b)
 
 
-def _sample_column(loop, keys_b, method, stop_tokens, pad_id):
+def _sample_column(loop, keys_b, method, stop_tokens, pad_id, cap_b):
     """Samples column `loop.step` from `loop.logits` (row b with ``fold_in(keys_b[b],
-    step)``); finished rows get pad_id and zeros (and an empty support when it is recorded)."""
+    step)``); rows that stopped or have `cap_b` tokens get pad_id and zeros (and an empty
+    support when it is recorded)."""
     record = loop.support_ids is not None
     step_keys_b = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_b, loop.step)
     drawn = sample(method, step_keys_b, loop.logits, with_support=record)
     token_b, sample_logp_b = drawn[:2]
-    live_b = ~loop.done
+    live_b = ~loop.done & (loop.lengths < cap_b)
     token_b = jnp.where(live_b, token_b, pad_id)
     temperature = getattr(method, "temperature", 1.0)
     logp_b = jnp.where(live_b, token_logprobs(loop.logits, token_b, temperature=temperature), 0.0)
@@ -223,11 +233,7 @@ def _support_bound(method, logits_bv):
 def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, method, stop_tokens,
               pad_id, max_new_tokens, *, group_size, buffer_len, rules, record_support,
               record_routing):
-    mesh = jax.sharding.get_abstract_mesh()
-    batch_axes = () if mesh.empty else parallel.row_axes(mesh)
-    ways = 1 if mesh.empty else parallel.row_ways(mesh)
-    if not mesh.empty:
-        state = _weights_in(state, rules)
+    state, batch_axes, ways = _on_mesh(state, rules)
     p, s = prompt_tokens.shape
     model = nnx.merge(graphdef, state)
     ends = _segment_ends(buffer_len)
@@ -261,12 +267,14 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, meth
         support_ids=support_ids, support_size=support_size, routing=routing,
     )
     keys_b = row_keys(rng, prompt_ids, group_size)
+    cap_b = jnp.broadcast_to(max_new_tokens, (b,))
     step = functools.partial(_sample_column, keys_b=keys_b, method=method, stop_tokens=stop_tokens,
-                             pad_id=pad_id)
+                             pad_id=pad_id, cap_b=cap_b)
     loop = step(loop)
 
     def cond(loop, end):
-        return (loop.step < jnp.minimum(max_new_tokens, end)) & ~jnp.all(loop.done)
+        live = ~loop.done & (loop.lengths < cap_b)
+        return (loop.step < jnp.minimum(jnp.max(cap_b), end)) & jnp.any(live)
 
     def body(loop):
         last_b = jax.lax.dynamic_index_in_dim(loop.tokens, loop.step - 1, axis=1, keepdims=False)
@@ -292,7 +300,7 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, meth
 
 def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size, max_new_tokens,
              stop_tokens, pad_id, prompt_ids=None, max_len_bucket=None, rules="sampling",
-             record_support=False, record_routing=False):
+             record_support=False, record_routing=False, slots=0):
     """Samples `group_size` completions of every prompt.
 
     Under a mesh (`jax.set_mesh`), the rows are split over the mesh's row axes (every
@@ -312,8 +320,9 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
       rng: a PRNG key (see above for how each token's key derives from it).
       method: `Greedy()`, `Temperature(t)`, `TopK(k, t)`, `TopP(p, t)` or `MinP(p, t)`.
       group_size: G, completions per prompt (static).
-      max_new_tokens: the most tokens per completion, an int or a scalar array in
-        [1, N]; a new value does not recompile.
+      max_new_tokens: the most tokens per completion in [1, N]: an int, a scalar array,
+        or one per row (`[P*G]`, a row stopping at its own budget); a new value does not
+        recompile.
       stop_tokens: ids that end a completion (e.g. `[eos]`), `[K]` ints; may be empty.
       pad_id: written after a completion's last token.
       prompt_ids: `[P]` ints naming each prompt's random streams (default 0..P-1); give
@@ -329,6 +338,11 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
         (`Rollout.prompt_routing`, `routing`: DeepSeek-V3.2's keep routing), for a
         training forward to replay (`Decoder.hidden_states(routing=...)`). Static; it
         costs `B (S + N) L_moe k` int32 of memory. A dense model records nothing.
+      slots: with 0 < slots < P*G, decode with continuous batching in that many slots
+        (`_engine`): a row that stops hands its slot to the next pending row. The same
+        tokens as the static batch (each row has its own random stream), up to float
+        rounding in the logits. 0 (or >= P*G): every row decodes at once. Records
+        (support, routing) are not kept with slots yet.
 
     Returns:
       A `Rollout` of device arrays, rows sharded like the batch; `to_host` gathers it.
@@ -339,14 +353,17 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     try:
-        new_tokens = int(max_new_tokens)
-    except TypeError:  # a traced value: the loop clamps it to the buffer
-        new_tokens = None
+        caps = np.asarray(max_new_tokens, np.int64)
+    except (TypeError, jax.errors.TracerArrayConversionError):  # traced: clamped to the buffer
+        caps = None
+    if caps is not None and caps.ndim and caps.shape != (p * group_size,):
+        raise ValueError(f"max_new_tokens is one int or one per row ([P*G] = [{p * group_size}]), "
+                         f"got shape {caps.shape}")
     if max_len_bucket is None:
-        if new_tokens is None:
+        if caps is None:
             raise ValueError("max_len_bucket is required when max_new_tokens is traced")
-        max_len_bucket = bucket_length(new_tokens)
-    if new_tokens is not None and not 1 <= new_tokens <= max_len_bucket:
+        max_len_bucket = bucket_length(int(caps.max()))
+    if caps is not None and not (1 <= caps.min() and caps.max() <= max_len_bucket):
         raise ValueError(f"max_new_tokens must be in [1, max_len_bucket={max_len_bucket}], got {max_new_tokens}")
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
@@ -362,10 +379,23 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
                 f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes ({ways} ways); "
                 f"use a number of prompts times group_size that is a multiple of {ways}"
             )
+    continuous = 0 < slots < p * group_size
+    if continuous and (record_support or record_routing):
+        raise ValueError("rollout.slots (continuous batching) does not keep the sampling mask "
+                         "or the routing yet; set rollout.slots=0 with keep_sampling_mask or keep_routing")
+    if continuous and slots % row_multiple():
+        raise ValueError(f"slots={slots} do not split over the mesh's batch axes "
+                         f"({row_multiple()} ways); use a multiple of {row_multiple()}")
     if prompt_ids is None:
         prompt_ids = np.arange(p, dtype=np.int32)
     if np.shape(prompt_ids) != (p,):
         raise ValueError(f"prompt_ids has shape {np.shape(prompt_ids)}; it must be ({p},), one id per prompt")
+    if continuous:
+        from grpo_jax.sampling._engine import generate_continuous   # it imports this module
+        return generate_continuous(
+            graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids),
+            method, _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
+            group_size=group_size, buffer_len=int(max_len_bucket), num_slots=int(slots), rules=rules)
     return _generate(
         graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids), method,
         _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),

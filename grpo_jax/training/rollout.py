@@ -60,8 +60,9 @@ def record_layout(config, model_cfg, rows, prompt_len, new_tokens):
 
 
 def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules,
-                   record_support=False, record_routing=False):
-    """`sampling.generate` on global prompt rows; returns the `Rollout` on the mesh."""
+                   record_support=False, record_routing=False, slots=0):
+    """`sampling.generate` on global prompt rows (in `slots` decode slots when > 0);
+    returns the `Rollout` on the mesh."""
     tokenizer = policy.tokenizer
     with jax.set_mesh(mesh):
         return sampling.generate(
@@ -69,7 +70,7 @@ def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_to
             method=method, group_size=group_size, max_new_tokens=max_new_tokens,
             stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
             max_len_bucket=max_new_tokens, rules=rules,   # fixed buffer: one compile
-            record_support=record_support, record_routing=record_routing)
+            record_support=record_support, record_routing=record_routing, slots=slots)
 
 
 def score_own_rows(rollout, texts, examples, scorer, tokenizer, group_size):
@@ -108,7 +109,8 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method):
     keep_mask = config.rollout.keep_sampling_mask
     rollout = sample_on_mesh(policy, mesh, prompts, rng=rng, method=method, group_size=group_size,
                              max_new_tokens=config.rollout.max_new_tokens, rules=config.rollout.rules,
-                             record_support=keep_mask, record_routing=config.rollout.keep_routing)
+                             record_support=keep_mask, record_routing=config.rollout.keep_routing,
+                             slots=config.rollout.slots)
     rewards, correct, metrics = score_own_rows(rollout, texts, examples, scorer, policy.tokenizer,
                                                group_size)
     scored = parallel.global_rows(mesh, {"rewards": rewards, "correct": correct})

@@ -1,0 +1,117 @@
+"""Continuous batching against the static batch on a long-tailed length distribution.
+
+    python experiments/bench_engine.py                  # V = 151,936 (Qwen3's), 512-token budget
+    python experiments/bench_engine.py --quick          # V = 4,096, 128-token budget, 1 repeat
+
+The model is the named "tiny" config (qwen3, D = 128, 3 layers, float32) with Qwen3's
+vocabulary, randomly initialised. P prompts of 32 random tokens x G completions, ancestral
+sampling at temperature 1, no stop token: every row is cut at its own budget
+(`generate(max_new_tokens=[P*G])`), drawn from a lognormal (sigma 0.8: p99 / mean ~ 4.7,
+the long tail of reasoning answers) with its p99 at the budget and capped there. Useful
+tokens/s = the rows' tokens (sum of lengths) / wall time of the whole request, prefill
+included; the best of --repeats rounds (the machine is shared).
+
+Three ways of serving the same P*G rows with at most C rows decoding at once:
+static in batches of C rows (each batch runs until its longest row: the memory of C rows,
+today's sampler called B/C times), static with every row at once (B rows of memory), and
+continuous batching in C slots (`generate(slots=C)`: a stopped row's slot takes the next
+pending row). Each prints its decode steps (loop iterations) and tokens/s, and the share
+of rows whose tokens equal the static batches' token for token: each row has its own
+random stream, so the rows differ only where a batch shape's float rounding of the
+logits moves a draw across a token boundary (then the row continues differently).
+"""
+
+import argparse
+import platform
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from grpo_jax import models, parallel, sampling
+
+parallel.use_cpu_cores()   # before JAX runs anything; a no-op when XLA_FLAGS sets the count
+
+
+def lognormal_lengths(rows, budget, rng, sigma=0.8):
+    """`[rows]` ints in [1, budget] whose p99 is the budget: exp(N(mu, sigma)), capped."""
+    mu = np.log(budget) - 2.326 * sigma
+    return np.clip(np.round(np.exp(rng.normal(mu, sigma, rows))), 1, budget).astype(np.int32)
+
+
+def serve(model, prompts, mask, lengths, *, group_size, budget, slots, chunk):
+    """One request of every row; returns (rollout on host, wall seconds)."""
+    kwargs = dict(rng=jax.random.key(0), method=sampling.Temperature(1.0), stop_tokens=[],
+                  pad_id=0, max_len_bucket=budget, group_size=group_size)
+    start = time.perf_counter()
+    if chunk:   # static, C rows (C / G prompts) per call
+        per_call = chunk // group_size
+        parts = []
+        for first in range(0, prompts.shape[0], per_call):
+            rows = slice(first * group_size, (first + per_call) * group_size)
+            parts.append(sampling.generate(
+                *model, prompts[first:first + per_call], mask[first:first + per_call],
+                max_new_tokens=lengths[rows], prompt_ids=np.arange(first, first + per_call), **kwargs))
+        rollouts = jax.block_until_ready(parts)
+        tokens = np.concatenate([np.asarray(r.tokens) for r in rollouts])
+    else:
+        rollout = jax.block_until_ready(sampling.generate(
+            *model, prompts, mask, max_new_tokens=lengths, slots=slots, **kwargs))
+        tokens = np.asarray(rollout.tokens)
+    return tokens, time.perf_counter() - start
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="V = 4,096, 128 tokens, 1 repeat")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--group_size", type=int, default=8)
+    parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    vocab, budget = (4096, 128) if args.quick else (151_936, 512)
+    repeats = 1 if args.quick else args.repeats
+    p, g, c = args.prompts, args.group_size, args.slots
+    rng = np.random.default_rng(0)
+    lengths = lognormal_lengths(p * g, budget, rng)
+    prompts = rng.integers(1, vocab, (p, 32)).astype(np.int32)
+    mask = np.ones_like(prompts)
+    cfg = models.get_model_config("tiny", vocab_size=vocab)
+    model = nnx.split(models.init_model(cfg, seed=0))
+    print(f"{platform.processor() or platform.machine()}, {len(jax.devices())} CPU device(s), "
+          f"jax {jax.__version__}; tiny model with V = {vocab:,}, float32")
+    print(f"{p} prompts x G = {g}: {p * g} rows, lengths lognormal (sigma 0.8) capped at "
+          f"{budget}: mean {lengths.mean():.1f}, p99 {np.percentile(lengths, 99):.0f}, max "
+          f"{lengths.max()}, p99/mean {np.percentile(lengths, 99) / lengths.mean():.1f}; "
+          f"{lengths.sum():,} useful tokens")
+    ways = [("static, batches of C rows", dict(slots=0, chunk=c),
+             sum(int(lengths[i:i + c].max()) for i in range(0, p * g, c))),
+            ("static, every row at once", dict(slots=0, chunk=0), int(lengths.max())),
+            ("continuous, C slots", dict(slots=c, chunk=0), None)]
+    results, reference = [], None
+    for name, how, steps in ways:
+        serve(model, prompts, mask, np.minimum(lengths, 2), group_size=g, budget=budget, **how)  # compile
+        best = np.inf
+        for _ in range(repeats):
+            tokens, seconds = serve(model, prompts, mask, lengths, group_size=g, budget=budget, **how)
+            best = min(best, seconds)
+        if reference is None:
+            reference = tokens
+        same = float(np.mean(np.all(tokens == reference, axis=1)))
+        print(f"{name}: {best:.2f} s, {same:.1%} of rows token for token the static batches'",
+              flush=True)
+        results.append((name, steps, best, same))
+    static = results[0][2]
+    print(f"\nuseful generated tokens/s, C = {c}, best of {repeats}\n")
+    print("| serving | concurrent rows | decode steps | seconds | tokens/s | vs static batches "
+          "| rows equal to static batches' |")
+    print("|---|---|---|---|---|---|---|")
+    for (name, steps, seconds, same), rows in zip(results, (c, p * g, c)):
+        steps = "~" + str(int(np.ceil(lengths.sum() / c))) if steps is None else steps
+        print(f"| {name} | {rows} | {steps} | {seconds:.2f} | {lengths.sum() / seconds:,.0f} | "
+              f"{static / seconds:.2f}x | {same:.1%} |")
+
+
+if __name__ == "__main__":
+    main()

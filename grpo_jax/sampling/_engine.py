@@ -1,0 +1,176 @@
+"""Continuous batching: C decode slots; when a row stops, the next pending row takes its slot.
+
+The static sampler (`_generate`) decodes all B = P*G rows together until the last one
+stops, so on ragged lengths most rows idle through the tail. Here a fixed number of slots
+decode together, and whenever a slot's row stops (its stop token, or max_new_tokens) the
+next pending row (in row order: prompt by prompt, completion by completion) is admitted
+into it, until every row is done. Each prompt is prefilled once, as in the static
+sampler; admitting a row copies its prompt's prefilled keys and values into the slot.
+
+A slot's cache has S + N columns: the prompt in the first S, then its completion in a
+ring of N columns that every slot writes at the same column each step (so the model's
+single cache index serves all slots). A row admitted at step t0 writes its j-th token at
+column S + (t0 + j) mod N; it has at most N tokens, so it never overwrites its own, and
+admission marks every completion column invalid, so no row reads what the slot's
+previous row left. Positions count valid tokens (`models.default_positions`), so a
+row's rope angles are the static sampler's.
+
+Every row draws its tokens with its own key (`_generate.row_keys`: rng, prompt id,
+completion index, position), so the tokens equal the static sampler's whatever the
+schedule, up to float rounding in the logits (attention reads the prompt from the slot
+rather than from the shared prefix: a different summation order).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from grpo_jax.objectives import token_logprobs
+from grpo_jax.sampling._generate import (MAX_NEW_TOKENS, STOP_TOKEN, Rollout, _on_mesh,
+                                         _shard_rows, row_keys)
+from grpo_jax.sampling._sample import sample
+
+
+@struct.dataclass
+class _Slots:
+    """The `lax.while_loop` carry: C slots decoding, B rows written."""
+
+    step: jax.Array         # [] int32, decode steps so far (the ring column is S + step % N)
+    cache: object           # KVCache of [C, S + N] columns
+    logits: jax.Array       # [C, V] float32, the next-token logits of each slot's row
+    row: jax.Array          # [C] int32, the row a slot decodes; B when it has none
+    t: jax.Array            # [C] int32, tokens the slot's row has so far
+    live: jax.Array         # [C] bool, the slot's row still samples
+    next_row: jax.Array     # [] int32, the first row not yet admitted
+    tokens: jax.Array       # [B, N] int32
+    logp: jax.Array         # [B, N] float32
+    sample_logp: jax.Array  # [B, N] float32
+    lengths: jax.Array      # [B] int32
+    stopped: jax.Array      # [B] bool, the row sampled a stop token
+
+
+def _set_rows(old, new, admit_c, axis):
+    """`old` with the slots of `admit_c` ([C] bool, along `axis`) replaced by `new`."""
+    shape = [1] * old.ndim
+    shape[axis] = admit_c.shape[0]
+    return jnp.where(admit_c.reshape(shape), new.astype(old.dtype), old)
+
+
+def _copy_prompts(cache, prompt_cache, admit_c, prompt_c):
+    """The slot cache with each admitted slot's first S columns set to its prompt's keys
+    and values (`prompt_cache`, P rows) and every later column marked invalid."""
+    s = prompt_cache.valid.shape[1]
+    row_axis = lambda x: x.ndim - 4   # [..., C, K, H, L] and [..., C, K, L, H]
+
+    def keys(slot_k, prompt_k):
+        axis = row_axis(slot_k)
+        head = _set_rows(slot_k[..., :s], jnp.take(prompt_k, prompt_c, axis=axis), admit_c, axis)
+        return slot_k.at[..., :s].set(head)
+
+    def values(slot_v, prompt_v):
+        axis = row_axis(slot_v)
+        head = _set_rows(slot_v[..., :s, :], jnp.take(prompt_v, prompt_c, axis=axis), admit_c, axis)
+        return slot_v.at[..., :s, :].set(head)
+
+    valid = jnp.concatenate([jnp.take(prompt_cache.valid, prompt_c, axis=0),
+                             jnp.zeros_like(cache.valid[:, s:])], axis=1)
+    return cache.replace(k=tuple(map(keys, cache.k, prompt_cache.k)),
+                         v=tuple(map(values, cache.v, prompt_cache.v)),
+                         valid=_set_rows(cache.valid, valid, admit_c, 0))
+
+
+def _admit(slots, prompt_cache, prompt_logits, *, group_size, num_rows):
+    """Gives every slot without a live row the next pending row (if any is left)."""
+    free_c = ~slots.live
+    new_row_c = slots.next_row + jnp.cumsum(free_c, dtype=jnp.int32) - 1
+    admit_c = free_c & (new_row_c < num_rows)
+    prompt_c = jnp.minimum(new_row_c, num_rows - 1) // group_size
+
+    def admit_rows(cache_and_logits):   # skipped on the steps where no row stops
+        cache, logits = cache_and_logits
+        return (_copy_prompts(cache, prompt_cache, admit_c, prompt_c),
+                _set_rows(logits, jnp.take(prompt_logits, prompt_c, axis=0), admit_c, 0))
+
+    cache, logits = jax.lax.cond(jnp.any(admit_c), admit_rows, lambda x: x,
+                                 (slots.cache, slots.logits))
+    return slots.replace(
+        cache=cache,
+        logits=logits,
+        row=jnp.where(admit_c, new_row_c, jnp.where(slots.live, slots.row, num_rows)),
+        t=jnp.where(admit_c, 0, slots.t),
+        live=slots.live | admit_c,
+        next_row=slots.next_row + jnp.sum(admit_c, dtype=jnp.int32),
+    )
+
+
+def _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b):
+    """Samples one token for every live slot (row b's t-th with ``fold_in(keys_b[b], t)``),
+    writes it at (row, t) of the outputs and ends the rows that stop or reach `cap_b`."""
+    num_rows = keys_b.shape[0]
+    row_c = jnp.minimum(slots.row, num_rows - 1)
+    step_keys_c = jax.vmap(jax.random.fold_in)(keys_b[row_c], slots.t)
+    token_c, sample_logp_c = sample(method, step_keys_c, slots.logits)
+    live_c = slots.live
+    token_c = jnp.where(live_c, token_c, pad_id)
+    temperature = getattr(method, "temperature", 1.0)
+    logp_c = jnp.where(live_c, token_logprobs(slots.logits, token_c, temperature=temperature), 0.0)
+    out_c = jnp.where(live_c, slots.row, num_rows)   # writes to rows past the end are dropped
+    at = (out_c, slots.t)
+    t_c = slots.t + live_c
+    stop_c = live_c & jnp.isin(token_c, stop_tokens)
+    return slots.replace(
+        tokens=slots.tokens.at[at].set(token_c, mode="drop"),
+        logp=slots.logp.at[at].set(logp_c, mode="drop"),
+        sample_logp=slots.sample_logp.at[at].set(jnp.where(live_c, sample_logp_c, 0.0), mode="drop"),
+        lengths=slots.lengths.at[out_c].set(t_c, mode="drop"),
+        stopped=slots.stopped.at[out_c].set(stop_c, mode="drop"),
+        t=t_c,
+        live=live_c & ~stop_c & (t_c < cap_b[row_c]),
+    ), token_c
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "num_slots",
+                                             "rules"))
+def generate_continuous(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, method,
+                        stop_tokens, pad_id, max_new_tokens, *, group_size, buffer_len, num_slots,
+                        rules):
+    """`_generate`'s `Rollout` (without records) decoded in `num_slots` slots."""
+    state, batch_axes, ways = _on_mesh(state, rules)
+    p, s = prompt_tokens.shape
+    b, n, c = p * group_size, buffer_len, num_slots
+    model = nnx.merge(graphdef, state)
+    prompt_logits, prompt_cache = model.prefill(prompt_tokens, model.init_cache(p, s),
+                                                attention_mask=prompt_mask)
+    zeros_bn = jnp.zeros((b, n), jnp.float32)
+    slots = _Slots(
+        step=jnp.zeros((), jnp.int32), cache=model.init_cache(c, s + n).replace(index=jnp.int32(s)),
+        logits=jnp.zeros((c, prompt_logits.shape[-1]), jnp.float32),
+        row=jnp.full((c,), b, jnp.int32), t=jnp.zeros((c,), jnp.int32),
+        live=jnp.zeros((c,), bool), next_row=jnp.zeros((), jnp.int32),
+        tokens=jnp.full((b, n), pad_id, jnp.int32), logp=zeros_bn, sample_logp=zeros_bn,
+        lengths=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool),
+    )
+    admit = functools.partial(_admit, prompt_cache=prompt_cache, prompt_logits=prompt_logits,
+                              group_size=group_size, num_rows=b)
+    keys_b = row_keys(rng, prompt_ids, group_size)
+    cap_b = jnp.broadcast_to(max_new_tokens, (b,))
+
+    def body(slots):
+        slots, token_c = _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b)
+        logits, cache = nnx.merge(graphdef, state).decode_step(token_c, slots.cache)
+        step = slots.step + 1
+        cache = cache.replace(index=s + step % n)   # the ring: every slot's next column
+        slots = slots.replace(step=step, logits=logits, cache=_shard_rows(cache, batch_axes, ways))
+        return admit(slots)
+
+    slots = jax.lax.while_loop(lambda slots: jnp.any(slots.live), body, admit(slots))
+    mask_bn = (jnp.arange(n)[None, :] < slots.lengths[:, None]).astype(jnp.int32)
+    repeat = lambda x: jnp.repeat(x, group_size, axis=0)
+    return Rollout(
+        prompt_tokens=repeat(prompt_tokens), prompt_mask=repeat(prompt_mask), tokens=slots.tokens,
+        logp=slots.logp, sample_logp=slots.sample_logp, mask=mask_bn, lengths=slots.lengths,
+        truncated=~slots.stopped,
+        stop_reason=jnp.where(slots.stopped, STOP_TOKEN, MAX_NEW_TOKENS).astype(jnp.int32),
+    )
