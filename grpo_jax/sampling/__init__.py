@@ -18,12 +18,12 @@ from grpo_jax import _extras
 
 _extras.require("grpo_jax.sampling")   # before the imports it guards
 
+from grpo_jax.sampling._api import generate
 from grpo_jax.sampling._buckets import bucket_length
 from grpo_jax.sampling._buckets import pad_prompts
 from grpo_jax.sampling._generate import MAX_NEW_TOKENS
 from grpo_jax.sampling._generate import STOP_TOKEN
 from grpo_jax.sampling._generate import Rollout
-from grpo_jax.sampling._generate import generate
 from grpo_jax.sampling._generate import row_keys
 from grpo_jax.sampling._generate import row_multiple
 from grpo_jax.sampling._generate import to_host

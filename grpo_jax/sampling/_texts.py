@@ -6,7 +6,8 @@ import jax
 from flax import nnx
 
 from grpo_jax.sampling._buckets import pad_prompts
-from grpo_jax.sampling._generate import generate, row_multiple, to_host
+from grpo_jax.sampling._api import generate
+from grpo_jax.sampling._generate import row_multiple, to_host
 from grpo_jax.sampling._methods import Greedy
 
 
