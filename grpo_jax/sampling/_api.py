@@ -92,8 +92,8 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
             )
     continuous = 0 < slots < p * group_size
     if continuous and (record_support or record_routing):
-        raise ValueError("rollout.slots (continuous batching) does not keep the sampling mask "
-                         "or the routing yet; set rollout.slots=0 with keep_sampling_mask or keep_routing")
+        raise ValueError("slots (continuous batching) does not record the support or the routing "
+                         "yet; pass slots=0 with record_support or record_routing")
     if continuous and slots % row_multiple():
         raise ValueError(f"slots={slots} do not split over the mesh's batch axes "
                          f"({row_multiple()} ways); use a multiple of {row_multiple()}")

@@ -37,8 +37,7 @@ from grpo_jax.sampling._sample import sample
 class _Slots:
     """The `lax.while_loop` carry: C slots decoding, B rows written."""
 
-    step: jax.Array         # [] int32, decode steps so far (the ring column is S + step % N)
-    cache: object           # KVCache of [C, S + N] columns
+    cache: object           # KVCache of [C, S + N] columns; index: the ring column written next
     logits: jax.Array       # [C, V] float32, the next-token logits of each slot's row
     row: jax.Array          # [C] int32, the row a slot decodes; B when it has none
     t: jax.Array            # [C] int32, tokens the slot's row has so far
@@ -145,7 +144,7 @@ def generate_continuous(graphdef, state, prompt_tokens, prompt_mask, rng, prompt
                                                 attention_mask=prompt_mask)
     zeros_bn = jnp.zeros((b, n), jnp.float32)
     slots = _Slots(
-        step=jnp.zeros((), jnp.int32), cache=model.init_cache(c, s + n).replace(index=jnp.int32(s)),
+        cache=model.init_cache(c, s + n).replace(index=jnp.int32(s)),
         logits=jnp.zeros((c, prompt_logits.shape[-1]), jnp.float32),
         row=jnp.full((c,), b, jnp.int32), t=jnp.zeros((c,), jnp.int32),
         live=jnp.zeros((c,), bool), next_row=jnp.zeros((), jnp.int32),
@@ -160,9 +159,8 @@ def generate_continuous(graphdef, state, prompt_tokens, prompt_mask, rng, prompt
     def body(slots):
         slots, token_c = _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b)
         logits, cache = nnx.merge(graphdef, state).decode_step(token_c, slots.cache)
-        step = slots.step + 1
-        cache = cache.replace(index=s + step % n)   # the ring: every slot's next column
-        slots = slots.replace(step=step, logits=logits, cache=_shard_rows(cache, batch_axes, ways))
+        cache = cache.replace(index=jnp.where(cache.index == s + n, s, cache.index))   # the ring
+        slots = slots.replace(logits=logits, cache=_shard_rows(cache, batch_axes, ways))
         return admit(slots)
 
     slots = jax.lax.while_loop(lambda slots: jnp.any(slots.live), body, admit(slots))

@@ -89,5 +89,5 @@ def test_on_a_mesh_slots_split_over_the_rows(static):
 
 
 def test_records_are_refused_with_slots(tiny_model):
-    with pytest.raises(ValueError, match="does not keep the sampling mask or the routing yet"):
+    with pytest.raises(ValueError, match="does not record the support or the routing yet; pass slots=0"):
         run(tiny_model, slots=2, record_support=True)
