@@ -105,6 +105,10 @@ def get_config(arg=None):
     config.train.minibatches = 1         # optimizer steps per pass: epochs x minibatches
                                          # updates per rollout batch, off-policy after the first
     config.train.micro_batches = 1       # gradient accumulation per optimizer step
+    # Packed forward passes (pi_old, pi_ref, values, updates): each piece's real tokens laid
+    # end to end in fewer rows of the padded width, attention kept inside each sequence.
+    # "auto": on where it pays (long budgets; see docs/performance.md), "on", "off".
+    config.train.packing = "auto"
     # pi_old in the ratio: "recompute" = the trainer's forward pass with the parameters that
     # sampled (the sampler's own log-probs stay available as behaviour_logp, for
     # objective.importance to correct sampler/trainer mismatch); "sampler" = the sampler's

@@ -69,6 +69,24 @@ class TestCpuReport:
         assert train["alias_bytes"] == 3 * params + steps   # params and moments donated
         assert train["held_bytes"] == 0   # GSPO: no reference model, no lagged policy
 
+    def test_packing_compiles_the_packed_update_and_logprob_at_their_largest_plan(self, result):
+        """With train.packing on, the update and pi_old's pass are the packed programs: their
+        arguments gain the plan's host arrays (whole on every device) at the size of a batch
+        whose rows are all full: src, segment and position ids per packed position, `[rows,
+        S + N - 1]`, and the gather back `[rows, N]` (the targets' map is read only with
+        support ids, so jit drops it). They no longer read the padding masks the segments
+        replace (the batch's rows split 8 ways): the prompt's, and in pi_old's pass the
+        completion's (the update's objective still reads it)."""
+        packed = aot.report(tiny_config(**{"train.packing": "on"}), "cpu", prompt_len=16,
+                            programs=("train", "logprob"), log=lambda line: None)["programs"]
+        b, s, n = 16 * 4, 16, NEW_TOKENS
+        t, minibatch = s + n - 1, b // 4
+        masks = {"train": b // 8 * s * 4, "logprob": b // 8 * (s + n) * 4}
+        for name, rows in (("train", minibatch), ("logprob", b)):
+            grown = packed[name]["argument_bytes"] - result["programs"][name]["argument_bytes"]
+            assert grown == 4 * (3 * rows * t + rows * n) - masks[name], name
+            assert "packed" in packed[name]["shape"] and "packed" not in result["programs"][name]["shape"]
+
     def test_sampler_holds_the_run_state(self, result):
         """While sampling, the training weights, the moments and the last batch stay in memory."""
         cfg = models.get_model_config("tiny")
@@ -114,6 +132,25 @@ def test_train_reads_the_kept_records_and_the_supervised_rows():
     # their row_valid is not read (the NLL is a token mean); the index of 1 of 4 minibatches
     supervised = p // ways * 4 * (2 * s + 2 * n) + p // 4 * 4
     assert kept - train_arguments() == records + supervised
+
+
+@pytest.mark.slow
+def test_continuous_batching_reports_one_engine_step_over_its_slots():
+    """With rollout.slots = C the decode program is one step of the engine: its cache is C
+    slots of S + N columns (keys and values of every layer, split over the 8 row ways)
+    and the P prompts' prefilled cache it admits rows from, counted by hand."""
+    config = tiny_config(**{"rollout.slots": 8})
+    decode = aot.report(config, "cpu", prompt_len=16, programs=("decode",),
+                        log=lambda line: None)["programs"]["decode"]
+    cfg = models.get_model_config("tiny")
+    p, s, n, c, ways = 16, 16, NEW_TOKENS, 8, 8
+
+    def cache_bytes(rows, columns):   # k and v of each layer (float32), valid (bool), index
+        kv = 2 * cfg.n_layers * rows * cfg.n_kv_heads * cfg.head_dim * columns * 4
+        return (kv + rows * columns) // ways + 4
+
+    assert decode["state_bytes"]["cache"] == cache_bytes(c, s + n) + cache_bytes(p, s)
+    assert "8 slots" in decode["shape"] and decode["flops"] > 0
 
 
 @pytest.mark.slow

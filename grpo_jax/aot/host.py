@@ -11,7 +11,6 @@ an estimate to plan by, not a bound.
 """
 
 import dataclasses
-import os
 
 GIB = 2**30
 # Peak resident bytes = BASE + PER_BODY x compiled layer bodies (see the module docstring).

@@ -11,8 +11,12 @@ and for this report alike):
 | logprob | `batch.make_logprob_fn` (pi_old, pi_ref) | the whole batch |
 | prefill | `Decoder.prefill` of the prompts, sampling layout | P prompts x S |
 | decode | one `Decoder.decode_step`, sampling layout | P G rows, a cache of S + N slots |
+| | with ``rollout.slots`` = C: one step of the continuous-batching engine (`sampling.engine_step`: sample, decode, admit) | C slots of S + N columns, the P prompts' cache |
 | critic_train | the critic's `steps.make_update_step` (``critic.enabled``) | one minibatch |
 | values | `critic.make_value_fn`, the critic's values (``critic.enabled``) | the whole batch |
+
+With ``train.packing`` on (`training.programs.packs`), train, logprob, critic_train and
+values are the packed programs, at their largest plan (`packing_plans`).
 """
 
 import dataclasses
@@ -24,9 +28,9 @@ import numpy as np
 from flax import nnx
 from jax.experimental.layout import Format, Layout
 
-from grpo_jax import models, parallel
+from grpo_jax import models, parallel, sampling
 from grpo_jax.models import sharding as sharding_lib
-from grpo_jax.training import programs as programs_lib, rl
+from grpo_jax.training import packing, programs as programs_lib, rl, rollout
 from grpo_jax.training.footprint import model_config
 
 
@@ -126,19 +130,20 @@ def build(config, mesh, *, prompt_len):
     copies = (config.objective.kl.beta > 0) + config.rollout.policy_lag   # pi_ref, lagged policies
     params_bytes, opt_bytes = device_bytes(params), device_bytes(opt_state)
     pieces = run.pieces
-    critic, critic_bytes = _critic_programs(config, mesh, cfg, rows, index, pieces,
+    plans = packing_plans(config, mesh, rows, pieces)
+    critic, critic_bytes = _critic_programs(config, mesh, cfg, rows, index, pieces, plans,
                                             held=params_bytes + opt_bytes + copies * params_bytes)
     update, logprob = run.update, run.forward
     supervised = sft_rows(config, mesh, prompt_len) if config.train.sft_weight else ()
     n, s = config.rollout.max_new_tokens, prompt_len
-    seq = f"S={s}+N={n}"
+    seq = f"S={s}+N={n}" + (", packed" if plans[0] is not None else "")
     with jax.set_mesh(mesh):
         programs = [
-            Program("train", update.lower(params, opt_state, rows, index, *supervised),
+            Program("train", update.lower(params, opt_state, rows, index, *supervised, plan=plans[0]),
                     copies * params_bytes + critic_bytes,
                     f"{minibatch} rows x {seq} in {config.train.micro_batches} micro-batch(es)",
                     {"weights": params_bytes, "optimizer": opt_bytes}, copies * params_bytes),
-            Program("logprob", logprob.lower(params, rows),
+            Program("logprob", logprob.lower(params, rows, plans[1]),
                     opt_bytes + copies * params_bytes + critic_bytes,
                     f"{b} rows x {seq} in {pieces} piece(s)", {"weights": params_bytes},
                     opt_bytes + copies * params_bytes),
@@ -150,7 +155,30 @@ def build(config, mesh, *, prompt_len):
     return programs + critic
 
 
-def _critic_programs(config, mesh, cfg, rows, index, pieces, *, held):
+def packing_plans(config, mesh, rows, pieces):
+    """`(update plan, forward plan)` as abstract arrays when the run packs its forward
+    passes (`programs.packs`), else `(None, None)`. Their sizes are the largest the run
+    can meet (every row at the full width, so no two share a packed row): what bounds
+    the programs' memory; ragged batches run the same programs on fewer packed rows."""
+    if not programs_lib.packs(config):
+        return None, None
+    b, n = rows["mask"].shape
+    width = rows["prompt_tokens"].shape[1] + n - 1
+    micro = config.train.micro_batches
+    micro_rows = b // config.train.minibatches // micro
+    replicated = jax.NamedSharding(mesh, jax.P())   # host arrays, as the trainer passes them
+
+    def plan(lead, rows_per, back):
+        shapes = {k: (*lead, rows_per, width) for k in packing.ROW_KEYS}
+        shapes["pack_back"] = back
+        return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)
+                for k, shape in shapes.items()}
+
+    return (plan((micro,), micro_rows, (micro, micro_rows, n)),
+            plan((pieces,), b // pieces, (b, n)))
+
+
+def _critic_programs(config, mesh, cfg, rows, index, pieces, plans, *, held):
     """The critic's update and value pass (``critic.enabled``: PPO, VAPO), built as
     `rl.train` builds them; `held` is the policy's state, in memory meanwhile. Returns
     `[]` without a critic. The critic is the policy's network with a scalar head
@@ -171,17 +199,18 @@ def _critic_programs(config, mesh, cfg, rows, index, pieces, *, held):
     b, seq = rows["mask"].shape[0], f"S={rows['prompt_tokens'].shape[1]}+N={rows['mask'].shape[1]}"
     with jax.set_mesh(mesh):
         programs = [
-            Program("critic_train", update.lower(params, opt_state, rows, index), held,
+            Program("critic_train", update.lower(params, opt_state, rows, index, plan=plans[0]), held,
                     f"{index.shape[0]} rows x {seq} in {config.train.micro_batches} micro-batch(es)",
                     {"weights": device_bytes(params), "optimizer": device_bytes(opt_state)}),
-            Program("values", values.lower(params, rows), held + device_bytes(opt_state),
+            Program("values", values.lower(params, rows, plans[1]), held + device_bytes(opt_state),
                     f"{b} rows x {seq} in {pieces} piece(s)", {"weights": device_bytes(params)}),
         ]
     return programs, device_bytes(params) + device_bytes(opt_state)
 
 
 def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held_state):
-    """Prefill of the P prompts and one decode step of the P G rows, in the sampling layout.
+    """Prefill of the P prompts and one decode step of the P G rows (with ``rollout.slots``,
+    one step of the engine: `_engine_program`), in the sampling layout.
 
     The sampler reshards the weights to ``rollout.rules`` inside its program, so while it
     runs a chip holds both layouts (unless they are the same); `held` counts the rest
@@ -209,30 +238,74 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held
         model = nnx.merge(graphdef, state)
         return model.init_cache(p * g, n, prefix=model.init_cache(p, s))
 
+    prompt_cache_shapes = jax.eval_shape(prefill, params, prompts, prompts)[1]
+    prompt_cache_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), prompt_cache_shapes)
+    prompt_cache = jax.tree.map(lambda x: x.sharding, prompt_cache_shapes)
+    prefill = jax.jit(prefill, out_shardings=(parallel.rows_sharding(mesh, p), layouts(prompt_cache)))
+    weights = device_bytes(params)
+    programs = [Program("prefill", prefill.lower(params, prompts, prompts), held, f"{p} prompts x S={s}",
+                        {"weights": weights, "cache": device_bytes(prompt_cache_shapes)}, held_state)]
+    if config.rollout.slots:
+        return programs + [_engine_program(config, mesh, cfg, graphdef, params, prompts,
+                                           held=held, held_state=held_state)]
     # The sampler's cache never leaves its program, so XLA lays it out as the loop body
     # wants; as an argument in the default layout, a stacked cache would be copied whole
     # into that layout and back (`layouts`). Logits: rows over the row axes.
     cache = jax.eval_shape(empty_cache, params)
     cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), cache)
-    prompt_cache_shapes = jax.eval_shape(prefill, params, prompts, prompts)[1]
-    prompt_cache_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), prompt_cache_shapes)
-    prompt_cache = jax.tree.map(lambda x: x.sharding, prompt_cache_shapes)
     tokens = jax.ShapeDtypeStruct((p * g,), jnp.int32, sharding=parallel.rows_sharding(mesh, p * g))
     shardings = parallel.tree_shardings
-    prefill = jax.jit(prefill, out_shardings=(parallel.rows_sharding(mesh, p), layouts(prompt_cache)))
     decode = jax.jit(decode, donate_argnums=2,
                      in_shardings=(shardings(params), tokens.sharding, layouts(shardings(cache))),
                      out_shardings=(parallel.rows_sharding(mesh, p * g), layouts(shardings(cache))))
-    weights = device_bytes(params)
-    return [
-        Program("prefill", prefill.lower(params, prompts, prompts), held, f"{p} prompts x S={s}",
-                {"weights": weights, "cache": device_bytes(prompt_cache_shapes)}, held_state),
+    return programs + [
         Program("decode", decode.lower(params, tokens, cache), held,
                 f"{p * g} rows, cache S={s} (shared) + N={n}",
                 {"weights": weights, "cache": device_bytes(cache)}, held_state),
     ]
+
+
+def _engine_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_state):
+    """One step of the continuous-batching engine (``rollout.slots`` = C), as "decode":
+    the C slots sample, decode one token each over their S + N columns, and free slots
+    copy in their next row's prompt from the P prompts' prefilled cache."""
+    p, s = prompts.shape
+    g, n, c = config.objective.group_size, config.rollout.max_new_tokens, config.rollout.slots
+    method = rollout.sampling_method(config)
+
+    def start(state, tokens):
+        model = nnx.merge(graphdef, state)
+        logits, prompt_cache = model.prefill(tokens, model.init_cache(p, s))
+        slots = sampling.init_slots(model, logits, rows=p * g, prompt_len=s, buffer_len=n,
+                                    num_slots=c, pad_id=0)
+        return slots, prompt_cache, logits, sampling.row_keys(jax.random.key(0), jnp.arange(p), g)
+
+    def place(x, sharding=None):
+        if sharding is None:
+            sharding = parallel.rows_sharding(mesh, x.shape[0]) if x.ndim else jax.NamedSharding(mesh, jax.P())
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    slots, prompt_cache, logits, keys = jax.eval_shape(start, params, prompts)
+    caches = jax.tree.map(lambda x: place(x, _cache_sharding(x, mesh, cfg.scan_layers)),
+                          (slots.cache, prompt_cache))
+    slots = jax.tree.map(place, slots.replace(cache=None)).replace(cache=caches[0])
+    prompt_cache, logits, keys = caches[1], place(logits), place(keys)
+    budgets = place(jax.ShapeDtypeStruct((p * g,), jnp.int32))
+    stop_tokens = place(jax.ShapeDtypeStruct((1,), jnp.int32))
+
+    def step(state, slots, prompt_cache, logits, keys, budgets, stop_tokens):
+        return sampling.engine_step(graphdef, state, slots, prompt_cache, logits, keys, budgets,
+                                    method=method, stop_tokens=stop_tokens, pad_id=0, group_size=g,
+                                    batch_axes=parallel.row_axes(mesh), ways=parallel.row_ways(mesh))
+
+    lowered = jax.jit(step, donate_argnums=1).lower(params, slots, prompt_cache, logits, keys,
+                                                   budgets, stop_tokens)
+    return Program("decode", lowered, held,
+                   f"{c} slots for {p * g} rows, cache S={s}+N={n} per slot (continuous batching)",
+                   {"weights": device_bytes(params),
+                    "cache": device_bytes(slots.cache) + device_bytes(prompt_cache)}, held_state)
 
 
 def layouts(shardings):

@@ -19,8 +19,6 @@ import dataclasses
 import re
 import time
 
-import jax
-
 from grpo_jax import parallel
 from grpo_jax.models.config import as_remat_policy
 

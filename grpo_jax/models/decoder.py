@@ -91,17 +91,19 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = layers.param(rngs, (cfg.d_model,), ("norm",), cfg.param_dtype, init="ones")
         self.mlp = layers.MoeMlp(cfg, rngs=rngs) if moe else layers.Mlp(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None, prefix=None,
+    def __call__(self, x, positions, mask, segments, kv_cache=None, cache_index=None, prefix=None,
                  routing=None, cache_layer=None):
         """`[B, S, D]` -> (`[B, S, D]`, new kv_cache, routing stats `[2, E]` or None,
-        experts `[B, S, k]` or None); `routing` replays an MoE block's experts;
-        `cache_layer` is the layer's index in a stacked cache (`Attention`)."""
+        experts `[B, S, k]` or None); `segments` `[B, S]` are the tokens' segment ids (0 on
+        padding); `routing` replays an MoE block's experts; `cache_layer` is the layer's
+        index in a stacked cache (`Attention`)."""
         eps = self.cfg.norm_eps
         x = sharding.constrain(x, ("batch",))
         h, kv_cache = self.attn(layers.rms_norm(x, self.attn_norm[...], eps), positions, mask,
-                                token_mask, kv_cache, cache_index, prefix, cache_layer)
+                                segments, kv_cache, cache_index, prefix, cache_layer)
         x = x + h
-        h, stats, experts = self.mlp(layers.rms_norm(x, self.mlp_norm[...], eps), token_mask, routing)
+        h, stats, experts = self.mlp(layers.rms_norm(x, self.mlp_norm[...], eps), segments > 0,
+                                     routing)
         return sharding.constrain(x + h, ("batch",)), kv_cache, stats, experts
 
 
@@ -218,8 +220,9 @@ class Decoder(nnx.Module):
             with_entropy=with_entropy,
         )
 
-    def _run(self, tokens, token_mask, positions, mask, cache=None, routing=None):
-        """Embeds, runs every layer and the final norm.
+    def _run(self, tokens, segments, positions, mask, cache=None, routing=None):
+        """Embeds, runs every layer and the final norm. `segments` `[B, S]`: each token's
+        segment id, 0 on padding (an attention mask is the one-segment case).
 
         The layers are walked unit by unit: one layer, or with `scan_layers` one run of
         stacked layers under `jax.lax.scan` (the cache's k/v tuples hold one entry per unit).
@@ -246,7 +249,7 @@ class Decoder(nnx.Module):
 
             def layer(state, x, kv, prefix, replay, position=None):
                 full_prefix = None if prefix is None else (*prefix, prefix_valid)
-                return apply(state, x, positions, mask, token_mask, kv, index, full_prefix, replay,
+                return apply(state, x, positions, mask, segments, kv, index, full_prefix, replay,
                              position)
 
             if cfg.scan_layers:
@@ -274,11 +277,12 @@ class Decoder(nnx.Module):
         aux = jnp.zeros((), jnp.float32)
         if stats:
             experts = jnp.concatenate(chosen)
-            aux = layers.load_balancing_loss(sum(stats), experts.shape[0], jnp.sum(token_mask))
+            aux = layers.load_balancing_loss(sum(stats), experts.shape[0], jnp.sum(segments > 0))
             return hidden, (new_k, new_v), aux, experts
         return hidden, (new_k, new_v), aux, None
 
-    def hidden_states(self, tokens, *, attention_mask=None, positions=None, routing=None):
+    def hidden_states(self, tokens, *, attention_mask=None, positions=None, routing=None,
+                      segment_ids=None):
         """Final (normed) hidden states and the MoE load-balancing loss.
 
         Args:
@@ -287,6 +291,10 @@ class Decoder(nnx.Module):
           positions: `[B, S]` rope positions (default: `default_positions(attention_mask)`).
           routing: MoE only: `[L_moe, B, S, k]` expert ids to replay (keep routing), as
             `prefill(..., with_routing=True)` and the sampler record them.
+          segment_ids: packed rows: `[B, S]` int32, the sequence each token belongs to (0
+            on padding); a token attends the tokens of its own segment up to it, nothing
+            else. Replaces `attention_mask`; `positions` (each segment's own, from 0) are
+            then required.
 
         Returns:
           `(hidden [B, S, D] in the compute dtype, aux_loss [])`; aux_loss is the
@@ -294,11 +302,19 @@ class Decoder(nnx.Module):
           `cfg.router_aux_loss_coef * aux_loss`.
         """
         b, s = tokens.shape
+        causal = jnp.tril(jnp.ones((s, s), bool))
+        if segment_ids is not None:
+            if attention_mask is not None or positions is None:
+                raise ValueError("segment_ids replaces attention_mask and needs each segment's "
+                                 "positions; pass segment_ids and positions")
+            same = segment_ids[:, :, None] == segment_ids[:, None, :]
+            mask = causal[None] & same & (segment_ids > 0)[:, None, :]
+            hidden, _, aux, _ = self._run(tokens, segment_ids, positions, mask, routing=routing)
+            return hidden, aux
         if attention_mask is None:
             attention_mask = jnp.ones((b, s), jnp.int32)
         if positions is None:
             positions = default_positions(attention_mask)
-        causal = jnp.tril(jnp.ones((s, s), bool))
         mask = causal[None] & attention_mask.astype(bool)[:, None, :]
         hidden, _, aux, _ = self._run(tokens, attention_mask, positions, mask, routing=routing)
         return hidden, aux

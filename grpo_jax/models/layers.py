@@ -180,7 +180,7 @@ class Attention(nnx.Module):
             y = rms_norm(y, getattr(self, f"{name}_norm")[...], self.cfg.norm_eps)
         return y
 
-    def __call__(self, x, positions, mask, token_mask, kv_cache=None, cache_index=None, prefix=None,
+    def __call__(self, x, positions, mask, segments, kv_cache=None, cache_index=None, prefix=None,
                  cache_layer=None):
         """Attends each query to the keys `mask` allows.
 
@@ -189,7 +189,8 @@ class Attention(nnx.Module):
           positions: `[B, S]` rope positions.
           mask: `[B, S, L]` bool, True where query s may attend key slot l; L = S without
             a cache, the cache length with one.
-          token_mask: `[B, S]` 1 on the real new tokens (the splash kernel's segments).
+          segments: `[B, S]` int, the new tokens' segment ids, 0 on padding (the splash
+            kernel's segments; `mask` already says the same for the XLA path).
           kv_cache: optional `(k_t, v)`, keys `[B, K, H, L]` and values `[B, K, L, H]`;
             the new keys and values are written at slots `[cache_index, cache_index + S)`
             before attending. These are the layouts a decode step reads in place (see
@@ -229,7 +230,7 @@ class Attention(nnx.Module):
         # fill (S = L: a prompt's prefill); decoding and shared prefixes stay XLA.
         self_attention = prefix is None and s == slots
         if cfg.attention_impl == "splash" and self_attention:
-            out = splash.splash_attention(q, k.transpose(0, 1, 3, 2), v, token_mask,
+            out = splash.splash_attention(q, k.transpose(0, 1, 3, 2), v, segments,
                                           scale=cfg.head_dim**-0.5)
         elif cfg.attention_impl == "cudnn" and prefix is None:
             out = jax.nn.dot_product_attention(

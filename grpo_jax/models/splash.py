@@ -1,12 +1,13 @@
-"""Causal self-attention over left- or right-padded rows with the Pallas TPU splash kernel.
+"""Causal self-attention over padded or packed rows with the Pallas TPU splash kernel.
 
 Splash attention (the flash-attention algorithm of Dao et al. 2022, arXiv:2205.14135, as
 a block-sparse Pallas kernel for TPUs; jax.experimental.pallas.ops.tpu.splash_attention)
 never materialises the `[B, N, S, S]` scores: memory grows with S, not S^2, and blocks
-above the diagonal are skipped. Padding is expressed with segment ids (1 on real tokens,
-0 on padding), and-ed with the causal mask, so a real query attends exactly the real keys
-at or before it, as `layers.grouped_attention` with the mask `causal & real key` does. The
-rows of padding queries differ (they attend padding keys); nothing reads them.
+above the diagonal are skipped. Padding and packing are expressed with segment ids (one id
+per sequence, 0 on padding), and-ed with the causal mask, so a real query attends exactly
+the keys of its own sequence at or before it, as `layers.grouped_attention` with the mask
+`causal & same segment & real key` does. The rows of padding queries differ (they attend
+padding keys); nothing reads them.
 
 The kernel is interpreted on CPU (`jax.lax.platform_dependent`), so tests run it without a
 TPU, and wrapped in `shard_map` under a mesh (Mosaic kernels are not partitioned
@@ -55,13 +56,14 @@ def _local_attention(q, k, v, segments):
     return jax.lax.platform_dependent(cpu=lambda: run(True), default=lambda: run(False))
 
 
-def splash_attention(q, k, v, token_mask, *, scale):
-    """Causal grouped-query attention of every real token to the real tokens up to it.
+def splash_attention(q, k, v, segments, *, scale):
+    """Causal grouped-query attention of every real token to its sequence's tokens up to it.
 
     Args:
       q: `[B, S, N, H]` queries (rope applied).
       k: `[B, K, S, H]` keys, v: `[B, K, S, H]` values (K divides N).
-      token_mask: `[B, S]`, 1 on real tokens, 0 on padding.
+      segments: `[B, S]` int segment ids: 1 on real tokens and 0 on padding, or one id
+        per sequence of a packed row.
       scale: multiplies the scores (1 / sqrt(H)).
 
     Returns:
@@ -71,7 +73,7 @@ def splash_attention(q, k, v, token_mask, *, scale):
     pad = -s % block_size(s)
     q = jnp.pad((q * scale).astype(q.dtype).transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, pad), (0, 0)))
     k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (k, v))
-    segments = jnp.pad(token_mask.astype(jnp.int32), ((0, 0), (0, pad)))
+    segments = jnp.pad(segments.astype(jnp.int32), ((0, 0), (0, pad)))
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         out = _local_attention(q, k, v, segments)

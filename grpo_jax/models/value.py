@@ -48,12 +48,12 @@ class ValueModel(nnx.Module):
         self.head = layers.param(rngs, (cfg.d_model,), ("embed",), cfg.param_dtype, init="zeros")
         self.bias = layers.param(rngs, (1,), ("norm",), cfg.param_dtype, init="zeros")
 
-    def __call__(self, tokens, *, attention_mask=None, routing=None):
+    def __call__(self, tokens, **inputs):
         """`[B, S]` token ids -> `(values [B, S] float32, aux_loss [])`: the value of the
         state after each prefix (position s reads tokens 0..s), and the MoE
-        load-balancing loss (0 for dense trunks). Arguments as `Decoder.hidden_states`."""
-        hidden, aux = self.trunk.hidden_states(tokens, attention_mask=attention_mask,
-                                               routing=routing)
+        load-balancing loss (0 for dense trunks). Keyword arguments as
+        `Decoder.hidden_states` (attention_mask, positions, routing, segment_ids)."""
+        hidden, aux = self.trunk.hidden_states(tokens, **inputs)
         values = jnp.einsum("bsd,d->bs", hidden.astype(jnp.float32),
                             self.head[...].astype(jnp.float32))
         return values + self.bias[...].astype(jnp.float32)[0], aux

@@ -130,6 +130,48 @@ def _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b):
     ), token_c
 
 
+def init_slots(model, prompt_logits, *, rows, prompt_len, buffer_len, num_slots, pad_id):
+    """The loop's carry before the first admission: `num_slots` empty slots of
+    `prompt_len + buffer_len` columns, outputs for `rows` rows."""
+    zeros_bn = jnp.zeros((rows, buffer_len), jnp.float32)
+    c = num_slots
+    return _Slots(
+        cache=model.init_cache(c, prompt_len + buffer_len).replace(index=jnp.int32(prompt_len)),
+        logits=jnp.zeros((c, prompt_logits.shape[-1]), jnp.float32),
+        row=jnp.full((c,), rows, jnp.int32), t=jnp.zeros((c,), jnp.int32),
+        live=jnp.zeros((c,), bool), next_row=jnp.zeros((), jnp.int32),
+        tokens=jnp.full((rows, buffer_len), pad_id, jnp.int32), logp=zeros_bn,
+        sample_logp=zeros_bn, lengths=jnp.zeros((rows,), jnp.int32),
+        stopped=jnp.zeros((rows,), bool),
+    )
+
+
+def engine_step(graphdef, state, slots, prompt_cache, prompt_logits, keys_b, cap_b, *, method,
+                stop_tokens, pad_id, group_size, batch_axes=(), ways=1):
+    """One iteration of the engine's loop: every live slot samples its token, the model
+    decodes them (one `decode_step` over the C slots), and free slots take pending rows.
+
+    Args:
+      graphdef, state: the model, its weights in the sampling layout.
+      slots: the `_Slots` carry (`init_slots`).
+      prompt_cache, prompt_logits: the P prompts' prefill (`Decoder.prefill`).
+      keys_b: `[B]` row keys (`row_keys`); cap_b: `[B]` int32 per-row token budgets.
+      method, stop_tokens, pad_id, group_size: as `generate`.
+      batch_axes, ways: the mesh's row axes and their size (`_on_mesh`).
+
+    Returns:
+      the next `_Slots`.
+    """
+    s = prompt_cache.valid.shape[1]
+    ring_end = slots.cache.valid.shape[1]
+    slots, token_c = _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b)
+    logits, cache = nnx.merge(graphdef, state).decode_step(token_c, slots.cache)
+    cache = cache.replace(index=jnp.where(cache.index == ring_end, s, cache.index))   # the ring
+    slots = slots.replace(logits=logits, cache=_shard_rows(cache, batch_axes, ways))
+    return _admit(slots, prompt_cache, prompt_logits, group_size=group_size,
+                  num_rows=keys_b.shape[0])
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "num_slots",
                                              "rules"))
 def generate_continuous(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, method,
@@ -138,32 +180,20 @@ def generate_continuous(graphdef, state, prompt_tokens, prompt_mask, rng, prompt
     """`_generate`'s `Rollout` (without records) decoded in `num_slots` slots."""
     state, batch_axes, ways = _on_mesh(state, rules)
     p, s = prompt_tokens.shape
-    b, n, c = p * group_size, buffer_len, num_slots
+    b, n = p * group_size, buffer_len
     model = nnx.merge(graphdef, state)
     prompt_logits, prompt_cache = model.prefill(prompt_tokens, model.init_cache(p, s),
                                                 attention_mask=prompt_mask)
-    zeros_bn = jnp.zeros((b, n), jnp.float32)
-    slots = _Slots(
-        cache=model.init_cache(c, s + n).replace(index=jnp.int32(s)),
-        logits=jnp.zeros((c, prompt_logits.shape[-1]), jnp.float32),
-        row=jnp.full((c,), b, jnp.int32), t=jnp.zeros((c,), jnp.int32),
-        live=jnp.zeros((c,), bool), next_row=jnp.zeros((), jnp.int32),
-        tokens=jnp.full((b, n), pad_id, jnp.int32), logp=zeros_bn, sample_logp=zeros_bn,
-        lengths=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool),
-    )
-    admit = functools.partial(_admit, prompt_cache=prompt_cache, prompt_logits=prompt_logits,
-                              group_size=group_size, num_rows=b)
+    slots = init_slots(model, prompt_logits, rows=b, prompt_len=s, buffer_len=n,
+                       num_slots=num_slots, pad_id=pad_id)
     keys_b = row_keys(rng, prompt_ids, group_size)
     cap_b = jnp.broadcast_to(max_new_tokens, (b,))
-
-    def body(slots):
-        slots, token_c = _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b)
-        logits, cache = nnx.merge(graphdef, state).decode_step(token_c, slots.cache)
-        cache = cache.replace(index=jnp.where(cache.index == s + n, s, cache.index))   # the ring
-        slots = slots.replace(logits=logits, cache=_shard_rows(cache, batch_axes, ways))
-        return admit(slots)
-
-    slots = jax.lax.while_loop(lambda slots: jnp.any(slots.live), body, admit(slots))
+    step = functools.partial(engine_step, graphdef, state, prompt_cache=prompt_cache,
+                             prompt_logits=prompt_logits, keys_b=keys_b, cap_b=cap_b,
+                             method=method, stop_tokens=stop_tokens, pad_id=pad_id,
+                             group_size=group_size, batch_axes=batch_axes, ways=ways)
+    first = _admit(slots, prompt_cache, prompt_logits, group_size=group_size, num_rows=b)
+    slots = jax.lax.while_loop(lambda slots: jnp.any(slots.live), step, first)
     mask_bn = (jnp.arange(n)[None, :] < slots.lengths[:, None]).astype(jnp.int32)
     repeat = lambda x: jnp.repeat(x, group_size, axis=0)
     return Rollout(

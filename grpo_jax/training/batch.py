@@ -9,14 +9,17 @@ row axes (`parallel.row_axes`); nothing here moves data to the host.
 """
 
 import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from grpo_jax import objectives, parallel
 from grpo_jax.models import chunked_token_logprobs, support_token_logprobs
+from grpo_jax.training import packing
 
 # What a forward pass over rows reads: the tokens, and the sampler's records when the
 # run keeps them (DeepSeek-V3.2's keep routing and keep sampling mask).
@@ -39,13 +42,67 @@ def model_inputs(rows):
     return tokens[:, :-1], attention[:, :-1], rows["prompt_tokens"].shape[1] - 1
 
 
+class Forward(NamedTuple):
+    """How a forward pass over the rows is laid out (`forward_layout`).
+
+    Attributes:
+      inputs: keyword arguments of `Decoder.hidden_states` (and of a value model).
+      scored: per-position outputs `[b', T', ...]` -> the positions to score.
+      targets: the token each scored position's output scores.
+      to_scored: per-completion-token arrays `[B, N, ...]` -> the scored layout.
+      to_completion: scored outputs -> the `[B, N, ...]` completion layout.
+    """
+
+    inputs: dict
+    scored: Callable
+    targets: jax.Array
+    to_scored: Callable
+    to_completion: Callable
+
+
+def forward_layout(rows):
+    """The `Forward` of the rows: unpacked, `model_inputs` with the completion's columns
+    (from ``start`` on) scored; with a packing plan (`packing.KEYS`), the packed rows,
+    every position scored (`packing.packed_inputs`)."""
+    routing = _replayed_routing(rows) if "routing" in rows else None
+    if packing.KEYS[0] in rows:
+        inputs, targets = packing.packed_inputs(rows, routing)
+        return Forward(inputs, lambda x: x, targets, lambda x: packing.unpack(x, rows["pack_target"]),
+                       lambda x: packing.unpack(x, rows["pack_back"]))
+    tokens, attention, start = model_inputs(rows)
+    inputs = {"tokens": tokens, "attention_mask": attention}
+    if routing is not None:
+        inputs["routing"] = routing
+    same = lambda x: x
+    return Forward(inputs, lambda x: x[:, start:], rows["tokens"], same, same)
+
+
+def scored_logprobs(model, rows, *, temperature=1.0, with_stats=False):
+    """`completion_logprobs` in the forward's scored layout (`forward_layout`): `[B, N]`
+    unpacked, `[R, T]` per packed position."""
+    layout = forward_layout(rows)
+    hidden, aux_loss = model.hidden_states(**layout.inputs)
+    hidden = layout.scored(hidden)
+    out = chunked_token_logprobs(hidden, model.unembedding(), layout.targets,
+                                 temperature=temperature, with_entropy=with_stats)
+    if "support_ids" in rows:
+        logp = out[0] if with_stats else out
+        kept = support_token_logprobs(hidden, model.unembedding(), layout.targets,
+                                      layout.to_scored(rows["support_ids"]), temperature=temperature)
+        recorded = layout.to_scored(rows["support_size"] <= rows["support_ids"].shape[-1])
+        logp = jnp.where(recorded, kept, logp)
+        out = (logp, out[1]) if with_stats else logp
+    return (*out, aux_loss) if with_stats else out
+
+
 def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False):
     """`[B, N]` float32 log-probs of the completion tokens, from logits / temperature.
 
     The temperature is the rollout's, so the log-probs that enter a ratio or a KL belong
     to the distribution the sampler drew from. Goes through the model's chunked log-prob
     path: the `[B, S+N, V]` logits are never materialised whole. Values past a row's last
-    token are meaningless; the losses mask them.
+    token are meaningless; the losses mask them. Rows carrying a packing plan are
+    computed on their packed rows (`forward_layout`).
 
     DeepSeek-V3.2's corrections (arXiv:2512.02556, sec. 3.1), when the rows carry the
     sampler's records: with ``routing`` (keep routing) an MoE forward sends every token to
@@ -57,20 +114,11 @@ def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False):
     With `with_stats`, returns `(logp, entropy [B, N], aux_loss [])`: the entropy of the
     tempered (uncut) distribution and the MoE load-balancing loss (0 for dense models).
     """
-    tokens, attention, start = model_inputs(rows)
-    routing = _replayed_routing(rows) if "routing" in rows else None
-    hidden, aux_loss = model.hidden_states(tokens, attention_mask=attention, routing=routing)
-    hidden, targets = hidden[:, start:], rows["tokens"]
-    out = chunked_token_logprobs(hidden, model.unembedding(), targets, temperature=temperature,
-                                 with_entropy=with_stats)
-    if "support_ids" in rows:
-        logp = out[0] if with_stats else out
-        kept = support_token_logprobs(hidden, model.unembedding(), targets, rows["support_ids"],
-                                      temperature=temperature)
-        recorded = rows["support_size"] <= rows["support_ids"].shape[-1]
-        logp = jnp.where(recorded, kept, logp)
-        out = (logp, out[1]) if with_stats else logp
-    return (*out, aux_loss) if with_stats else out
+    out = scored_logprobs(model, rows, temperature=temperature, with_stats=with_stats)
+    to_completion = forward_layout(rows).to_completion
+    if not with_stats:
+        return to_completion(out)
+    return to_completion(out[0]), to_completion(out[1]), out[2]
 
 
 def nll_loss(model, micro):
@@ -107,24 +155,42 @@ def pieces(tree, count, mesh):
     return jax.tree.map(split, tree)
 
 
+def piece_rows(rows, count):
+    """`[count, rows / count]`: the row numbers `pieces` puts in each piece, in order."""
+    return np.arange(rows).reshape(rows // count, count).T
+
+
 def unpieces(x):
     """The inverse of `pieces` for one `[count, b, ...]` array -> `[count * b, ...]`."""
     return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
 
 
 def make_rows_fn(graphdef, mesh, per_piece, *, num_pieces, keys=TOKEN_KEYS + RECORD_KEYS):
-    """Jitted ``(params, rows) -> [B, N]``: ``per_piece(model, piece)`` on `B / num_pieces`
-    rows at a time (the rows of an update's micro-batch: the same activation memory)."""
+    """Jitted ``(params, rows, plan=None) -> [B, N, ...]``.
 
-    def fn(params, rows):
+    Unpacked, ``per_piece(model, piece)`` runs on `B / num_pieces` rows at a time (the
+    rows of an update's micro-batch: the same activation memory) and returns `[b, N,
+    ...]`. With `plan` (`packing.plan_chunks` of the same `num_pieces`), it runs on one
+    chunk of packed rows at a time (as many rows as a piece), reading every row's
+    tokens, and returns per packed position (`[r, T, ...]`, its scored layout);
+    the results are gathered back to the rows.
+    """
+
+    def fn(params, rows, plan=None):
         model = nnx.merge(graphdef, params)
-        split = pieces({k: rows[k] for k in keys if k in rows}, num_pieces, mesh)
-        return unpieces(jax.lax.map(lambda piece: per_piece(model, piece), split))
+        rows = {k: rows[k] for k in keys if k in rows}
+        if plan is None:
+            split = pieces(rows, num_pieces, mesh)
+            return unpieces(jax.lax.map(lambda piece: per_piece(model, piece), split))
+        chunks = packing.constrain({k: plan[k] for k in packing.ROW_KEYS}, mesh)
+        out = jax.lax.map(lambda chunk: per_piece(model, {**rows, **chunk}), chunks)
+        return packing.unpack(out.reshape(-1, *out.shape[2:]), plan["pack_back"])
 
     return jax.jit(fn, out_shardings=parallel.row_sharding(mesh))
 
 
 def make_logprob_fn(graphdef, mesh, *, temperature, num_pieces):
-    """Jitted ``(params, rows) -> [B, N]`` completion log-probs, `B / num_pieces` rows at a time."""
-    per_piece = functools.partial(completion_logprobs, temperature=temperature)
+    """Jitted ``(params, rows, plan=None) -> [B, N]`` completion log-probs, `B / num_pieces`
+    rows (or packed rows) at a time."""
+    per_piece = functools.partial(scored_logprobs, temperature=temperature)
     return make_rows_fn(graphdef, mesh, per_piece, num_pieces=num_pieces)

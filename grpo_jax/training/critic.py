@@ -62,14 +62,21 @@ def start_critic(config, mesh, policy):
 def completion_values(model, rows):
     """`([B, N] float32 values, aux_loss [])`: V(s_t) of each completion token's state
     (the prompt and the completion before it), in the layout of the log-probs."""
-    tokens, attention, start = batch_lib.model_inputs(rows)
-    values, aux_loss = model(tokens, attention_mask=attention)
-    return values[:, start:], aux_loss
+    values, aux_loss = scored_values(model, rows)
+    return batch_lib.forward_layout(rows).to_completion(values), aux_loss
+
+
+def scored_values(model, rows):
+    """`completion_values` in the forward's scored layout (`batch.forward_layout`)."""
+    layout = batch_lib.forward_layout(rows)
+    values, aux_loss = model(**layout.inputs)
+    return layout.scored(values), aux_loss
 
 
 def make_value_fn(graphdef, mesh, *, num_pieces):
-    """Jitted ``(params, rows) -> [B, N]`` values, `B / num_pieces` rows at a time."""
-    return batch_lib.make_rows_fn(graphdef, mesh, lambda model, piece: completion_values(
+    """Jitted ``(params, rows, plan=None) -> [B, N]`` values, `B / num_pieces` rows (or
+    packed rows) at a time."""
+    return batch_lib.make_rows_fn(graphdef, mesh, lambda model, piece: scored_values(
         model, piece)[0], num_pieces=num_pieces, keys=batch_lib.TOKEN_KEYS)
 
 

@@ -64,6 +64,21 @@ def rl_objective(config):
     return objectives.policy_objective(config.objective, reward_weights=weights)
 
 
+PACKING = ("auto", "on", "off")
+PACK_FROM_TOKENS = 256   # "auto" packs from this completion budget on (docs/performance.md)
+
+
+def packs(config):
+    """Whether the run's forward passes (pi_old, pi_ref, values, updates) run packed:
+    ``train.packing`` "on", or "auto" with a completion budget of at least
+    `PACK_FROM_TOKENS` tokens, where packing measured faster."""
+    if config.train.packing not in PACKING:
+        raise ValueError(f"train.packing must be one of {PACKING}, got {config.train.packing!r}")
+    if config.train.packing == "auto":
+        return config.rollout.max_new_tokens >= PACK_FROM_TOKENS
+    return config.train.packing == "on"
+
+
 def updates_per_step(config):
     """Optimizer updates per RL step: train.epochs x train.minibatches."""
     return config.train.epochs * config.train.minibatches

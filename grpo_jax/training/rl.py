@@ -40,7 +40,7 @@ import numpy as np
 
 from grpo_jax import config_lib, objectives, parallel, paths
 from grpo_jax.training import checkpoint, critic as critic_lib, evaluation, footprint
-from grpo_jax.training import metrics as metrics_lib, programs
+from grpo_jax.training import metrics as metrics_lib, packing, programs
 from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
 
@@ -94,6 +94,7 @@ def check_config(config, mesh):
     if config.filtering.short_batch not in rollout.SHORT_BATCH:
         raise ValueError(f"filtering.short_batch must be one of {rollout.SHORT_BATCH}, got "
                          f"{config.filtering.short_batch!r}")
+    programs.packs(config)   # train.packing is one of programs.PACKING
     check_critic_config(config)
 
 
@@ -134,12 +135,13 @@ def loss_seeds(mask, step):
 
 
 def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatches,
-                    sft_rows=None):
+                    micro_batches=1, sft_rows=None, plan_for=None):
     """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
     fresh random order of its rows (drawn from `seed`, the same on every process);
     returns (params, opt_state, metrics): the mean over the updates of each metric, and
     ``grad_norm_std``, the standard deviation (ddof=0) of the updates' gradient norms.
-    With `sft_rows`, each update also takes its share of them for the supervised term."""
+    With `sft_rows`, each update also takes its share of them for the supervised term;
+    with `plan_for` (`packing.Planner.pieces`), each update's micro-batches run packed."""
     rows = batch["mask"].shape[0]
     per_update = []
     for epoch in range(epochs):
@@ -149,7 +151,8 @@ def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatch
             sft_rows["mask"].shape[0]).astype(np.int32)
         for i, index in enumerate(np.split(order, minibatches)):
             extra = () if sft_rows is None else (sft_rows, np.split(sft_order, minibatches)[i])
-            params, opt_state, metrics = update(params, opt_state, batch, index, *extra)
+            plan = None if plan_for is None else plan_for(index.reshape(-1, micro_batches).T)
+            params, opt_state, metrics = update(params, opt_state, batch, index, *extra, plan=plan)
             per_update.append(metrics)
     per_update = jax.device_get(per_update)
     metrics = {k: float(np.mean([m[k] for m in per_update])) for k in per_update[0]}
@@ -179,6 +182,7 @@ class Run:
       checkpointer: the run's `checkpoint.Checkpointer`.
       advantages_fn, mismatch_fn, seeds_fn: jitted functions of the batch: the
         advantages, sampler-vs-trainer log-prob metrics, a random loss's row seeds.
+      packs: whether the forward passes run packed (`programs.packs`).
     """
 
     config: Any
@@ -201,6 +205,7 @@ class Run:
     advantages_fn: Callable
     mismatch_fn: Callable
     seeds_fn: Callable
+    packs: bool
 
 
 def _copy(params):
@@ -241,7 +246,8 @@ def set_up(config, workdir, mesh):
                                              keep=config.train.keep_checkpoints),
         advantages_fn=jax.jit(objective.advantages),
         mismatch_fn=jax.jit(objectives.mismatch_metrics),
-        seeds_fn=jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh)))
+        seeds_fn=jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh)),
+        packs=programs.packs(config))
 
 
 def checkpoint_state(run):
@@ -310,39 +316,51 @@ def _rollouts(run, step):
     return batch, metrics, examples, behaviour
 
 
-def _value_targets(run, batch, lam):
+def _packing(run, batch):
+    """`(plan_for, forward plan, metrics)` of the batch when the run packs its forward
+    passes (``train.packing``), else `(None, None, {})`: `plan_for` makes an update's
+    plan of its micro-batches, the forward plan runs the batch's packed rows a piece's
+    worth at a time (`Programs.pieces`)."""
+    if not run.packs:
+        return None, None, {}
+    planner = packing.Planner.of(batch, parallel.row_ways(run.mesh))
+    forward_plan = planner.chunks(run.policy_programs.pieces)
+    return planner.pieces, forward_plan, packing.statistics(forward_plan, batch["mask"].shape[0])
+
+
+def _value_targets(run, batch, lam, plan):
     """``{"values", "returns"}``: the critic's `[B, N]` values of the batch and its
     targets, the GAE returns with `lam` (1: Monte-Carlo); {} without a critic."""
     if run.critic is None:
         return {}
-    values = run.critic_programs.forward(run.critic.params, batch)
+    values = run.critic_programs.forward(run.critic.params, batch, plan)
     returns = critic_lib.value_targets({**batch, "values": values}, lam,
                                        gamma=run.config.objective.advantage.gamma)
     return {"values": values, "returns": returns}
 
 
-def _policy_targets(run, batch, behaviour, step):
+def _policy_targets(run, batch, behaviour, step, plan):
     """Adds pi_old (the parameters that sampled, recomputed, or the sampler's log-probs),
     pi_ref, the advantages and a random loss's seeds to `batch`; returns the metrics of
     the sampler's against the trainer's log-probs (none when pi_old is the sampler's)."""
     config, objective, logp_fn = run.config, run.objective, run.policy_programs.forward
     metrics = {}
     if config.train.old_logp == "recompute":
-        batch["old_logp"] = logp_fn(behaviour.params, batch)
+        batch["old_logp"] = logp_fn(behaviour.params, batch, plan)
         mismatch = run.mismatch_fn(batch["old_logp"], batch["behaviour_logp"],
                                    objective.loss_mask(batch))
         metrics = {f"mismatch/{k}": float(v) for k, v in jax.device_get(mismatch).items()}
     else:
         batch["old_logp"] = batch["behaviour_logp"]
     if run.ref_params is not None:
-        batch["ref_logp"] = logp_fn(run.ref_params, batch)
+        batch["ref_logp"] = logp_fn(run.ref_params, batch, plan)
     batch["advantages"] = run.advantages_fn(batch)
     if objective.spec.policy_loss in objectives.RANDOM_LOSSES:   # Clip-Cov's draw
         batch["loss_seed"] = run.seeds_fn(batch["mask"], jnp.int32(step))
     return metrics
 
 
-def _critic_update(run, batch, step):
+def _critic_update(run, batch, step, plan_for):
     """The critic on the batch (`critic_lib.batch_statistics`), then its ``epochs x
     minibatches`` updates toward the batch's targets; returns their metrics ({} without
     a critic)."""
@@ -352,7 +370,8 @@ def _critic_update(run, batch, step):
     metrics = jax.device_get(critic_lib.batch_statistics(batch))
     critic.params, critic.opt_state, updates = update_on_batch(
         run.critic_programs.update, critic.params, critic.opt_state, batch, (config.seed, step),
-        epochs=config.train.epochs, minibatches=config.train.minibatches)
+        epochs=config.train.epochs, minibatches=config.train.minibatches,
+        micro_batches=config.train.micro_batches, plan_for=plan_for)
     return {**metrics, **critic_lib.update_metrics(updates)}
 
 
@@ -373,12 +392,14 @@ def critic_pretraining_step(run, step):
     the critic, toward Monte-Carlo returns (lambda = 1). Returns the step's metrics."""
     batch, metrics, _, _ = _rollouts(run, step)
     begin = time.time()
-    batch.update(_value_targets(run, batch, 1.0))
+    plan_for, plan, packing_metrics = _packing(run, batch)
+    metrics.update(packing_metrics)
+    batch.update(_value_targets(run, batch, 1.0, plan))
     programs.check_batch(batch, run.layout, pretraining=True)
     jax.block_until_ready(batch["returns"])
     metrics["time_old_logp"] = time.time() - begin
     begin = time.time()
-    metrics.update(_critic_update(run, batch, step))
+    metrics.update(_critic_update(run, batch, step, plan_for))
     return _checked_updates(run, batch, metrics, begin, step)
 
 
@@ -391,8 +412,10 @@ def rl_step(run, step):
     batch, metrics, examples, behaviour = _rollouts(run, step)
     # 2. The critic's values and targets; pi_old and pi_ref, then advantages.
     begin = time.time()
-    batch.update(_value_targets(run, batch, config.critic.lam))
-    metrics.update(_policy_targets(run, batch, behaviour, step))
+    plan_for, plan, packing_metrics = _packing(run, batch)
+    metrics.update(packing_metrics)
+    batch.update(_value_targets(run, batch, config.critic.lam, plan))
+    metrics.update(_policy_targets(run, batch, behaviour, step, plan))
     programs.check_batch(batch, run.layout, pretraining=False)
     jax.block_until_ready(batch["advantages"])
     metrics["time_old_logp"] = time.time() - begin
@@ -409,9 +432,10 @@ def rl_step(run, step):
         sft_rows = parallel.global_rows(run.mesh, local)
     policy.params, run.opt_state, updates = update_on_batch(
         run.policy_programs.update, policy.params, run.opt_state, batch, (config.seed, step),
-        epochs=config.train.epochs, minibatches=config.train.minibatches, sft_rows=sft_rows)
+        epochs=config.train.epochs, minibatches=config.train.minibatches,
+        micro_batches=config.train.micro_batches, sft_rows=sft_rows, plan_for=plan_for)
     metrics.update(updates)
-    metrics.update(_critic_update(run, batch, step))
+    metrics.update(_critic_update(run, batch, step, plan_for))
     metrics = _checked_updates(run, batch, metrics, begin, step)
     if config.train.ref_reset_every and rl_steps % config.train.ref_reset_every == 0:
         run.ref_params = _copy(policy.params)   # DeepSeek-R1: the reference follows the policy

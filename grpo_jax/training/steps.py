@@ -15,7 +15,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax.training import batch as batch_lib
+from grpo_jax.training import batch as batch_lib, packing
 
 
 RNG_STREAMS = ("rollout", "eval")
@@ -29,8 +29,8 @@ def step_rng(seed, stream, step):
 
 def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shardings,
                      opt_shardings, micro_batches, sft_weight=0.0):
-    """Returns the jitted ``update(params, opt_state, rows, index[, sft_rows, sft_index])
-    -> (params, opt_state, metrics)``.
+    """Returns the jitted ``update(params, opt_state, rows, index[, sft_rows, sft_index],
+    plan=None) -> (params, opt_state, metrics)``.
 
     Args:
       graphdef: the model's `nnx.GraphDef`; `params` is its `nnx.State`.
@@ -48,6 +48,8 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
 
     The update reads ``rows`` (a dict of `[B, ...]` global arrays) at ``index`` (`[b]`
     int32 row numbers); params and optimizer state are donated: their buffers are reused.
+    With ``plan`` (`packing.plan` of the micro-batches, ``index[m::micro_batches]``), each
+    micro-batch's forward runs on its packed rows.
     """
 
     def micro_loss(params, micro, sft_micro):
@@ -61,15 +63,17 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def split(rows, index, counts_of):
+    def split(rows, index, counts_of, plan=None):
         minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), rows)
         counts = counts_of(minibatch)
         micro = batch_lib.pieces(minibatch, micro_batches, mesh)
         micro.update({k: jnp.broadcast_to(v, (micro_batches,)) for k, v in counts.items()})
+        if plan is not None:
+            micro.update(packing.constrain(plan, mesh))
         return micro
 
-    def update(params, opt_state, rows, index, sft_rows=None, sft_index=None):
-        micro = split(rows, index, count_fn)
+    def update(params, opt_state, rows, index, sft_rows=None, sft_index=None, plan=None):
+        micro = split(rows, index, count_fn, plan)
         sft_micro = None if sft_rows is None else split(sft_rows, sft_index, batch_lib.token_counts)
 
         def accumulate(carry, pieces):

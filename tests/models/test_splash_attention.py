@@ -50,6 +50,24 @@ class TestSplashAttention:
         real = token_mask.astype(bool)
         np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6, rtol=1e-5)
 
+    def test_packed_segments_attend_only_their_own_sequence(self):
+        q, k, v = qkv(4)
+        segments = np.zeros((B, S), np.int32)   # packed rows: sequences end to end, then padding
+        segments[0, :60], segments[0, 60:140], segments[0, 140:] = 1, 2, 3
+        segments[1, :120], segments[1, 120:190] = 5, 7
+        segments[2, :S - 1] = 4   # one sequence of S - 1 tokens
+        causal = np.tril(np.ones((S, S), bool))
+        mask = causal[None] & (segments[:, :, None] == segments[:, None, :]) & (segments > 0)[:, None]
+        want = jax.jit(lambda q, k, v: layers.grouped_attention(
+            q, k.transpose(0, 1, 3, 2), v, mask, scale=H**-0.5))(q, k, v)
+        got = jax.jit(lambda *a: splash.splash_attention(*a, scale=H**-0.5))(q, k, v, segments)
+        real = segments > 0
+        np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6, rtol=1e-5)
+        # the second sequence of row 0 alone gives the same outputs: nothing leaks across
+        alone = jax.jit(lambda *a: splash.splash_attention(*a, scale=H**-0.5))(
+            q[:1, 60:140], k[:1, :, 60:140], v[:1, :, 60:140], np.ones((1, 80), np.int32))
+        np.testing.assert_allclose(np.asarray(got)[0, 60:140], np.asarray(alone)[0], atol=2e-6, rtol=1e-5)
+
     @pytest.mark.slow
     def test_gradients_equal_xla_attention(self):
         q, k, v = qkv(1)

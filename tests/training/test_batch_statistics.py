@@ -94,7 +94,8 @@ def test_update_metrics_are_the_mean_over_updates_and_the_spread_of_the_gradient
     norms = iter([1.0, 2.0, 3.0, 6.0])
     seen = []
 
-    def update(params, opt_state, batch, index):
+    def update(params, opt_state, batch, index, plan=None):
+        assert plan is None   # no packing planner given
         seen.append(sorted(index.tolist()))
         return params + 1, opt_state, {"grad_norm": np.float32(next(norms)), "loss": np.float32(2.0)}
 

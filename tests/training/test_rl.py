@@ -14,11 +14,11 @@ import pytest
 from safetensors.numpy import load_file
 
 from grpo_jax import config_lib, objectives, parallel, sampling
-from grpo_jax.training import policy as policy_lib, rl, rollout, task as task_lib
+from grpo_jax.training import policy as policy_lib, programs, rl, rollout, task as task_lib
 from tests import readme_metrics
-from tests.training.training_setups import (REPO, cli, cli_config_file, comparable,
-                                            faults_config, finished_checkpoints, read_metrics,
-                                            runlocal_config, tiny_config)
+from tests.training.training_setups import (REPO, assert_metric_close, cli, cli_config_file,
+                                            comparable, faults_config, finished_checkpoints,
+                                            read_metrics, runlocal_config, tiny_config)
 
 RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(str(REPO / "configs" / "*.py"))
                  if not p.endswith(("demo.py", "smollm2.py")))
@@ -144,17 +144,22 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
 
 
 @pytest.mark.slow
-def test_continuous_batching_draws_the_static_batchs_rollouts(data_dir, reference, tmp_path):
-    """Step 1 with 8 decode slots for the 32 rows: the same prompts, completions and
-    rewards, row for row, as the reference run without slots."""
+def test_continuous_batching_and_packing_give_the_reference_step(data_dir, reference, tmp_path):
+    """Step 1 with 8 decode slots for the 32 rows and packed forward passes: the same
+    prompts, completions and rewards, row for row, as the reference run (static batch,
+    padded), and the same pi_old, updates and metrics up to float reordering."""
     config = faults_config(data_dir, **{"train.steps": 1, "rollout.slots": 8,
-                                        "train.log_rollouts_every": 1})
+                                        "train.log_rollouts_every": 1, "train.packing": "on"})
+    assert programs.packs(config) and not programs.packs(faults_config(data_dir))   # reference: padded
     rl.train(config, str(tmp_path))
     assert (tmp_path / "rollouts" / "1.jsonl").read_text() == \
         (reference / "rollouts" / "1.jsonl").read_text()
     got, want = read_metrics(tmp_path)[0], read_metrics(reference)[0]
     for key in ("reward_mean", "accuracy", "response_length_mean", "truncation_rate"):
         assert got[key] == want[key], key
+    assert 0 < got["pack_rows_fraction"] <= 1 and 0 < got["pack_fill"] <= 1
+    for key, value in comparable(want).items():
+        assert_metric_close(key, got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
 
 
 @pytest.mark.slow
@@ -268,6 +273,8 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
     ({"rollout.slots": -2}, ValueError, r"rollout.slots must be an int >= 0"),
     ({"rollout.slots": 8, "rollout.keep_sampling_mask": True, "rollout.top_p": 0.9}, ValueError,
      r"rollout.slots \(continuous batching\) does not keep the sampling mask"),
+    ({"train.packing": "yes"}, ValueError,
+     r"train.packing must be one of \('auto', 'on', 'off'\), got 'yes'"),
     ({"train.ref_reset_every": 5}, ValueError, r"train.ref_reset_every replaces the KL reference"),
     ({"mesh": "data:8"}, ValueError, r"write it as name=size pairs"),
     ({"model.path": "/no/such/checkpoint"}, FileNotFoundError, r"model.path '/no/such/checkpoint' is not a directory"),
