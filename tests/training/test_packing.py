@@ -141,6 +141,29 @@ class TestPackedForward:
         real = rows["mask"] > 0
         np.testing.assert_allclose(packed[real], padded[real], rtol=1e-6, atol=0)
 
+    def test_kept_routing_and_sampling_masks_read_the_same_records(self, mesh):
+        """An MoE forward replaying the sampler's experts, with log-probs renormalised over
+        each token's recorded support (DeepSeek-V3.2's keep routing and keep sampling
+        mask): the packed rows read each token's own records."""
+        rows, (graphdef, params) = _rows(1), _model(mesh, "tiny_moe")
+        rng = np.random.default_rng(2)
+        cfg, k = nnx.merge(graphdef, params).cfg, 4
+        layers = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+        experts = lambda width: rng.integers(0, cfg.n_experts, (B, width, layers, cfg.n_experts_per_tok))
+        support = rng.integers(3, V, (B, N, k))
+        support[..., 0] = rows["tokens"]   # the sampled token is in its support
+        rows.update(prompt_routing=experts(S).astype(np.int32), routing=experts(N).astype(np.int32),
+                    support_ids=support.astype(np.int32),
+                    support_size=rng.integers(2, 2 * k, (B, N)).astype(np.int32))   # > k: whole softmax
+        padded, packed = (_forward(mesh, graphdef, params, rows, _logp_and_entropy, packed=p)
+                          for p in (False, True))
+        real = rows["mask"] > 0
+        np.testing.assert_allclose(packed[real], padded[real], rtol=1e-6, atol=0)
+        # the records act: the same forward without them differs
+        plain = {key: v for key, v in rows.items() if key not in batch_lib.RECORD_KEYS}
+        differs = _forward(mesh, graphdef, params, plain, _logp_and_entropy, packed=True)
+        assert not np.allclose(differs[real][:, 0], packed[real][:, 0], rtol=1e-3)
+
     def test_values_equal_the_padded_ones(self, mesh):
         rows, (graphdef, params) = _rows(), _model(mesh)
         critic = nnx.split(models.value_model_from(nnx.merge(graphdef, params), mesh=mesh))
