@@ -2,6 +2,7 @@
 
     python experiments/bench_engine.py                  # V = 151,936 (Qwen3's), 512-token budget
     python experiments/bench_engine.py --quick          # V = 4,096, 128-token budget, 1 repeat
+    python experiments/bench_engine.py --smollm2 DIR    # SmolLM2-135M-Instruct, its own answers
 
 The model is the named "tiny" config (qwen3, D = 128, 3 layers, float32) with Qwen3's
 vocabulary, randomly initialised. P prompts of 32 random tokens x G completions, ancestral
@@ -19,6 +20,11 @@ pending row). Each prints its decode steps (loop iterations) and tokens/s, and t
 of rows whose tokens equal the static batches' token for token: each row has its own
 random stream, so the rows differ only where a batch shape's float rounding of the
 logits moves a draw across a token boundary (then the row continues differently).
+
+With --smollm2 DIR (SmolLM2-135M-Instruct converted to a Hugging Face directory:
+docs/models.md), the rows are the model's own answers to P arithmetic word problems in
+its chat template, sampled at temperature 1 until its end-of-turn token or the
+512-token budget: the length distribution is the model's, not drawn.
 """
 
 import argparse
@@ -40,10 +46,13 @@ def lognormal_lengths(rows, budget, rng, sigma=0.8):
     return np.clip(np.round(np.exp(rng.normal(mu, sigma, rows))), 1, budget).astype(np.int32)
 
 
-def serve(model, prompts, mask, lengths, *, group_size, budget, slots, chunk):
-    """One request of every row; returns (rollout on host, wall seconds)."""
-    kwargs = dict(rng=jax.random.key(0), method=sampling.Temperature(1.0), stop_tokens=[],
-                  pad_id=0, max_len_bucket=budget, group_size=group_size)
+def serve(model, prompts, mask, lengths, *, group_size, budget, slots, chunk, stop_tokens=()):
+    """One request of every row, each cut at its `lengths` (an int: the budget for every
+    row) or at a stop token; returns (tokens, lengths on host, wall seconds)."""
+    lengths = np.broadcast_to(lengths, (prompts.shape[0] * group_size,))
+    kwargs = dict(rng=jax.random.key(0), method=sampling.Temperature(1.0),
+                  stop_tokens=list(stop_tokens), pad_id=0, max_len_bucket=budget,
+                  group_size=group_size)
     start = time.perf_counter()
     if chunk:   # static, C rows (C / G prompts) per call
         per_call = chunk // group_size
@@ -54,12 +63,33 @@ def serve(model, prompts, mask, lengths, *, group_size, budget, slots, chunk):
                 *model, prompts[first:first + per_call], mask[first:first + per_call],
                 max_new_tokens=lengths[rows], prompt_ids=np.arange(first, first + per_call), **kwargs))
         rollouts = jax.block_until_ready(parts)
-        tokens = np.concatenate([np.asarray(r.tokens) for r in rollouts])
     else:
-        rollout = jax.block_until_ready(sampling.generate(
-            *model, prompts, mask, max_new_tokens=lengths, slots=slots, **kwargs))
-        tokens = np.asarray(rollout.tokens)
-    return tokens, time.perf_counter() - start
+        rollouts = [jax.block_until_ready(sampling.generate(
+            *model, prompts, mask, max_new_tokens=lengths, slots=slots, **kwargs))]
+    seconds = time.perf_counter() - start
+    tokens = np.concatenate([np.asarray(r.tokens) for r in rollouts])
+    return tokens, np.concatenate([np.asarray(r.lengths) for r in rollouts]), seconds
+
+
+def word_problems(count, rng):
+    """`count` two-step arithmetic word problems (the answers run from a line to a page)."""
+    names, things = ("Ana", "Ben", "Chen", "Dara"), ("apples", "books", "coins", "stamps")
+    return [f"{names[i % 4]} has {rng.integers(12, 99)} {things[i % 4]}, buys "
+            f"{rng.integers(3, 40)} more and gives away {rng.integers(2, 11)}. How many "
+            f"{things[i % 4]} are left? Explain your reasoning." for i in range(count)]
+
+
+def smollm2_requests(path, count, rng):
+    """`(model (graphdef, state), prompts [P, S], mask, stop ids, description)` for
+    SmolLM2's own answers to `count` word problems in its chat template."""
+    model, tokenizer = models.from_pretrained(path)
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                         add_generation_prompt=True, tokenize=True)
+           for text in word_problems(count, rng)]
+    ids = [x["input_ids"] if hasattr(x, "keys") else x for x in ids]
+    prompts, mask = sampling.pad_prompts(ids, pad_id=tokenizer.pad_token_id or 0)
+    stops = sorted({tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")})
+    return nnx.split(model), prompts, mask, stops, f"SmolLM2-135M-Instruct ({path}), float32"
 
 
 def main(argv=None):
@@ -69,48 +99,60 @@ def main(argv=None):
     parser.add_argument("--group_size", type=int, default=8)
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smollm2", help="SmolLM2-135M-Instruct as a Hugging Face directory: "
+                                          "its own answers instead of drawn lengths")
     args = parser.parse_args(argv)
     vocab, budget = (4096, 128) if args.quick else (151_936, 512)
     repeats = 1 if args.quick else args.repeats
     p, g, c = args.prompts, args.group_size, args.slots
     rng = np.random.default_rng(0)
-    lengths = lognormal_lengths(p * g, budget, rng)
-    prompts = rng.integers(1, vocab, (p, 32)).astype(np.int32)
-    mask = np.ones_like(prompts)
-    cfg = models.get_model_config("tiny", vocab_size=vocab)
-    model = nnx.split(models.init_model(cfg, seed=0))
+    if args.smollm2:   # the model's own answers: every row may run to the budget
+        model, prompts, mask, stops, name = smollm2_requests(args.smollm2, p, rng)
+        lengths, warm_lengths = budget, 2
+    else:
+        lengths = lognormal_lengths(p * g, budget, rng)
+        prompts = rng.integers(1, vocab, (p, 32)).astype(np.int32)
+        mask, stops, warm_lengths = np.ones_like(prompts), (), np.minimum(lengths, 2)
+        cfg = models.get_model_config("tiny", vocab_size=vocab)
+        model = nnx.split(models.init_model(cfg, seed=0))
+        name = f"tiny model with V = {vocab:,}, float32"
     print(f"{platform.processor() or platform.machine()}, {len(jax.devices())} CPU device(s), "
-          f"jax {jax.__version__}; tiny model with V = {vocab:,}, float32")
-    print(f"{p} prompts x G = {g}: {p * g} rows, lengths lognormal (sigma 0.8) capped at "
-          f"{budget}: mean {lengths.mean():.1f}, p99 {np.percentile(lengths, 99):.0f}, max "
-          f"{lengths.max()}, p99/mean {np.percentile(lengths, 99) / lengths.mean():.1f}; "
-          f"{lengths.sum():,} useful tokens")
-    ways = [("static, batches of C rows", dict(slots=0, chunk=c),
-             sum(int(lengths[i:i + c].max()) for i in range(0, p * g, c))),
-            ("static, every row at once", dict(slots=0, chunk=0), int(lengths.max())),
-            ("continuous, C slots", dict(slots=c, chunk=0), None)]
+          f"jax {jax.__version__}; {name}; {p} prompts of {prompts.shape[1]} columns x G = {g}",
+          flush=True)
+    ways = [("static, batches of C rows", dict(slots=0, chunk=c)),
+            ("static, every row at once", dict(slots=0, chunk=0)),
+            ("continuous, C slots", dict(slots=c, chunk=0))]
     results, reference = [], None
-    for name, how, steps in ways:
-        serve(model, prompts, mask, np.minimum(lengths, 2), group_size=g, budget=budget, **how)  # compile
+    for how_name, how in ways:
+        serve(model, prompts, mask, warm_lengths, group_size=g, budget=budget, stop_tokens=stops,
+              **how)   # compile
         best = np.inf
         for _ in range(repeats):
-            tokens, seconds = serve(model, prompts, mask, lengths, group_size=g, budget=budget, **how)
+            tokens, got_lengths, seconds = serve(model, prompts, mask, lengths, group_size=g,
+                                                 budget=budget, stop_tokens=stops, **how)
             best = min(best, seconds)
         if reference is None:
             reference = tokens
+            print(f"{p * g} rows: lengths mean {got_lengths.mean():.1f}, p99 "
+                  f"{np.percentile(got_lengths, 99):.0f}, max {got_lengths.max()}, p99/mean "
+                  f"{np.percentile(got_lengths, 99) / got_lengths.mean():.1f}; "
+                  f"{got_lengths.sum():,} useful tokens (of the static batches)", flush=True)
         same = float(np.mean(np.all(tokens == reference, axis=1)))
-        print(f"{name}: {best:.2f} s, {same:.1%} of rows token for token the static batches'",
-              flush=True)
-        results.append((name, steps, best, same))
+        steps = {"static, batches of C rows": sum(int(got_lengths[i:i + c].max())
+                                                  for i in range(0, p * g, c)),
+                 "static, every row at once": int(got_lengths.max())}.get(how_name)
+        print(f"{how_name}: {best:.2f} s, {got_lengths.sum():,} tokens, {same:.1%} of rows token "
+              "for token the static batches'", flush=True)
+        results.append((how_name, steps, best, same, int(got_lengths.sum())))
     static = results[0][2]
     print(f"\nuseful generated tokens/s, C = {c}, best of {repeats}\n")
     print("| serving | concurrent rows | decode steps | seconds | tokens/s | vs static batches "
           "| rows equal to static batches' |")
     print("|---|---|---|---|---|---|---|")
-    for (name, steps, seconds, same), rows in zip(results, (c, p * g, c)):
-        steps = "~" + str(int(np.ceil(lengths.sum() / c))) if steps is None else steps
-        print(f"| {name} | {rows} | {steps} | {seconds:.2f} | {lengths.sum() / seconds:,.0f} | "
-              f"{static / seconds:.2f}x | {same:.1%} |")
+    for (name, steps, seconds, same, useful), rows in zip(results, (c, p * g, c)):
+        steps = "~" + str(int(np.ceil(useful / c))) if steps is None else steps
+        print(f"| {name} | {rows} | {steps} | {seconds:.2f} | {useful / seconds:,.0f} | "
+              f"{(useful / seconds) / (results[0][4] / static):.2f}x | {same:.1%} |")
 
 
 if __name__ == "__main__":
