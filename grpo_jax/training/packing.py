@@ -44,18 +44,30 @@ BUCKETS = 8   # packed-row counts per piece size: R is a multiple of ceil(b / BU
 
 @jax.jit
 def _lengths(prompt_mask, mask):
-    return jnp.stack([jnp.sum(prompt_mask, axis=1, dtype=jnp.int32),
-                      jnp.sum(mask, axis=1, dtype=jnp.int32)])
+    """`[3, B]`: prompt and completion lengths, and 1 where the row is laid out as packing
+    reads it (the prompt's tokens a suffix of its columns, the completion's a prefix)."""
+    p = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
+    c = jnp.sum(mask, axis=1, dtype=jnp.int32)
+    s, n = prompt_mask.shape[1], mask.shape[1]
+    laid_out = (jnp.all((prompt_mask > 0) == (jnp.arange(s) >= s - p[:, None]), axis=1)
+                & jnp.all((mask > 0) == (jnp.arange(n) < c[:, None]), axis=1))
+    return jnp.stack([p, c, laid_out.astype(jnp.int32)])
 
 
 def row_lengths(rows):
     """`(prompt lengths [B], completion lengths [B])` of the rows, as numpy on every
-    process (the rows may be split over processes)."""
+    process (the rows may be split over processes). Raises ValueError for a row whose
+    prompt is not left-padded or whose completion mask has a hole."""
     lengths = _lengths(rows["prompt_mask"], rows["mask"])
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         lengths = multihost_utils.process_allgather(lengths, tiled=True)
-    return tuple(np.asarray(lengths))
+    prompt, completion, laid_out = np.asarray(lengths)
+    if not laid_out.all():
+        raise ValueError(f"rows {np.flatnonzero(laid_out == 0)[:8].tolist()} are not the sampler's "
+                         "layout (prompt left-padded, completion mask a prefix), which packed "
+                         "forward passes read; set train.packing='off'")
+    return prompt, completion
 
 
 def bucket(needed, rows, ways):

@@ -207,3 +207,13 @@ class TestPackedUpdate:
         for name in ("loss", "entropy", "grad_norm"):
             np.testing.assert_allclose(packed_metrics[name], padded_metrics[name], rtol=1e-6,
                                        err_msg=name)
+
+
+def test_rows_in_another_layout_are_refused():
+    """Packing reads prompts left-padded and completion masks without holes."""
+    rows = _rows()
+    assert [x.tolist() for x in packing.row_lengths(rows)] == [x.tolist() for x in _lengths(rows)]
+    holed = {**rows, "mask": rows["mask"].copy()}
+    holed["mask"][0, 3] = 0   # row 0 answers all N tokens
+    with pytest.raises(ValueError, match=r"rows \[0\] are not the sampler's layout"):
+        packing.row_lengths(holed)
