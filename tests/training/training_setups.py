@@ -156,12 +156,13 @@ def start_processes(commands, logs):
             for (args, env), log in zip(commands, logs)]
 
 
-def assert_rows_equal(workdir, reference, steps, rtol=0.0, atol=0.0):
-    """metrics.jsonl of `workdir` has one row per step of `steps`, equal to the reference's."""
+def assert_rows_equal(workdir, reference, steps, rtol=0.0, atol=0.0, extra=()):
+    """metrics.jsonl of `workdir` has one row per step of `steps`, equal to the reference's
+    (`workdir` may log the `extra` keys besides)."""
     rows, want = read_metrics(workdir), {r["step"]: comparable(r) for r in read_metrics(reference)}
     assert [r["step"] for r in rows] == list(steps)
     for row in rows:
-        got = comparable(row)
+        got = {k: v for k, v in comparable(row).items() if k not in extra}
         assert got.keys() == want[row["step"]].keys()
         for key, value in want[row["step"]].items():
             assert_metric_close(key, got[key], value, rtol=rtol, atol=atol,
