@@ -75,8 +75,8 @@ def measure(config, mesh, graphdef, params, rows, repeats):
     for mode in ("off", "on"):
         plan = update_plan = None
         if mode == "on":
-            planner = packing.Planner.of(batch, parallel.row_ways(mesh))
-            plan = planner.chunks(run.pieces)
+            planner = packing.Planner.of(batch, mesh)
+            plan, stats = planner.chunks(run.pieces)
             update_plan = planner.pieces(index.reshape(-1, config.train.micro_batches).T)
         state = {"params": params, "opt": opt_state}
 
@@ -86,7 +86,7 @@ def measure(config, mesh, graphdef, params, rows, repeats):
 
         update_s, loss = best_of(repeats, update)
         forward_s, _ = best_of(repeats, lambda: run.forward(params, batch, plan))
-        fraction = 1.0 if plan is None else packing.statistics(plan, b)["pack_rows_fraction"]
+        fraction = 1.0 if plan is None else stats["pack_rows_fraction"]
         results[mode] = (update_s, forward_s, float(loss), fraction)
     return results
 

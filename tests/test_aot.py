@@ -71,12 +71,12 @@ class TestCpuReport:
 
     def test_packing_compiles_the_packed_update_and_logprob_at_their_largest_plan(self, result):
         """With train.packing on, the update and pi_old's pass are the packed programs: their
-        arguments gain the plan's host arrays (whole on every device) at the size of a batch
-        whose rows are all full: src, segment and position ids per packed position, `[rows,
-        S + N - 1]`, and the gather back `[rows, N]` (the targets' map is read only with
-        support ids, so jit drops it). They no longer read the padding masks the segments
-        replace (the batch's rows split 8 ways): the prompt's, and in pi_old's pass the
-        completion's (the update's objective still reads it)."""
+        arguments gain the plan's arrays, split over the 8 row ways like the rows, at the size
+        of a batch whose rows are all full: src, segment and position ids per packed
+        position, `[rows, S + N - 1]`, and the gather back `[rows, N]` (the targets' map is
+        read only with support ids, so jit drops it). They no longer read the padding masks
+        the segments replace: the prompt's, and in pi_old's pass the completion's (the
+        update's objective still reads it)."""
         packed = aot.report(tiny_config(**{"train.packing": "on"}), "cpu", prompt_len=16,
                             programs=("train", "logprob"), log=lambda line: None)["programs"]
         b, s, n = 16 * 4, 16, NEW_TOKENS
@@ -84,7 +84,7 @@ class TestCpuReport:
         masks = {"train": b // 8 * s * 4, "logprob": b // 8 * (s + n) * 4}
         for name, rows in (("train", minibatch), ("logprob", b)):
             grown = packed[name]["argument_bytes"] - result["programs"][name]["argument_bytes"]
-            assert grown == 4 * (3 * rows * t + rows * n) - masks[name], name
+            assert grown == 4 * (3 * rows * t + rows * n) // 8 - masks[name], name
             assert "packed" in packed[name]["shape"] and "packed" not in result["programs"][name]["shape"]
 
     def test_sampler_holds_the_run_state(self, result):

@@ -166,12 +166,11 @@ def packing_plans(config, mesh, rows, pieces):
     width = rows["prompt_tokens"].shape[1] + n - 1
     micro = config.train.micro_batches
     micro_rows = b // config.train.minibatches // micro
-    replicated = jax.NamedSharding(mesh, jax.P())   # host arrays, as the trainer passes them
 
     def plan(lead, rows_per, back):
         shapes = {k: (*lead, rows_per, width) for k in packing.ROW_KEYS}
         shapes["pack_back"] = back
-        return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)
+        return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=packing.plan_sharding(shape, mesh))
                 for k, shape in shapes.items()}
 
     return (plan((micro,), micro_rows, (micro, micro_rows, n)),

@@ -67,7 +67,8 @@ def forward_layout(rows):
     routing = _replayed_routing(rows) if "routing" in rows else None
     if packing.KEYS[0] in rows:
         inputs, targets = packing.packed_inputs(rows, routing)
-        return Forward(inputs, lambda x: x, targets, lambda x: packing.unpack(x, rows["pack_target"]),
+        return Forward(inputs, lambda x: x, targets,
+                       lambda x: packing.unpack(x, rows["pack_target"]),
                        lambda x: packing.unpack(x, rows["pack_back"]))
     tokens, attention, start = model_inputs(rows)
     inputs = {"tokens": tokens, "attention_mask": attention}
@@ -87,8 +88,9 @@ def scored_logprobs(model, rows, *, temperature=1.0, with_stats=False):
                                  temperature=temperature, with_entropy=with_stats)
     if "support_ids" in rows:
         logp = out[0] if with_stats else out
-        kept = support_token_logprobs(hidden, model.unembedding(), layout.targets,
-                                      layout.to_scored(rows["support_ids"]), temperature=temperature)
+        support = layout.to_scored(rows["support_ids"])
+        kept = support_token_logprobs(hidden, model.unembedding(), layout.targets, support,
+                                      temperature=temperature)
         recorded = layout.to_scored(rows["support_size"] <= rows["support_ids"].shape[-1])
         logp = jnp.where(recorded, kept, logp)
         out = (logp, out[1]) if with_stats else logp
@@ -182,7 +184,7 @@ def make_rows_fn(graphdef, mesh, per_piece, *, num_pieces, keys=TOKEN_KEYS + REC
         if plan is None:
             split = pieces(rows, num_pieces, mesh)
             return unpieces(jax.lax.map(lambda piece: per_piece(model, piece), split))
-        chunks = packing.constrain({k: plan[k] for k in packing.ROW_KEYS}, mesh)
+        chunks = {k: plan[k] for k in packing.ROW_KEYS}
         out = jax.lax.map(lambda chunk: per_piece(model, {**rows, **chunk}), chunks)
         return packing.unpack(out.reshape(-1, *out.shape[2:]), plan["pack_back"])
 

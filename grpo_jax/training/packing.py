@@ -158,10 +158,22 @@ def plan_chunks(prompt_lengths, completion_lengths, chunk_rows, *, prompt_len, n
     return {**chunked, "pack_back": arrays["pack_back"]}
 
 
-def constrain(arrays, mesh):
-    """A plan's `[n, R, ...]` arrays (inside a jitted function) with axis 1 (packed rows,
-    or a piece's rows) split over the mesh's row axes, as `batch.pieces` splits a piece."""
-    return {k: jax.lax.with_sharding_constraint(x, parallel.row_sharding(mesh, leading=1))
+def plan_sharding(shape, mesh):
+    """Where a plan array of `shape` lives: its rows (the second-to-last axis: packed rows,
+    or the rows `pack_back` maps) split over the mesh's row axes, like the rows they
+    index; replicated when they do not split."""
+    axes = parallel.row_axes(mesh)
+    if shape[-2] % parallel.row_ways(mesh):
+        return jax.NamedSharding(mesh, jax.P())
+    return jax.NamedSharding(mesh, jax.P(*[None] * (len(shape) - 2), axes, None))
+
+
+def place(arrays, mesh):
+    """A host plan's arrays on the mesh (`plan_sharding`), every process reading its own
+    slices of the same host arrays: a device holds its share, not the whole plan (a
+    whole-batch plan at the papers' scale is ~1 GiB of int32)."""
+    return {k: jax.make_array_from_callback(x.shape, plan_sharding(x.shape, mesh),
+                                            lambda index, x=x: x[index])
             for k, x in arrays.items()}
 
 
@@ -172,27 +184,31 @@ class Planner:
     Attributes:
       lengths: `(prompt [B], completion [B])` numpy lengths (`row_lengths`).
       prompt_len, new_tokens: the batch's S and N.
-      ways: the mesh's row shards.
+      mesh: the device mesh the plans go to (`place`).
     """
 
     lengths: tuple
     prompt_len: int
     new_tokens: int
-    ways: int
+    mesh: jax.sharding.Mesh
 
     @classmethod
-    def of(cls, rows, ways):
-        return cls(row_lengths(rows), rows["prompt_tokens"].shape[1], rows["tokens"].shape[1], ways)
+    def of(cls, rows, mesh):
+        return cls(row_lengths(rows), rows["prompt_tokens"].shape[1], rows["tokens"].shape[1], mesh)
 
     def pieces(self, pieces):
-        """`plan_pieces` of `[n, b]` batch rows (an update's micro-batches)."""
-        return plan_pieces(*self.lengths, pieces, prompt_len=self.prompt_len,
-                           new_tokens=self.new_tokens, ways=self.ways)
+        """`plan_pieces` of `[n, b]` batch rows (an update's micro-batches), on the mesh."""
+        return place(plan_pieces(*self.lengths, pieces, prompt_len=self.prompt_len,
+                                 new_tokens=self.new_tokens, ways=parallel.row_ways(self.mesh)),
+                     self.mesh)
 
     def chunks(self, num_pieces):
-        """`plan_chunks` in chunks of a `num_pieces`-th of the batch's rows."""
-        return plan_chunks(*self.lengths, len(self.lengths[0]) // num_pieces,
-                           prompt_len=self.prompt_len, new_tokens=self.new_tokens)
+        """`(plan_chunks on the mesh, its statistics)` in chunks of a `num_pieces`-th of
+        the batch's rows."""
+        rows = len(self.lengths[0])
+        arrays = plan_chunks(*self.lengths, rows // num_pieces, prompt_len=self.prompt_len,
+                             new_tokens=self.new_tokens)
+        return place(arrays, self.mesh), statistics(arrays, rows)
 
 
 def statistics(arrays, rows):

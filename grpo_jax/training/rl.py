@@ -323,9 +323,9 @@ def _packing(run, batch):
     worth at a time (`Programs.pieces`)."""
     if not run.packs:
         return None, None, {}
-    planner = packing.Planner.of(batch, parallel.row_ways(run.mesh))
-    forward_plan = planner.chunks(run.policy_programs.pieces)
-    return planner.pieces, forward_plan, packing.statistics(forward_plan, batch["mask"].shape[0])
+    planner = packing.Planner.of(batch, run.mesh)
+    forward_plan, metrics = planner.chunks(run.policy_programs.pieces)
+    return planner.pieces, forward_plan, metrics
 
 
 def _value_targets(run, batch, lam, plan):

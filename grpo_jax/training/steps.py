@@ -15,7 +15,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax.training import batch as batch_lib, packing
+from grpo_jax.training import batch as batch_lib
 
 
 RNG_STREAMS = ("rollout", "eval")
@@ -69,7 +69,7 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
         micro = batch_lib.pieces(minibatch, micro_batches, mesh)
         micro.update({k: jnp.broadcast_to(v, (micro_batches,)) for k, v in counts.items()})
         if plan is not None:
-            micro.update(packing.constrain(plan, mesh))
+            micro.update(plan)
         return micro
 
     def update(params, opt_state, rows, index, sft_rows=None, sft_index=None, plan=None):

@@ -119,7 +119,7 @@ def _model(mesh, name="tiny", **overrides):
 
 def _forward(mesh, graphdef, params, rows, per_piece, *, packed, pieces=2, keys=None):
     """`per_piece` over the rows' pieces, padded or packed, as numpy `[B, N, ...]`."""
-    plan = _chunks(rows, B // pieces) if packed else None
+    plan = packing.place(_chunks(rows, B // pieces), mesh) if packed else None
     extra = {} if keys is None else {"keys": keys}
     fn = batch_lib.make_rows_fn(graphdef, mesh, per_piece, num_pieces=pieces, **extra)
     return np.asarray(fn(params, parallel.global_rows(mesh, rows), plan))
@@ -191,7 +191,9 @@ def _update(mesh, rows, *, packed, micro_batches=2):
                               param_shardings=parallel.tree_shardings(params),
                               opt_shardings=None, micro_batches=micro_batches)
     index = np.random.default_rng(1).permutation(B).astype(np.int32)
-    plan = _plan(rows, index.reshape(-1, micro_batches).T, ways=WAYS) if packed else None
+    plan = None
+    if packed:
+        plan = packing.place(_plan(rows, index.reshape(-1, micro_batches).T, ways=WAYS), mesh)
     after, _, metrics = update(params, init_optimizer_state(tx, params, mesh),
                                parallel.global_rows(mesh, rows), index, plan=plan)
     grads = jax.tree.map(lambda b, a: b - np.asarray(a), before, after)
@@ -217,3 +219,15 @@ def test_rows_in_another_layout_are_refused():
     holed["mask"][0, 3] = 0   # row 0 answers all N tokens
     with pytest.raises(ValueError, match=r"rows \[0\] are not the sampler's layout"):
         packing.row_lengths(holed)
+
+
+def test_plans_live_on_the_mesh_split_like_the_rows(mesh):
+    """Each device holds its share of a plan: packed rows (and `pack_back`'s rows) split
+    over the 4 row ways, the values those of the host plan."""
+    rows = _rows()
+    host = _chunks(rows, 8)
+    placed = packing.place(host, mesh)
+    for key, array in placed.items():
+        shard = array.addressable_shards[0]
+        assert shard.data.shape[-2] == host[key].shape[-2] // WAYS, key
+        np.testing.assert_array_equal(np.asarray(array), host[key], err_msg=key)
