@@ -40,7 +40,7 @@ import numpy as np
 
 from grpo_jax import config_lib, objectives, parallel, paths
 from grpo_jax.training import checkpoint, critic as critic_lib, evaluation, footprint
-from grpo_jax.training import metrics as metrics_lib, packing, programs
+from grpo_jax.training import batch as batch_lib, metrics as metrics_lib, packing, programs
 from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
 
@@ -151,7 +151,8 @@ def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatch
             sft_rows["mask"].shape[0]).astype(np.int32)
         for i, index in enumerate(np.split(order, minibatches)):
             extra = () if sft_rows is None else (sft_rows, np.split(sft_order, minibatches)[i])
-            plan = None if plan_for is None else plan_for(index.reshape(-1, micro_batches).T)
+            plan = None if plan_for is None else plan_for(
+                index[batch_lib.piece_rows(len(index), micro_batches)])
             params, opt_state, metrics = update(params, opt_state, batch, index, *extra, plan=plan)
             per_update.append(metrics)
     per_update = jax.device_get(per_update)
@@ -182,7 +183,6 @@ class Run:
       checkpointer: the run's `checkpoint.Checkpointer`.
       advantages_fn, mismatch_fn, seeds_fn: jitted functions of the batch: the
         advantages, sampler-vs-trainer log-prob metrics, a random loss's row seeds.
-      packs: whether the forward passes run packed (`programs.packs`).
     """
 
     config: Any
@@ -205,7 +205,6 @@ class Run:
     advantages_fn: Callable
     mismatch_fn: Callable
     seeds_fn: Callable
-    packs: bool
 
 
 def _copy(params):
@@ -246,8 +245,7 @@ def set_up(config, workdir, mesh):
                                              keep=config.train.keep_checkpoints),
         advantages_fn=jax.jit(objective.advantages),
         mismatch_fn=jax.jit(objectives.mismatch_metrics),
-        seeds_fn=jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh)),
-        packs=programs.packs(config))
+        seeds_fn=jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh)))
 
 
 def checkpoint_state(run):
@@ -321,7 +319,7 @@ def _packing(run, batch):
     passes (``train.packing``), else `(None, None, {})`: `plan_for` makes an update's
     plan of its micro-batches, the forward plan runs the batch's packed rows a piece's
     worth at a time (`Programs.pieces`)."""
-    if not run.packs:
+    if not programs.packs(run.config):
         return None, None, {}
     planner = packing.Planner.of(batch, run.mesh)
     forward_plan, metrics = planner.chunks(run.policy_programs.pieces)
