@@ -16,15 +16,17 @@ Three ways of serving the same P*G rows with at most C rows decoding at once:
 static in batches of C rows (each batch runs until its longest row: the memory of C rows,
 today's sampler called B/C times), static with every row at once (B rows of memory), and
 continuous batching in C slots (`generate(slots=C)`: a stopped row's slot takes the next
-pending row). Each prints its decode steps (loop iterations) and tokens/s, and the share
+pending row; once none is pending, the tail narrows to C/2 and C/4 slots). Each prints its
+decode steps (loop iterations; for the engine, replayed from the rows' lengths, with the
+steps' total slots in units of C, its work) and tokens/s, and the share
 of rows whose tokens equal the static batches' token for token: each row has its own
 random stream, so the rows differ only where a batch shape's float rounding of the
 logits moves a draw across a token boundary (then the row continues differently).
 
 With --smollm2 DIR (SmolLM2-135M-Instruct converted to a Hugging Face directory:
 docs/models.md), the rows are the model's own answers to P arithmetic word problems in
-its chat template, sampled at temperature 1 until its end-of-turn token or the
-512-token budget: the length distribution is the model's, not drawn.
+its chat template, sampled at temperature 1 (or --temperature) until its end-of-turn token
+or the 512-token budget: the length distribution is the model's, not drawn.
 """
 
 import argparse
@@ -46,11 +48,12 @@ def lognormal_lengths(rows, budget, rng, sigma=0.8):
     return np.clip(np.round(np.exp(rng.normal(mu, sigma, rows))), 1, budget).astype(np.int32)
 
 
-def serve(model, prompts, mask, lengths, *, group_size, budget, slots, chunk, stop_tokens=()):
+def serve(model, prompts, mask, lengths, *, group_size, budget, slots, chunk, stop_tokens=(),
+          temperature=1.0):
     """One request of every row, each cut at its `lengths` (an int: the budget for every
     row) or at a stop token; returns (tokens, lengths on host, wall seconds)."""
     lengths = np.broadcast_to(lengths, (prompts.shape[0] * group_size,))
-    kwargs = dict(rng=jax.random.key(0), method=sampling.Temperature(1.0),
+    kwargs = dict(rng=jax.random.key(0), method=sampling.Temperature(temperature),
                   stop_tokens=list(stop_tokens), pad_id=0, max_len_bucket=budget,
                   group_size=group_size)
     start = time.perf_counter()
@@ -69,6 +72,25 @@ def serve(model, prompts, mask, lengths, *, group_size, budget, slots, chunk, st
     seconds = time.perf_counter() - start
     tokens = np.concatenate([np.asarray(r.tokens) for r in rollouts])
     return tokens, np.concatenate([np.asarray(r.lengths) for r in rollouts]), seconds
+
+
+def engine_schedule(lengths, slots, ways=1):
+    """`(decode steps, slot-steps)` of `generate(slots=C)` on rows of these `lengths`,
+    replayed on the host: admission in row order, a stopped row's slot refilled at the end
+    of the step, and once nothing is pending the tail narrowing to each of
+    `sampling.tail_widths` when the live rows fit (slot-steps: the slots every step
+    decoded, the work done)."""
+    pending, widths = list(lengths), sampling.tail_widths(slots, ways)
+    left = [pending.pop(0) if pending else 0 for _ in range(slots)]
+    steps = slot_steps = 0
+    width = widths.pop(0)
+    while any(left):
+        while not pending and widths and sum(x > 0 for x in left) <= widths[0]:
+            width = widths.pop(0)
+        steps, slot_steps = steps + 1, slot_steps + width
+        left = [x - 1 if x else 0 for x in left]
+        left = [x if x or not pending else pending.pop(0) for x in left]
+    return steps, slot_steps
 
 
 def word_problems(count, rng):
@@ -99,6 +121,7 @@ def main(argv=None):
     parser.add_argument("--group_size", type=int, default=8)
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--smollm2", help="SmolLM2-135M-Instruct as a Hugging Face directory: "
                                           "its own answers instead of drawn lengths")
     args = parser.parse_args(argv)
@@ -117,7 +140,7 @@ def main(argv=None):
         model = nnx.split(models.init_model(cfg, seed=0))
         name = f"tiny model with V = {vocab:,}, float32"
     print(f"{platform.processor() or platform.machine()}, {len(jax.devices())} CPU device(s), "
-          f"jax {jax.__version__}; {name}; {p} prompts of {prompts.shape[1]} columns x G = {g}",
+          f"jax {jax.__version__}; {name}; temperature {args.temperature}; {p} prompts of {prompts.shape[1]} columns x G = {g}",
           flush=True)
     ways = [("static, batches of C rows", dict(slots=0, chunk=c)),
             ("static, every row at once", dict(slots=0, chunk=0)),
@@ -125,11 +148,12 @@ def main(argv=None):
     results, reference = [], None
     for how_name, how in ways:
         serve(model, prompts, mask, warm_lengths, group_size=g, budget=budget, stop_tokens=stops,
-              **how)   # compile
+              temperature=args.temperature, **how)   # compile
         best = np.inf
         for _ in range(repeats):
             tokens, got_lengths, seconds = serve(model, prompts, mask, lengths, group_size=g,
-                                                 budget=budget, stop_tokens=stops, **how)
+                                                 budget=budget, stop_tokens=stops,
+                                                 temperature=args.temperature, **how)
             best = min(best, seconds)
         if reference is None:
             reference = tokens
@@ -141,6 +165,9 @@ def main(argv=None):
         steps = {"static, batches of C rows": sum(int(got_lengths[i:i + c].max())
                                                   for i in range(0, p * g, c)),
                  "static, every row at once": int(got_lengths.max())}.get(how_name)
+        if steps is None:   # the engine: its schedule replayed from the rows' lengths
+            steps, slot_steps = engine_schedule(got_lengths.tolist(), c)
+            steps = f"{steps} ({slot_steps / c:.0f} at C slots' cost)"
         print(f"{how_name}: {best:.2f} s, {got_lengths.sum():,} tokens, {same:.1%} of rows token "
               "for token the static batches'", flush=True)
         results.append((how_name, steps, best, same, int(got_lengths.sum())))
@@ -150,7 +177,6 @@ def main(argv=None):
           "| rows equal to static batches' |")
     print("|---|---|---|---|---|---|---|")
     for (name, steps, seconds, same, useful), rows in zip(results, (c, p * g, c)):
-        steps = "~" + str(int(np.ceil(useful / c))) if steps is None else steps
         print(f"| {name} | {rows} | {steps} | {seconds:.2f} | {useful / seconds:,.0f} | "
               f"{(useful / seconds) / (results[0][4] / static):.2f}x | {same:.1%} |")
 

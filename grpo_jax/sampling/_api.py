@@ -58,6 +58,31 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
     Returns:
       A `Rollout` of device arrays, rows sharded like the batch; `to_host` gathers it.
     """
+    max_len_bucket, prompt_ids = check_request(prompt_tokens, prompt_mask, group_size, max_new_tokens,
+                                               max_len_bucket, rules, prompt_ids)
+    p = np.shape(prompt_tokens)[0]
+    continuous = 0 < slots < p * group_size
+    if continuous and (record_support or record_routing):
+        raise ValueError("slots (continuous batching) does not record the support or the routing "
+                         "yet; pass slots=0 with record_support or record_routing")
+    if continuous:
+        check_slots(slots)
+        return generate_continuous(
+            graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids),
+            method, _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
+            group_size=group_size, buffer_len=int(max_len_bucket), num_slots=int(slots), rules=rules)
+    return _generate(
+        graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids), method,
+        _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
+        group_size=group_size, buffer_len=int(max_len_bucket), rules=rules,
+        record_support=bool(record_support), record_routing=bool(record_routing),
+    )
+
+
+def check_request(prompt_tokens, prompt_mask, group_size, max_new_tokens, max_len_bucket, rules,
+                  prompt_ids):
+    """Checks a sampling request (`generate`'s arguments of the same names) and returns
+    `(max_len_bucket, prompt_ids)` with their defaults filled in."""
     p, s = np.shape(prompt_tokens)
     if np.shape(prompt_mask) != (p, s):
         raise ValueError(f"prompt_mask has shape {np.shape(prompt_mask)}; it must match prompt_tokens {(p, s)}")
@@ -90,25 +115,15 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
                 f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes ({ways} ways); "
                 f"use a number of prompts times group_size that is a multiple of {ways}"
             )
-    continuous = 0 < slots < p * group_size
-    if continuous and (record_support or record_routing):
-        raise ValueError("slots (continuous batching) does not record the support or the routing "
-                         "yet; pass slots=0 with record_support or record_routing")
-    if continuous and slots % row_multiple():
-        raise ValueError(f"slots={slots} do not split over the mesh's batch axes "
-                         f"({row_multiple()} ways); use a multiple of {row_multiple()}")
     if prompt_ids is None:
         prompt_ids = np.arange(p, dtype=np.int32)
     if np.shape(prompt_ids) != (p,):
         raise ValueError(f"prompt_ids has shape {np.shape(prompt_ids)}; it must be ({p},), one id per prompt")
-    if continuous:
-        return generate_continuous(
-            graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids),
-            method, _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
-            group_size=group_size, buffer_len=int(max_len_bucket), num_slots=int(slots), rules=rules)
-    return _generate(
-        graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids), method,
-        _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
-        group_size=group_size, buffer_len=int(max_len_bucket), rules=rules,
-        record_support=bool(record_support), record_routing=bool(record_routing),
-    )
+    return max_len_bucket, prompt_ids
+
+
+def check_slots(slots):
+    """Checks that `slots` split over the current mesh's row axes."""
+    if slots % row_multiple():
+        raise ValueError(f"slots={slots} do not split over the mesh's batch axes "
+                         f"({row_multiple()} ways); use a multiple of {row_multiple()}")

@@ -15,6 +15,15 @@ admission marks every completion column invalid, so no row reads what the slot's
 previous row left. Positions count valid tokens (`models.default_positions`), so a
 row's rope angles are the static sampler's.
 
+Once no row is pending, the tail narrows: when the live rows fit in half the slots,
+they move into the first half (`_narrow`: their caches, logits and counters gathered)
+and the loop goes on with C/2 slots, then C/4 (`tail_widths`): the last long rows no
+longer carry C - 1 idle slots through every step. On the 2-core CPU a decode step's time
+is nearly proportional to its slots (the logits and sampling over V dominate), so this
+cuts the tail's cost; where a step costs about the same at any width (a small batch on an
+accelerator, bound by reading the weights), it costs one gather per narrowing and saves
+little.
+
 Every row draws its tokens with its own key (`_generate.row_keys`: rng, prompt id,
 completion index, position), so the tokens equal the static sampler's whatever the
 schedule, up to float rounding in the logits (attention reads the prompt from the slot
@@ -48,6 +57,20 @@ class _Slots:
     sample_logp: jax.Array  # [B, N] float32
     lengths: jax.Array      # [B] int32
     stopped: jax.Array      # [B] bool, the row sampled a stop token
+    turns: "_Turns | None" = None   # rows that pause and take appended tokens (`Engine`)
+
+
+@struct.dataclass
+class _Turns:
+    """What a carry holds for rows that pause and resume (`Engine`): a row that samples a
+    pause token waits in its slot until the host appends tokens to it; a slot whose row
+    has queued tokens feeds them (one per step, into the row's cache) before sampling."""
+
+    paused: jax.Array     # [C] bool, the slot's row sampled a pause token and waits
+    queue: jax.Array      # [B, Q] int32, tokens to feed each row
+    queued: jax.Array     # [B] int32, how many of the row's queue are real
+    fed: jax.Array        # [B] int32, how many of them the row has fed
+    appended: jax.Array   # [B, N] bool, the token came from the queue, not from sampling
 
 
 def _set_rows(old, new, admit_c, axis):
@@ -57,19 +80,57 @@ def _set_rows(old, new, admit_c, axis):
     return jnp.where(admit_c.reshape(shape), new.astype(old.dtype), old)
 
 
+TAIL_HALVINGS = 2   # the tail decodes in C, then C/2, then C/4 slots (`tail_widths`)
+
+
+def _slot_axis(x):
+    """The slot axis of a cache's keys or values: `[..., C, K, H, L]` / `[..., C, K, L, H]`
+    (a leading axis of scanned layers or none)."""
+    return x.ndim - 4
+
+
+def tail_widths(num_slots, ways=1, halvings=TAIL_HALVINGS):
+    """The slot counts the engine decodes with: `num_slots` while rows are pending, then
+    each half of the last, at most `halvings` times, while it stays a multiple of `ways`
+    (the mesh's row ways).
+
+    Example:
+      >>> tail_widths(64), tail_widths(8, ways=4), tail_widths(6)
+      ([64, 32, 16], [8, 4], [6, 3])
+    """
+    widths = [num_slots]
+    while (len(widths) <= halvings and widths[-1] % 2 == 0 and (widths[-1] // 2) % ways == 0):
+        widths.append(widths[-1] // 2)
+    return widths
+
+
+def _narrow(slots, width):
+    """The carry in its first `width` slots, the live ones moved there in slot order (at
+    most `width` are live): their keys, values, logits and counters gathered along the
+    slot axis; the ring column (`cache.index`) is shared, so it stays."""
+    assert slots.turns is None, "rows that pause decode at one width (`Engine`)"
+    order_c = jnp.argsort(~slots.live, stable=True)[:width]
+    take = lambda x, axis: jnp.take(x, order_c, axis=axis)
+    cache = slots.cache
+    cache = cache.replace(k=tuple(take(k, _slot_axis(k)) for k in cache.k),
+                          v=tuple(take(v, _slot_axis(v)) for v in cache.v),
+                          valid=take(cache.valid, 0))
+    return slots.replace(cache=cache, logits=take(slots.logits, 0), row=take(slots.row, 0),
+                         t=take(slots.t, 0), live=take(slots.live, 0))
+
+
 def _copy_prompts(cache, prompt_cache, admit_c, prompt_c):
     """The slot cache with each admitted slot's first S columns set to its prompt's keys
     and values (`prompt_cache`, P rows) and every later column marked invalid."""
     s = prompt_cache.valid.shape[1]
-    row_axis = lambda x: x.ndim - 4   # [..., C, K, H, L] and [..., C, K, L, H]
 
     def keys(slot_k, prompt_k):
-        axis = row_axis(slot_k)
+        axis = _slot_axis(slot_k)
         head = _set_rows(slot_k[..., :s], jnp.take(prompt_k, prompt_c, axis=axis), admit_c, axis)
         return slot_k.at[..., :s].set(head)
 
     def values(slot_v, prompt_v):
-        axis = row_axis(slot_v)
+        axis = _slot_axis(slot_v)
         head = _set_rows(slot_v[..., :s, :], jnp.take(prompt_v, prompt_c, axis=axis), admit_c, axis)
         return slot_v.at[..., :s, :].set(head)
 
@@ -82,7 +143,7 @@ def _copy_prompts(cache, prompt_cache, admit_c, prompt_c):
 
 def _admit(slots, prompt_cache, prompt_logits, *, group_size, num_rows):
     """Gives every slot without a live row the next pending row (if any is left)."""
-    free_c = ~slots.live
+    free_c = ~slots.live if slots.turns is None else ~slots.live & ~slots.turns.paused
     new_row_c = slots.next_row + jnp.cumsum(free_c, dtype=jnp.int32) - 1
     admit_c = free_c & (new_row_c < num_rows)
     prompt_c = jnp.minimum(new_row_c, num_rows - 1) // group_size
@@ -97,44 +158,77 @@ def _admit(slots, prompt_cache, prompt_logits, *, group_size, num_rows):
     return slots.replace(
         cache=cache,
         logits=logits,
-        row=jnp.where(admit_c, new_row_c, jnp.where(slots.live, slots.row, num_rows)),
+        row=jnp.where(admit_c, new_row_c, jnp.where(~free_c, slots.row, num_rows)),
         t=jnp.where(admit_c, 0, slots.t),
         live=slots.live | admit_c,
         next_row=slots.next_row + jnp.sum(admit_c, dtype=jnp.int32),
     )
 
 
-def _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b):
+def _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b, pause_tokens=None):
     """Samples one token for every live slot (row b's t-th with ``fold_in(keys_b[b], t)``),
-    writes it at (row, t) of the outputs and ends the rows that stop or reach `cap_b`."""
+    or feeds the next token of its row's queue (`_Turns`), writes it at (row, t) of the
+    outputs and ends the rows that stop or reach `cap_b`; a sampled pause token pauses
+    its row (below the budget)."""
     num_rows = keys_b.shape[0]
     row_c = jnp.minimum(slots.row, num_rows - 1)
     step_keys_c = jax.vmap(jax.random.fold_in)(keys_b[row_c], slots.t)
     token_c, sample_logp_c = sample(method, step_keys_c, slots.logits)
     live_c = slots.live
+    turns = slots.turns
+    if turns is None:
+        feeding_c = jnp.zeros_like(live_c)
+    else:
+        fed_c = turns.fed[row_c]
+        feeding_c = live_c & (fed_c < turns.queued[row_c])
+        queue_q = jnp.minimum(fed_c, turns.queue.shape[1] - 1)
+        token_c = jnp.where(feeding_c, turns.queue[row_c, queue_q], token_c)
     token_c = jnp.where(live_c, token_c, pad_id)
+    sampled_c = live_c & ~feeding_c
     temperature = getattr(method, "temperature", 1.0)
     logp_c = jnp.where(live_c, token_logprobs(slots.logits, token_c, temperature=temperature), 0.0)
     out_c = jnp.where(live_c, slots.row, num_rows)   # writes to rows past the end are dropped
     at = (out_c, slots.t)
     t_c = slots.t + live_c
-    stop_c = live_c & jnp.isin(token_c, stop_tokens)
-    return slots.replace(
+    stop_c = sampled_c & jnp.isin(token_c, stop_tokens)
+    under_cap_c = t_c < cap_b[row_c]
+    slots = slots.replace(
         tokens=slots.tokens.at[at].set(token_c, mode="drop"),
         logp=slots.logp.at[at].set(logp_c, mode="drop"),
-        sample_logp=slots.sample_logp.at[at].set(jnp.where(live_c, sample_logp_c, 0.0), mode="drop"),
+        sample_logp=slots.sample_logp.at[at].set(jnp.where(sampled_c, sample_logp_c, 0.0),
+                                                 mode="drop"),
         lengths=slots.lengths.at[out_c].set(t_c, mode="drop"),
         stopped=slots.stopped.at[out_c].set(stop_c, mode="drop"),
         t=t_c,
-        live=live_c & ~stop_c & (t_c < cap_b[row_c]),
-    ), token_c
+        live=live_c & ~stop_c & under_cap_c,
+    )
+    if turns is not None:
+        pause_c = sampled_c & ~stop_c & under_cap_c
+        if pause_tokens is not None:
+            pause_c &= jnp.isin(token_c, pause_tokens)
+        else:
+            pause_c &= False
+        slots = slots.replace(live=slots.live & ~pause_c, turns=turns.replace(
+            paused=turns.paused | pause_c,
+            fed=turns.fed.at[jnp.where(feeding_c, out_c, num_rows)].add(1, mode="drop"),
+            appended=turns.appended.at[at].set(feeding_c, mode="drop"),
+        ))
+    return slots, token_c
 
 
-def init_slots(model, prompt_logits, *, rows, prompt_len, buffer_len, num_slots, pad_id):
+def init_slots(model, prompt_logits, *, rows, prompt_len, buffer_len, num_slots, pad_id,
+               queue=None, queued=None):
     """The loop's carry before the first admission: `num_slots` empty slots of
-    `prompt_len + buffer_len` columns, outputs for `rows` rows."""
+    `prompt_len + buffer_len` columns, outputs for `rows` rows. With `queue` (`[rows, Q]`
+    int32) and `queued` (`[rows]`: how many of each row's queue are real), the carry holds
+    `_Turns`: rows pause on pause tokens and feed their queue before sampling."""
     zeros_bn = jnp.zeros((rows, buffer_len), jnp.float32)
     c = num_slots
+    turns = None
+    if queue is not None:
+        turns = _Turns(paused=jnp.zeros((c,), bool), queue=queue, queued=queued,
+                       fed=jnp.zeros((rows,), jnp.int32),
+                       appended=jnp.zeros((rows, buffer_len), bool))
     return _Slots(
         cache=model.init_cache(c, prompt_len + buffer_len).replace(index=jnp.int32(prompt_len)),
         logits=jnp.zeros((c, prompt_logits.shape[-1]), jnp.float32),
@@ -142,12 +236,12 @@ def init_slots(model, prompt_logits, *, rows, prompt_len, buffer_len, num_slots,
         live=jnp.zeros((c,), bool), next_row=jnp.zeros((), jnp.int32),
         tokens=jnp.full((rows, buffer_len), pad_id, jnp.int32), logp=zeros_bn,
         sample_logp=zeros_bn, lengths=jnp.zeros((rows,), jnp.int32),
-        stopped=jnp.zeros((rows,), bool),
+        stopped=jnp.zeros((rows,), bool), turns=turns,
     )
 
 
 def engine_step(graphdef, state, slots, prompt_cache, prompt_logits, keys_b, cap_b, *, method,
-                stop_tokens, pad_id, group_size, batch_axes=(), ways=1):
+                stop_tokens, pad_id, group_size, batch_axes=(), ways=1, pause_tokens=None):
     """One iteration of the engine's loop: every live slot samples its token, the model
     decodes them (one `decode_step` over the C slots), and free slots take pending rows.
 
@@ -158,13 +252,15 @@ def engine_step(graphdef, state, slots, prompt_cache, prompt_logits, keys_b, cap
       keys_b: `[B]` row keys (`row_keys`); cap_b: `[B]` int32 per-row token budgets.
       method, stop_tokens, pad_id, group_size: as `generate`.
       batch_axes, ways: the mesh's row axes and their size (`_on_mesh`).
+      pause_tokens: `[K]` ids that pause a row (with `_Turns` in the carry), or None.
 
     Returns:
       the next `_Slots`.
     """
     s = prompt_cache.valid.shape[1]
     ring_end = slots.cache.valid.shape[1]
-    slots, token_c = _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b)
+    slots, token_c = _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b,
+                                   pause_tokens)
     logits, cache = nnx.merge(graphdef, state).decode_step(token_c, slots.cache)
     cache = cache.replace(index=jnp.where(cache.index == ring_end, s, cache.index))   # the ring
     slots = slots.replace(logits=logits, cache=_shard_rows(cache, batch_axes, ways))
@@ -192,8 +288,24 @@ def generate_continuous(graphdef, state, prompt_tokens, prompt_mask, rng, prompt
                              prompt_logits=prompt_logits, keys_b=keys_b, cap_b=cap_b,
                              method=method, stop_tokens=stop_tokens, pad_id=pad_id,
                              group_size=group_size, batch_axes=batch_axes, ways=ways)
-    first = _admit(slots, prompt_cache, prompt_logits, group_size=group_size, num_rows=b)
-    slots = jax.lax.while_loop(lambda slots: jnp.any(slots.live), step, first)
+    slots = _admit(slots, prompt_cache, prompt_logits, group_size=group_size, num_rows=b)
+    widths = tail_widths(num_slots, ways)
+    for width, narrower in zip(widths, widths[1:] + [0]):
+        if width < num_slots:
+            slots = _narrow(slots, width)
+
+        def cond(slots, narrower=narrower):   # on while rows are pending or too many live
+            live = jnp.sum(slots.live, dtype=jnp.int32)
+            return (live > 0) & ((slots.next_row < b) | (live > narrower))
+
+        slots = jax.lax.while_loop(cond, step, slots)
+    return rollout_of(slots, prompt_tokens, prompt_mask, group_size)
+
+
+def rollout_of(slots, prompt_tokens, prompt_mask, group_size):
+    """The `Rollout` a carry has written so far (rows not yet done: their tokens so far,
+    `truncated`); with `_Turns`, `appended` marks the tokens that came from a queue."""
+    n = slots.tokens.shape[1]
     mask_bn = (jnp.arange(n)[None, :] < slots.lengths[:, None]).astype(jnp.int32)
     repeat = lambda x: jnp.repeat(x, group_size, axis=0)
     return Rollout(
@@ -201,4 +313,5 @@ def generate_continuous(graphdef, state, prompt_tokens, prompt_mask, rng, prompt
         logp=slots.logp, sample_logp=slots.sample_logp, mask=mask_bn, lengths=slots.lengths,
         truncated=~slots.stopped,
         stop_reason=jnp.where(slots.stopped, STOP_TOKEN, MAX_NEW_TOKENS).astype(jnp.int32),
+        appended=None if slots.turns is None else slots.turns.appended,
     )

@@ -60,6 +60,10 @@ class Rollout:
         went to in each MoE layer (keep routing).
       routing: `[B, N, L_moe, k]` int32 or None: the same for completion token j when
         it was fed back to sample token j + 1 (0 where it never was: the last token).
+      appended: `[B, N]` bool or None: from `Engine`, True on tokens a row was given
+        (`Engine.resume`, or queued before it started) rather than sampled: a tool's
+        reply, or a partial rollout's earlier tokens. Their `logp` is the model's
+        log-prob of them, their `sample_logp` 0. None from `generate`.
     """
 
     prompt_tokens: jax.Array
@@ -75,6 +79,7 @@ class Rollout:
     support_size: jax.Array | None = None
     prompt_routing: jax.Array | None = None
     routing: jax.Array | None = None
+    appended: jax.Array | None = None
 
 
 @struct.dataclass

@@ -1,0 +1,158 @@
+"""`sampling.Engine`: continuous batching run from the host, rows that pause on a token and
+resume with appended tokens (a tool's reply), and a step budget that stops and goes on."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from grpo_jax import sampling
+from grpo_jax.objectives import token_logprobs
+from tests.sampling.test_engine import PROMPTS, STOPS, assert_same_rows, run
+
+METHOD = sampling.TopP(0.95, temperature=1.0)
+PAUSES = np.arange(3, 512, 8)   # 1 token in 8 pauses a row (a "tool call"), none stops it
+
+
+def engine(model, slots, **kwargs):
+    tokens, mask = sampling.pad_prompts(PROMPTS, pad_id=0)
+    args = dict(group_size=4, max_new_tokens=40, stop_tokens=STOPS, pad_id=0) | kwargs
+    return sampling.Engine(*model, tokens, mask, rng=jax.random.key(7), method=METHOD,
+                           slots=slots, **args)
+
+
+def reply(row, turn):
+    """The host's answer to row's turn-th pause: a few tokens that depend on both."""
+    return [300 + row, 301 + turn, 302][: 1 + (row + turn) % 3]
+
+
+def converse(eng, turns=2):
+    """Runs `eng` to the end: every paused row gets `reply` for its first `turns` pauses
+    and is ended at the next. Returns (host rollout, {row: pauses seen})."""
+    seen = {}
+    while not eng.finished:
+        paused = eng.run()
+        for row in paused:
+            assert eng.row_tokens(row)[-1] in PAUSES   # it paused right after the token
+        seen.update({int(r): seen.get(int(r), 0) + 1 for r in paused})
+        ending = [r for r in paused if seen[int(r)] > turns]
+        eng.resume({int(r): reply(int(r), seen[int(r)]) for r in paused if seen[int(r)] <= turns})
+        if ending:
+            eng.end(ending)
+    return sampling.to_host(eng.rollout()), seen
+
+
+def teacher_forced_logp(model, rollout):
+    """`[B, N]` log-probs of every completion token (sampled or appended) from one forward
+    pass over prompt + completion: what the rows' caches held if they held the right thing."""
+    s = rollout.prompt_tokens.shape[1]
+    tokens = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1)
+    mask = jnp.concatenate([rollout.prompt_mask, rollout.mask], axis=1)
+    logits = nnx.merge(*model)(tokens, attention_mask=mask)[:, s - 1:-1]
+    return np.asarray(token_logprobs(logits, rollout.tokens, temperature=METHOD.temperature))
+
+
+@pytest.fixture(scope="module")
+def static(tiny_model):
+    return run(tiny_model, slots=0)
+
+
+@pytest.fixture(scope="module")
+def conversation(tiny_model):
+    return converse(engine(tiny_model, slots=3, pause_tokens=PAUSES))
+
+
+@pytest.mark.slow
+def test_without_pauses_the_engine_gives_generates_rows_in_any_step_budget(tiny_model, static):
+    """Run to the end at once, or in budgets of 7 steps (partial rollouts going on later):
+    the static sampler's rows either way; mid-way, `unfinished` names the rows not done."""
+    whole = engine(tiny_model, slots=3)
+    assert whole.run().size == 0 and whole.finished
+    assert_same_rows(sampling.to_host(whole.rollout()), static)
+    stepped, calls = engine(tiny_model, slots=3), 0
+    while not stepped.finished:
+        stepped.run(max_steps=7)
+        calls += 1
+        if calls == 1:   # 7 steps of 3 slots: 7 tokens per row at most, no row past 7
+            partial = sampling.to_host(stepped.rollout())
+            done = ~np.isin(np.arange(12), stepped.unfinished())
+            assert done.sum() >= 1 and (partial.lengths <= 7).all()
+            np.testing.assert_array_equal(done, partial.lengths == np.where(done, static.lengths, -1))
+    assert calls >= static.lengths.max() // 7
+    got = sampling.to_host(stepped.rollout())
+    assert_same_rows(got, static)
+    assert not got.appended.any()
+
+
+@pytest.mark.slow
+def test_appended_tokens_are_in_the_cache_as_if_prefilled(tiny_model, conversation):
+    """Rows pause on their pause tokens and take replies: each reply sits right after its
+    pause token, marked appended, and every token's log-prob (sampled or appended) equals
+    one forward pass over the whole row: the caches hold the replies at the right
+    positions and nothing else (a reply missing from the cache, a stale column or a
+    wrong position would each move the log-probs of the tokens after it)."""
+    rollout, seen = conversation
+    assert sum(seen.values()) >= 10 and max(seen.values()) == 3   # replied twice, ended at 3
+    for row in range(12):
+        tokens = rollout.tokens[row, :rollout.lengths[row]]
+        appended = rollout.appended[row, :rollout.lengths[row]]
+        pauses = [i for i, t in enumerate(tokens) if t in PAUSES and not appended[i]]
+        turn, want = 0, np.zeros_like(appended)
+        for i in pauses:
+            turn += 1
+            if turn <= 2 and i + 1 < len(tokens):   # a reply cut by the budget is shorter
+                got = tokens[i + 1:i + 1 + len(reply(row, turn))]
+                np.testing.assert_array_equal(got, reply(row, turn)[:len(got)])
+                want[i + 1:i + 1 + len(got)] = True
+        np.testing.assert_array_equal(appended, want, err_msg=f"row {row}")
+        if seen.get(row, 0) == 3:   # ended by the host on its third pause
+            assert not rollout.truncated[row] and tokens[-1] in PAUSES
+    assert rollout.appended.sum() >= 10
+    np.testing.assert_array_equal(rollout.sample_logp[rollout.appended], 0.0)
+    m = rollout.mask.astype(bool)
+    np.testing.assert_allclose(teacher_forced_logp(tiny_model, rollout)[m], rollout.logp[m],
+                               atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_pausing_rows_sample_the_same_whatever_the_slots(tiny_model, conversation):
+    """Through 5 slots the same conversation: every row's tokens, replies and log-probs."""
+    rollout, seen = conversation
+    other, other_seen = converse(engine(tiny_model, slots=5, pause_tokens=PAUSES))
+    assert other_seen == seen
+    assert_same_rows(other, rollout)
+    np.testing.assert_array_equal(other.appended, rollout.appended)
+
+
+@pytest.mark.slow
+def test_rows_can_start_with_queued_tokens(tiny_model):
+    """A partial rollout's earlier tokens, queued before the row first samples: fed first,
+    marked appended, and the log-probs after them those of one forward pass."""
+    queued = [[40 + r] * (r % 4) for r in range(12)]
+    eng = engine(tiny_model, slots=4, queued=queued)
+    eng.run()
+    rollout = sampling.to_host(eng.rollout())
+    for row, tokens in enumerate(queued):
+        np.testing.assert_array_equal(rollout.tokens[row, :len(tokens)], tokens)
+        np.testing.assert_array_equal(rollout.appended[row].nonzero()[0], np.arange(len(tokens)))
+    m = rollout.mask.astype(bool)
+    np.testing.assert_allclose(teacher_forced_logp(tiny_model, rollout)[m], rollout.logp[m],
+                               atol=1e-5, rtol=0)
+
+
+def test_the_host_gets_clear_errors(tiny_model):
+    eng = engine(tiny_model, slots=2, pause_tokens=PAUSES, max_append=4)
+    paused = eng.run()
+    assert paused.size
+    with pytest.raises(ValueError, match=r"are paused: give them tokens with resume\(\) or finish"):
+        eng.run()
+    stranger = int(np.setdiff1d(np.arange(12), paused)[0])
+    with pytest.raises(ValueError, match=rf"rows \[{stranger}\] are not paused"):
+        eng.resume({stranger: [1]})
+    with pytest.raises(ValueError, match=r"more than max_append=4 tokens; raise max_append"):
+        eng.resume({int(paused[0]): [1, 2, 3, 4, 5]})
+    with pytest.raises(ValueError, match=r"slots=13 must be in \[1, P\*G=12\]"):
+        engine(tiny_model, slots=13)
+    with pytest.raises(ValueError, match=r"queued has 2 token lists; give one per row \(12\)"):
+        engine(tiny_model, slots=2, queued=[[1], [2]])
