@@ -274,11 +274,14 @@ def _engine_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_
     g, n, c = config.objective.group_size, config.rollout.max_new_tokens, config.rollout.slots
     method = rollout.sampling_method(config)
 
-    def start(state, tokens):
+    def start(state, tokens):   # the records the run keeps are in the carry
         model = nnx.merge(graphdef, state)
-        logits, prompt_cache = model.prefill(tokens, model.init_cache(p, s))
+        logits, prompt_cache, _, records = sampling.prefill_prompts(
+            model, tokens, jnp.ones_like(tokens), method=method,
+            record_support=config.rollout.keep_sampling_mask,
+            record_routing=config.rollout.keep_routing)
         slots = sampling.init_slots(model, logits, rows=p * g, prompt_len=s, buffer_len=n,
-                                    num_slots=c, pad_id=0)
+                                    num_slots=c, pad_id=0, **records)
         return slots, prompt_cache, logits, sampling.row_keys(jax.random.key(0), jnp.arange(p), g)
 
     def place(x, sharding=None):

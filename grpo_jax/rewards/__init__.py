@@ -33,7 +33,10 @@ _extras.require("grpo_jax.rewards")   # before the imports it guards
 
 from grpo_jax.rewards._answers import final_boxed_answer
 from grpo_jax.rewards._answers import final_gsm8k_answer
+from grpo_jax.rewards._countdown import InvalidExpression
 from grpo_jax.rewards._countdown import countdown_reward
+from grpo_jax.rewards._countdown import evaluate as evaluate_expression
+from grpo_jax.rewards._countdown import parse_expression
 from grpo_jax.rewards._countdown import is_valid_solution
 from grpo_jax.rewards._format import format_reward
 from grpo_jax.rewards._format import has_format

@@ -27,9 +27,11 @@ _STARTUP_TIMEOUT_S = 120.0
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """The result of one grader call: the reward (0.0 unless status is "ok") and what happened."""
+    """The result of one grader call: the reward (0.0 unless status is "ok") and what
+    happened. With `GraderPool.map(..., as_reward=False)` (a tool), `value` is what the
+    call returned, None unless status is "ok"."""
 
-    value: float
+    value: object
     status: Status
     detail: str = ""
 
@@ -47,15 +49,18 @@ def to_outcome(value: object) -> Outcome:
     return Outcome(value, "ok")
 
 
-def run_contained(fn: Callable[..., object], args: tuple, kwargs: dict) -> Outcome:
+def run_contained(fn: Callable[..., object], args: tuple, kwargs: dict, as_reward: bool = True) -> Outcome:
     """Calls `fn(*args, **kwargs)`; a TimeoutError (a grader's own time limit) becomes a 0.0
-    "timeout", any other exception or a non-finite value a 0.0 "error"."""
+    "timeout", any other exception or a non-finite value a 0.0 "error". With `as_reward`
+    False the value is kept as returned (a tool's output; None on failure)."""
+    failed = 0.0 if as_reward else None
     try:
-        return to_outcome(fn(*args, **kwargs))
+        value = fn(*args, **kwargs)
+        return to_outcome(value) if as_reward else Outcome(value, "ok")
     except TimeoutError as error:
-        return Outcome(0.0, "timeout", str(error))
+        return Outcome(failed, "timeout", str(error))
     except Exception as error:  # a grader bug must not stop training
-        return error_outcome(error)
+        return dataclasses.replace(error_outcome(error), value=failed)
 
 
 def _worker_main(conn, memory_limit_bytes: int | None) -> None:
@@ -66,13 +71,13 @@ def _worker_main(conn, memory_limit_bytes: int | None) -> None:
     conn.send("ready")
     while True:
         try:
-            fn, args, kwargs = conn.recv()
+            fn, args, kwargs, as_reward = conn.recv()
         except EOFError:  # the pool closed its end
             return
         except Exception as error:  # the grader could not be unpickled, e.g. not importable
             conn.send(error_outcome(error))
             continue
-        conn.send(run_contained(fn, args, kwargs))
+        conn.send(run_contained(fn, args, kwargs, as_reward))
 
 
 class _Worker:
@@ -131,12 +136,16 @@ class GraderPool:
         self._context.set_forkserver_preload(["grpo_jax.rewards"])
         self._workers = [self._start_worker() for _ in range(num_workers)]
 
-    def map(self, fn: Callable[..., object], calls: Sequence[tuple], kwargs: dict | None = None) -> list[Outcome]:
+    def map(self, fn: Callable[..., object], calls: Sequence[tuple], kwargs: dict | None = None,
+            *, as_reward: bool = True) -> list[Outcome]:
         """`[fn(*args, **kwargs) for args in calls]` as Outcomes, in order, never raising for `fn`.
 
         `fn` must be importable by name (a module-level function), as for any process pool.
+        With `as_reward` False the values are kept as returned (a tool's text), None where
+        the call failed or timed out.
         """
         kwargs = dict(kwargs or {})
+        failed = 0.0 if as_reward else None
         outcomes: list[Outcome | None] = [None] * len(calls)
         waiting = collections.deque(range(len(calls)))
         idle = list(self._workers)
@@ -145,13 +154,13 @@ class GraderPool:
             while waiting and idle:
                 row, worker = waiting.popleft(), idle.pop()
                 try:
-                    worker.conn.send((fn, calls[row], kwargs))
+                    worker.conn.send((fn, calls[row], kwargs, as_reward))
                 except OSError:  # died while idle: replace, retry the row
                     idle.append(self._replace(worker))
                     waiting.appendleft(row)
                     continue
                 except Exception as error:  # could not pickle the call; nothing was sent
-                    outcomes[row] = error_outcome(error)
+                    outcomes[row] = dataclasses.replace(error_outcome(error), value=failed)
                     idle.append(worker)
                     continue
                 running[worker] = (row, time.monotonic() + self.timeout_s)
@@ -164,16 +173,19 @@ class GraderPool:
                 worker = by_conn[conn]
                 row, _ = running.pop(worker)
                 try:
-                    outcomes[row] = conn.recv()
+                    outcome = conn.recv()
+                    if outcome.status != "ok":   # a failed unpickle sends a reward's 0.0
+                        outcome = dataclasses.replace(outcome, value=failed)
+                    outcomes[row] = outcome
                     idle.append(worker)
                 except (EOFError, OSError):  # the worker died mid-call (crash, OOM kill)
-                    outcomes[row] = Outcome(0.0, "error", "grader worker died")
+                    outcomes[row] = Outcome(failed, "error", "grader worker died")
                     idle.append(self._replace(worker))
             now = time.monotonic()
             for worker, (row, deadline) in list(running.items()):
                 if deadline <= now:
                     del running[worker]
-                    outcomes[row] = Outcome(0.0, "timeout", f"over {self.timeout_s} s")
+                    outcomes[row] = Outcome(failed, "timeout", f"over {self.timeout_s} s")
                     idle.append(self._replace(worker))
         return outcomes
 

@@ -24,6 +24,7 @@ from grpo_jax.sampling._buckets import pad_prompts
 from grpo_jax.sampling._driver import Engine
 from grpo_jax.sampling._engine import engine_step
 from grpo_jax.sampling._engine import init_slots
+from grpo_jax.sampling._engine import prefill_prompts
 from grpo_jax.sampling._engine import tail_widths
 from grpo_jax.sampling._generate import MAX_NEW_TOKENS
 from grpo_jax.sampling._generate import STOP_TOKEN

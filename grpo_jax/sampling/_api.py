@@ -52,8 +52,8 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
       slots: with 0 < slots < P*G, decode with continuous batching in that many slots
         (`_engine`): a row that stops hands its slot to the next pending row. The same
         tokens as the static batch (each row has its own random stream), up to float
-        rounding in the logits. 0 (or >= P*G): every row decodes at once. Records
-        (support, routing) are not kept with slots yet.
+        rounding in the logits, and the same records. 0 (or >= P*G): every row decodes
+        at once.
 
     Returns:
       A `Rollout` of device arrays, rows sharded like the batch; `to_host` gathers it.
@@ -62,15 +62,13 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
                                                max_len_bucket, rules, prompt_ids)
     p = np.shape(prompt_tokens)[0]
     continuous = 0 < slots < p * group_size
-    if continuous and (record_support or record_routing):
-        raise ValueError("slots (continuous batching) does not record the support or the routing "
-                         "yet; pass slots=0 with record_support or record_routing")
     if continuous:
         check_slots(slots)
         return generate_continuous(
             graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids),
             method, _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
-            group_size=group_size, buffer_len=int(max_len_bucket), num_slots=int(slots), rules=rules)
+            group_size=group_size, buffer_len=int(max_len_bucket), num_slots=int(slots), rules=rules,
+            record_support=bool(record_support), record_routing=bool(record_routing))
     return _generate(
         graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids), method,
         _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),

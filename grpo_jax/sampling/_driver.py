@@ -38,26 +38,27 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax.sampling._api import check_request, check_slots
-from grpo_jax.sampling._engine import _admit, engine_step, init_slots, rollout_of
+from grpo_jax.sampling._engine import _admit, engine_step, init_slots, prefill_prompts, rollout_of
 from grpo_jax.sampling._generate import _int32, _on_mesh, row_keys
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "num_slots",
-                                             "rules"))
-def _start(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, queue, queued, pad_id, *,
-           group_size, buffer_len, num_slots, rules):
-    """Prefills the prompts and admits the first rows: `(carry, prompt cache, prompt
-    logits, row keys)`."""
+                                             "rules", "record_support", "record_routing"))
+def _start(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, queue, queued, pad_id,
+           method, *, group_size, buffer_len, num_slots, rules, record_support, record_routing):
+    """Prefills the prompts and admits the first rows: `(carry, (prompt cache, prompt
+    logits, row keys), prompt experts or None)`."""
     state, _, _ = _on_mesh(state, rules)
     p, s = prompt_tokens.shape
     model = nnx.merge(graphdef, state)
-    prompt_logits, prompt_cache = model.prefill(prompt_tokens, model.init_cache(p, s),
-                                                attention_mask=prompt_mask)
+    prompt_logits, prompt_cache, experts, records = prefill_prompts(
+        model, prompt_tokens, prompt_mask, method=method, record_support=record_support,
+        record_routing=record_routing)
     b = p * group_size
     slots = init_slots(model, prompt_logits, rows=b, prompt_len=s, buffer_len=buffer_len,
-                       num_slots=num_slots, pad_id=pad_id, queue=queue, queued=queued)
+                       num_slots=num_slots, pad_id=pad_id, queue=queue, queued=queued, **records)
     slots = _admit(slots, prompt_cache, prompt_logits, group_size=group_size, num_rows=b)
-    return slots, prompt_cache, prompt_logits, row_keys(rng, prompt_ids, group_size)
+    return slots, (prompt_cache, prompt_logits, row_keys(rng, prompt_ids, group_size)), experts
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "rules"),
@@ -118,11 +119,13 @@ class Engine:
         tool call); may be empty.
       max_append: Q, the most tokens one `resume` (or `queued`) gives a row.
       queued: None, or one token list per row (P*G) fed before the row first samples.
+      record_support, record_routing: as `generate` (fed tokens record no support).
     """
 
     def __init__(self, graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size,
                  max_new_tokens, stop_tokens, pad_id, slots, pause_tokens=(), max_append=64,
-                 queued=None, prompt_ids=None, max_len_bucket=None, rules="sampling"):
+                 queued=None, prompt_ids=None, max_len_bucket=None, rules="sampling",
+                 record_support=False, record_routing=False):
         max_len_bucket, prompt_ids = check_request(prompt_tokens, prompt_mask, group_size,
                                                    max_new_tokens, max_len_bucket, rules, prompt_ids)
         rows = np.shape(prompt_tokens)[0] * group_size
@@ -139,9 +142,10 @@ class Engine:
         self._stop_tokens = _int32(stop_tokens).reshape(-1)
         self._pause_tokens = _int32(pause_tokens).reshape(-1)
         self._cap_b = jnp.broadcast_to(_int32(max_new_tokens), (rows,))
-        self._slots, *self._prompt_state = _start(
+        self._slots, self._prompt_state, self._prompt_experts = _start(
             graphdef, state, *self._prompts, rng, _int32(prompt_ids), queue, lengths, self._pad_id,
-            group_size=group_size, buffer_len=int(max_len_bucket), num_slots=self.slots, rules=rules)
+            method, group_size=group_size, buffer_len=int(max_len_bucket), num_slots=self.slots,
+            rules=rules, record_support=bool(record_support), record_routing=bool(record_routing))
         self._paused = np.zeros((0,), np.int64)
 
     def _queue(self, token_lists, *, rows, name):
@@ -183,6 +187,14 @@ class Engine:
         length = int(self._slots.lengths[row])
         return np.asarray(self._slots.tokens[row, :length]).tolist()
 
+    def turn_tokens(self, row):
+        """Row `row`'s tokens since its last appended ones (its current turn), a list."""
+        length = int(self._slots.lengths[row])
+        tokens, appended = jax.device_get((self._slots.tokens[row, :length],
+                                           self._slots.turns.appended[row, :length]))
+        start = int(np.nonzero(appended)[0].max()) + 1 if appended.any() else 0
+        return tokens[start:].tolist()
+
     def resume(self, appended):
         """Gives paused rows their tokens and lets them go on: `{row: token ids}` (an
         empty list resumes a row with nothing appended)."""
@@ -213,5 +225,5 @@ class Engine:
 
     def rollout(self):
         """The `Rollout` so far (with `appended`); rows not done have their tokens so far."""
-        return rollout_of(self._slots, *self._prompts, self._group_size)
+        return rollout_of(self._slots, *self._prompts, self._group_size, self._prompt_experts)
 

@@ -38,7 +38,7 @@ from flax import nnx, struct
 
 from grpo_jax.objectives import token_logprobs
 from grpo_jax.sampling._generate import (MAX_NEW_TOKENS, STOP_TOKEN, Rollout, _on_mesh,
-                                         _shard_rows, row_keys)
+                                         _shard_rows, _support_bound, row_keys)
 from grpo_jax.sampling._sample import sample
 
 
@@ -58,6 +58,9 @@ class _Slots:
     lengths: jax.Array      # [B] int32
     stopped: jax.Array      # [B] bool, the row sampled a stop token
     turns: "_Turns | None" = None   # rows that pause and take appended tokens (`Engine`)
+    support_ids: jax.Array | None = None    # [B, N, K] int32 with record_support
+    support_size: jax.Array | None = None   # [B, N] int32 with record_support
+    routing: jax.Array | None = None        # [B, N, L_moe, k] int32 with record_routing
 
 
 @struct.dataclass
@@ -173,7 +176,9 @@ def _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b, pause_token
     num_rows = keys_b.shape[0]
     row_c = jnp.minimum(slots.row, num_rows - 1)
     step_keys_c = jax.vmap(jax.random.fold_in)(keys_b[row_c], slots.t)
-    token_c, sample_logp_c = sample(method, step_keys_c, slots.logits)
+    record = slots.support_ids is not None
+    drawn = sample(method, step_keys_c, slots.logits, with_support=record)
+    token_c, sample_logp_c = drawn[:2]
     live_c = slots.live
     turns = slots.turns
     if turns is None:
@@ -202,6 +207,13 @@ def _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b, pause_token
         t=t_c,
         live=live_c & ~stop_c & under_cap_c,
     )
+    if record:   # the cut's kept tokens where the row sampled (not where it was fed)
+        support = drawn[2]
+        slots = slots.replace(
+            support_ids=slots.support_ids.at[at].set(
+                jnp.where(sampled_c[:, None], support.ids, -1), mode="drop"),
+            support_size=slots.support_size.at[at].set(
+                jnp.where(sampled_c, support.size, 0), mode="drop"))
     if turns is not None:
         pause_c = sampled_c & ~stop_c & under_cap_c
         if pause_tokens is not None:
@@ -217,13 +229,21 @@ def _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b, pause_token
 
 
 def init_slots(model, prompt_logits, *, rows, prompt_len, buffer_len, num_slots, pad_id,
-               queue=None, queued=None):
+               queue=None, queued=None, support_k=0, routing_shape=None):
     """The loop's carry before the first admission: `num_slots` empty slots of
     `prompt_len + buffer_len` columns, outputs for `rows` rows. With `queue` (`[rows, Q]`
     int32) and `queued` (`[rows]`: how many of each row's queue are real), the carry holds
-    `_Turns`: rows pause on pause tokens and feed their queue before sampling."""
+    `_Turns`: rows pause on pause tokens and feed their queue before sampling. With
+    `support_k` > 0 it records each sampled position's kept tokens (K of them), with
+    `routing_shape` (`(L_moe, k)`) the experts of every fed token."""
     zeros_bn = jnp.zeros((rows, buffer_len), jnp.float32)
     c = num_slots
+    records = {}
+    if support_k:
+        records.update(support_ids=jnp.full((rows, buffer_len, support_k), -1, jnp.int32),
+                       support_size=jnp.zeros((rows, buffer_len), jnp.int32))
+    if routing_shape is not None:
+        records.update(routing=jnp.zeros((rows, buffer_len, *routing_shape), jnp.int32))
     turns = None
     if queue is not None:
         turns = _Turns(paused=jnp.zeros((c,), bool), queue=queue, queued=queued,
@@ -236,7 +256,7 @@ def init_slots(model, prompt_logits, *, rows, prompt_len, buffer_len, num_slots,
         live=jnp.zeros((c,), bool), next_row=jnp.zeros((), jnp.int32),
         tokens=jnp.full((rows, buffer_len), pad_id, jnp.int32), logp=zeros_bn,
         sample_logp=zeros_bn, lengths=jnp.zeros((rows,), jnp.int32),
-        stopped=jnp.zeros((rows,), bool), turns=turns,
+        stopped=jnp.zeros((rows,), bool), turns=turns, **records,
     )
 
 
@@ -261,27 +281,52 @@ def engine_step(graphdef, state, slots, prompt_cache, prompt_logits, keys_b, cap
     ring_end = slots.cache.valid.shape[1]
     slots, token_c = _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b,
                                    pause_tokens)
-    logits, cache = nnx.merge(graphdef, state).decode_step(token_c, slots.cache)
+    logits, cache, experts = nnx.merge(graphdef, state).decode_step(token_c, slots.cache,
+                                                                    with_routing=True)
+    if slots.routing is not None:   # token t - 1's experts, where the row samples on from it
+        goes_on_c = slots.live if slots.turns is None else slots.live | slots.turns.paused
+        at = (jnp.where(goes_on_c, slots.row, keys_b.shape[0]), slots.t - 1)
+        slots = slots.replace(routing=slots.routing.at[at].set(
+            jnp.transpose(experts[:, :, 0], (1, 0, 2)), mode="drop"))
     cache = cache.replace(index=jnp.where(cache.index == ring_end, s, cache.index))   # the ring
     slots = slots.replace(logits=logits, cache=_shard_rows(cache, batch_axes, ways))
     return _admit(slots, prompt_cache, prompt_logits, group_size=group_size,
                   num_rows=keys_b.shape[0])
 
 
+def prefill_prompts(model, prompt_tokens, prompt_mask, *, method, record_support, record_routing):
+    """`(prompt logits, prompt cache, prompt experts [P, S, L_moe, k] or None, the
+    `init_slots` keywords of the records)`: the prompts' prefill and what recording the
+    support (its K) and the routing (on an MoE) needs."""
+    p, s = prompt_tokens.shape
+    prompt_logits, prompt_cache, experts = model.prefill(
+        prompt_tokens, model.init_cache(p, s), attention_mask=prompt_mask, with_routing=True)
+    records = {}
+    if record_support:
+        records["support_k"] = _support_bound(method, prompt_logits)
+    if record_routing and experts is not None:   # a dense model has nothing to record
+        experts = jnp.transpose(experts, (1, 2, 0, 3))   # [L_moe, P, S, k] -> [P, S, L_moe, k]
+        records["routing_shape"] = experts.shape[2:]
+    else:
+        experts = None
+    return prompt_logits, prompt_cache, experts, records
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "num_slots",
-                                             "rules"))
+                                             "rules", "record_support", "record_routing"))
 def generate_continuous(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, method,
                         stop_tokens, pad_id, max_new_tokens, *, group_size, buffer_len, num_slots,
-                        rules):
-    """`_generate`'s `Rollout` (without records) decoded in `num_slots` slots."""
+                        rules, record_support=False, record_routing=False):
+    """`_generate`'s `Rollout` decoded in `num_slots` slots."""
     state, batch_axes, ways = _on_mesh(state, rules)
     p, s = prompt_tokens.shape
     b, n = p * group_size, buffer_len
     model = nnx.merge(graphdef, state)
-    prompt_logits, prompt_cache = model.prefill(prompt_tokens, model.init_cache(p, s),
-                                                attention_mask=prompt_mask)
+    prompt_logits, prompt_cache, prompt_experts, records = prefill_prompts(
+        model, prompt_tokens, prompt_mask, method=method, record_support=record_support,
+        record_routing=record_routing)
     slots = init_slots(model, prompt_logits, rows=b, prompt_len=s, buffer_len=n,
-                       num_slots=num_slots, pad_id=pad_id)
+                       num_slots=num_slots, pad_id=pad_id, **records)
     keys_b = row_keys(rng, prompt_ids, group_size)
     cap_b = jnp.broadcast_to(max_new_tokens, (b,))
     step = functools.partial(engine_step, graphdef, state, prompt_cache=prompt_cache,
@@ -299,12 +344,13 @@ def generate_continuous(graphdef, state, prompt_tokens, prompt_mask, rng, prompt
             return (live > 0) & ((slots.next_row < b) | (live > narrower))
 
         slots = jax.lax.while_loop(cond, step, slots)
-    return rollout_of(slots, prompt_tokens, prompt_mask, group_size)
+    return rollout_of(slots, prompt_tokens, prompt_mask, group_size, prompt_experts)
 
 
-def rollout_of(slots, prompt_tokens, prompt_mask, group_size):
+def rollout_of(slots, prompt_tokens, prompt_mask, group_size, prompt_experts=None):
     """The `Rollout` a carry has written so far (rows not yet done: their tokens so far,
-    `truncated`); with `_Turns`, `appended` marks the tokens that came from a queue."""
+    `truncated`); with `_Turns`, `appended` marks the tokens that came from a queue; the
+    records where the carry keeps them (`prompt_experts`: `[P, S, L_moe, k]` or None)."""
     n = slots.tokens.shape[1]
     mask_bn = (jnp.arange(n)[None, :] < slots.lengths[:, None]).astype(jnp.int32)
     repeat = lambda x: jnp.repeat(x, group_size, axis=0)
@@ -314,4 +360,6 @@ def rollout_of(slots, prompt_tokens, prompt_mask, group_size):
         truncated=~slots.stopped,
         stop_reason=jnp.where(slots.stopped, STOP_TOKEN, MAX_NEW_TOKENS).astype(jnp.int32),
         appended=None if slots.turns is None else slots.turns.appended,
+        support_ids=slots.support_ids, support_size=slots.support_size, routing=slots.routing,
+        prompt_routing=None if prompt_experts is None else repeat(prompt_experts),
     )

@@ -21,9 +21,10 @@ from grpo_jax import objectives, parallel
 from grpo_jax.models import chunked_token_logprobs, support_token_logprobs
 from grpo_jax.training import packing
 
-# What a forward pass over rows reads: the tokens, and the sampler's records when the
+# What a forward pass over rows reads: the tokens (and `context_mask`, `packing.read_mask`),
+# and the sampler's records when the
 # run keeps them (DeepSeek-V3.2's keep routing and keep sampling mask).
-TOKEN_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
+TOKEN_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "context_mask")
 RECORD_KEYS = ("prompt_routing", "routing", "support_ids", "support_size")
 
 
@@ -38,7 +39,7 @@ def model_inputs(rows):
     rows reads (every token but the last). Its output at column ``start + t`` belongs to
     completion token t: it reads the prompt and the completion's tokens before t."""
     tokens = jnp.concatenate([rows["prompt_tokens"], rows["tokens"]], axis=1)
-    attention = jnp.concatenate([rows["prompt_mask"], rows["mask"]], axis=1)
+    attention = jnp.concatenate([rows["prompt_mask"], packing.read_mask(rows)], axis=1)
     return tokens[:, :-1], attention[:, :-1], rows["prompt_tokens"].shape[1] - 1
 
 

@@ -42,6 +42,13 @@ ROW_KEYS = KEYS[:4]   # `[R, T]` per packed position; pack_back is per completio
 BUCKETS = 8   # packed-row counts per piece size: R is a multiple of ceil(b / BUCKETS)
 
 
+def read_mask(rows):
+    """`[B, N]`: 1 on every completion token a forward pass reads. The loss's `mask` where
+    the two agree; rows with tokens the loss skips but the model reads (a multi-turn
+    episode's environment tokens) carry them in ``context_mask``."""
+    return rows.get("context_mask", rows["mask"])
+
+
 @jax.jit
 def _lengths(prompt_mask, mask):
     """`[3, B]`: prompt and completion lengths, and 1 where the row is laid out as packing
@@ -58,7 +65,7 @@ def row_lengths(rows):
     """`(prompt lengths [B], completion lengths [B])` of the rows, as numpy on every
     process (the rows may be split over processes). Raises ValueError for a row whose
     prompt is not left-padded or whose completion mask has a hole."""
-    lengths = _lengths(rows["prompt_mask"], rows["mask"])
+    lengths = _lengths(rows["prompt_mask"], read_mask(rows))
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         lengths = multihost_utils.process_allgather(lengths, tiled=True)

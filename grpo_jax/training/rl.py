@@ -88,9 +88,6 @@ def check_config(config, mesh):
                          "set one, or keep_sampling_mask=False")
     if not isinstance(r.slots, int) or r.slots < 0:
         raise ValueError(f"rollout.slots must be an int >= 0 (0: no continuous batching), got {r.slots!r}")
-    if r.slots and (r.keep_sampling_mask or r.keep_routing):
-        raise ValueError("rollout.slots (continuous batching) does not keep the sampling mask or "
-                         "the routing yet; set rollout.slots=0 with keep_sampling_mask or keep_routing")
     if config.filtering.short_batch not in rollout.SHORT_BATCH:
         raise ValueError(f"filtering.short_batch must be one of {rollout.SHORT_BATCH}, got "
                          f"{config.filtering.short_batch!r}")

@@ -88,6 +88,23 @@ def test_on_a_mesh_slots_split_over_the_rows(static):
                                       static.tokens[prompt * 4:prompt * 4 + 4])
 
 
-def test_records_are_refused_with_slots(tiny_model):
-    with pytest.raises(ValueError, match="does not record the support or the routing yet; pass slots=0"):
-        run(tiny_model, slots=2, record_support=True)
+@pytest.mark.slow
+def test_slots_keep_the_same_records(tiny_model, static):
+    """The support of every sampled position (keep sampling mask) and, on an MoE, the
+    experts of every token that was fed to sample the next (keep routing: what a
+    training forward replays) are the static sampler's."""
+    support = run(tiny_model, slots=3, record_support=True)
+    want = run(tiny_model, slots=0, record_support=True)
+    assert_same_rows(support, static)
+    np.testing.assert_array_equal(support.support_size, want.support_size)
+    np.testing.assert_array_equal(support.support_ids, want.support_ids)
+    assert (want.support_size > 1).any() and support.routing is None
+    moe = nnx.split(models.init_model(models.get_model_config("tiny_moe", vocab_size=512), seed=0))
+    routed = run(moe, slots=5, record_routing=True, max_new_tokens=24)
+    want = run(moe, slots=0, record_routing=True, max_new_tokens=24)
+    assert_same_rows(routed, want)
+    np.testing.assert_array_equal(routed.prompt_routing, want.prompt_routing)
+    fed = np.arange(routed.routing.shape[1])[None] < routed.lengths[:, None] - 1   # fed to sample the next
+    np.testing.assert_array_equal(routed.routing[fed], want.routing[fed])
+    assert routed.routing[fed].any() and not routed.routing[~fed].any()
+    assert len(set(want.lengths)) > 3

@@ -5,7 +5,6 @@ over the kept top-p support (keep sampling mask) and with the sampler's experts 
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx

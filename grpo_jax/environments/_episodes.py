@@ -1,0 +1,127 @@
+"""Multi-turn rollouts: a `sampling.Engine` whose paused rows the environment answers.
+
+    engine = sampling.Engine(..., pause_tokens=pause_ids(tokenizer, environment), slots=C)
+    episodes = run_episodes(engine, environment, examples_b, tokenizer, pool=pool)
+    rollout = engine.rollout()          # rollout.appended: the environment's tokens
+
+Every time rows pause, the host decodes each paused row's current turn, keeps those that
+`environment.ends_turn`, runs `environment.step` for all of them at once in the pool's
+worker processes (bounded in time and memory; without a pool, in this process), appends
+each observation's tokens to its row (the row feeds them into its cache and samples on),
+ends the rows whose step says done, and lets the others go on unanswered.
+"""
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Episodes:
+    """Per-row counts of a multi-turn rollout, `[B]` int arrays.
+
+    Attributes:
+      turns: the model's turns (answered ones, plus the last).
+      tool_calls: turns the environment counted as tool calls.
+      tool_errors: calls that failed (bad call, tool error, timeout, crash).
+      environment_tokens: tokens the environment appended to the row (an observation is
+        cut at the engine's `max_append` and at the row's budget).
+      failures: environment steps that raised or timed out.
+    """
+
+    turns: np.ndarray
+    tool_calls: np.ndarray
+    tool_errors: np.ndarray
+    environment_tokens: np.ndarray
+    failures: np.ndarray
+
+    def metrics(self):
+        """Means per episode (`tool_calls_per_episode`, ...) and the share with a call."""
+        return {
+            "turns_per_episode": float(np.mean(self.turns)),
+            "tool_calls_per_episode": float(np.mean(self.tool_calls)),
+            "tool_errors_per_episode": float(np.mean(self.tool_errors)),
+            "tool_use_rate": float(np.mean(self.tool_calls > 0)),
+            "environment_tokens_per_episode": float(np.mean(self.environment_tokens)),
+            "environment_failures": float(np.sum(self.failures)),
+        }
+
+
+def pause_ids(tokenizer, environment):
+    """The ids whose text contains `environment.pause_text` (e.g. every token with a
+    ">"; special tokens never): a row pauses after sampling one, and the host looks
+    whether its turn ended."""
+    special = set(tokenizer.all_special_ids)
+    ids = [i for i in tokenizer.get_vocab().values()
+           if i not in special and environment.pause_text in tokenizer.decode([i])]
+    if not ids:
+        raise ValueError(f"no token of the tokenizer contains {environment.pause_text!r} "
+                         "(the environment's pause_text): the model could never end a turn")
+    return sorted(ids)
+
+
+def _step(environment, example, turns):
+    """`environment.step` by name, for a worker process."""
+    return environment.step(example, turns)
+
+
+def _steps(environment, calls, pool):
+    """`[(Step | None, status, detail)]` for `calls` of `(example, turns)`."""
+    if pool is not None:
+        outcomes = pool.map(_step, [(environment, *call) for call in calls], as_reward=False)
+        return [(o.value, o.status, o.detail) for o in outcomes]
+    done = []
+    for example, turns in calls:
+        try:
+            done.append((environment.step(example, turns), "ok", ""))
+        except Exception as error:   # an environment bug is a failed turn
+            done.append((None, "error", f"{type(error).__name__}: {error}"))
+    return done
+
+
+def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
+    """Runs `engine` to the end, answering its paused rows with `environment`.
+
+    Args:
+      engine: a `sampling.Engine` made with `pause_tokens=pause_ids(tokenizer, environment)`.
+      environment: an `Environment`.
+      examples_b: the dataset example of each row (P*G; the G rows of a prompt share one).
+      tokenizer: decodes turns and encodes observations (no special tokens added).
+      pool: a `rewards.GraderPool` to run the steps in, or None (in this process).
+
+    Returns:
+      `Episodes`; the rollout is `engine.rollout()`.
+    """
+    rows = engine.rows
+    if len(examples_b) != rows:
+        raise ValueError(f"examples_b has {len(examples_b)} examples; give one per row ({rows})")
+    turns = [[] for _ in range(rows)]
+    counts = {k: np.zeros(rows, np.int64) for k in ("tool_calls", "tool_errors", "failures")}
+    ended = np.zeros(rows, bool)   # the environment ended the episode after a turn
+    while not engine.finished:
+        paused = [int(r) for r in engine.run()]
+        texts = {r: tokenizer.decode(engine.turn_tokens(r)) for r in paused}
+        answering = [r for r in paused if environment.ends_turn(texts[r])]
+        for r in answering:
+            turns[r].append(texts[r])
+        steps = _steps(environment, [(examples_b[r], list(turns[r])) for r in answering], pool)
+        replies, ending = {r: [] for r in paused if r not in answering}, []
+        for r, (step, status, detail) in zip(answering, steps):
+            if status != "ok" or step is None:
+                counts["failures"][r] += status != "ok"
+                step = environment.failed(status, detail or "returned no step")
+            counts["tool_calls"][r] += step.tool_call
+            counts["tool_errors"][r] += step.tool_error
+            if step.done:
+                ending.append(r)
+                ended[r] = True
+                continue
+            ids = tokenizer.encode(step.observation or "", add_special_tokens=False)
+            replies[r] = ids[:engine.max_append]   # the row's budget may cut it further
+        if replies:
+            engine.resume(replies)
+        if ending:
+            engine.end(ending)
+    appended = np.asarray(engine.rollout().appended)
+    return Episodes(turns=np.asarray([len(t) for t in turns]) + ~ended,
+                    environment_tokens=appended.sum(axis=1), **counts)

@@ -1,0 +1,31 @@
+"""Scripted environments for the tests (module level, so worker processes can import them)."""
+
+import dataclasses
+import time
+
+from grpo_jax.environments import Environment, Step
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerEveryA(Environment):
+    """Every turn that ends with "a" gets ``<r>N</r>`` back (N: the row's turn count), the
+    third ends the episode; ``hang_on``/``crash_on`` make one example's step hang or raise."""
+
+    pause_text: str = "a"
+    hang_on: int = -1
+    crash_on: int = -1
+
+    def ends_turn(self, turn):
+        return turn.endswith("a")
+
+    def step(self, example, turns):
+        if example["id"] == self.hang_on:
+            time.sleep(3600)
+        if example["id"] == self.crash_on:
+            raise RuntimeError("the tool crashed")
+        if len(turns) >= 3:
+            return Step(done=True, tool_call=True)
+        return Step(observation=f"<r>{len(turns)}</r>", tool_call=True)
+
+    def failed(self, status, detail):
+        return Step(observation="<f>", tool_call=True, tool_error=True)
