@@ -61,7 +61,7 @@ def test_replies_follow_their_turns_and_the_counts_add_up(model, tokenizer):
     for row in range(12):
         tokens = rollout.tokens[row, :rollout.lengths[row]]
         appended = rollout.appended[row, :rollout.lengths[row]]
-        text, want, turn = [], np.zeros_like(appended), 0
+        want, turn = np.zeros_like(appended), 0
         i = 0
         while i < len(tokens):
             if tokens[i] == a and not appended[i] and i < BUDGET - 1:   # at the budget: no pause
