@@ -27,6 +27,8 @@ class Episodes:
       environment_tokens: tokens the environment appended to the row (an observation is
         cut at the engine's `max_append` and at the row's budget).
       failures: environment steps that raised or timed out.
+      turns_over_budget: 1 where the episode ended because a turn reached the engine's
+        `turn_budget` without ending (truncated, like a row at its token budget).
     """
 
     turns: np.ndarray
@@ -34,6 +36,7 @@ class Episodes:
     tool_errors: np.ndarray
     environment_tokens: np.ndarray
     failures: np.ndarray
+    turns_over_budget: np.ndarray
 
     def metrics(self):
         """Means per episode (`tool_calls_per_episode`, ...) and the share with a call."""
@@ -44,6 +47,7 @@ class Episodes:
             "tool_use_rate": float(np.mean(self.tool_calls > 0)),
             "environment_tokens_per_episode": float(np.mean(self.environment_tokens)),
             "environment_failures": float(np.sum(self.failures)),
+            "turns_over_budget_rate": float(np.mean(self.turns_over_budget)),
         }
 
 
@@ -96,16 +100,23 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
     if len(examples_b) != rows:
         raise ValueError(f"examples_b has {len(examples_b)} examples; give one per row ({rows})")
     turns = [[] for _ in range(rows)]
-    counts = {k: np.zeros(rows, np.int64) for k in ("tool_calls", "tool_errors", "failures")}
+    counts = {k: np.zeros(rows, np.int64) for k in ("tool_calls", "tool_errors", "failures",
+                                                    "turns_over_budget")}
     ended = np.zeros(rows, bool)   # the environment ended the episode after a turn
     while not engine.finished:
         paused = [int(r) for r in engine.run()]
         texts = {r: tokenizer.decode(engine.turn_tokens(r)) for r in paused}
         answering = [r for r in paused if environment.ends_turn(texts[r])]
+        over = [r for r in paused if r not in answering and engine.turn_budget
+                and len(engine.turn_tokens(r)) >= engine.turn_budget]   # the turn ran out
         for r in answering:
             turns[r].append(texts[r])
         steps = _steps(environment, [(examples_b[r], list(turns[r])) for r in answering], pool)
-        replies, ending = {r: [] for r in paused if r not in answering}, []
+        replies = {r: [] for r in paused if r not in answering and r not in over}
+        ending = []
+        counts["turns_over_budget"][over] = 1
+        if over:
+            engine.end(over, truncated=True)
         for r, (step, status, detail) in zip(answering, steps):
             if status != "ok" or step is None:
                 counts["failures"][r] += status != "ok"

@@ -45,7 +45,7 @@ from grpo_jax.sampling._generate import _int32, _on_mesh, row_keys
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "num_slots",
                                              "rules", "record_support", "record_routing"))
 def _start(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, queue, queued, pad_id,
-           method, *, group_size, buffer_len, num_slots, rules, record_support, record_routing):
+           method, turn_budget, *, group_size, buffer_len, num_slots, rules, record_support, record_routing):
     """Prefills the prompts and admits the first rows: `(carry, (prompt cache, prompt
     logits, row keys), prompt experts or None)`."""
     state, _, _ = _on_mesh(state, rules)
@@ -56,7 +56,8 @@ def _start(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, queue, 
         record_routing=record_routing)
     b = p * group_size
     slots = init_slots(model, prompt_logits, rows=b, prompt_len=s, buffer_len=buffer_len,
-                       num_slots=num_slots, pad_id=pad_id, queue=queue, queued=queued, **records)
+                       num_slots=num_slots, pad_id=pad_id, queue=queue, queued=queued,
+                       turn_budget=turn_budget, **records)
     slots = _admit(slots, prompt_cache, prompt_logits, group_size=group_size, num_rows=b)
     return slots, (prompt_cache, prompt_logits, row_keys(rng, prompt_ids, group_size)), experts
 
@@ -85,9 +86,10 @@ def _run(graphdef, state, slots, prompt_cache, prompt_logits, keys_b, cap_b, met
 
 
 @functools.partial(jax.jit, donate_argnames=("slots",))
-def _resume(slots, rows_r, tokens_rq, lengths_r, end_r):
+def _resume(slots, rows_r, tokens_rq, lengths_r, end_r, stop_r):
     """Queues `tokens_rq[r, :lengths_r[r]]` for paused row `rows_r[r]` and resumes it, or
-    ends it where `end_r`; entries with a row id >= B are padding."""
+    ends it where `end_r` (stopped where `stop_r`, else truncated); entries with a row id
+    >= B are padding."""
     turns, b = slots.turns, slots.tokens.shape[0]
     resume_r = (rows_r < b) & ~end_r
     end_r = (rows_r < b) & end_r
@@ -96,7 +98,7 @@ def _resume(slots, rows_r, tokens_rq, lengths_r, end_r):
     ended_c = turns.paused & jnp.isin(slots.row, jnp.where(end_r, rows_r, -1))
     return slots.replace(
         live=slots.live | resumed_c,
-        stopped=slots.stopped.at[jnp.where(end_r, rows_r, b)].set(True, mode="drop"),
+        stopped=slots.stopped.at[jnp.where(end_r & stop_r, rows_r, b)].set(True, mode="drop"),
         turns=turns.replace(
             paused=turns.paused & ~(resumed_c | ended_c),
             queue=turns.queue.at[at_r].set(tokens_rq, mode="drop"),
@@ -118,13 +120,16 @@ class Engine:
       pause_tokens: ids after which a sampled row pauses for the host (e.g. the end of a
         tool call); may be empty.
       max_append: Q, the most tokens one `resume` (or `queued`) gives a row.
+      turn_budget: a row also pauses each time it has sampled another `turn_budget`
+        tokens since it last fed one (a per-turn budget: the host ends the row, or
+        resumes it for another budget's worth); 0: no per-turn budget.
       queued: None, or one token list per row (P*G) fed before the row first samples.
       record_support, record_routing: as `generate` (fed tokens record no support).
     """
 
     def __init__(self, graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size,
                  max_new_tokens, stop_tokens, pad_id, slots, pause_tokens=(), max_append=64,
-                 queued=None, prompt_ids=None, max_len_bucket=None, rules="sampling",
+                 turn_budget=0, queued=None, prompt_ids=None, max_len_bucket=None, rules="sampling",
                  record_support=False, record_routing=False):
         max_len_bucket, prompt_ids = check_request(prompt_tokens, prompt_mask, group_size,
                                                    max_new_tokens, max_len_bucket, rules, prompt_ids)
@@ -134,6 +139,9 @@ class Engine:
         check_slots(slots)
         if max_append < 1:
             raise ValueError(f"max_append={max_append} must be >= 1")
+        if turn_budget < 0:
+            raise ValueError(f"turn_budget={turn_budget} must be >= 0 (0: none)")
+        self.turn_budget = int(turn_budget)
         self.max_append, self.rows, self.slots = int(max_append), rows, int(slots)
         queue, lengths = self._queue(queued or [[]] * rows, rows=range(rows), name="queued")
         self._graphdef, self._state, self._rules, self._group_size = graphdef, state, rules, group_size
@@ -144,7 +152,7 @@ class Engine:
         self._cap_b = jnp.broadcast_to(_int32(max_new_tokens), (rows,))
         self._slots, self._prompt_state, self._prompt_experts = _start(
             graphdef, state, *self._prompts, rng, _int32(prompt_ids), queue, lengths, self._pad_id,
-            method, group_size=group_size, buffer_len=int(max_len_bucket), num_slots=self.slots,
+            method, _int32(turn_budget or int(max_len_bucket) + 1), group_size=group_size, buffer_len=int(max_len_bucket), num_slots=self.slots,
             rules=rules, record_support=bool(record_support), record_routing=bool(record_routing))
         self._paused = np.zeros((0,), np.int64)
 
@@ -200,12 +208,13 @@ class Engine:
         empty list resumes a row with nothing appended)."""
         self._answer(list(appended), list(appended.values()), end=False)
 
-    def end(self, rows):
-        """Finishes paused rows (done, not truncated)."""
+    def end(self, rows, *, truncated=False):
+        """Finishes paused rows: done (stop reason: stop token), or with `truncated` cut
+        (stop reason: max_new_tokens, as a row at its budget)."""
         rows = list(rows)
-        self._answer(rows, [[]] * len(rows), end=True)
+        self._answer(rows, [[]] * len(rows), end=True, stop=not truncated)
 
-    def _answer(self, rows, token_lists, *, end):
+    def _answer(self, rows, token_lists, *, end, stop=True):
         strangers = sorted(set(rows) - set(self._paused.tolist()))
         if strangers:
             raise ValueError(f"rows {strangers} are not paused (paused: {self._paused.tolist()})")
@@ -213,7 +222,8 @@ class Engine:
         pad = self.slots - len(rows)   # one compiled program: always C entries
         rows_r = np.concatenate([np.asarray(rows, np.int32), np.full(pad, self.rows, np.int32)])
         self._slots = _resume(self._slots, rows_r, np.pad(queue, ((0, pad), (0, 0))),
-                              np.pad(lengths, (0, pad)), np.full(self.slots, end))
+                              np.pad(lengths, (0, pad)), np.full(self.slots, end),
+                              np.full(self.slots, stop))
         self._paused = np.setdiff1d(self._paused, rows)
 
     def unfinished(self):

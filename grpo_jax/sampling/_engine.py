@@ -74,6 +74,8 @@ class _Turns:
     queued: jax.Array     # [B] int32, how many of the row's queue are real
     fed: jax.Array        # [B] int32, how many of them the row has fed
     appended: jax.Array   # [B, N] bool, the token came from the queue, not from sampling
+    turn_len: jax.Array   # [B] int32, tokens the row sampled since it last fed one
+    turn_budget: jax.Array   # [] int32, a row pauses each time its turn grows by this many tokens
 
 
 def _set_rows(old, new, admit_c, axis):
@@ -215,13 +217,14 @@ def _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b, pause_token
             support_size=slots.support_size.at[at].set(
                 jnp.where(sampled_c, support.size, 0), mode="drop"))
     if turns is not None:
-        pause_c = sampled_c & ~stop_c & under_cap_c
+        turn_c = jnp.where(feeding_c, 0, turns.turn_len[row_c] + sampled_c)
+        pause_c = (turn_c > 0) & (turn_c % turns.turn_budget == 0)   # every budget's worth
         if pause_tokens is not None:
-            pause_c &= jnp.isin(token_c, pause_tokens)
-        else:
-            pause_c &= False
+            pause_c |= jnp.isin(token_c, pause_tokens)
+        pause_c &= sampled_c & ~stop_c & under_cap_c
         slots = slots.replace(live=slots.live & ~pause_c, turns=turns.replace(
             paused=turns.paused | pause_c,
+            turn_len=turns.turn_len.at[out_c].set(turn_c, mode="drop"),
             fed=turns.fed.at[jnp.where(feeding_c, out_c, num_rows)].add(1, mode="drop"),
             appended=turns.appended.at[at].set(feeding_c, mode="drop"),
         ))
@@ -229,11 +232,13 @@ def _sample_slots(slots, keys_b, method, stop_tokens, pad_id, cap_b, pause_token
 
 
 def init_slots(model, prompt_logits, *, rows, prompt_len, buffer_len, num_slots, pad_id,
-               queue=None, queued=None, support_k=0, routing_shape=None):
+               queue=None, queued=None, turn_budget=None, support_k=0, routing_shape=None):
     """The loop's carry before the first admission: `num_slots` empty slots of
     `prompt_len + buffer_len` columns, outputs for `rows` rows. With `queue` (`[rows, Q]`
     int32) and `queued` (`[rows]`: how many of each row's queue are real), the carry holds
-    `_Turns`: rows pause on pause tokens and feed their queue before sampling. With
+    `_Turns`: rows pause on pause tokens (and, given `turn_budget`, after every
+    `turn_budget` tokens sampled since they last fed one) and feed their queue before
+    sampling. With
     `support_k` > 0 it records each sampled position's kept tokens (K of them), with
     `routing_shape` (`(L_moe, k)`) the experts of every fed token."""
     zeros_bn = jnp.zeros((rows, buffer_len), jnp.float32)
@@ -248,7 +253,10 @@ def init_slots(model, prompt_logits, *, rows, prompt_len, buffer_len, num_slots,
     if queue is not None:
         turns = _Turns(paused=jnp.zeros((c,), bool), queue=queue, queued=queued,
                        fed=jnp.zeros((rows,), jnp.int32),
-                       appended=jnp.zeros((rows, buffer_len), bool))
+                       appended=jnp.zeros((rows, buffer_len), bool),
+                       turn_len=jnp.zeros((rows,), jnp.int32),
+                       turn_budget=jnp.asarray(buffer_len + 1 if turn_budget is None
+                                               else turn_budget, jnp.int32))
     return _Slots(
         cache=model.init_cache(c, prompt_len + buffer_len).replace(index=jnp.int32(prompt_len)),
         logits=jnp.zeros((c, prompt_logits.shape[-1]), jnp.float32),

@@ -138,3 +138,29 @@ def test_the_trainer_reads_environment_tokens_and_its_loss_skips_them(model, tok
     assert np.count_nonzero(np.asarray(grad)[sampled]) > 0.5 * sampled.sum()
     garbage = {**batch, "old_logp": jnp.where(jnp.asarray(env), 1e3, batch["old_logp"])}
     assert loss_of(jnp.asarray(padded) + 0.1, garbage) == loss
+
+
+@pytest.mark.slow
+def test_a_turn_over_its_budget_ends_the_episode_truncated(model, tokenizer):
+    """turn_budget=6: a turn that samples 6 tokens without ending ("a") ends its episode,
+    truncated; every other row ended at its budget or by the environment."""
+    prompts = [tokenizer.encode(p) for p in ("12+3", "abc", "7")]
+    tokens, mask = sampling.pad_prompts(prompts, pad_id=0)
+    environment = AnswerEveryA()
+    engine = sampling.Engine(*model, tokens, mask, rng=jax.random.key(1),
+                             method=sampling.Temperature(1.0), group_size=4, max_new_tokens=BUDGET,
+                             stop_tokens=[], pad_id=0, slots=3, max_append=8, turn_budget=6,
+                             pause_tokens=environments.pause_ids(tokenizer, environment))
+    got = environments.run_episodes(engine, environment, [{"id": p} for p in range(3) for _ in range(4)],
+                                    tokenizer)
+    rollout = sampling.to_host(engine.rollout())
+    a = tokenizer.convert_tokens_to_ids("a")
+    over = got.turns_over_budget.astype(bool)
+    assert over.sum() >= 3 and got.metrics()["turns_over_budget_rate"] == over.mean()
+    for row in np.flatnonzero(over):
+        tokens, appended = (x[row, :rollout.lengths[row]] for x in (rollout.tokens, rollout.appended))
+        last = len(tokens) - (np.flatnonzero(appended).max() + 1 if appended.any() else 0)
+        assert last == 6 and a not in tokens[-6:] and rollout.truncated[row]
+    done = ~over & (rollout.lengths < BUDGET)
+    np.testing.assert_array_equal(got.tool_calls[done], 3)   # ended by the environment
+    assert not rollout.truncated[done].any()

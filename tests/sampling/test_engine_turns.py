@@ -156,3 +156,20 @@ def test_the_host_gets_clear_errors(tiny_model):
         engine(tiny_model, slots=13)
     with pytest.raises(ValueError, match=r"queued has 2 token lists; give one per row \(12\)"):
         engine(tiny_model, slots=2, queued=[[1], [2]])
+
+
+@pytest.mark.slow
+def test_a_turn_budget_pauses_rows_every_k_sampled_tokens(tiny_model, static):
+    """With turn_budget=5 and nothing appended, a row pauses after every 5 tokens it
+    samples (not at its stop token or budget); resumed with nothing, the rows are
+    `generate`'s."""
+    eng, pauses = engine(tiny_model, slots=3, turn_budget=5), 0
+    while not eng.finished:
+        paused = eng.run()
+        lengths = np.asarray(eng.rollout().lengths)[paused]
+        assert (lengths % 5 == 0).all() and (lengths < 40).all()
+        pauses += len(paused)
+        eng.resume({int(r): [] for r in paused})
+    got = sampling.to_host(eng.rollout())
+    assert_same_rows(got, static)
+    assert pauses == sum((n - 1) // 5 for n in static.lengths)
