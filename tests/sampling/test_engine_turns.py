@@ -141,6 +141,7 @@ def test_rows_can_start_with_queued_tokens(tiny_model):
                                atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_the_host_gets_clear_errors(tiny_model):
     eng = engine(tiny_model, slots=2, pause_tokens=PAUSES, max_append=4)
     paused = eng.run()
