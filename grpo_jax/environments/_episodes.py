@@ -15,6 +15,8 @@ import dataclasses
 
 import numpy as np
 
+from grpo_jax import rewards
+
 
 @dataclasses.dataclass
 class Episodes:
@@ -70,17 +72,12 @@ def _step(environment, example, turns):
 
 
 def _steps(environment, calls, pool):
-    """`[(Step | None, status, detail)]` for `calls` of `(example, turns)`."""
+    """`rewards.Outcome`s (value: the `Step`, None where it failed) for `calls` of
+    `(example, turns)`: in the pool's workers, or here, an exception contained either way."""
+    calls = [(environment, *call) for call in calls]
     if pool is not None:
-        outcomes = pool.map(_step, [(environment, *call) for call in calls], as_reward=False)
-        return [(o.value, o.status, o.detail) for o in outcomes]
-    done = []
-    for example, turns in calls:
-        try:
-            done.append((environment.step(example, turns), "ok", ""))
-        except Exception as error:   # an environment bug is a failed turn
-            done.append((None, "error", f"{type(error).__name__}: {error}"))
-    return done
+        return pool.map(_step, calls, as_reward=False)
+    return [rewards.run_contained(_step, call, {}, as_reward=False) for call in calls]
 
 
 def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
@@ -105,10 +102,11 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
     ended = np.zeros(rows, bool)   # the environment ended the episode after a turn
     while not engine.finished:
         paused = [int(r) for r in engine.run()]
-        texts = {r: tokenizer.decode(engine.turn_tokens(r)) for r in paused}
+        turn_ids = dict(zip(paused, engine.turn_tokens(paused)))
+        texts = {r: tokenizer.decode(turn_ids[r]) for r in paused}
         answering = [r for r in paused if environment.ends_turn(texts[r])]
         over = [r for r in paused if r not in answering and engine.turn_budget
-                and len(engine.turn_tokens(r)) >= engine.turn_budget]   # the turn ran out
+                and len(turn_ids[r]) >= engine.turn_budget]   # the turn ran out
         for r in answering:
             turns[r].append(texts[r])
         steps = _steps(environment, [(examples_b[r], list(turns[r])) for r in answering], pool)
@@ -117,10 +115,11 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
         counts["turns_over_budget"][over] = 1
         if over:
             engine.end(over, truncated=True)
-        for r, (step, status, detail) in zip(answering, steps):
-            if status != "ok" or step is None:
-                counts["failures"][r] += status != "ok"
-                step = environment.failed(status, detail or "returned no step")
+        for r, outcome in zip(answering, steps):
+            step = outcome.value
+            if outcome.status != "ok" or step is None:
+                counts["failures"][r] += outcome.status != "ok"
+                step = environment.failed(outcome.status, outcome.detail or "returned no step")
             counts["tool_calls"][r] += step.tool_call
             counts["tool_errors"][r] += step.tool_error
             if step.done:

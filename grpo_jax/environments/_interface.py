@@ -54,7 +54,8 @@ class Environment:
 
     def step(self, example: dict, turns: list[str]) -> Step:
         """The answer to `turns[-1]`; `turns[:-1]` are the model's earlier turns."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define step(example, turns) -> "
+                                  "Step (or subclass ToolEnvironment and give it tools)")
 
     def failed(self, status: str, detail: str) -> Step:
         """The answer when `step` itself failed ("error": it raised; "timeout": it ran out

@@ -49,6 +49,7 @@ from grpo_jax.rewards._math import math_reward
 from grpo_jax.rewards._normalise import normalise_answer
 from grpo_jax.rewards._pool import GraderPool
 from grpo_jax.rewards._pool import Outcome
+from grpo_jax.rewards._pool import run_contained
 from grpo_jax.rewards._registry import Reward
 from grpo_jax.rewards._registry import get_reward
 from grpo_jax.rewards._registry import register

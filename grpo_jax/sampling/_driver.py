@@ -45,7 +45,8 @@ from grpo_jax.sampling._generate import _int32, _on_mesh, row_keys
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "num_slots",
                                              "rules", "record_support", "record_routing"))
 def _start(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, queue, queued, pad_id,
-           method, turn_budget, *, group_size, buffer_len, num_slots, rules, record_support, record_routing):
+           method, turn_budget, *, group_size, buffer_len, num_slots, rules, record_support,
+           record_routing):
     """Prefills the prompts and admits the first rows: `(carry, (prompt cache, prompt
     logits, row keys), prompt experts or None)`."""
     state, _, _ = _on_mesh(state, rules)
@@ -152,8 +153,9 @@ class Engine:
         self._cap_b = jnp.broadcast_to(_int32(max_new_tokens), (rows,))
         self._slots, self._prompt_state, self._prompt_experts = _start(
             graphdef, state, *self._prompts, rng, _int32(prompt_ids), queue, lengths, self._pad_id,
-            method, _int32(turn_budget or int(max_len_bucket) + 1), group_size=group_size, buffer_len=int(max_len_bucket), num_slots=self.slots,
-            rules=rules, record_support=bool(record_support), record_routing=bool(record_routing))
+            method, _int32(turn_budget or int(max_len_bucket) + 1), group_size=group_size,
+            buffer_len=int(max_len_bucket), num_slots=self.slots, rules=rules,
+            record_support=bool(record_support), record_routing=bool(record_routing))
         self._paused = np.zeros((0,), np.int64)
 
     def _queue(self, token_lists, *, rows, name):
@@ -195,13 +197,17 @@ class Engine:
         length = int(self._slots.lengths[row])
         return np.asarray(self._slots.tokens[row, :length]).tolist()
 
-    def turn_tokens(self, row):
-        """Row `row`'s tokens since its last appended ones (its current turn), a list."""
-        length = int(self._slots.lengths[row])
-        tokens, appended = jax.device_get((self._slots.tokens[row, :length],
-                                           self._slots.turns.appended[row, :length]))
-        start = int(np.nonzero(appended)[0].max()) + 1 if appended.any() else 0
-        return tokens[start:].tolist()
+    def turn_tokens(self, rows):
+        """Each row's tokens since its last appended ones (its current turn): one list per
+        row of `rows`, read from the device in one transfer."""
+        at = np.asarray(rows, np.int32)
+        lengths, tokens, appended = jax.device_get((
+            self._slots.lengths[at], self._slots.tokens[at], self._slots.turns.appended[at]))
+        turns = []
+        for n, row_tokens, row_appended in zip(lengths, tokens, appended):
+            fed = np.flatnonzero(row_appended[:n])
+            turns.append(row_tokens[fed.max() + 1 if fed.size else 0:n].tolist())
+        return turns
 
     def resume(self, appended):
         """Gives paused rows their tokens and lets them go on: `{row: token ids}` (an

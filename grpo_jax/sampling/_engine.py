@@ -238,9 +238,8 @@ def init_slots(model, prompt_logits, *, rows, prompt_len, buffer_len, num_slots,
     int32) and `queued` (`[rows]`: how many of each row's queue are real), the carry holds
     `_Turns`: rows pause on pause tokens (and, given `turn_budget`, after every
     `turn_budget` tokens sampled since they last fed one) and feed their queue before
-    sampling. With
-    `support_k` > 0 it records each sampled position's kept tokens (K of them), with
-    `routing_shape` (`(L_moe, k)`) the experts of every fed token."""
+    sampling. With `support_k` > 0 it records each sampled position's kept tokens (K of
+    them), with `routing_shape` (`(L_moe, k)`) the experts of every fed token."""
     zeros_bn = jnp.zeros((rows, buffer_len), jnp.float32)
     c = num_slots
     records = {}

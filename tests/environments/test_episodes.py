@@ -34,13 +34,14 @@ def model(tokenizer):
     return nnx.split(models.init_model(cfg, seed=3))
 
 
-def episodes(model, tokenizer, environment, *, slots=3, pool=None):
+def episodes(model, tokenizer, environment, *, slots=3, pool=None, **engine_args):
     prompts = [tokenizer.encode(p) for p in ("12+3", "abc", "7")]
     tokens, mask = sampling.pad_prompts(prompts, pad_id=0)
     engine = sampling.Engine(*model, tokens, mask, rng=jax.random.key(1),
                              method=sampling.Temperature(1.0), group_size=4, max_new_tokens=BUDGET,
                              stop_tokens=[], pad_id=0, slots=slots, max_append=8,
-                             pause_tokens=environments.pause_ids(tokenizer, environment))
+                             pause_tokens=environments.pause_ids(tokenizer, environment),
+                             **engine_args)
     examples = [{"id": p} for p in range(3) for _ in range(4)]
     got = environments.run_episodes(engine, environment, examples, tokenizer, pool=pool)
     return got, sampling.to_host(engine.rollout())
@@ -144,16 +145,7 @@ def test_the_trainer_reads_environment_tokens_and_its_loss_skips_them(model, tok
 def test_a_turn_over_its_budget_ends_the_episode_truncated(model, tokenizer):
     """turn_budget=6: a turn that samples 6 tokens without ending ("a") ends its episode,
     truncated; every other row ended at its budget or by the environment."""
-    prompts = [tokenizer.encode(p) for p in ("12+3", "abc", "7")]
-    tokens, mask = sampling.pad_prompts(prompts, pad_id=0)
-    environment = AnswerEveryA()
-    engine = sampling.Engine(*model, tokens, mask, rng=jax.random.key(1),
-                             method=sampling.Temperature(1.0), group_size=4, max_new_tokens=BUDGET,
-                             stop_tokens=[], pad_id=0, slots=3, max_append=8, turn_budget=6,
-                             pause_tokens=environments.pause_ids(tokenizer, environment))
-    got = environments.run_episodes(engine, environment, [{"id": p} for p in range(3) for _ in range(4)],
-                                    tokenizer)
-    rollout = sampling.to_host(engine.rollout())
+    got, rollout = episodes(model, tokenizer, AnswerEveryA(), turn_budget=6)
     a = tokenizer.convert_tokens_to_ids("a")
     over = got.turns_over_budget.astype(bool)
     assert over.sum() >= 3 and got.metrics()["turns_over_budget_rate"] == over.mean()

@@ -55,6 +55,11 @@ def test_steps_run_the_tool_and_stop_past_max_calls():
         observation="<result>error: the tool timed out</result>", tool_call=True, tool_error=True)
 
 
+def test_an_environment_without_a_step_says_what_to_define():
+    with pytest.raises(NotImplementedError, match=r"Environment must define step\(example, turns\)"):
+        environments.Environment().step({}, ["x"])
+
+
 def test_tool_names_must_be_tag_names():
     with pytest.raises(ValueError, match=r"tool names \['my tool'\] are not tag names"):
         ToolEnvironment(tools={"my tool": calculator})
