@@ -20,6 +20,7 @@ import transformers
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from grpo_jax import paths
 from grpo_jax.models import config as config_lib
 from grpo_jax.models import decoder
 from grpo_jax.models.safetensors_io import SafetensorsFile, save_file
@@ -317,22 +318,21 @@ def write_weights(state, entries, hf_config, path, *, tokenizer=None, dtype,
         for i in range(n_shards)
     ]
     if writer:
-        os.makedirs(path, exist_ok=True)
-        hf_config.save_pretrained(path)
+        with paths.staged(path) as local:   # transformers writes local files only
+            hf_config.save_pretrained(local)
     current, shard = {}, 0
     for entry in entries:
         for name, part in _host_tensors(flat[entry.path].get_value(), entry):
             if plan[name] != shard:
                 if writer:
-                    save_file(current, os.path.join(path, file_names[shard]), metadata={"format": "pt"})
+                    save_file(current, paths.join(path, file_names[shard]), metadata={"format": "pt"})
                 current, shard = {}, plan[name]
             current[name] = np.ascontiguousarray(_to_hf(entry, part).astype(dtype))
     if not writer:
         return
-    save_file(current, os.path.join(path, file_names[shard]), metadata={"format": "pt"})
-    stale_index = os.path.join(path, INDEX_FILE)
-    if n_shards == 1 and os.path.exists(stale_index):
-        os.remove(stale_index)  # it would shadow the single file on load
+    save_file(current, paths.join(path, file_names[shard]), metadata={"format": "pt"})
+    if n_shards == 1:   # a stale index would shadow the single file on load
+        (paths.path(path) / INDEX_FILE).unlink(missing_ok=True)
     if n_shards > 1:
         index = {
             "metadata": {"total_size": sum(
@@ -340,7 +340,7 @@ def write_weights(state, entries, hf_config, path, *, tokenizer=None, dtype,
             )},
             "weight_map": {name: file_names[i] for name, i in plan.items()},
         }
-        with open(os.path.join(path, INDEX_FILE), "w") as f:
-            json.dump(index, f, indent=2)
+        paths.write_whole(paths.join(path, INDEX_FILE), json.dumps(index, indent=2))
     if tokenizer is not None:
-        tokenizer.save_pretrained(path)
+        with paths.staged(path) as local:
+            tokenizer.save_pretrained(local)

@@ -1,7 +1,6 @@
 """The policy network and its tokenizer: created or loaded in their sharding, exported."""
 
 import dataclasses
-import os
 
 import transformers
 from flax import nnx
@@ -34,18 +33,20 @@ class Policy:
 def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     """Returns `(model, tokenizer)` from ``config.model``.
 
-    ``model.path``: a local Hugging Face directory (weights, config and tokenizer), read
-    by `models.from_pretrained` with every tensor placed straight into its sharding.
+    ``model.path``: a Hugging Face directory (weights, config and tokenizer), read by
+    `models.from_pretrained` with every tensor placed straight into its sharding; one in
+    a bucket (``gs://...``) is first copied to a temporary local directory.
     ``model.name``: a named shape initialised at random, with a character tokenizer
     trained on `tokenizer_texts` (the tiny CPU models).
     """
     if model_cfg.path:
         path = paths.resolve(model_cfg.path)
-        if not os.path.isdir(path):
+        if not paths.path(path).is_dir():
             raise FileNotFoundError(f"model.path {model_cfg.path!r} is not a directory; point it at "
-                                    "a local Hugging Face checkpoint (config.json + *.safetensors)")
-        model, tokenizer = models.from_pretrained(
-            path, mesh=mesh, rules=model_cfg.rules, **models.run_overrides(model_cfg, mesh))
+                                    "a Hugging Face checkpoint (config.json + *.safetensors)")
+        with paths.local_copy(path) as local:   # the reader memory-maps local files
+            model, tokenizer = models.from_pretrained(
+                local, mesh=mesh, rules=model_cfg.rules, **models.run_overrides(model_cfg, mesh))
         if tokenizer is None:
             raise FileNotFoundError(f"model.path {path!r} has no tokenizer files; save the "
                                     "tokenizer next to the weights")
@@ -70,12 +71,15 @@ def start_policy(config, mesh, workdir, tokenizer_texts):
     resumed run (or another process) uses the one the run started with."""
     model, tokenizer = load_policy(config.model, mesh, tokenizer_texts=tokenizer_texts,
                                    seed=config.seed)
-    saved = os.path.join(workdir, "tokenizer")
-    if parallel.is_main() and not os.path.isdir(saved):
-        tokenizer.save_pretrained(saved)
+    saved = paths.join(workdir, "tokenizer")
+    if parallel.is_main() and not paths.path(saved).is_dir():
+        with paths.staged(saved) as local:
+            tokenizer.save_pretrained(local)
     parallel.sync("tokenizer saved")
     graphdef, params = nnx.split(model)
-    return Policy(graphdef, params, transformers.AutoTokenizer.from_pretrained(saved))
+    with paths.local_copy(saved) as local:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(local)
+    return Policy(graphdef, params, tokenizer)
 
 
 def export(policy, path):

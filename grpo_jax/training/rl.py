@@ -30,7 +30,6 @@ exactly as an uninterrupted one would.
 """
 
 import dataclasses
-import os
 import time
 from typing import Any, Callable
 
@@ -238,7 +237,7 @@ def set_up(config, workdir, mesh):
         train_iter=iter(task_lib.loader(train_source, config,
                                         batch_size=config.rollout.prompts_per_batch)),
         held_out=evaluation.own_examples(eval_source, config.eval.num_prompts),
-        checkpointer=checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+        checkpointer=checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
                                              keep=config.train.keep_checkpoints),
         advantages_fn=jax.jit(objective.advantages),
         mismatch_fn=jax.jit(objectives.mismatch_metrics),
@@ -274,10 +273,10 @@ def restore(run):
 def export(run):
     """Writes the policy to ``workdir/export`` and the critic to ``workdir/export_critic``
     as Hugging Face checkpoints."""
-    policy_lib.export(run.policy, os.path.join(run.workdir, "export"))
+    policy_lib.export(run.policy, paths.join(run.workdir, "export"))
     if run.critic is not None:
         critic_lib.export(run.critic, run.policy.tokenizer,
-                          os.path.join(run.workdir, "export_critic"))
+                          paths.join(run.workdir, "export_critic"))
 
 
 def schedule(config, start):
@@ -307,7 +306,7 @@ def _rollouts(run, step):
         run.lagged = run.lagged[1:] + [_copy(policy.params)]
     if config.train.log_rollouts_every and step % config.train.log_rollouts_every == 0:
         rollout.write_samples(batch, policy.tokenizer,
-                              os.path.join(run.workdir, "rollouts", f"{step}.jsonl"))
+                              paths.join(run.workdir, "rollouts", f"{step}.jsonl"))
     return batch, metrics, examples, behaviour
 
 
@@ -474,6 +473,7 @@ def train(config, workdir, *, seconds=None):
             last = step == total_steps or out_of_time
             stopping = stop.requested() and not last   # agreed by every process
             if step % config.train.checkpoint_every == 0 or last or stopping:
+                writer.flush()   # the rows up to the step saved: what a resume keeps
                 run.checkpointer.save_run(step, checkpoint_state(run), run.train_iter,
                                           seed=config.seed)
             if stopping:

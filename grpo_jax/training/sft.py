@@ -8,7 +8,6 @@ losses read the same log-probs. The run ends by exporting a Hugging Face checkpo
 ``workdir/export``, which an RL run loads with ``--config.model.path``.
 """
 
-import os
 import time
 
 import jax
@@ -40,7 +39,7 @@ def train(config, workdir, *, seconds=None):
     run = programs.sft_programs(config, mesh, policy.graphdef, policy.params)
     opt_state = steps.init_optimizer_state(run.tx, policy.params, mesh)
     update = run.update
-    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+    checkpointer = checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
                                            keep=config.train.keep_checkpoints)
     step, state = checkpointer.restore_run({"params": policy.params, "opt_state": opt_state},
                                            train_iter)
@@ -75,6 +74,7 @@ def train(config, workdir, *, seconds=None):
                 writer.write(step, metrics)
             stopping = stop.requested() and not last   # agreed by every process
             if step % config.sft.checkpoint_every == 0 or last or stopping:
+                writer.flush()   # the rows up to the step saved: what a resume keeps
                 checkpointer.save_run(step, {"params": policy.params, "opt_state": opt_state},
                                       train_iter, seed=config.seed)
             if stopping:
@@ -86,5 +86,5 @@ def train(config, workdir, *, seconds=None):
         writer.close()
         checkpointer.close()
         scorer.close()
-    policy_lib.export(policy, os.path.join(workdir, "export"))
+    policy_lib.export(policy, paths.join(workdir, "export"))
     return step
