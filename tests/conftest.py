@@ -112,6 +112,7 @@ def gcs_emulator(monkeypatch):
 # queue, so the short tests fill in around the long ones and no long test starts last,
 # leaving the other worker idle. A module's tests stay together (in their own order).
 LONGEST_FIRST = ("training/test_multihost.py", "training/test_faults.py", "training/test_rl.py",
+                 "training/test_bucket.py",
                  "training/test_demo.py", "training/test_sweep_launcher.py",
                  "training/test_critic.py", "sampling/test_bench_sampler_smoke.py",
                  "models/test_scan_layers.py", "training/test_steps.py", "test_aot.py")
