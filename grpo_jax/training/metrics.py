@@ -1,8 +1,7 @@
 """Metrics every step: JSONL and TensorBoard in the workdir, one concise console line.
 
-TensorBoard files are written by tensorboardX (no TensorFlow). Only process 0 writes,
-and the files are rewritten whole at each checkpoint (`MetricWriter`), so the workdir
-may be in a bucket.
+TensorBoard files are written by tensorboardX (no TensorFlow). Only process 0 writes:
+row by row on a local disk, and in a bucket whole at each checkpoint (`MetricWriter`).
 The console line's time per step and ETA leave out the time JAX spends tracing and
 compiling (counted through `jax.monitoring`), which is reported on its own: the first
 steps of a run compile every program, and would otherwise inflate the ETA many times.
@@ -134,13 +133,15 @@ def kept_lines(text, step):
 class MetricWriter:
     """Writes scalar metrics to ``workdir/metrics.jsonl``, TensorBoard and the console.
 
-    The workdir may be in a bucket, where a file cannot be appended to: metrics.jsonl is
-    rewritten whole (`paths.write_whole`) at each `flush`, which the loop calls when it
+    On a local disk each row is appended to metrics.jsonl (and TensorBoard flushed) as it
+    comes. In a bucket (``gs://``), where an object cannot be appended to, metrics.jsonl
+    is rewritten whole (`paths.write_whole`) at each `flush`, which the loop calls when it
     saves a checkpoint, and which also runs when a row comes `FLUSH_SECONDS` after the
-    last flush and at `close`. So a run killed at any moment leaves every row up to its
-    last checkpoint; the rows after it are redone on resume. TensorBoard's event file
-    (tensorboardX, which writes gs:// itself, also whole) is flushed at the same points.
-    The console line comes every step.
+    last flush and at `close`: a run killed at any moment leaves every row up to its last
+    checkpoint, and the rows after it are redone on resume. TensorBoard's event file
+    (tensorboardX writes gs:// itself, also whole) is flushed at the same points there.
+    The console line comes every step. `whole_file` chooses the bucket's way on any
+    workdir (None: by where the workdir is).
 
     A run resumed at `start_step` keeps the rows of steps up to it and drops the later
     ones (written before an interruption, and about to be redone).
@@ -149,7 +150,7 @@ class MetricWriter:
     FLUSH_SECONDS = 60.0
 
     def __init__(self, workdir, *, total_steps, start_step=0, total_seconds=None, prefix="",
-                 stream=sys.stdout):
+                 stream=sys.stdout, whole_file=None):
         self.total_steps = total_steps
         self.start_step = start_step         # the step a resumed run starts after
         self.total_seconds = total_seconds   # a run bounded by wall time shows time progress
@@ -157,10 +158,18 @@ class MetricWriter:
         self.stream = stream
         self._start = self._flushed_at = time.time()
         self._compile_at_start = self._compile_at_last_write = compile_seconds()
-        self._tb = None
+        self._tb = self._appending = None
+        self.whole_file = paths.is_url(workdir) if whole_file is None else whole_file
         if parallel.is_main():
             self._path = paths.path(workdir) / "metrics.jsonl"
-            self._lines = kept_lines(paths.read_text_or_none(self._path), start_step)
+            text = paths.read_text_or_none(self._path)
+            self._lines = kept_lines(text, start_step)
+            if not self.whole_file:
+                if text is not None and "".join(self._lines) != text:
+                    paths.write_whole(self._path, "".join(self._lines))
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                self._appending = self._path.open("a", encoding="utf-8")
+                self._lines = None   # the file holds them
             import tensorboardX   # imported lazily: only the writing process needs it
             self._tb = tensorboardX.SummaryWriter(str(paths.path(workdir) / "tensorboard"))
 
@@ -172,17 +181,24 @@ class MetricWriter:
         self._compile_at_last_write = compiled
         if not parallel.is_main():
             return
-        self._lines.append(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        line = json.dumps({"step": step, "time": time.time(), **metrics}) + "\n"
         for name, value in metrics.items():
             if math.isfinite(value):
                 self._tb.add_scalar(f"{self.prefix}{name}", value, step)
         print(self._console_line(step, metrics), file=self.stream, flush=True)
+        if not self.whole_file:
+            self._appending.write(line)
+            self._appending.flush()
+            self._tb.flush()
+            return
+        self._lines.append(line)
         if time.time() - self._flushed_at >= self.FLUSH_SECONDS:
             self.flush()
 
     def flush(self):
-        """Writes every row so far to metrics.jsonl and TensorBoard's event file."""
-        if not parallel.is_main():
+        """Writes every row so far to metrics.jsonl and TensorBoard's event file (on a
+        local disk they are there already)."""
+        if not parallel.is_main() or not self.whole_file:
             return
         paths.write_whole(self._path, "".join(self._lines))
         self._tb.flush()
@@ -207,4 +223,6 @@ class MetricWriter:
         """Flushes (`flush`) and closes the TensorBoard writer."""
         if parallel.is_main():
             self.flush()
+            if self._appending is not None:
+                self._appending.close()
             self._tb.close()
