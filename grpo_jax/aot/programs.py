@@ -122,7 +122,7 @@ def build(config, mesh, *, prompt_len):
     params = _params(state, mesh, config.model.rules)
     objective = programs_lib.rl_objective(config)
     run = programs_lib.policy_programs(config, mesh, graphdef, params, objective)
-    opt_state = abstract(jax.eval_shape(run.tx.init, params), run.opt_shardings)
+    opt_state = abstract(jax.eval_shape(run.tx.init, run.trained_part(params)), run.opt_shardings)
     rows = batch_rows(config, cfg, mesh, prompt_len)
     b = rows["mask"].shape[0]
     minibatch = b // config.train.minibatches
@@ -193,7 +193,7 @@ def _critic_programs(config, mesh, cfg, rows, index, pieces, plans, *, held):
     graphdef, state = models.abstract_value_model(cfg)
     params = _params(state, mesh, config.model.rules)
     run = programs_lib.critic_programs(config, mesh, graphdef, params)
-    opt_state = abstract(jax.eval_shape(run.tx.init, params), run.opt_shardings)
+    opt_state = abstract(jax.eval_shape(run.tx.init, run.trained_part(params)), run.opt_shardings)
     update, values = run.update, run.forward
     b, seq = rows["mask"].shape[0], f"S={rows['prompt_tokens'].shape[1]}+N={rows['mask'].shape[1]}"
     with jax.set_mesh(mesh):
