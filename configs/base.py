@@ -59,7 +59,7 @@ def get_config(arg=None):
     # and checkpointed; the frozen base with adapters off is the KL reference.
     config.model.lora = config_dict.ConfigDict()
     config.model.lora.rank = 0
-    config.model.lora.alpha = 16.0        # scale alpha / rank
+    config.model.lora.alpha = 32.0        # scale alpha / rank (32: "LoRA Without Regret")
     config.model.lora.targets = ("attn.*", "mlp.*")
     # Start RL from a supervised warm start of model.name, built once with the sft section
     # below and cached under task.data_dir (RL from a random model has no signal at all).
