@@ -453,10 +453,10 @@ def initial_variables(cfg, state, seed, mesh, rules, *, only=nnx.Param):
     for path, variable in nnx.to_flat_state(per_layer_state):
         if not isinstance(variable, only):
             continue
-        shape, init = variable.get_value().shape, variable.get_metadata()["init"]
+        value, init = variable.get_value(), variable.get_metadata()["init"]
         rng = adapter_rng if isinstance(variable, nnx.LoRAParam) else base_rng
         host = layers.initial_value(
-            init, shape, cfg.param_dtype, lambda s: rng.standard_normal(s, dtype=np.float32)
+            init, value.shape, value.dtype, lambda s: rng.standard_normal(s, dtype=np.float32)
         )
         path, position = scanned_path(cfg, path) if cfg.scan_layers else (path, None)
         if position is not None:

@@ -34,6 +34,9 @@ PROJECTIONS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "ml
 HF_NAMES = {"attn.q": "q_proj", "attn.k": "k_proj", "attn.v": "v_proj", "attn.o": "o_proj",
             "mlp.gate": "gate_proj", "mlp.up": "up_proj", "mlp.down": "down_proj"}
 SUFFIX = "_lora"   # the adapter of projection `q` is the module `q_lora` beside it
+# The adapters are trained, so they keep float32 master weights whatever the frozen base
+# is stored in (`ModelConfig.param_dtype`, e.g. bfloat16).
+ADAPTER_DTYPE = "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,14 +94,14 @@ def spec_from_config(section):
 
 
 def adapter(cfg, path, in_dim, out_dim, in_axis, out_axis, rngs):
-    """The `nnx.LoRA` of projection `path` (`[in_dim] -> [out_dim]`, heads flattened), or
-    None when `cfg.lora` does not target it. Its factors carry logical axes, so they are
+    """The `nnx.LoRA` of projection `path` (`[in_dim] -> [out_dim]`, heads flattened,
+    float32 factors, computed in `cfg.dtype`), or None when `cfg.lora` does not target it. Its factors carry logical axes, so they are
     sharded like the weight's input and output, and "lora" (the rank, never split)."""
     spec = cfg.lora
     if spec is None or path not in spec.targets:
         return None
     return nnx.LoRA(
-        in_dim, spec.rank, out_dim, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        in_dim, spec.rank, out_dim, dtype=cfg.dtype, param_dtype=ADAPTER_DTYPE,
         a_initializer=jax.nn.initializers.normal(layers.INIT_STD), rngs=rngs,
         a_metadata={"logical_axes": (in_axis, "lora"), "init": "normal"},
         b_metadata={"logical_axes": ("lora", out_axis), "init": "zeros"})

@@ -109,6 +109,18 @@ class TestAdapters:
         jax.tree.map(np.testing.assert_array_equal, frozen, plain)
 
 
+    def test_a_bfloat16_base_keeps_float32_adapters(self):
+        cfg = dataclasses.replace(models.get_model_config("tiny"), param_dtype="bfloat16")
+        plain = models.init_model(cfg, seed=3)
+        adapted = models.init_model(dataclasses.replace(cfg, lora=SPEC), seed=3)
+        state = nnx.state(adapted)
+        frozen = nnx.filter_state(state, nnx.Not(nnx.LoRAParam))
+        assert {a.dtype for a in jax.tree.leaves(lora.adapters(state))} == {np.dtype("float32")}
+        assert {w.dtype for w in jax.tree.leaves(frozen)} == {np.dtype("bfloat16")}
+        tokens = np.arange(12, dtype=np.int32).reshape(2, 6)
+        np.testing.assert_array_equal(np.asarray(adapted(tokens)), np.asarray(plain(tokens)))
+
+
 class TestExport:
     def test_merged_export_equals_the_unmerged_forward(self, adapted, tmp_path):
         _, _, _, model, tokens, mask = adapted
