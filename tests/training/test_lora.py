@@ -21,8 +21,9 @@ from grpo_jax.training import rl
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
 from tests.training.test_steps import B, V, _counts, _loss, _rows, _shardings
 from tests.training.training_setups import (FAULTS, assert_rows_equal, assert_same_export, cli,
-                                            cli_config_file, faults_config, finished_checkpoints,
-                                            read_metrics, wait_for_step)
+                                            cli_config_file, comparable, faults_config,
+                                            finished_checkpoints, read_metrics, tiny_config,
+                                            wait_for_step)
 
 SPEC = lora.LoraSpec(rank=4, alpha=8.0, targets=lora.PROJECTIONS)
 
@@ -158,3 +159,22 @@ def test_kill_9_mid_run_resumes_to_the_uninterrupted_lora_run(data_dir, lora_run
     assert saved >= 2 and f"resumed from the checkpoint of step {saved} in" in final.stdout
     assert_rows_equal(workdir, lora_run, range(1, 5))
     assert_same_export(workdir, lora_run)
+
+
+@pytest.mark.slow
+def test_the_reference_is_the_base_and_lagged_adapters_resume_exactly(data_dir, tmp_path):
+    """With a KL term the reference is the policy with its adapters off: at step 1 (one
+    update, B still 0) the policy is the base and KL(pi_theta || pi_ref) is exactly 0, then
+    positive. A run with lagged rollouts cut at step 2 and resumed equals the whole run."""
+    overrides = {"model.lora.rank": 4, "train.steps": 3, "train.checkpoint_every": 2,
+                 "train.eval_every": 100, "train.minibatches": 1, "rollout.policy_lag": 1,
+                 "objective.kl.beta": 0.01, "optimizer.warmup_steps": 0}   # step 1 updates
+    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "whole"))
+    rl.train(tiny_config("dapo", data_dir, **{**overrides, "train.steps": 2}), str(tmp_path / "cut"))
+    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "cut"))
+    whole, cut = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "cut")
+    assert whole[0]["kl_ref"] == 0.0 and whole[1]["kl_ref"] > 0 and whole[2]["kl_ref"] > 0
+    assert [r["step"] for r in cut] == [1, 2, 3]
+    for got, want in zip(cut, whole):
+        for key, value in comparable(want).items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
