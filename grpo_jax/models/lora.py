@@ -95,8 +95,9 @@ def spec_from_config(section):
 
 def adapter(cfg, path, in_dim, out_dim, in_axis, out_axis, rngs):
     """The `nnx.LoRA` of projection `path` (`[in_dim] -> [out_dim]`, heads flattened,
-    float32 factors, computed in `cfg.dtype`), or None when `cfg.lora` does not target it. Its factors carry logical axes, so they are
-    sharded like the weight's input and output, and "lora" (the rank, never split)."""
+    float32 factors, computed in `cfg.dtype`), or None when `cfg.lora` does not target
+    it. Its factors carry logical axes, so they are sharded like the weight's input and
+    output, and "lora" (the rank, never split)."""
     spec = cfg.lora
     if spec is None or path not in spec.targets:
         return None

@@ -79,6 +79,10 @@ def check_config(config, mesh):
         raise ValueError(f"train.sft_weight adds the reference solutions of the "
                          f"{config.rollout.prompts_per_batch} prompts, which must split into "
                          f"train.minibatches = {config.train.minibatches}")
+    if config.critic.enabled and config.model.lora.rank > 0:
+        raise ValueError("model.lora.rank > 0 with critic.enabled is not supported yet (the "
+                         "critic would train and export its trunk's adapters as its own); set "
+                         "model.lora.rank=0 for PPO/VAPO")
     if config.train.ref_reset_every and config.model.lora.rank > 0:
         raise ValueError("with model.lora.rank > 0 the KL reference is the frozen base (adapters "
                          "off); train.ref_reset_every cannot move it: set it to 0")

@@ -97,6 +97,19 @@ def test_the_optimizer_state_holds_the_adapters_only():
     assert adapter_bytes < 0.15 * total_bytes
 
 
+@pytest.mark.parametrize("overrides, message", [
+    ({"train.ref_reset_every": 5, "objective.kl.beta": 0.01},
+     r"the KL reference is the frozen base \(adapters off\); train.ref_reset_every cannot move it"),
+    ({"critic.enabled": True, "objective.advantage.estimator": "gae"},
+     r"model.lora.rank > 0 with critic.enabled is not supported yet"),
+])
+def test_settings_lora_cannot_serve_name_the_field(overrides, message):
+    config = config_lib.apply_overrides(config_lib.load_config("configs/dapo.py:runlocal=True"),
+                                        {"model.lora.rank": 4, **overrides})
+    with pytest.raises(ValueError, match=message):
+        rl.check_config(config, parallel.make_mesh((("data", 8), ("fsdp", 1), ("tensor", 1))))
+
+
 # The LoRA runs: the fault tests' setting with rank-4 adapters on every projection, 4 steps.
 LORA = {**FAULTS, "model.lora.rank": 4, "train.steps": 4, "train.checkpoint_every": 2,
         "train.export": True}
