@@ -300,12 +300,14 @@ class MoeMlp(nnx.Module):
 
     def __init__(self, cfg, *, rngs):
         d, e, f, pdt = cfg.d_model, cfg.n_experts, cfg.moe_d_ff, cfg.param_dtype
-        lora.check_experts(cfg)
         self.cfg = cfg
         self.router = param(rngs, (d, e), ("embed", "router"), pdt)
         self.gate = param(rngs, (e, d, f), ("expert", "embed", "mlp"), pdt)
         self.up = param(rngs, (e, d, f), ("expert", "embed", "mlp"), pdt)
         self.down = param(rngs, (e, f, d), ("expert", "mlp", "embed"), pdt)
+        self.gate_lora = lora.expert_adapter(cfg, "mlp.gate", d, f, "embed", "mlp", rngs)
+        self.up_lora = lora.expert_adapter(cfg, "mlp.up", d, f, "embed", "mlp", rngs)
+        self.down_lora = lora.expert_adapter(cfg, "mlp.down", f, d, "mlp", "embed", rngs)
 
     def __call__(self, x, token_mask, routing=None):
         """Routes and mixes the experts.
@@ -334,7 +336,10 @@ class MoeMlp(nnx.Module):
             top_p = jnp.take_along_axis(probs, top_e, axis=-1)
         if self.cfg.norm_topk_prob:
             top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
-        weights = tuple(w[...].astype(dt) for w in (self.gate, self.up, self.down))
+        weights = tuple(
+            lora.adapted_weight(getattr(self, name)[...], getattr(self, f"{name}_lora"),
+                                self.cfg.lora).astype(dt)
+            for name in ("gate", "up", "down"))
         experts = _every_expert if self.cfg.moe_impl == "dense" else _chosen_experts_ragged
         y = experts(x_td, top_e, *weights)  # [T, k, D]
         out = jnp.einsum("tkd,tk->td", y, top_p.astype(dt)).reshape(b, s, d)

@@ -5,7 +5,8 @@ A `[in, r]` (random) and B `[r, out]` (zeros, so the adapted model starts as the
 
     y = x W + (alpha / r) * (x A) B                      (Hu et al., eq. 3)
 
-A and B are `nnx.LoRAParam`s, so `nnx.LoRAParam` selects what a trainer differentiates
+Routed experts get one adapter each (`ExpertLoRA`, folded into the experts' weights
+inside the forward). A and B are `nnx.LoRAParam`s, so `nnx.LoRAParam` selects what a trainer differentiates
 and what its optimizer and checkpoints hold; zeroing them gives back the base model (the
 KL reference) without a second copy of its weights. `merged_state` folds the adapters
 into the weights (W + alpha/r A B) for a plain Hugging Face export; `peft_tensors` names
@@ -108,12 +109,35 @@ def adapter(cfg, path, in_dim, out_dim, in_axis, out_axis, rngs):
         b_metadata={"logical_axes": ("lora", out_axis), "init": "zeros"})
 
 
-def check_experts(cfg):
-    """Raises for MLP targets on a routed-experts block, which takes no adapters yet."""
-    mlp = [t for t in cfg.lora.targets if t.startswith("mlp.")] if cfg.lora else []
-    if mlp:
-        raise ValueError(f"model.lora.targets: {', '.join(mlp)} on routed experts is not "
-                         "supported yet; target attention only (attn.*) for an MoE model")
+class ExpertLoRA(nnx.Module):
+    """One adapter per routed expert: A `[E, in, r]` (random) and B `[E, r, out]` (zeros),
+    `nnx.LoRAParam`s like `nnx.LoRA`'s, which has no expert axis."""
+
+    def __init__(self, n_experts, in_dim, rank, out_dim, in_axis, out_axis, rngs):
+        a = jax.nn.initializers.normal(layers.INIT_STD)(
+            rngs.params(), (n_experts, in_dim, rank), ADAPTER_DTYPE)
+        self.lora_a = nnx.LoRAParam(a, logical_axes=("expert", in_axis, "lora"), init="normal")
+        self.lora_b = nnx.LoRAParam(jnp.zeros((n_experts, rank, out_dim), ADAPTER_DTYPE),
+                                    logical_axes=("expert", "lora", out_axis), init="zeros")
+
+
+def expert_adapter(cfg, path, in_dim, out_dim, in_axis, out_axis, rngs):
+    """The `ExpertLoRA` of the routed experts' projection `path`, or None when `cfg.lora`
+    does not target it."""
+    spec = cfg.lora
+    if spec is None or path not in spec.targets:
+        return None
+    return ExpertLoRA(cfg.n_experts, in_dim, spec.rank, out_dim, in_axis, out_axis, rngs)
+
+
+def adapted_weight(weight, module, spec):
+    """`[E, in, out]` experts' weights with their adapters folded in, W + alpha/r A B
+    (per expert, in float32): the experts' matmuls then run as without LoRA, and the
+    gradient reaches A and B through the sum. `weight` itself when `module` is None."""
+    if module is None:
+        return weight
+    delta = module.lora_a[...] @ module.lora_b[...]
+    return weight.astype(jnp.float32) + spec.scale * delta
 
 
 def apply(module, x, out_shape, spec):
@@ -184,10 +208,19 @@ def save_peft_adapter(model, path, *, base_path):
         json.dump(peft_config(model.cfg.lora, base_path), f, indent=2)
 
 
+def peft_exportable(cfg):
+    """Whether PEFT's format can hold the adapters: not those of routed experts (which
+    transformers stores fused, without per-expert modules for a LoRA to wrap)."""
+    return not (cfg.n_experts and any(t.startswith("mlp.") for t in cfg.lora.targets))
+
+
 def peft_tensors(state, cfg):
     """`{PEFT tensor name: [r, in] or [out, r] array}` of the adapters, as `peft` saves a
     LoRA of the transformers model (``base_model.model.<module>.lora_A.weight``, torch's
     `[out, in]` layout); a scanned stack is split into its layers."""
+    if not peft_exportable(cfg):
+        raise ValueError("the adapters of routed experts have no PEFT form; export the merged "
+                         "model (save_pretrained), or target attention only (attn.*)")
     runs = cfg.layer_runs()
     flat = dict(nnx.to_flat_state(state))
     tensors = {}

@@ -86,15 +86,17 @@ def export(policy, path, *, base_path=""):
     alone in PEFT's format in ``path/adapter`` (beside, not inside: transformers would read
     an ``adapter_config.json`` in `path` as an adapter to load onto another model),
     pointing at `base_path`, the frozen base's checkpoint; without one (a named shape
-    drawn at random) the base is written to ``path/base``.
+    drawn at random) the base is written to ``path/base``. Adapters of routed experts have
+    no PEFT form: such a policy is exported merged only.
     """
     model = nnx.merge(policy.graphdef, policy.params)
     models.save_pretrained(model, path, tokenizer=policy.tokenizer)
-    if model.cfg.lora is not None:
-        if not base_path:
-            base_path = os.path.join(path, "base")
-            models.save_pretrained(nnx.merge(policy.graphdef, models.adapters_off(policy.params)),
-                                   base_path, tokenizer=policy.tokenizer)
+    adapter = model.cfg.lora is not None and models.peft_exportable(model.cfg)
+    if adapter and not base_path:
+        base_path = os.path.join(path, "base")
+        models.save_pretrained(nnx.merge(policy.graphdef, models.adapters_off(policy.params)),
+                               base_path, tokenizer=policy.tokenizer)
+    if adapter:
         models.save_peft_adapter(model, os.path.join(path, "adapter"), base_path=base_path)
     if parallel.is_main():
         print(f"exported the policy to {path}", flush=True)

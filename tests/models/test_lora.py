@@ -1,4 +1,5 @@
-"""LoRA adapters on every family: the base at init, the merged export, PEFT's format."""
+"""LoRA adapters on every family (routed experts too): the base at init, the merged
+export, PEFT's format."""
 
 import dataclasses
 
@@ -16,9 +17,6 @@ SPEC = lora.LoraSpec(rank=4, alpha=8.0, targets=lora.PROJECTIONS)
 ATTENTION_ONLY = dataclasses.replace(SPEC, targets=lora.resolve_targets(("attn.*",)))
 
 
-def spec_for(family):
-    """Every projection, or attention only on the MoE family (experts take no adapters)."""
-    return ATTENTION_ONLY if family == "qwen3_moe" else SPEC
 
 
 def logits(model, tokens, mask):
@@ -38,10 +36,11 @@ def with_random_adapters(model, seed=0):
 
 @pytest.fixture(scope="module")
 def adapted(family, hf_checkpoint):
-    """(checkpoint path, base model, adapted model, tokens, mask) of one family."""
+    """(checkpoint path, base model, adapters at init, random adapters, tokens, mask) of
+    one family, every projection adapted (the routed experts too)."""
     path, _ = hf_checkpoint(family)
     base, _ = models.from_pretrained(path)
-    start, _ = models.from_pretrained(path, lora=spec_for(family))
+    start, _ = models.from_pretrained(path, lora=SPEC)
     tokens, mask = padded_batch(base.cfg.vocab_size)
     return path, base, start, with_random_adapters(start), tokens, mask
 
@@ -67,10 +66,12 @@ class TestTargets:
         with pytest.raises(ValueError, match=r"model.lora.targets is empty"):
             lora.spec_from_config(section)
 
-    def test_experts_refuse_adapters_with_the_fix(self):
+    def test_experts_have_no_peft_form_and_say_what_to_do(self):
         cfg = dataclasses.replace(models.get_model_config("tiny_moe"), lora=SPEC)
-        with pytest.raises(ValueError, match=r"mlp.gate, mlp.up, mlp.down on routed experts is not supported yet"):
-            models.init_model(cfg)
+        assert not lora.peft_exportable(cfg)
+        assert lora.peft_exportable(dataclasses.replace(cfg, lora=ATTENTION_ONLY))
+        with pytest.raises(ValueError, match=r"routed experts have no PEFT form; export the merged"):
+            lora.peft_tensors(nnx.state(models.init_model(cfg)), cfg)
 
 
 class TestAdapters:
@@ -79,7 +80,7 @@ class TestAdapters:
         _, base, start, _, tokens, mask = adapted
         np.testing.assert_array_equal(logits(start, tokens, mask), logits(base, tokens, mask))
 
-    def test_the_forward_is_the_base_plus_scaled_low_rank_products(self, adapted, family):
+    def test_the_forward_is_the_base_plus_scaled_low_rank_products(self, adapted):
         """The adapted network equals the base with W + alpha/r A B written in by numpy."""
         path, base, _, model, tokens, mask = adapted
         flat = dict(nnx.to_flat_state(nnx.state(model)))
@@ -94,6 +95,19 @@ class TestAdapters:
         by_numpy = nnx.merge(graphdef, nnx.from_flat_state(merged))
         assert max_rel_error(logits(model, tokens, mask), logits(by_numpy, tokens, mask), mask) < 1e-5
         assert max_rel_error(logits(model, tokens, mask), logits(base, tokens, mask), mask) > 1e-3
+
+    def test_expert_adapters_agree_across_moe_impls(self):
+        """Each routed expert's adapter, folded into its weights, gives the same network
+        whether the experts run ragged or dense."""
+        cfg = dataclasses.replace(models.get_model_config("tiny_moe"), lora=SPEC)
+        ragged = with_random_adapters(models.init_model(cfg, seed=2))
+        graphdef, state = nnx.split(ragged)
+        dense = nnx.merge(nnx.graphdef(models.init_model(
+            dataclasses.replace(cfg, moe_impl="dense"), seed=2)), state)
+        tokens, mask = padded_batch(cfg.vocab_size)
+        assert max_rel_error(logits(dense, tokens, mask), logits(ragged, tokens, mask), mask) < 1e-5
+        a = dict(nnx.to_flat_state(state))[("layers", 0, "mlp", "down_lora", "lora_a")]
+        assert a.get_value().shape == (cfg.n_experts, cfg.moe_d_ff, SPEC.rank)
 
     def test_adapters_off_is_the_base(self, adapted):
         _, base, _, model, tokens, mask = adapted
@@ -129,16 +143,18 @@ class TestExport:
         assert loaded.cfg.lora is None
         assert max_rel_error(logits(loaded, tokens, mask), logits(model, tokens, mask), mask) < 1e-5
 
-    def test_peft_loads_the_adapter_onto_transformers_and_agrees(self, adapted, tmp_path, family):
+    def test_peft_loads_the_adapter_onto_transformers_and_agrees(self, adapted, tmp_path):
         torch = pytest.importorskip("torch", reason="the PEFT round trip needs torch (CPU)")
         peft = pytest.importorskip("peft", reason="the PEFT round trip needs peft (test extra)")
         import transformers
-        path, _, _, model, tokens, mask = adapted
+        path, _, start, model, tokens, mask = adapted
+        spec = SPEC if lora.peft_exportable(start.cfg) else ATTENTION_ONLY
+        model = with_random_adapters(models.from_pretrained(path, lora=spec)[0])
         models.save_peft_adapter(model, str(tmp_path / "adapter"), base_path=path)
         base = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
         peft_model = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
         assert sorted(peft_model.peft_config["default"].target_modules) == sorted(
-            lora.HF_NAMES[t] for t in spec_for(family).targets)
+            lora.HF_NAMES[t] for t in spec.targets)
         positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
         with torch.no_grad():
             theirs = peft_model(input_ids=torch.tensor(tokens).long(),
