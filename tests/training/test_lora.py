@@ -32,9 +32,11 @@ def _tree_bytes(tree):
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _lora_model(mesh):
-    """The tiny model with adapters, their B drawn at random so that A has a gradient too."""
-    cfg = dataclasses.replace(models.get_model_config("tiny", vocab_size=V), lora=SPEC)
+def _lora_model(mesh, name="tiny"):
+    """A tiny model with adapters, their B drawn at random so that A has a gradient too."""
+    # experts as dense einsums, CPU's fast path (tests/models/test_lora.py: same network)
+    cfg = dataclasses.replace(models.get_model_config(name, vocab_size=V), lora=SPEC,
+                              moe_impl="dense")
     graphdef, params = nnx.split(models.init_model(cfg, seed=3, mesh=mesh, rules="fsdp"))
     rng = np.random.default_rng(0)
     params = jax.tree.map(
@@ -45,12 +47,13 @@ def _lora_model(mesh):
     return graphdef, params
 
 
-@pytest.fixture(scope="module")
-def lora_update():
-    """One SGD(1) step on the adapters of the tiny model on 8 devices: the parameters
-    before (host copies) and after, the metrics, the loss and the full-model gradient."""
+@pytest.fixture(scope="module", params=["tiny", "tiny_moe"])
+def lora_update(request):
+    """One SGD(1) step on the adapters of a tiny model (dense, or with routed experts, each
+    with its adapter) on 8 devices: the parameters before (host copies) and after, the
+    metrics and the full-model gradient."""
     mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
-    graphdef, params = _lora_model(mesh)
+    graphdef, params = _lora_model(mesh, request.param)
     objective = objectives.policy_objective(config_lib.load_config("configs/base.py").objective)
     loss_fn, count_fn = _loss(objective), _counts(objective)
     batch = parallel.global_rows(mesh, _rows())
