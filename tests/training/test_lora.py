@@ -7,6 +7,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import time
 
 import jax
 import jax.numpy as jnp
@@ -158,21 +159,24 @@ def base_of(workdir):
 
 @pytest.mark.slow
 def test_kill_9_mid_run_resumes_to_the_uninterrupted_lora_run(data_dir, lora_run, tmp_path):
-    """SIGKILL after step 3 is logged; the rerun resumes from the adapters' checkpoint of
-    step 2 (base rebuilt from its pointer) and ends equal to the uninterrupted run."""
+    """SIGKILL once the (asynchronous) checkpoint of step 2 is finished, mid step 3; the
+    rerun resumes from the adapters' checkpoint of step 2 (the base rebuilt from its
+    pointer) and ends equal to the uninterrupted run."""
     command, where = cli([f"--config={cli_config_file(tmp_path, data_dir, LORA)}",
                           "--workdir=killed"], cwd=tmp_path)
-    log = tmp_path / "killed.log"
+    log, workdir = tmp_path / "killed.log", tmp_path / "killed"
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, **where)
-        wait_for_step(process, log, 3)
+        wait_for_step(process, log, 2)
+        while 2 not in finished_checkpoints(workdir):
+            assert process.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.02)
         process.send_signal(signal.SIGKILL)
         assert process.wait(timeout=600) == -signal.SIGKILL
-    workdir = tmp_path / "killed"
-    saved = (finished_checkpoints(workdir) or [0])[-1]
+    assert finished_checkpoints(workdir) == [2]
     final = subprocess.run(command, capture_output=True, text=True, timeout=600, **where)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
-    assert saved >= 2 and f"resumed from the checkpoint of step {saved} in" in final.stdout
+    assert "resumed from the checkpoint of step 2 in" in final.stdout
     assert_rows_equal(workdir, lora_run, range(1, 5))
     assert_same_export(workdir, lora_run)
 
