@@ -54,9 +54,10 @@ def get_config(arg=None):
     # body per run instead of one per layer (same network; HF checkpoints load either way).
     config.model.scan_layers = False
     # Low-rank adapters (LoRA, arXiv:2106.09685) on the projections `targets` selects
-    # (fnmatch over attn.q/k/v/o and mlp.gate/up/down, or bare names: "q"); rank 0 trains
-    # every weight. With rank > 0 only the adapters are trained, held by the optimizer
-    # and checkpointed; the frozen base with adapters off is the KL reference.
+    # (fnmatch over attn.q/k/v/o and mlp.gate/up/down, routed experts' included, or bare
+    # names: "q"); rank 0 trains every weight. With rank > 0 only the adapters are trained,
+    # held by the optimizer and checkpointed; the frozen base with adapters off is the KL
+    # reference.
     config.model.lora = config_dict.ConfigDict()
     config.model.lora.rank = 0
     config.model.lora.alpha = 32.0        # scale alpha / rank (32: "LoRA Without Regret")
