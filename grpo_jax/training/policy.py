@@ -46,7 +46,8 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
                                     "a Hugging Face checkpoint (config.json + *.safetensors)")
         with paths.local_copy(path) as local:   # the reader memory-maps local files
             model, tokenizer = models.from_pretrained(
-                local, mesh=mesh, rules=model_cfg.rules, **models.run_overrides(model_cfg, mesh))
+                local, mesh=mesh, rules=model_cfg.rules, seed=seed,
+                **models.run_overrides(model_cfg, mesh))
         if tokenizer is None:
             raise FileNotFoundError(f"model.path {path!r} has no tokenizer files; save the "
                                     "tokenizer next to the weights")
@@ -82,9 +83,24 @@ def start_policy(config, mesh, workdir, tokenizer_texts):
     return Policy(graphdef, params, tokenizer)
 
 
-def export(policy, path):
-    """Writes the policy as a Hugging Face checkpoint (config, safetensors, tokenizer)."""
-    models.save_pretrained(nnx.merge(policy.graphdef, policy.params), path,
-                           tokenizer=policy.tokenizer)
+def export(policy, path, *, base_path=""):
+    """Writes the policy as a Hugging Face checkpoint (config, safetensors, tokenizer).
+
+    A LoRA policy is written with its adapters merged into the weights, and its adapters
+    alone in PEFT's format in ``path/adapter`` (beside, not inside: transformers would read
+    an ``adapter_config.json`` in `path` as an adapter to load onto another model),
+    pointing at `base_path`, the frozen base's checkpoint; without one (a named shape
+    drawn at random) the base is written to ``path/base``. Adapters of routed experts have
+    no PEFT form: such a policy is exported merged only.
+    """
+    model = nnx.merge(policy.graphdef, policy.params)
+    models.save_pretrained(model, path, tokenizer=policy.tokenizer)
+    adapter = model.cfg.lora is not None and models.peft_exportable(model.cfg)
+    if adapter and not base_path:
+        base_path = paths.join(path, "base")
+        models.save_pretrained(nnx.merge(policy.graphdef, models.adapters_off(policy.params)),
+                               base_path, tokenizer=policy.tokenizer)
+    if adapter:
+        models.save_peft_adapter(model, paths.join(path, "adapter"), base_path=base_path)
     if parallel.is_main():
         print(f"exported the policy to {path}", flush=True)
