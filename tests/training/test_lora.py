@@ -20,11 +20,11 @@ from grpo_jax import config_lib, models, objectives, parallel, paths
 from grpo_jax.models import lora
 from grpo_jax.training import rl
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
-from tests.training.test_steps import B, V, _counts, _loss, _rows, _shardings
 from tests.training.training_setups import (FAULTS, assert_rows_equal, assert_same_export, cli,
                                             cli_config_file, comparable, faults_config,
                                             finished_checkpoints, read_metrics, tiny_config,
                                             wait_for_step)
+from tests.training.update_setups import B, V, counts_of, loss_of, shardings_of, update_rows
 
 SPEC = lora.LoraSpec(rank=4, alpha=8.0, targets=lora.PROJECTIONS)
 
@@ -56,8 +56,8 @@ def lora_update(request):
     mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
     graphdef, params = _lora_model(mesh, request.param)
     objective = objectives.policy_objective(config_lib.load_config("configs/base.py").objective)
-    loss_fn, count_fn = _loss(objective), _counts(objective)
-    batch = parallel.global_rows(mesh, _rows())
+    loss_fn, count_fn = loss_of(objective), counts_of(objective)
+    batch = parallel.global_rows(mesh, update_rows())
     index = jnp.arange(B)
 
     def full_loss(params):   # the whole batch as one micro-batch, every parameter
@@ -69,8 +69,8 @@ def lora_update(request):
     tx = optax.sgd(1.0)
     opt_state = init_optimizer_state(tx, lora.adapters(params), mesh)
     update = make_update_step(graphdef, tx, loss_fn, count_fn, mesh=mesh,
-                              param_shardings=_shardings(params),
-                              opt_shardings=_shardings(opt_state), micro_batches=2,
+                              param_shardings=shardings_of(params),
+                              opt_shardings=shardings_of(opt_state), micro_batches=2,
                               trained=nnx.LoRAParam)
     after, _, metrics = update(params, opt_state, batch, index)
     return before, jax.device_get(after), jax.device_get(metrics), full_grad
