@@ -123,6 +123,17 @@ def _directory_bytes(path):
     return sum(f.stat().st_size for f in pathlib.Path(path).rglob("*") if f.is_file())
 
 
+def _stored_bytes(step_dir):
+    """The bytes a checkpoint's arrays hold in its OCDBT store: every key's value, as read
+    back. Its files also keep the store's superseded b-tree nodes until compaction, more
+    of them when tensorstore splits the writes into more batches (a loaded machine): on
+    disk a rank-4 LoRA checkpoint measured 10-31% of the full one's for a payload of 5%."""
+    import tensorstore
+    store = tensorstore.KvStore.open(
+        {"driver": "ocdbt", "base": f"file://{pathlib.Path(step_dir) / 'state'}"}).result()
+    return sum(len(store.read(key).result().value) for key in store.list().result())
+
+
 @pytest.fixture(scope="module")
 def lora_run(data_dir, shared_tmp_dir):
     """The workdir of the uninterrupted LoRA run (once per session)."""
@@ -138,9 +149,9 @@ def test_a_lora_run_trains_checkpoints_little_and_exports_merged_and_peft(lora_r
     rows = read_metrics(lora_run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["grad_norm"] > 0 for r in rows)
-    lora_bytes = _directory_bytes(lora_run / "checkpoints" / "4")
-    full_bytes = _directory_bytes(reference / "checkpoints" / "12")   # the same run, every weight
-    assert lora_bytes <= 0.3 * full_bytes, (lora_bytes, full_bytes)
+    lora, full = lora_run / "checkpoints" / "4", reference / "checkpoints" / "12"   # every weight
+    assert _stored_bytes(lora) <= 0.1 * _stored_bytes(full), (_stored_bytes(lora), _stored_bytes(full))
+    assert _directory_bytes(lora) < 0.5 * _directory_bytes(full)   # orbax's files and garbage too
     export = lora_run / "export"
     assert {"config.json", "model.safetensors"} <= set(os.listdir(export))
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(export / "adapter"))
