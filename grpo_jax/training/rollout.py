@@ -14,6 +14,11 @@ differ; choosing the groups is one jitted gather on the mesh. With
 ``filtering.short_batch = "error"`` (the paper's behaviour) running out of draws is an
 error; with ``"pad"`` the batch is topped up with groups whose masks are zeroed, which
 add nothing to the loss or to any count, and `row_valid` says which rows are real.
+
+With an environment (``environment.name``, `Episodic`) each row is a multi-turn episode
+run on `sampling.Engine`: the environment answers the model's tool calls, and the batch's
+``mask`` keeps the replies out of the loss while ``context_mask`` lets the forward
+passes read them (docs/environments.md).
 """
 
 import functools
