@@ -15,14 +15,17 @@ only. In the rollouts the environment answers each call (``environment.name =
 Regime: DAPO's objective (clip 0.2/0.28, token-mean; Yu et al., arXiv:2503.14476) with
 dynamic sampling topped up with masked groups (``short_batch="pad"``) once most groups
 are solved; 16 prompts x 4 answers, 2 updates per rollout, 80 new tokens per episode
-(a call, its 3-digit reply and the answer are at most 67), learning rate 1e-4 with 5
+(a call, its reply, the answer and the stop token are at most 68), learning rate 1e-4 with 5
 warmup steps, 40 steps, from a 400-step warm start. The recipe is itself the tiny CPU
 setting: ``runlocal`` is accepted (every recipe takes it) and changes nothing.
 
-Hardware and time: 2 CPU cores, about 10 minutes (warm start included).
-Expected result (docs/environments.md, "Measured"): the share of greedy held-out answers
-that call the tool and the held-out accuracy with the tool rise over the run, while the
-same model without the tool (``--config.environment.name=``) stays near 0.
+Hardware and time: 2 CPU cores (shared), 11-16 minutes: the dataset and the warm start
+6-10, the 40 RL steps 2.4-6.4.
+Expected result (3 seeds, docs/environments.md "Measured"): greedy held-out accuracy with
+the tool 0.155 ± 0.119 from the warm start (which calls it on 2-31% of the prompts) and
+0.985 ± 0.015 after RL, every greedy episode calling it; the same models without the
+tool (``--config.environment.name=``) 0.012 and 0.000. In the rollouts the share of
+episodes that call the tool rises from 0.21-0.45 to 0.92-0.96.
 Load: `config_lib.load_config("configs/tool_calculator.py")`.
 """
 
