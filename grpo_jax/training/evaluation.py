@@ -10,7 +10,6 @@ evaluates a saved policy (`evaluate_to_file`). The draws of an evaluation at ste
 the seed's "eval" stream at s (`steps.step_rng`), whoever evaluates.
 """
 
-import dataclasses
 import json
 import os
 
@@ -67,9 +66,8 @@ def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size,
         rows = len(chunk) * group_size
         correct.append(ok[:rows])
         if episodes is not None:
-            counts.append({k: v[:rows] for k, v in dataclasses.asdict(episodes).items()})
-    episodes = (environments.Episodes(**{k: np.concatenate([c[k] for c in counts])
-                                         for k in counts[0]}) if counts else None)
+            counts.append(episodes.first(rows))
+    episodes = environments.Episodes.concatenate(counts) if counts else None
     return (np.concatenate(correct) if correct else np.zeros(0, bool)), episodes
 
 
@@ -110,9 +108,8 @@ def evaluate(policy, mesh, scorer, own, config, *, step, method, episodic=None):
         metrics.update(eval_mean_at_k=summed[2] / max(summed[1] * k, 1),
                        eval_pass_at_k=summed[3] / max(summed[1], 1), eval_k=float(k))
     if episodes is not None:
-        real_rows = environments.Episodes(**{k: v[:real] for k, v in
-                                             dataclasses.asdict(episodes).items()})
-        metrics.update({f"eval_{name}": value for name, value in real_rows.metrics().items()})
+        metrics.update({f"eval_{name}": value
+                        for name, value in episodes.first(real).metrics().items()})
     return {name: float(value) for name, value in metrics.items()}
 
 
