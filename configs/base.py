@@ -53,6 +53,15 @@ def get_config(arg=None):
     # Runs of identical layers under jax.lax.scan over stacked weights: one compiled layer
     # body per run instead of one per layer (same network; HF checkpoints load either way).
     config.model.scan_layers = False
+    # Low-rank adapters (LoRA, arXiv:2106.09685) on the projections `targets` selects
+    # (fnmatch over attn.q/k/v/o and mlp.gate/up/down, routed experts' included, or bare
+    # names: "q"); rank 0 trains every weight. With rank > 0 only the adapters are trained,
+    # held by the optimizer and checkpointed; the frozen base with adapters off is the KL
+    # reference.
+    config.model.lora = config_dict.ConfigDict()
+    config.model.lora.rank = 0
+    config.model.lora.alpha = 32.0        # scale alpha / rank (32: "LoRA Without Regret")
+    config.model.lora.targets = ("attn.*", "mlp.*")
     # Start RL from a supervised warm start of model.name, built once with the sft section
     # below and cached under task.data_dir (RL from a random model has no signal at all).
     config.model.sft_warm_start = False

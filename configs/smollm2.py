@@ -30,6 +30,13 @@ departure of kind: at 1.0 this 4-bit 135M model writes ~3 nats of entropy per to
 gets 0-5% of its sampled answers right (measured: 13 steps, 88% of groups without
 signal), at 0.7 about 6% (64 prompts x 4, base model), which gives most groups of 8 a
 right answer to learn from.
+
+``lora=True`` trains rank-16 adapters on every projection instead of every weight
+(docs/models.md, "LoRA"), at 10x the learning rate, the rule of thumb of Schulman et al.,
+"LoRA Without Regret" (Thinking Machines, 2025), who find rank 1-16 enough for RL:
+
+    python -m grpo_jax.main --config configs/smollm2.py:path=~/ckpt/smollm2,lora=True \\
+      --workdir ~/runs/smollm2_lora
 """
 
 from ml_collections import config_dict
@@ -38,12 +45,15 @@ from grpo_jax import config_lib
 
 
 def get_config(arg=None):
-    arg = config_lib.parse_arg(arg, path="", steps=40)
+    arg = config_lib.parse_arg(arg, path="", steps=40, lora=False)
     config = config_lib.load_sibling(__file__, "dapo").get_config("runlocal=False")
     config_lib.load_sibling(__file__, "base").set_regime(
         config, prompts=8, group_size=8, updates=2, max_new_tokens=96, learning_rate=1e-5,
         warmup_steps=0, runlocal=False)
     config.rollout.temperature = 0.7
+    if arg.lora:
+        config.model.lora.rank = 16
+        config.optimizer.learning_rate *= 10
     config.model.path = arg.path
     config.model.name = ""
     config.task.name = "arithmetic"

@@ -12,7 +12,6 @@ config (`replaced`), printed and saved with the run (`record`).
 import ast
 import importlib.util
 import json
-import os
 import pathlib
 import types
 
@@ -21,6 +20,8 @@ from grpo_jax import _extras
 _extras.require("grpo_jax.config_lib")   # before the imports it guards
 
 import ml_collections
+
+from grpo_jax import paths
 
 
 def parse_arg(arg, **defaults):
@@ -182,9 +183,8 @@ def record(config, workdir):
     Every entry point calls it once at its start, on the main process; a resumed run
     writes the file again, so it holds the config of the latest start.
     """
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-        f.write(to_json(config, indent=2) + "\n")
+    path = paths.join(workdir, "config.json")
+    paths.write_whole(path, to_json(config, indent=2) + "\n")
     sections = json.loads(to_json(config))
     lines = [f"  {name}: {json.dumps(value)}" for name, value in sections.items()]
-    print("\n".join([f"config ({os.path.join(workdir, 'config.json')}):", *lines]), flush=True)
+    print("\n".join([f"config ({path}):", *lines]), flush=True)

@@ -45,9 +45,9 @@ import gzip
 import inspect
 import json
 import math
+import io
 import pathlib
 import re
-import shutil
 import sys
 from typing import Any
 
@@ -58,7 +58,7 @@ _extras.require("grpo_jax.report")   # before the imports it guards
 import ml_collections
 import numpy as np
 
-from grpo_jax import config_lib, sweep
+from grpo_jax import config_lib, paths, sweep
 
 DEFAULT_REPORT = {
     "table": (("eval_accuracy", "final"), ("accuracy", "final"), ("reward_mean", "mean")),
@@ -100,39 +100,51 @@ class RunData:
 def read_metrics(workdir):
     """The rows of the run's metrics.jsonl, or of its gzipped copy (`collect_runs`), in
     step order; () when it has neither."""
-    path = pathlib.Path(workdir) / "metrics.jsonl"
+    path = paths.path(workdir) / "metrics.jsonl"
+    packed = path.with_suffix(".jsonl.gz")
     if path.exists():
         text = path.read_text(encoding="utf-8")
-    elif path.with_suffix(".jsonl.gz").exists():
-        text = gzip.decompress(path.with_suffix(".jsonl.gz").read_bytes()).decode("utf-8")
+    elif packed.exists():
+        text = gzip.decompress(packed.read_bytes()).decode("utf-8")
     else:
         return ()
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return tuple(sorted(rows, key=lambda r: r["step"]))
 
 
+def run_records(root):
+    """The ``sweep_run.json`` files at any depth under `root` (local or in a bucket), in
+    path order; the runs' checkpoints are not looked into."""
+    records = []
+    for folder, folders, files in paths.walk(root):
+        if sweep.RUN_RECORD in files:
+            records.append(folder / sweep.RUN_RECORD)
+        if "checkpoints" in folders:
+            folders.remove("checkpoints")
+    return sorted(records, key=str)
+
+
 def collect_runs(root, dest):
     """Copies what the report reads, each run's sweep_run.json and its metrics.jsonl
     (gzipped, with no name or time in the header, so the same rows give the same bytes),
     from `root` into `dest` with the same layout: the small part of a sweep, to commit."""
-    for record_path in sorted(pathlib.Path(root).glob(f"**/{sweep.RUN_RECORD}")):
-        target = pathlib.Path(dest) / record_path.parent.relative_to(root)
-        target.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(record_path, target / sweep.RUN_RECORD)
+    for record_path in run_records(root):
+        target = paths.path(dest) / record_path.parent.relative_to(paths.path(root))
+        paths.write_whole(target / sweep.RUN_RECORD, record_path.read_bytes())
         metrics = record_path.parent / "metrics.jsonl"
         if metrics.exists():
-            with open(target / "metrics.jsonl.gz", "wb") as raw, gzip.GzipFile(
-                    filename="", mode="wb", fileobj=raw, mtime=0) as packed:
-                packed.write(metrics.read_bytes())
+            packed = io.BytesIO()
+            with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0) as f:
+                f.write(metrics.read_bytes())
+            paths.write_whole(target / "metrics.jsonl.gz", packed.getvalue())
 
 
 def load_runs(root):
     """Every run under `root` with a ``sweep_run.json``, by (entry, seed)."""
     runs = []
-    for record_path in sorted(pathlib.Path(root).glob(f"**/{sweep.RUN_RECORD}")):
-        with open(record_path, encoding="utf-8") as f:
-            record = json.load(f)
-        runs.append(RunData(str(record_path.parent.relative_to(root)), record,
+    for record_path in run_records(root):
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        runs.append(RunData(str(record_path.parent.relative_to(paths.path(root))), record,
                             read_metrics(record_path.parent)))
     if not runs:
         raise FileNotFoundError(f"no {sweep.RUN_RECORD} under {root}: point at the "
@@ -313,8 +325,10 @@ def draw_plot(path, bands, metric, x):
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
         figure.tight_layout()
-        figure.savefig(path, format="png", metadata={"Software": None})
+        png = io.BytesIO()
+        figure.savefig(png, format="png", metadata={"Software": None})
         plt.close(figure)
+    paths.write_whole(path, png.getvalue())
 
 
 # --- report.md --------------------------------------------------------------------------
@@ -373,13 +387,12 @@ def render(runs, module, *, write_plot):
 def write_report(root, out=None):
     """Writes report.md and the PNGs of the sweep under `root` into `out` (default `root`);
     returns the path of report.md."""
-    out = pathlib.Path(out or root)
-    out.mkdir(parents=True, exist_ok=True)
+    out = paths.path(out or root)
     runs = load_runs(root)
     module = config_module(runs[0].record["sweep_config"])
     text = render(runs, module, write_plot=lambda name, *args: draw_plot(out / name, *args))
     path = out / "report.md"
-    path.write_text(text, encoding="utf-8")
+    paths.write_whole(path, text)
     return path
 
 
@@ -394,10 +407,13 @@ def main(argv=None):
         "report there from the copies: a sweep's small files, e.g. to commit"))
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        for flag, location in (("DIR", args.root), ("--out", args.out),
+                               ("--collect_into", args.collect_into)):
+            paths.check_reachable(location or "", flag)
         if args.collect_into:
             collect_runs(args.root, args.collect_into)
         path = write_report(args.collect_into or args.root, args.out)
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ImportError, ValueError) as error:
         print(f"grpo_jax.report: {error}", file=sys.stderr)
         return 2
     print(f"wrote {path}")

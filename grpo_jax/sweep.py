@@ -43,6 +43,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -129,6 +130,7 @@ def expand(spec, workdir_root, *, seeds=None, python=sys.executable):
     """Every entry of the sweep in `spec` with every seed (default: the config's), in
     entry order, seeds inner; workdirs under `workdir_root` (made absolute)."""
     root = paths.resolve(workdir_root)
+    paths.check_reachable(root, "--workdir_root")
     seeds = [config_lib.load_config(spec).seed] if seeds is None else list(seeds)
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds repeats a seed: {seeds}")
@@ -140,7 +142,7 @@ def expand(spec, workdir_root, *, seeds=None, python=sys.executable):
             config = config_lib.apply_overrides(config_lib.load_config(spec),
                                                 {**overrides, "seed": seed})
             final_step(config)
-            workdir = os.path.join(root, name, f"seed-{seed}")
+            workdir = paths.join(root, name, f"seed-{seed}")
             command = (python, "-m", "grpo_jax.main", f"--config={spec}", f"--workdir={workdir}",
                        *override_args(overrides), f"--config.seed={seed}")
             runs.append(Run(spec, index, name, overrides, seed, workdir, command, config))
@@ -151,17 +153,14 @@ def expand(spec, workdir_root, *, seeds=None, python=sys.executable):
 
 def last_logged_step(workdir):
     """The step of the last row of ``workdir/metrics.jsonl``, or None."""
-    try:
-        with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-            lines = [line for line in f if line.strip()]
-    except FileNotFoundError:
-        return None
+    lines = [line for line in (paths.read_text_or_none(paths.join(workdir, "metrics.jsonl"))
+                               or "").splitlines() if line.strip()]
     return json.loads(lines[-1])["step"] if lines else None
 
 
 def checkpointed_steps(workdir):
     from grpo_jax.training import checkpoint   # imports orbax: only when runs are looked at
-    return checkpoint.complete_steps(os.path.join(workdir, "checkpoints"))
+    return checkpoint.complete_steps(paths.join(workdir, "checkpoints"))
 
 
 def is_finished(run):
@@ -204,11 +203,8 @@ def check_workdirs_belong(runs):
 
 def read_record(workdir):
     """The run's ``sweep_run.json`` as a dict, or None."""
-    try:
-        with open(os.path.join(workdir, RUN_RECORD), encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
+    text = paths.read_text_or_none(paths.join(workdir, RUN_RECORD))
+    return None if text is None else json.loads(text)
 
 
 def write_record(run, *, commit, machine):
@@ -218,10 +214,8 @@ def write_record(run, *, commit, machine):
               "overrides": run.overrides, "seed": run.seed, "command": list(run.command),
               "starts": previous.get("starts", []) + [{"commit": commit, "machine": machine}],
               "config": json.loads(run.config.to_json_best_effort(sort_keys=True))}
-    os.makedirs(run.workdir, exist_ok=True)
-    with open(os.path.join(run.workdir, RUN_RECORD), "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1, sort_keys=True, default=repr)
-        f.write("\n")
+    paths.write_whole(paths.join(run.workdir, RUN_RECORD),
+                      json.dumps(record, indent=1, sort_keys=True, default=repr) + "\n")
 
 
 def source_commit():
@@ -281,15 +275,38 @@ class _Started:
     process: subprocess.Popen
     began: float
     building: bool   # started before its dataset or warm start existed
+    log: str   # the local file its output goes to (`local_log`)
     terms_sent: int = 0   # SIGTERMs forwarded to it
 
     def still_building(self):
-        """Started to build inputs and has not logged a step yet: what it builds may be
-        half written. (The trainer logs its first step after the dataset and the warm
-        start are built and loaded.)"""
-        metrics = os.path.join(self.run.workdir, "metrics.jsonl")
-        return self.building and not (os.path.exists(metrics)
-                                      and os.path.getmtime(metrics) >= self.began)
+        """Started to build inputs and has not written metrics yet: what it builds may be
+        half written. (The trainer writes its first metrics after the dataset and the
+        warm start are built and loaded.)"""
+        metrics = paths.path(self.run.workdir) / "metrics.jsonl"
+        return self.building and not (metrics.exists()
+                                      and metrics.stat().mtime >= int(self.began))
+
+
+def local_log(workdir):
+    """The local file a run's output goes to while it runs: ``workdir/train.log`` itself,
+    or, for a workdir in a bucket (where a file cannot grow), a new temporary file that
+    `keep_log` adds to the bucket's train.log when the run ends."""
+    if not paths.is_url(workdir):
+        paths.path(workdir).mkdir(parents=True, exist_ok=True)
+        return paths.join(workdir, LOG)
+    handle, name = tempfile.mkstemp(prefix="grpo_jax-sweep-", suffix=f"-{LOG}")
+    os.close(handle)
+    return name
+
+
+def keep_log(workdir, log):
+    """Appends the output in `log` (`local_log`) to the train.log of a workdir in a bucket
+    (rewriting it whole) and deletes `log`; a local workdir's log is already in place."""
+    if log == paths.join(workdir, LOG):
+        return
+    earlier = paths.read_text_or_none(paths.join(workdir, LOG)) or ""
+    paths.write_whole(paths.join(workdir, LOG), earlier + _text(log))
+    paths.path(log).unlink()
 
 
 class Launcher:
@@ -372,24 +389,28 @@ class Launcher:
         building = run.name not in self._ready
         state = describe_state(run)
         write_record(run, commit=self.commit, machine=self.machine)
-        log_path = os.path.join(run.workdir, LOG)
-        with open(log_path, "a", encoding="utf-8") as log:
+        log_path = local_log(run.workdir)
+        with paths.path(log_path).open("a", encoding="utf-8") as log:
             log.write(f"=== grpo_jax.sweep: {shlex.join(run.command)} on cores "
                       f"{cores_text(cores)} ({state}) ===\n")
             log.flush()
             process = subprocess.Popen(run.command, stdout=log, stderr=subprocess.STDOUT,
                                        env=run_environment(cores), start_new_session=True,
                                        preexec_fn=lambda: os.sched_setaffinity(0, cores))
-        self._running.append(_Started(run, cores, process, time.time(), building))
+        self._running.append(_Started(run, cores, process, time.time(), building, log_path))
         also = "; builds " + " and ".join(missing_inputs(run.config)) if building else ""
+        kept = (f", added to {paths.join(run.workdir, LOG)} when the run ends"
+                if paths.is_url(run.workdir) else "")
         self.say(f"[sweep {done}/{total}] start {run.name} ({state}) on cores "
-                 f"{cores_text(cores)}{also}; log {log_path}")
+                 f"{cores_text(cores)}{also}; log {log_path}{kept}")
 
     def _finish(self, started, done, total):
         """Reports a run that exited; returns "finished", "stopped" or "failed"."""
         run, status = started.run, started.process.returncode
         minutes = (time.time() - started.began) / 60
-        log_path = os.path.join(run.workdir, LOG)
+        tail = _tail(started.log)
+        keep_log(run.workdir, started.log)
+        log_path = paths.join(run.workdir, LOG)
         if status == 0 and is_finished(run):
             self.say(f"[sweep {done}/{total}] finished {run.name} in {minutes:.1f} min")
             return "finished"
@@ -400,13 +421,17 @@ class Launcher:
         why = (f"exit status {status}" if status else
                f"exited 0 but has no complete checkpoint of step {final_step(run.config)}")
         self.say(f"[sweep {done}/{total}] FAILED {run.name} ({why}) after {minutes:.1f} min; "
-                 f"log {log_path}:\n" + "".join(f"    {line}" for line in _tail(log_path)))
+                 f"log {log_path}:\n" + "".join(f"    {line}" for line in tail))
         return "failed"
 
 
+def _text(path):
+    """A log's text (its undecodable bytes replaced)."""
+    return paths.path(path).read_bytes().decode("utf-8", errors="replace")
+
+
 def _tail(path, lines=8):
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.readlines()[-lines:]
+    return _text(path).splitlines(True)[-lines:]
 
 
 # --- command line -----------------------------------------------------------------------
@@ -456,7 +481,7 @@ def main(argv=None, stream=sys.stdout):
         runs = expand(args.config, args.workdir_root, seeds=args.seeds)
         shares = core_shares(args.parallel)
         check_workdirs_belong(runs)
-    except (FileNotFoundError, KeyError, ValueError) as error:
+    except (FileNotFoundError, ImportError, KeyError, ValueError) as error:
         print(f"grpo_jax.sweep: {error}", file=sys.stderr)
         return 2
     states = [describe_state(run) for run in runs]

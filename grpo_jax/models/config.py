@@ -11,6 +11,8 @@ import dataclasses
 import jax
 import transformers
 
+from grpo_jax.models import lora as lora_lib
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 # "xla": plain XLA attention, any backend (the reference); "splash": the Pallas TPU
 # splash-attention kernel for training and prefill (interpreted on CPU); "cudnn": fused
@@ -82,6 +84,7 @@ class ModelConfig:
       scan_layers: run runs of identical layers with `jax.lax.scan` over stacked weights
         (one compiled layer body per run instead of one per layer); the KV cache is
         stacked likewise. Numerically the same network.
+      lora: a `lora.LoraSpec` (low-rank adapters on the projections it targets), or None.
     """
 
     model_type: str
@@ -116,6 +119,7 @@ class ModelConfig:
     attention_impl: str = "xla"
     moe_impl: str = "ragged"
     scan_layers: bool = False
+    lora: lora_lib.LoraSpec | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "remat", as_remat_policy(self.remat))
@@ -288,17 +292,18 @@ def run_overrides(model_section, mesh=None):
     """`{ModelConfig field: value}` from a run config's ``model`` section (configs/base.py):
     dtype, param_dtype, remat, attention (-> attention_impl), moe (-> moe_impl, "auto"
     resolved for the platform of `mesh`'s devices, or of JAX's default backend without a
-    mesh) and scan_layers.
+    mesh), scan_layers and lora (``model.lora``: `lora.spec_from_config`).
 
     Raises:
       ValueError naming the missing ``model.`` field.
     """
-    missing = [f"model.{name}" for name in RUN_FIELDS if name not in model_section]
+    missing = [f"model.{name}" for name in (*RUN_FIELDS, "lora") if name not in model_section]
     if missing:
         raise ValueError(f"the config lacks {', '.join(missing)}; configs/base.py defines them "
                          f"(attention: one of {ATTENTION_IMPLS}, moe: 'auto' or one of "
                          f"{MOE_IMPLS}, remat: one of {REMAT_POLICIES})")
     overrides = {ours: model_section[name] for name, ours in RUN_FIELDS.items()}
+    overrides["lora"] = lora_lib.spec_from_config(model_section.lora)
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
     overrides["moe_impl"] = moe_impl_for(overrides["moe_impl"], platform)
     return overrides

@@ -439,14 +439,24 @@ def init_model(cfg, *, seed=0, mesh=None, rules="fsdp"):
       rules: a rule-set name or a rule table (see `sharding.RULE_SETS`), used with `mesh`.
     """
     graphdef, state = abstract_model(cfg)
+    return nnx.merge(graphdef, nnx.from_flat_state(initial_variables(cfg, state, seed, mesh, rules)))
+
+
+def initial_variables(cfg, state, seed, mesh, rules, *, only=nnx.Param):
+    """`{path: variable}` of `init_model`'s values for the variables of the abstract
+    `state` that are instances of `only` (`nnx.LoRAParam`: the adapters of a loaded base)."""
     targets = dict(nnx.to_flat_state(state))
     _, per_layer_state = abstract_model(dataclasses.replace(cfg, scan_layers=False))
-    rng = np.random.default_rng(seed)
+    # Adapters draw from their own stream, so the base weights do not depend on them.
+    base_rng, adapter_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
     stacks, placed = {}, {}
     for path, variable in nnx.to_flat_state(per_layer_state):
-        shape, init = variable.get_value().shape, variable.get_metadata()["init"]
+        if not isinstance(variable, only):
+            continue
+        value, init = variable.get_value(), variable.get_metadata()["init"]
+        rng = adapter_rng if isinstance(variable, nnx.LoRAParam) else base_rng
         host = layers.initial_value(
-            init, shape, cfg.param_dtype, lambda s: rng.standard_normal(s, dtype=np.float32)
+            init, value.shape, value.dtype, lambda s: rng.standard_normal(s, dtype=np.float32)
         )
         path, position = scanned_path(cfg, path) if cfg.scan_layers else (path, None)
         if position is not None:
@@ -455,4 +465,4 @@ def init_model(cfg, *, seed=0, mesh=None, rules="fsdp"):
                 continue
             host = np.stack(stacks.pop(path))
         placed[path] = place(lambda index, host=host: host[index], targets[path], path, mesh, rules)
-    return nnx.merge(graphdef, nnx.from_flat_state(placed))
+    return placed

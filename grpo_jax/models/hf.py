@@ -20,8 +20,10 @@ import transformers
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from grpo_jax import paths
 from grpo_jax.models import config as config_lib
 from grpo_jax.models import decoder
+from grpo_jax.models import lora
 from grpo_jax.models.safetensors_io import SafetensorsFile, save_file
 
 SINGLE_FILE = "model.safetensors"
@@ -198,7 +200,8 @@ def load_config(path, **overrides):
     return dataclasses.replace(config_lib.from_hf_config(hf, source=config_path), **overrides)
 
 
-def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dtype="float32", **overrides):
+def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dtype="float32", seed=0,
+                    **overrides):
     """Loads a local Hugging Face checkpoint into a `Decoder`, each tensor straight into its sharding.
 
     Each tensor is read from the memory-mapped safetensors file and every device receives
@@ -210,6 +213,7 @@ def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dty
       mesh: a `jax.sharding.Mesh`; None puts everything on the default device.
       rules: a sharding rule-set name or table (`sharding.RULE_SETS`), used with `mesh`.
       dtype: compute dtype; param_dtype: storage dtype of the weights.
+      seed: the adapters' init seed, with a `lora` override (as `decoder.init_model`).
       **overrides: other `ModelConfig` fields, e.g. `remat=True`, `attention_impl="cudnn"`.
 
     Returns:
@@ -220,6 +224,7 @@ def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dty
     graphdef, state = decoder.abstract_model(cfg)
     loaded = read_weights(path, state, weight_map(cfg), mesh=mesh, rules=rules,
                           param_dtype=param_dtype)
+    loaded.update(decoder.initial_variables(cfg, state, seed, mesh, rules, only=nnx.LoRAParam))
     model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
     return model, load_tokenizer(path)
 
@@ -289,17 +294,20 @@ def save_pretrained(model, path, *, tokenizer=None, dtype=None, max_shard_bytes=
     host holds at most one shard.
 
     Args:
-      model: a `Decoder`, sharded or not.
+      model: a `Decoder`, sharded or not; LoRA adapters are merged into the weights
+        (`lora.merged_state`).
       path: output directory (created).
       tokenizer: optionally a transformers tokenizer to save alongside.
       dtype: storage dtype of the written weights (default: the model's param_dtype).
       max_shard_bytes: above this the weights are split into numbered files plus
         model.safetensors.index.json, as transformers does.
     """
-    cfg = model.cfg
+    cfg, state = model.cfg, nnx.state(model)
+    if cfg.lora is not None:   # the adapters folded into the weights: a plain checkpoint
+        cfg, state = dataclasses.replace(cfg, lora=None), lora.merged_state(state, cfg.lora)
     dtype = np.dtype(dtype or cfg.param_dtype)
     hf_config = config_lib.to_hf_config(dataclasses.replace(cfg, param_dtype=dtype.name))
-    write_weights(nnx.state(model), weight_map(cfg), hf_config, path, tokenizer=tokenizer,
+    write_weights(state, weight_map(cfg), hf_config, path, tokenizer=tokenizer,
                   dtype=dtype, max_shard_bytes=max_shard_bytes)
 
 
@@ -317,22 +325,21 @@ def write_weights(state, entries, hf_config, path, *, tokenizer=None, dtype,
         for i in range(n_shards)
     ]
     if writer:
-        os.makedirs(path, exist_ok=True)
-        hf_config.save_pretrained(path)
+        with paths.staged(path) as local:   # transformers writes local files only
+            hf_config.save_pretrained(local)
     current, shard = {}, 0
     for entry in entries:
         for name, part in _host_tensors(flat[entry.path].get_value(), entry):
             if plan[name] != shard:
                 if writer:
-                    save_file(current, os.path.join(path, file_names[shard]), metadata={"format": "pt"})
+                    save_file(current, paths.join(path, file_names[shard]), metadata={"format": "pt"})
                 current, shard = {}, plan[name]
             current[name] = np.ascontiguousarray(_to_hf(entry, part).astype(dtype))
     if not writer:
         return
-    save_file(current, os.path.join(path, file_names[shard]), metadata={"format": "pt"})
-    stale_index = os.path.join(path, INDEX_FILE)
-    if n_shards == 1 and os.path.exists(stale_index):
-        os.remove(stale_index)  # it would shadow the single file on load
+    save_file(current, paths.join(path, file_names[shard]), metadata={"format": "pt"})
+    if n_shards == 1:   # a stale index would shadow the single file on load
+        (paths.path(path) / INDEX_FILE).unlink(missing_ok=True)
     if n_shards > 1:
         index = {
             "metadata": {"total_size": sum(
@@ -340,7 +347,7 @@ def write_weights(state, entries, hf_config, path, *, tokenizer=None, dtype,
             )},
             "weight_map": {name: file_names[i] for name, i in plan.items()},
         }
-        with open(os.path.join(path, INDEX_FILE), "w") as f:
-            json.dump(index, f, indent=2)
+        paths.write_whole(paths.join(path, INDEX_FILE), json.dumps(index, indent=2))
     if tokenizer is not None:
-        tokenizer.save_pretrained(path)
+        with paths.staged(path) as local:
+            tokenizer.save_pretrained(local)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from grpo_jax.models import sharding, splash
+from grpo_jax.models import lora, sharding, splash
 
 INIT_STD = 0.02  # std of the random normal weights (transformers' initializer_range)
 
@@ -170,10 +170,16 @@ class Attention(nnx.Module):
         if cfg.qk_norm:
             self.q_norm = param(rngs, (h,), ("head_dim",), pdt, init="ones")
             self.k_norm = param(rngs, (h,), ("head_dim",), pdt, init="ones")
+        self.q_lora = lora.adapter(cfg, "attn.q", d, n * h, "embed", "heads", rngs)
+        self.k_lora = lora.adapter(cfg, "attn.k", d, k * h, "embed", "kv_heads", rngs)
+        self.v_lora = lora.adapter(cfg, "attn.v", d, k * h, "embed", "kv_heads", rngs)
+        self.o_lora = lora.adapter(cfg, "attn.o", n * h, d, "heads", "embed", rngs)
 
     def _project(self, x, name):
         dt = x.dtype
-        y = jnp.einsum("bsd,dnh->bsnh", x, getattr(self, name)[...].astype(dt))
+        weight = getattr(self, name)
+        y = jnp.einsum("bsd,dnh->bsnh", x, weight[...].astype(dt))
+        y = y + lora.apply(getattr(self, f"{name}_lora"), x, weight.shape[1:], self.cfg.lora)
         if self.cfg.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(dt)
         if self.cfg.qk_norm and name != "v":
@@ -240,6 +246,7 @@ class Attention(nnx.Module):
             out = grouped_attention(q, k, v, mask, scale=cfg.head_dim**-0.5, prefix=prefix)
         out = sharding.constrain(out, ("batch", None, "heads"))
         y = jnp.einsum("bsnh,nhd->bsd", out, self.o[...].astype(x.dtype))
+        y = y + lora.apply(self.o_lora, out.reshape(*out.shape[:2], -1), (cfg.d_model,), cfg.lora)
         if cfg.o_bias:
             y = y + self.o_bias[...].astype(x.dtype)
         return y, kv_cache
@@ -253,15 +260,22 @@ class Mlp(nnx.Module):
         self.gate = param(rngs, (d, f), ("embed", "mlp"), pdt)
         self.up = param(rngs, (d, f), ("embed", "mlp"), pdt)
         self.down = param(rngs, (f, d), ("mlp", "embed"), pdt)
+        self.cfg = cfg
+        self.gate_lora = lora.adapter(cfg, "mlp.gate", d, f, "embed", "mlp", rngs)
+        self.up_lora = lora.adapter(cfg, "mlp.up", d, f, "embed", "mlp", rngs)
+        self.down_lora = lora.adapter(cfg, "mlp.down", f, d, "mlp", "embed", rngs)
+
+    def _project(self, x, name):
+        weight = getattr(self, name)
+        return (x @ weight[...].astype(x.dtype)
+                + lora.apply(getattr(self, f"{name}_lora"), x, weight.shape[1:], self.cfg.lora))
 
     def __call__(self, x, token_mask, routing=None):
         """`[B, S, D]` -> (`[B, S, D]`, None, None): no routing in a dense block."""
         del token_mask, routing
-        dt = x.dtype
         hidden = sharding.constrain(
-            jax.nn.silu(x @ self.gate[...].astype(dt)) * (x @ self.up[...].astype(dt)),
-            ("batch", None, "mlp"))
-        return hidden @ self.down[...].astype(dt), None, None
+            jax.nn.silu(self._project(x, "gate")) * self._project(x, "up"), ("batch", None, "mlp"))
+        return self._project(hidden, "down"), None, None
 
 
 class MoeMlp(nnx.Module):
@@ -291,6 +305,9 @@ class MoeMlp(nnx.Module):
         self.gate = param(rngs, (e, d, f), ("expert", "embed", "mlp"), pdt)
         self.up = param(rngs, (e, d, f), ("expert", "embed", "mlp"), pdt)
         self.down = param(rngs, (e, f, d), ("expert", "mlp", "embed"), pdt)
+        self.gate_lora = lora.expert_adapter(cfg, "mlp.gate", d, f, "embed", "mlp", rngs)
+        self.up_lora = lora.expert_adapter(cfg, "mlp.up", d, f, "embed", "mlp", rngs)
+        self.down_lora = lora.expert_adapter(cfg, "mlp.down", f, d, "mlp", "embed", rngs)
 
     def __call__(self, x, token_mask, routing=None):
         """Routes and mixes the experts.
@@ -319,7 +336,10 @@ class MoeMlp(nnx.Module):
             top_p = jnp.take_along_axis(probs, top_e, axis=-1)
         if self.cfg.norm_topk_prob:
             top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
-        weights = tuple(w[...].astype(dt) for w in (self.gate, self.up, self.down))
+        weights = tuple(
+            lora.adapted_weight(getattr(self, name)[...], getattr(self, f"{name}_lora"),
+                                self.cfg.lora).astype(dt)
+            for name in ("gate", "up", "down"))
         experts = _every_expert if self.cfg.moe_impl == "dense" else _chosen_experts_ragged
         y = experts(x_td, top_e, *weights)  # [T, k, D]
         out = jnp.einsum("tkd,tk->td", y, top_p.astype(dt)).reshape(b, s, d)

@@ -8,11 +8,12 @@ is only paged in when a device shard of it is copied; numpy has no bfloat16, so 
 """
 
 import json
-import os
 import struct
 
 import ml_dtypes
 import numpy as np
+
+from grpo_jax import paths
 
 _DTYPES = {
     "F64": np.dtype(np.float64),
@@ -70,10 +71,8 @@ def save_file(tensors, path, metadata=None):
         header["__metadata__"] = metadata
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
+    with paths.replacing(path) as f:   # local or in a bucket
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for name in names:
             f.write(np.ascontiguousarray(tensors[name]).tobytes())  # x86 and ARM are little-endian
-    os.replace(tmp, path)

@@ -12,6 +12,7 @@ Every weight names its dimensions with logical axes (see `layers.py`):
 | router | E in the router's `[D, E]` weight (kept whole: top-k needs every logit) |
 | norm | D of RMSNorm scales and the output bias (tiny, replicated) |
 | layers | the stacked layers of a scanned decoder (never split: the scan walks them) |
+| lora | the rank r of a LoRA adapter's factors (tiny, never split) |
 
 A rule table maps each logical axis to a mesh axis name, a tuple of them, or None
 (replicated). Rule sets shipped, by name:
@@ -39,7 +40,7 @@ from grpo_jax.parallel import mesh as mesh_lib
 
 _REPLICATED = {
     "layers": None, "vocab": None, "embed": None, "heads": None, "kv_heads": None, "head_dim": None,
-    "mlp": None, "expert": None, "router": None, "norm": None,
+    "mlp": None, "expert": None, "router": None, "norm": None, "lora": None,
 }
 _TENSOR = {"vocab": "tensor", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor"}
 

@@ -113,6 +113,13 @@ def complete_steps(directory):
                   if path.name.isdigit() and ocp.path.step.is_path_finalized(path))
 
 
+def base_pointer(config):
+    """What a run's starting weights are, for a checkpoint's meta: ``model.path`` (where a
+    LoRA run's frozen base lives, since its checkpoints hold the adapters only), or the
+    named shape and the seed it is drawn from."""
+    return config.model.path or f"model.name={config.model.name} seed={config.seed}"
+
+
 class Checkpointer:
     """Saves and restores ``(state_tree, meta_json)`` pairs under ``workdir/checkpoints``."""
 
@@ -138,10 +145,24 @@ class Checkpointer:
         """
         meta = {**meta, "fingerprint": fingerprint(state)}
         self.wait()
+        self._remove_unfinished_save(step)
         self._in_flight = (step, sum(x.nbytes for x in jax.tree.leaves(state)))
         with self._naming_write_failures():
             self._manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+
+    def _remove_unfinished_save(self, step):
+        """Deletes an unfinished save of `step` in an object store before `step` is saved
+        again. There orbax writes a step in place and marks it complete last, so a save
+        cut short leaves a partial database that tensorstore would write into; on a local
+        disk orbax writes a new temporary directory and replaces the old one itself."""
+        if not paths.is_url(self.directory):
+            return
+        target = epath.Path(self.directory) / str(step)
+        if parallel.is_main() and target.exists() and not ocp.path.step.is_path_finalized(target):
+            self._say(f"deleting {target}: an unfinished save of the step about to be saved")
+            target.rmtree()
+        parallel.sync(f"unfinished save of step {step} removed")
 
     def wait(self):
         """Blocks until the save in flight is on disk (OSError as `save` if it failed)."""

@@ -5,7 +5,6 @@ re-running the command after an interruption resumes where it stopped.
 """
 
 import json
-import os
 import time
 
 from grpo_jax import config_lib, parallel, paths
@@ -14,16 +13,14 @@ from grpo_jax.training import evaluation, rl, sft
 
 def _timed(workdir, fn):
     """Runs `fn` once per workdir and remembers its wall time there (for the control)."""
-    record = os.path.join(workdir, "wall_time.json")
-    if not os.path.exists(record):
+    record = paths.path(workdir) / "wall_time.json"
+    if not record.exists():
         start = time.time()
         fn()
         if parallel.is_main():
-            with open(record, "w") as f:
-                json.dump({"seconds": time.time() - start}, f)
+            paths.write_whole(record, json.dumps({"seconds": time.time() - start}))
         parallel.sync(f"{record} written")
-    with open(record) as f:
-        return json.load(f)["seconds"]
+    return json.loads(record.read_text())["seconds"]
 
 
 def run(config, workdir):
@@ -32,8 +29,8 @@ def run(config, workdir):
     parallel.initialize(config.distributed)   # which process is the main one
     if parallel.is_main():
         config_lib.record(config, workdir)
-    sft_dir, rl_dir, control_dir = (os.path.join(workdir, d) for d in ("sft", "rl", "sft_control"))
-    warm = os.path.join(sft_dir, "export")
+    sft_dir, rl_dir, control_dir = (paths.join(workdir, d) for d in ("sft", "rl", "sft_control"))
+    warm = paths.join(sft_dir, "export")
 
     sft_seconds = _timed(sft_dir, lambda: sft.train(config, sft_dir))
     rl_config = config_lib.replaced(config, {"model.path": warm, "model.name": "",
@@ -44,15 +41,14 @@ def run(config, workdir):
     _timed(control_dir, lambda: sft.train(control_config, control_dir, seconds=rl_seconds))
 
     rows = [("SFT warm start", warm, sft_seconds),
-            ("+ DAPO (RL)", os.path.join(rl_dir, "export"), rl_seconds),
-            ("+ SFT for the same time (control)", os.path.join(control_dir, "export"), rl_seconds)]
+            ("+ DAPO (RL)", paths.join(rl_dir, "export"), rl_seconds),
+            ("+ SFT for the same time (control)", paths.join(control_dir, "export"), rl_seconds)]
     results = []
     for name, path, seconds in rows:
         metrics = evaluation.evaluate_export(config, path)
         results.append({"stage": name, "seconds": round(seconds, 1), **metrics})
     if parallel.is_main():
-        with open(os.path.join(workdir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2)
+        paths.write_whole(paths.join(workdir, "results.json"), json.dumps(results, indent=2))
         print(format_table(results, k=config.eval.samples, prompts=config.eval.num_prompts), flush=True)
     return results
 

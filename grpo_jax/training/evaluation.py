@@ -11,7 +11,6 @@ the seed's "eval" stream at s (`steps.step_rng`), whoever evaluates.
 """
 
 import json
-import os
 
 import jax
 import numpy as np
@@ -150,7 +149,6 @@ def evaluate_to_file(config, workdir):
         config_lib.record(config, workdir)
     metrics = evaluate_export(config, config.model.path)
     if parallel.is_main():
-        with open(os.path.join(workdir, "eval.json"), "w") as f:
-            json.dump(metrics, f, indent=2)
+        paths.write_whole(paths.join(workdir, "eval.json"), json.dumps(metrics, indent=2))
         print(json.dumps(metrics, indent=2), flush=True)
     return metrics

@@ -1,6 +1,7 @@
 """Metrics every step: JSONL and TensorBoard in the workdir, one concise console line.
 
-TensorBoard files are written by tensorboardX (no TensorFlow). Only process 0 writes.
+TensorBoard files are written by tensorboardX (no TensorFlow). Only process 0 writes:
+row by row on a local disk, and in a bucket whole at each checkpoint (`MetricWriter`).
 The console line's time per step and ETA leave out the time JAX spends tracing and
 compiling (counted through `jax.monitoring`), which is reported on its own: the first
 steps of a run compile every program, and would otherwise inflate the ETA many times.
@@ -9,14 +10,13 @@ steps of a run compile every program, and would otherwise inflate the ETA many t
 import functools
 import json
 import math
-import os
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import parallel
+from grpo_jax import parallel, paths
 
 # The console line: (metric, label, format). Everything else goes to the files only.
 CONSOLE = (
@@ -123,43 +123,55 @@ def progress_bar(done, total, width=20):
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def _drop_steps_after(path, step):
-    """Removes from a metrics.jsonl the rows of steps after `step`: a resumed run redoes
-    them, and each step keeps one row."""
-    if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
-    if len(kept) != len(lines):
-        with open(path, "w", encoding="utf-8") as f:
-            f.writelines(kept)
+def kept_lines(text, step):
+    """The lines of a metrics.jsonl's `text` whose rows are of steps up to `step`: a
+    resumed run redoes the later ones, and each step keeps one row."""
+    return [line + "\n" for line in (text or "").splitlines()
+            if line.strip() and json.loads(line)["step"] <= step]
 
 
 class MetricWriter:
     """Writes scalar metrics to ``workdir/metrics.jsonl``, TensorBoard and the console.
 
-    A run resumed at `start_step` first drops the rows of later steps from
-    metrics.jsonl (written before an interruption, and about to be redone).
+    On a local disk each row is appended to metrics.jsonl (and TensorBoard flushed) as it
+    comes. In a bucket (``gs://``), where an object cannot be appended to, metrics.jsonl
+    is rewritten whole (`paths.write_whole`) at each `flush`, which the loop calls when it
+    saves a checkpoint, and which also runs when a row comes `FLUSH_SECONDS` after the
+    last flush and at `close`: a run killed at any moment leaves every row up to its last
+    checkpoint, and the rows after it are redone on resume. TensorBoard's event file
+    (tensorboardX writes gs:// itself, also whole) is flushed at the same points there.
+    The console line comes every step. `whole_file` chooses the bucket's way on any
+    workdir (None: by where the workdir is).
+
+    A run resumed at `start_step` keeps the rows of steps up to it and drops the later
+    ones (written before an interruption, and about to be redone).
     """
 
+    FLUSH_SECONDS = 60.0
+
     def __init__(self, workdir, *, total_steps, start_step=0, total_seconds=None, prefix="",
-                 stream=sys.stdout):
+                 stream=sys.stdout, whole_file=None):
         self.total_steps = total_steps
         self.start_step = start_step         # the step a resumed run starts after
         self.total_seconds = total_seconds   # a run bounded by wall time shows time progress
         self.prefix = prefix
         self.stream = stream
-        self._start = time.time()
+        self._start = self._flushed_at = time.time()
         self._compile_at_start = self._compile_at_last_write = compile_seconds()
-        self._jsonl = self._tb = None
+        self._tb = self._appending = None
+        self.whole_file = paths.is_url(workdir) if whole_file is None else whole_file
         if parallel.is_main():
-            os.makedirs(workdir, exist_ok=True)
-            path = os.path.join(workdir, "metrics.jsonl")
-            _drop_steps_after(path, start_step)
-            self._jsonl = open(path, "a", encoding="utf-8")
+            self._path = paths.path(workdir) / "metrics.jsonl"
+            text = paths.read_text_or_none(self._path)
+            self._lines = kept_lines(text, start_step)
+            if not self.whole_file:
+                if text is not None and "".join(self._lines) != text:
+                    paths.write_whole(self._path, "".join(self._lines))
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                self._appending = self._path.open("a", encoding="utf-8")
+                self._lines = None   # the file holds them
             import tensorboardX   # imported lazily: only the writing process needs it
-            self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
+            self._tb = tensorboardX.SummaryWriter(str(paths.path(workdir) / "tensorboard"))
 
     def write(self, step, metrics):
         """Records `metrics` (name -> number) for `step` and prints the console line."""
@@ -169,13 +181,28 @@ class MetricWriter:
         self._compile_at_last_write = compiled
         if not parallel.is_main():
             return
-        self._jsonl.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
-        self._jsonl.flush()
+        line = json.dumps({"step": step, "time": time.time(), **metrics}) + "\n"
         for name, value in metrics.items():
             if math.isfinite(value):
                 self._tb.add_scalar(f"{self.prefix}{name}", value, step)
-        self._tb.flush()
         print(self._console_line(step, metrics), file=self.stream, flush=True)
+        if not self.whole_file:
+            self._appending.write(line)
+            self._appending.flush()
+            self._tb.flush()
+            return
+        self._lines.append(line)
+        if time.time() - self._flushed_at >= self.FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self):
+        """Writes every row so far to metrics.jsonl and TensorBoard's event file (on a
+        local disk they are there already)."""
+        if not parallel.is_main() or not self.whole_file:
+            return
+        paths.write_whole(self._path, "".join(self._lines))
+        self._tb.flush()
+        self._flushed_at = time.time()
 
     def _console_line(self, step, metrics):
         elapsed = time.time() - self._start
@@ -193,6 +220,9 @@ class MetricWriter:
                 f" | compile {compiling:.0f}s")
 
     def close(self):
+        """Flushes (`flush`) and closes the TensorBoard writer."""
         if parallel.is_main():
-            self._jsonl.close()
+            self.flush()
+            if self._appending is not None:
+                self._appending.close()
             self._tb.close()

@@ -1,7 +1,6 @@
 """The policy network and its tokenizer: created or loaded in their sharding, exported."""
 
 import dataclasses
-import os
 
 import transformers
 from flax import nnx
@@ -34,18 +33,21 @@ class Policy:
 def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     """Returns `(model, tokenizer)` from ``config.model``.
 
-    ``model.path``: a local Hugging Face directory (weights, config and tokenizer), read
-    by `models.from_pretrained` with every tensor placed straight into its sharding.
+    ``model.path``: a Hugging Face directory (weights, config and tokenizer), read by
+    `models.from_pretrained` with every tensor placed straight into its sharding; one in
+    a bucket (``gs://...``) is first copied to a temporary local directory.
     ``model.name``: a named shape initialised at random, with a character tokenizer
     trained on `tokenizer_texts` (the tiny CPU models).
     """
     if model_cfg.path:
         path = paths.resolve(model_cfg.path)
-        if not os.path.isdir(path):
+        if not paths.path(path).is_dir():
             raise FileNotFoundError(f"model.path {model_cfg.path!r} is not a directory; point it at "
-                                    "a local Hugging Face checkpoint (config.json + *.safetensors)")
-        model, tokenizer = models.from_pretrained(
-            path, mesh=mesh, rules=model_cfg.rules, **models.run_overrides(model_cfg, mesh))
+                                    "a Hugging Face checkpoint (config.json + *.safetensors)")
+        with paths.local_copy(path) as local:   # the reader memory-maps local files
+            model, tokenizer = models.from_pretrained(
+                local, mesh=mesh, rules=model_cfg.rules, seed=seed,
+                **models.run_overrides(model_cfg, mesh))
         if tokenizer is None:
             raise FileNotFoundError(f"model.path {path!r} has no tokenizer files; save the "
                                     "tokenizer next to the weights")
@@ -70,17 +72,35 @@ def start_policy(config, mesh, workdir, tokenizer_texts):
     resumed run (or another process) uses the one the run started with."""
     model, tokenizer = load_policy(config.model, mesh, tokenizer_texts=tokenizer_texts,
                                    seed=config.seed)
-    saved = os.path.join(workdir, "tokenizer")
-    if parallel.is_main() and not os.path.isdir(saved):
-        tokenizer.save_pretrained(saved)
+    saved = paths.join(workdir, "tokenizer")
+    if parallel.is_main() and not paths.path(saved).is_dir():
+        with paths.staged(saved) as local:
+            tokenizer.save_pretrained(local)
     parallel.sync("tokenizer saved")
     graphdef, params = nnx.split(model)
-    return Policy(graphdef, params, transformers.AutoTokenizer.from_pretrained(saved))
+    with paths.local_copy(saved) as local:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(local)
+    return Policy(graphdef, params, tokenizer)
 
 
-def export(policy, path):
-    """Writes the policy as a Hugging Face checkpoint (config, safetensors, tokenizer)."""
-    models.save_pretrained(nnx.merge(policy.graphdef, policy.params), path,
-                           tokenizer=policy.tokenizer)
+def export(policy, path, *, base_path=""):
+    """Writes the policy as a Hugging Face checkpoint (config, safetensors, tokenizer).
+
+    A LoRA policy is written with its adapters merged into the weights, and its adapters
+    alone in PEFT's format in ``path/adapter`` (beside, not inside: transformers would read
+    an ``adapter_config.json`` in `path` as an adapter to load onto another model),
+    pointing at `base_path`, the frozen base's checkpoint; without one (a named shape
+    drawn at random) the base is written to ``path/base``. Adapters of routed experts have
+    no PEFT form: such a policy is exported merged only.
+    """
+    model = nnx.merge(policy.graphdef, policy.params)
+    models.save_pretrained(model, path, tokenizer=policy.tokenizer)
+    adapter = model.cfg.lora is not None and models.peft_exportable(model.cfg)
+    if adapter and not base_path:
+        base_path = paths.join(path, "base")
+        models.save_pretrained(nnx.merge(policy.graphdef, models.adapters_off(policy.params)),
+                               base_path, tokenizer=policy.tokenizer)
+    if adapter:
+        models.save_peft_adapter(model, paths.join(path, "adapter"), base_path=base_path)
     if parallel.is_main():
         print(f"exported the policy to {path}", flush=True)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from grpo_jax import objectives, parallel, rewards
 from grpo_jax.training import batch as batch_lib
@@ -31,6 +32,7 @@ class Programs:
         (the critic), `pieces` rows at a time; None for SFT.
       pieces: how many pieces the batch's rows are split into for `forward`, as an update
         splits them (train.minibatches x train.micro_batches).
+      trained: the `nnx` filter of the parameters the update trains (`trained_filter`).
     """
 
     tx: Any
@@ -38,6 +40,18 @@ class Programs:
     update: Callable
     forward: Callable | None
     pieces: int
+    trained: Any = nnx.Param
+
+    def trained_part(self, params):
+        """The part of `params` (an `nnx.State`) the update trains: what the optimizer
+        state mirrors and a checkpoint holds."""
+        return nnx.filter_state(params, self.trained)
+
+
+def trained_filter(config):
+    """`nnx.LoRAParam` (the adapters only) when ``model.lora.rank`` > 0, else every
+    `nnx.Param`."""
+    return nnx.LoRAParam if config.model.lora.rank > 0 else nnx.Param
 
 
 def policy_loss(objective, temperature):
@@ -89,12 +103,13 @@ def _pieces(config):
 
 
 def _programs(tx, graphdef, params, mesh, loss_fn, count_fn, *, micro_batches, forward,
-              pieces, sft_weight=0.0):
-    opt_shardings = steps.optimizer_state_shardings(tx, params, mesh)
+              pieces, sft_weight=0.0, trained=nnx.Param):
+    opt_shardings = steps.optimizer_state_shardings(tx, nnx.filter_state(params, trained), mesh)
     update = steps.make_update_step(
         graphdef, tx, loss_fn, count_fn, mesh=mesh, param_shardings=parallel.tree_shardings(params),
-        opt_shardings=opt_shardings, micro_batches=micro_batches, sft_weight=sft_weight)
-    return Programs(tx, opt_shardings, update, forward, pieces)
+        opt_shardings=opt_shardings, micro_batches=micro_batches, sft_weight=sft_weight,
+        trained=trained)
+    return Programs(tx, opt_shardings, update, forward, pieces, trained)
 
 
 def policy_programs(config, mesh, graphdef, params, objective):
@@ -108,7 +123,8 @@ def policy_programs(config, mesh, graphdef, params, objective):
                                         num_pieces=_pieces(config))
     return _programs(tx, graphdef, params, mesh, policy_loss(objective, temperature),
                      objective.global_counts, micro_batches=config.train.micro_batches,
-                     forward=logprob, pieces=_pieces(config), sft_weight=config.train.sft_weight)
+                     forward=logprob, pieces=_pieces(config), sft_weight=config.train.sft_weight,
+                     trained=trained_filter(config))
 
 
 def critic_programs(config, mesh, graphdef, params):
@@ -126,7 +142,8 @@ def sft_programs(config, mesh, graphdef, params):
     """Supervised fine-tuning: token-mean NLL of the reference solutions."""
     tx = optimizer.make_optimizer(config.sft.optimizer, config.sft.steps)
     return _programs(tx, graphdef, params, mesh, batch_lib.nll_loss, batch_lib.token_counts,
-                     micro_batches=config.train.micro_batches, forward=None, pieces=1)
+                     micro_batches=config.train.micro_batches, forward=None, pieces=1,
+                     trained=trained_filter(config))
 
 
 def batch_layout(config, model_cfg, prompt_len):

@@ -30,15 +30,15 @@ exactly as an uninterrupted one would.
 """
 
 import dataclasses
-import os
 import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-from grpo_jax import config_lib, objectives, parallel, paths
+from grpo_jax import config_lib, models, objectives, parallel, paths
 from grpo_jax.training import checkpoint, critic as critic_lib, evaluation, footprint
 from grpo_jax.training import batch as batch_lib, metrics as metrics_lib, packing, programs
 from grpo_jax.training import policy as policy_lib, preemption
@@ -78,6 +78,13 @@ def check_config(config, mesh):
         raise ValueError(f"train.sft_weight adds the reference solutions of the "
                          f"{config.rollout.prompts_per_batch} prompts, which must split into "
                          f"train.minibatches = {config.train.minibatches}")
+    if config.critic.enabled and config.model.lora.rank > 0:
+        raise ValueError("model.lora.rank > 0 with critic.enabled is not supported yet (the "
+                         "critic would train and export its trunk's adapters as its own); set "
+                         "model.lora.rank=0 for PPO/VAPO")
+    if config.train.ref_reset_every and config.model.lora.rank > 0:
+        raise ValueError("with model.lora.rank > 0 the KL reference is the frozen base (adapters "
+                         "off); train.ref_reset_every cannot move it: set it to 0")
     if config.train.ref_reset_every and config.objective.kl.beta <= 0:
         raise ValueError("train.ref_reset_every replaces the KL reference, but objective.kl.beta "
                          "is 0 (no reference); set kl.beta > 0 or ref_reset_every = 0")
@@ -169,9 +176,11 @@ class Run:
       config: the run's resolved, read-only config; workdir: its absolute workdir.
       mesh: the device mesh.
       policy: the `policy_lib.Policy` being trained; opt_state: its optimizer state.
-      lagged: ``rollout.policy_lag`` copies of the policy's parameters, oldest first;
-        the rollouts sample with ``lagged[0]`` (asynchronous RL's staleness).
-      ref_params: pi_ref's parameters (None without a KL term: ``kl.beta = 0``).
+      lagged: ``rollout.policy_lag`` copies of the policy's trained parameters (all of
+        them, or a LoRA run's adapters), oldest first; the rollouts sample with
+        ``lagged[0]`` (asynchronous RL's staleness).
+      ref_params: pi_ref's parameters (None without a KL term: ``kl.beta = 0``, or with
+        LoRA, whose reference is the policy with its adapters off: `reference_params`).
       critic: PPO's value model (`critic_lib.Critic`; None without ``critic.enabled``).
       policy_programs, critic_programs: the policy's and the critic's `programs.Programs`.
       objective: the recipe's objective (`programs.rl_objective`).
@@ -227,11 +236,13 @@ def set_up(config, workdir, mesh):
         critic = critic_lib.start_critic(config, mesh, policy)
         critic_run = programs.critic_programs(config, mesh, critic.graphdef, critic.params)
         critic.opt_state = steps.init_optimizer_state(critic_run.tx, critic.params, mesh)
+    trained = policy_run.trained_part(policy.params)
+    own_reference = config.objective.kl.beta > 0 and not config.model.lora.rank
     return Run(
         config=config, workdir=workdir, mesh=mesh, policy=policy,
-        opt_state=steps.init_optimizer_state(policy_run.tx, policy.params, mesh),
-        lagged=[_copy(policy.params) for _ in range(config.rollout.policy_lag)],
-        ref_params=_copy(policy.params) if config.objective.kl.beta > 0 else None,
+        opt_state=steps.init_optimizer_state(policy_run.tx, trained, mesh),
+        lagged=[_copy(trained) for _ in range(config.rollout.policy_lag)],
+        ref_params=_copy(policy.params) if own_reference else None,
         critic=critic, policy_programs=policy_run, critic_programs=critic_run, objective=objective,
         scorer=task_lib.Scorer(config.reward,
                                separate=config.objective.advantage.estimator == "gdpo",
@@ -242,18 +253,28 @@ def set_up(config, workdir, mesh):
         train_iter=iter(task_lib.loader(train_source, config,
                                         batch_size=config.rollout.prompts_per_batch)),
         held_out=evaluation.own_examples(eval_source, config.eval.num_prompts),
-        checkpointer=checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+        checkpointer=checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
                                              keep=config.train.keep_checkpoints),
         advantages_fn=jax.jit(objective.advantages),
         mismatch_fn=jax.jit(objectives.mismatch_metrics),
         seeds_fn=jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh)))
 
 
+def reference_params(run):
+    """pi_ref's parameters: the policy's with its adapters off in a LoRA run (the same base
+    arrays, no copy), else `Run.ref_params`."""
+    if run.config.model.lora.rank > 0:
+        return models.adapters_off(run.policy.params)
+    return run.ref_params
+
+
 def checkpoint_state(run):
-    """What a checkpoint of the run holds: parameters, optimizer state, the lagged rollout
-    parameters, the KL reference when it can differ from the starting policy
+    """What a checkpoint of the run holds: the trained parameters (all, or a LoRA run's
+    adapters: its base is the checkpoint's ``base`` pointer), optimizer state, the lagged
+    rollout parameters, the KL reference when it can differ from the starting policy
     (``train.ref_reset_every``), and the critic's parameters and optimizer state."""
-    state = {"params": run.policy.params, "opt_state": run.opt_state, "lagged": tuple(run.lagged)}
+    state = {"params": run.policy_programs.trained_part(run.policy.params),
+             "opt_state": run.opt_state, "lagged": tuple(run.lagged)}
     if run.config.train.ref_reset_every:
         state["ref_params"] = run.ref_params
     if run.critic is not None:
@@ -265,7 +286,8 @@ def restore(run):
     """Moves `run` to its newest checkpoint (its state and this process's data position);
     returns that checkpoint's step, 0 when there is none."""
     start, state = run.checkpointer.restore_run(checkpoint_state(run), run.train_iter)
-    run.policy.params, run.opt_state = state["params"], state["opt_state"]
+    run.policy.params = nnx.merge_state(run.policy.params, state["params"])
+    run.opt_state = state["opt_state"]
     run.lagged, run.ref_params = list(state["lagged"]), state.get("ref_params", run.ref_params)
     if run.critic is not None:
         run.critic.params = state["critic"]["params"]
@@ -276,12 +298,14 @@ def restore(run):
 
 
 def export(run):
-    """Writes the policy to ``workdir/export`` and the critic to ``workdir/export_critic``
-    as Hugging Face checkpoints."""
-    policy_lib.export(run.policy, os.path.join(run.workdir, "export"))
+    """Writes the policy to ``workdir/export`` (a LoRA policy merged, and its PEFT adapter
+    in ``export/adapter``) and the critic to ``workdir/export_critic`` as Hugging Face
+    checkpoints."""
+    policy_lib.export(run.policy, paths.join(run.workdir, "export"),
+                      base_path=run.config.model.path)
     if run.critic is not None:
         critic_lib.export(run.critic, run.policy.tokenizer,
-                          os.path.join(run.workdir, "export_critic"))
+                          paths.join(run.workdir, "export_critic"))
 
 
 def schedule(config, start):
@@ -302,17 +326,17 @@ def _rollouts(run, step):
     Returns `(batch, metrics, examples, behaviour)`: `rollout.collect`'s three and the
     `Policy` that sampled."""
     config, policy = run.config, run.policy
-    behaviour = (policy_lib.Policy(policy.graphdef, run.lagged[0], policy.tokenizer)
-                 if run.lagged else policy)
+    behaviour = (policy_lib.Policy(policy.graphdef, nnx.merge_state(policy.params, run.lagged[0]),
+                                   policy.tokenizer) if run.lagged else policy)
     batch, metrics, examples = rollout.collect(behaviour, run.mesh, run.train_iter, config=config,
                                                scorer=run.scorer, method=run.method,
                                                rng=steps.step_rng(config.seed, "rollout", step),
                                                episodic=run.episodic)
     if run.lagged:
-        run.lagged = run.lagged[1:] + [_copy(policy.params)]
+        run.lagged = run.lagged[1:] + [_copy(run.policy_programs.trained_part(policy.params))]
     if config.train.log_rollouts_every and step % config.train.log_rollouts_every == 0:
         rollout.write_samples(batch, policy.tokenizer,
-                              os.path.join(run.workdir, "rollouts", f"{step}.jsonl"))
+                              paths.join(run.workdir, "rollouts", f"{step}.jsonl"))
     return batch, metrics, examples, behaviour
 
 
@@ -352,8 +376,8 @@ def _policy_targets(run, batch, behaviour, step, plan):
         metrics = {f"mismatch/{k}": float(v) for k, v in jax.device_get(mismatch).items()}
     else:
         batch["old_logp"] = batch["behaviour_logp"]
-    if run.ref_params is not None:
-        batch["ref_logp"] = logp_fn(run.ref_params, batch, plan)
+    if config.objective.kl.beta > 0:
+        batch["ref_logp"] = logp_fn(reference_params(run), batch, plan)
     batch["advantages"] = run.advantages_fn(batch)
     if objective.spec.policy_loss in objectives.RANDOM_LOSSES:   # Clip-Cov's draw
         batch["loss_seed"] = run.seeds_fn(batch["mask"], jnp.int32(step))
@@ -479,8 +503,9 @@ def train(config, workdir, *, seconds=None):
             last = step == total_steps or out_of_time
             stopping = stop.requested() and not last   # agreed by every process
             if step % config.train.checkpoint_every == 0 or last or stopping:
+                writer.flush()   # the rows up to the step saved: what a resume keeps
                 run.checkpointer.save_run(step, checkpoint_state(run), run.train_iter,
-                                          seed=config.seed)
+                                          seed=config.seed, base=checkpoint.base_pointer(config))
             if stopping:
                 raise preemption.Stopped(step, run.checkpointer.directory)
             if last:

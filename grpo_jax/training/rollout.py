@@ -23,7 +23,6 @@ passes read them (docs/environments.md).
 
 import functools
 import json
-import os
 import time
 
 import jax
@@ -31,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from grpo_jax import environments, objectives, parallel, sampling
+from grpo_jax import environments, objectives, parallel, paths, sampling
 from grpo_jax import rewards as rewards_lib
 from grpo_jax.training import task as task_lib
 
@@ -340,11 +339,9 @@ def write_samples(batch, tokenizer, path):
     prompts = task_lib.decode_completions(tokenizer, rows["prompt_tokens"], rows["prompt_mask"])
     generated = np.arange(rows["tokens"].shape[1])[None] < rows["lengths"][:, None]
     completions = task_lib.decode_completions(tokenizer, rows["tokens"], generated)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-            f.write(json.dumps({"prompt": prompt, "completion": completion,
-                                "reward": rows["rewards"][i].tolist(),
-                                "correct": bool(rows["correct"][i]),
-                                "length": int(rows["lengths"][i]),
-                                "row_valid": bool(rows["row_valid"][i])}) + "\n")
+    paths.write_whole(path, "".join(
+        json.dumps({"prompt": prompt, "completion": completion,
+                    "reward": rows["rewards"][i].tolist(), "correct": bool(rows["correct"][i]),
+                    "length": int(rows["lengths"][i]),
+                    "row_valid": bool(rows["row_valid"][i])}) + "\n"
+        for i, (prompt, completion) in enumerate(zip(prompts, completions))))

@@ -8,11 +8,11 @@ losses read the same log-probs. The run ends by exporting a Hugging Face checkpo
 ``workdir/export``, which an RL run loads with ``--config.model.path``.
 """
 
-import os
 import time
 
 import jax
 import numpy as np
+from flax import nnx
 
 from grpo_jax import config_lib, parallel, paths
 from grpo_jax.training import checkpoint, evaluation, footprint, metrics as metrics_lib
@@ -38,13 +38,13 @@ def train(config, workdir, *, seconds=None):
     scorer = task_lib.Scorer(config.reward, separate=False, max_new_tokens=config.rollout.max_new_tokens)
     method = rollout.sampling_method(config)
     run = programs.sft_programs(config, mesh, policy.graphdef, policy.params)
-    opt_state = steps.init_optimizer_state(run.tx, policy.params, mesh)
+    opt_state = steps.init_optimizer_state(run.tx, run.trained_part(policy.params), mesh)
     update = run.update
-    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+    checkpointer = checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
                                            keep=config.train.keep_checkpoints)
-    step, state = checkpointer.restore_run({"params": policy.params, "opt_state": opt_state},
-                                           train_iter)
-    policy.params, opt_state = state["params"], state["opt_state"]
+    step, state = checkpointer.restore_run(
+        {"params": run.trained_part(policy.params), "opt_state": opt_state}, train_iter)
+    policy.params, opt_state = nnx.merge_state(policy.params, state["params"]), state["opt_state"]
     if step and parallel.is_main():
         print(f"resumed from the checkpoint of step {step} in {workdir}", flush=True)
     writer = metrics_lib.MetricWriter(workdir, total_steps=config.sft.steps, start_step=step,
@@ -75,8 +75,10 @@ def train(config, workdir, *, seconds=None):
                 writer.write(step, metrics)
             stopping = stop.requested() and not last   # agreed by every process
             if step % config.sft.checkpoint_every == 0 or last or stopping:
-                checkpointer.save_run(step, {"params": policy.params, "opt_state": opt_state},
-                                      train_iter, seed=config.seed)
+                writer.flush()   # the rows up to the step saved: what a resume keeps
+                checkpointer.save_run(
+                    step, {"params": run.trained_part(policy.params), "opt_state": opt_state},
+                    train_iter, seed=config.seed, base=checkpoint.base_pointer(config))
             if stopping:
                 raise preemption.Stopped(step, checkpointer.directory)
             if last:
@@ -86,5 +88,5 @@ def train(config, workdir, *, seconds=None):
         writer.close()
         checkpointer.close()
         scorer.close()
-    policy_lib.export(policy, os.path.join(workdir, "export"))
+    policy_lib.export(policy, paths.join(workdir, "export"))
     return step

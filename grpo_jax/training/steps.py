@@ -28,7 +28,7 @@ def step_rng(seed, stream, step):
 
 
 def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shardings,
-                     opt_shardings, micro_batches, sft_weight=0.0):
+                     opt_shardings, micro_batches, sft_weight=0.0, trained=nnx.Param):
     """Returns the jitted ``update(params, opt_state, rows, index[, sft_rows, sft_index],
     plan=None) -> (params, opt_state, metrics)``.
 
@@ -45,6 +45,9 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
       sft_weight: with ``sft_rows`` (prompt + reference solution rows, `task.target_rows`)
         and ``sft_index``, the loss adds ``sft_weight`` x their token-mean NLL: a hybrid
         of the RL objective and supervised next-token prediction (RPT's hybrid loss).
+      trained: the `nnx` filter of the parameters that are differentiated and updated
+        (`nnx.LoRAParam`: a LoRA run's adapters); the others pass through unchanged and
+        the optimizer state covers the trained ones only.
 
     The update reads ``rows`` (a dict of `[B, ...]` global arrays) at ``index`` (`[b]`
     int32 row numbers); params and optimizer state are donated: their buffers are reused.
@@ -52,8 +55,8 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
     micro-batch's forward runs on its packed rows.
     """
 
-    def micro_loss(params, micro, sft_micro):
-        model = nnx.merge(graphdef, params)
+    def micro_loss(trained_params, frozen, micro, sft_micro):
+        model = nnx.merge(graphdef, trained_params, frozen)
         loss, metrics = loss_fn(model, micro)
         if sft_micro is not None:
             sft_loss, _ = batch_lib.nll_loss(model, sft_micro)
@@ -75,18 +78,19 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
     def update(params, opt_state, rows, index, sft_rows=None, sft_index=None, plan=None):
         micro = split(rows, index, count_fn, plan)
         sft_micro = None if sft_rows is None else split(sft_rows, sft_index, batch_lib.token_counts)
+        trained_params, frozen = nnx.split_state(params, trained, ...)
 
         def accumulate(carry, pieces):
-            (loss, metrics), grads = grad_fn(params, *pieces)
+            (loss, metrics), grads = grad_fn(trained_params, frozen, *pieces)
             return jax.tree.map(jnp.add, carry, (grads, metrics)), None
 
         micro = (micro, sft_micro)
         first = jax.tree.map(lambda x: x[0], micro)
-        shapes = jax.eval_shape(grad_fn, params, *first)
+        shapes = jax.eval_shape(grad_fn, trained_params, frozen, *first)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], shapes[0][1]))
         (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        updates, opt_state = optimizer.update(grads, opt_state, trained_params)
+        params = nnx.merge_state(optax.apply_updates(trained_params, updates), frozen)
         metrics = {**metrics, "grad_norm": optax.tree.norm(grads),
                    "update_norm": optax.tree.norm(updates)}
         return params, opt_state, metrics

@@ -102,10 +102,16 @@ def test_queued_resource_is_waited_for_until_active(tmp_path):
     assert calls == ["queued-resources create"] + ["queued-resources describe"] * 3
 
 
-def test_sweep_entry_failure_does_not_stop_the_others(tmp_path):
-    result, calls = _run(tmp_path, "sweep.sh", TPU_NAMES="pod-a pod-b",
-                         FAIL_MATCH="01_eps_high-0.2_mode-seq-mean-token-mean")
+def test_sweep_entry_failure_does_not_stop_the_others(tmp_path, gcs_emulator):
+    """Before the pods start, each entry's sweep_run.json lands in its workdir (in the
+    emulator's bucket), where grpo_jax.report reads it."""
+    from grpo_jax import paths, sweep
+    result, calls = _run(tmp_path, "sweep.sh", TPU_NAMES="pod-a pod-b", WORKDIR="gs://test-bucket/w",
+                         FAIL_MATCH="01_eps_high-0.2_mode-seq-mean-token-mean", **gcs_emulator)
     assert result.returncode != 0
     assert calls == ["run"] * 4
     assert "sweep entry 01_eps_high-0.2_mode-seq-mean-token-mean failed on pod-b" in result.stderr
     assert "some sweep entries failed" in result.stderr
+    records = sorted(p.name for p in paths.path("gs://test-bucket/w").iterdir()
+                     if (p / sweep.RUN_RECORD).exists())
+    assert records == [name for name, _ in sweep.sweep_entries(f"{REPO}/configs/dapo.py:runlocal=True")]

@@ -60,3 +60,24 @@ def test_unknown_field_fails_before_any_run(tmp_path):
         "    return [{'train.steps': 2}, {'train.step': 3}]\n")
     with pytest.raises(KeyError, match="'train.step' names no config field"):
         sweep_runs.sweep_runs(str(recipe))
+
+
+def test_recorded_entries_are_a_sweep_that_the_report_reads_in_the_bucket(gcs_emulator, monkeypatch):
+    """`--record_into gs://...` (what sweep.sh runs before the pods start) leaves each
+    selected entry's sweep_run.json in the workdir sweep.sh gives it: the report finds
+    those runs there and lists them as not finished yet."""
+    from grpo_jax import paths, report, sweep
+    monkeypatch.chdir(REPO)
+    spec, root = "configs/dapo.py:runlocal=True", "gs://test-bucket/dapo_sweep"
+    names = [name for name, _ in sweep_runs.sweep_runs(spec)]
+    written = sweep_runs.record_runs(spec, root, entries={0, 2}, machine="Cloud TPU v5p-16: pod-a")
+    assert written == [f"{root}/{names[0]}", f"{root}/{names[2]}"]
+    runs = report.load_runs(root)
+    assert [run.path for run in runs] == [names[0], names[2]]
+    assert [run.record["entry"] for run in runs] == [0, 2]
+    assert runs[0].record["starts"][0]["machine"] == "Cloud TPU v5p-16: pod-a"
+    assert runs[0].record["command"][-2:] == sweep.override_args(sweep.sweep_entries(spec)[0][1])
+    assert not any(run.finished for run in runs)
+    assert report.main([root]) == 0
+    text = (paths.path(root) / "report.md").read_text()
+    assert f"Not finished, left out: {names[0]} (at step 0 of" in text

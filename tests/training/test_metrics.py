@@ -50,3 +50,49 @@ def test_a_resumed_run_drops_the_rows_it_redoes(tmp_path):
     writer.close()
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 0.75)]
+
+
+def test_rows_reach_the_file_at_each_flush_and_a_minute_after_the_last(tmp_path, monkeypatch):
+    """In a bucket (here its way on a local workdir: whole_file) metrics.jsonl is
+    rewritten whole, as an object cannot be appended to: when the loop flushes at a
+    checkpoint, when a row comes a minute after the last flush, and at close. A run
+    killed between flushes leaves the rows of the last one."""
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(metrics_lib.time, "time", lambda: clock["now"])
+    writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=9, stream=io.StringIO(),
+                                      whole_file=True)
+    path = tmp_path / "metrics.jsonl"
+
+    def steps_on_disk():
+        return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+    writer.write(1, {"loss": 1.0})
+    assert steps_on_disk() == []
+    writer.flush()   # a checkpoint of step 1
+    assert steps_on_disk() == [1]
+    writer.write(2, {"loss": 2.0})
+    clock["now"] += 59.0
+    writer.write(3, {"loss": 3.0})
+    assert steps_on_disk() == [1]
+    clock["now"] += 1.0
+    writer.write(4, {"loss": 4.0})   # 60 s after the flush of step 1
+    assert steps_on_disk() == [1, 2, 3, 4]
+    writer.write(5, {"loss": 5.0})   # a kill here loses step 5 only: it is redone on resume
+    assert steps_on_disk() == [1, 2, 3, 4]
+    writer.close()
+    assert steps_on_disk() == [1, 2, 3, 4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "tensorboard"]
+
+
+def test_a_local_workdir_gets_each_row_as_it_comes(tmp_path):
+    """On a local disk every row is in metrics.jsonl once written (a `tail -f` sees each
+    step), with no flush; a bucket's workdir is written whole (the test above)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in (1, 2, 3)))
+    writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=9, start_step=2, stream=io.StringIO())
+    assert not writer.whole_file
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    writer.write(3, {"loss": 0.5})
+    assert [(r["step"], r["loss"]) for r in map(json.loads, path.read_text().splitlines())] == [
+        (1, 0.1), (2, 0.2), (3, 0.5)]
+    writer.close()

@@ -11,42 +11,11 @@ from grpo_jax import config_lib, models, objectives, parallel
 from grpo_jax.training import batch as batch_lib, optimizer, programs
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
 from tests import readme_metrics
-
-B, S, N, V = 16, 5, 7, 64
-
-
-def _rows(seed=0):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, N + 1, B)
-    mask = (np.arange(N)[None] < lengths[:, None]).astype(np.int32)
-    prompt_mask = (np.arange(S)[None] >= rng.integers(0, S - 1, B)[:, None]).astype(np.int32)
-    return {
-        "prompt_tokens": rng.integers(3, V, (B, S)).astype(np.int32), "prompt_mask": prompt_mask,
-        "tokens": rng.integers(3, V, (B, N)).astype(np.int32), "mask": mask,
-        "old_logp": rng.normal(-3, 0.3, (B, N)).astype(np.float32) * mask,
-        "advantages": rng.normal(size=B).astype(np.float32), "row_valid": np.ones(B, bool)}
-
-
-def _loss(objective):
-    def loss_fn(model, micro):
-        return objective(batch_lib.completion_logprobs(model, micro), micro)
-    return loss_fn
-
-
-def _counts(objective):
-    def count_fn(minibatch):
-        return {"num_tokens": jnp.sum(objective.loss_mask(minibatch), dtype=jnp.float32),
-                "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
-    return count_fn
-
+from tests.training.update_setups import B, V, counts_of, loss_of, shardings_of, update_rows
 
 def _sharded_model(mesh):
     cfg = models.get_model_config("tiny", vocab_size=V)
     return nnx.split(models.init_model(cfg, seed=3, mesh=mesh, rules="fsdp"))
-
-
-def _shardings(tree):
-    return jax.tree.map(lambda x: x.sharding, tree)
 
 
 def _update(mesh, tx, rows, micro_batches, mode="token-mean"):
@@ -56,10 +25,10 @@ def _update(mesh, tx, rows, micro_batches, mode="token-mean"):
     obj_cfg = config_lib.load_config("configs/base.py").objective
     obj_cfg.aggregation.mode = mode
     objective = objectives.policy_objective(obj_cfg)
-    update = make_update_step(graphdef, tx, _loss(objective), _counts(objective), mesh=mesh,
-                              param_shardings=_shardings(params),
-                              opt_shardings=_shardings(opt_state), micro_batches=micro_batches)
-    before = _shardings((params, opt_state))
+    update = make_update_step(graphdef, tx, loss_of(objective), counts_of(objective), mesh=mesh,
+                              param_shardings=shardings_of(params),
+                              opt_shardings=shardings_of(opt_state), micro_batches=micro_batches)
+    before = shardings_of((params, opt_state))
     batch = parallel.global_rows(mesh, rows)
     return before, update(params, opt_state, batch, jnp.arange(B))
 
@@ -78,7 +47,7 @@ def _close(a, b, rtol):
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
 def test_four_micro_batches_equal_the_full_batch(mode):
     mesh = parallel.make_mesh((("data", 1), ("fsdp", 1), ("tensor", 1)), devices=jax.devices()[:1])
-    rows = _rows()
+    rows = update_rows()
     full_params, full_metrics = _step(mesh, rows, 1, mode)
     micro_params, micro_metrics = _step(mesh, rows, 4, mode)
     np.testing.assert_allclose(micro_metrics["loss"], full_metrics["loss"], rtol=1e-5)
@@ -90,7 +59,7 @@ def test_four_micro_batches_equal_the_full_batch(mode):
 def test_eight_device_mesh_equals_one_device():
     one = parallel.make_mesh((("data", 1), ("fsdp", 1), ("tensor", 1)), devices=jax.devices()[:1])
     eight = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
-    rows = _rows(1)
+    rows = update_rows(1)
     p1, m1 = _step(one, rows, 2, "token-mean")
     p8, m8 = _step(eight, rows, 2, "token-mean")
     np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=1e-5)
@@ -147,8 +116,8 @@ def test_adam_moments_live_in_their_parameters_shards():
 def test_adamw_step_keeps_shardings_and_adam_moments():
     mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
     base = config_lib.load_config("configs/base.py").optimizer
-    before, (params, opt_state, _) = _update(mesh, _project_adamw(), _rows(2), 2)
-    assert _shardings((params, opt_state)) == before
+    before, (params, opt_state, _) = _update(mesh, _project_adamw(), update_rows(2), 2)
+    assert shardings_of((params, opt_state)) == before
     count, mu, nu = _moments(opt_state)
     assert int(count) == 1
     # From zero moments, one step gives mu = (1 - b1) g and nu = (1 - b2) g^2.
@@ -175,7 +144,7 @@ def test_overlong_masking_through_the_update_equals_the_pure_objective(mode):
     """DAPO's overlong filtering drops truncated answers from the loss AND from its token
     count: the update's loss over two micro-batches equals the objective on the whole batch."""
     mesh = parallel.make_mesh("data=-1,fsdp=1,tensor=1")
-    rows = _rows(2)
+    rows = update_rows(2)
     rows["truncated"] = np.arange(B) % 3 == 0
     obj_cfg = config_lib.load_config("configs/base.py").objective
     obj_cfg.aggregation.mode, obj_cfg.overlong.mode = mode, "mask"
@@ -186,9 +155,9 @@ def test_overlong_masking_through_the_update_equals_the_pure_objective(mode):
     expected = objective(logp, {k: jnp.asarray(v) for k, v in rows.items()})[0]
     tx = optax.sgd(1.0)
     opt_state = init_optimizer_state(tx, params, mesh)
-    update = make_update_step(graphdef, tx, _loss(objective), _counts(objective), mesh=mesh,
-                              param_shardings=_shardings(params),
-                              opt_shardings=_shardings(opt_state), micro_batches=2)
+    update = make_update_step(graphdef, tx, loss_of(objective), counts_of(objective), mesh=mesh,
+                              param_shardings=shardings_of(params),
+                              opt_shardings=shardings_of(opt_state), micro_batches=2)
     _, _, metrics = update(params, opt_state, parallel.global_rows(mesh, rows), jnp.arange(B))
     np.testing.assert_allclose(float(metrics["policy_loss"]), float(expected), rtol=1e-5)
     # Counting tokens before masking (the old bug) shrinks token-mean by the kept share.
@@ -201,7 +170,7 @@ def test_sft_weight_adds_the_token_mean_nll_of_the_targets_and_reports_it():
     """RPT's hybrid: the update's loss is the RL loss + w x the targets' token-mean NLL,
     over two micro-batches of each; both are metrics docs/metrics.md names."""
     mesh = parallel.make_mesh("data=-1,fsdp=1,tensor=1")
-    rows, targets = _rows(3), _rows(4)
+    rows, targets = update_rows(3), update_rows(4)
     objective = objectives.policy_objective(config_lib.load_config("configs/base.py").objective)
     graphdef, params = _sharded_model(mesh)
     logp = np.asarray(jax.jit(lambda p, r: batch_lib.completion_logprobs(nnx.merge(graphdef, p), r))(
@@ -209,9 +178,9 @@ def test_sft_weight_adds_the_token_mean_nll_of_the_targets_and_reports_it():
     nll = -(logp * targets["mask"]).sum() / targets["mask"].sum()
     tx = optax.sgd(1.0)
     opt_state = init_optimizer_state(tx, params, mesh)
-    update = make_update_step(graphdef, tx, _loss(objective), _counts(objective), mesh=mesh,
-                              param_shardings=_shardings(params),
-                              opt_shardings=_shardings(opt_state), micro_batches=2,
+    update = make_update_step(graphdef, tx, loss_of(objective), counts_of(objective), mesh=mesh,
+                              param_shardings=shardings_of(params),
+                              opt_shardings=shardings_of(opt_state), micro_batches=2,
                               sft_weight=0.5)
     _, _, metrics = update(params, opt_state, parallel.global_rows(mesh, rows), jnp.arange(B),
                            parallel.global_rows(mesh, targets), jnp.arange(B))
@@ -226,7 +195,7 @@ def test_moe_router_term_is_in_the_loss_and_weighted_by_the_loss_tokens():
     `loss` reports that sum, and with overlong masking the router term of one micro-batch
     is the whole batch's (its weight is the loss's kept tokens over their count: 1)."""
     mesh = parallel.make_mesh("data=-1,fsdp=1,tensor=1")
-    rows = _rows(5)
+    rows = update_rows(5)
     rows["truncated"] = np.arange(B) % 4 == 0
     obj_cfg = config_lib.load_config("configs/base.py").objective
     obj_cfg.overlong.mode = "mask"
@@ -239,8 +208,8 @@ def test_moe_router_term_is_in_the_loss_and_weighted_by_the_loss_tokens():
     tx = optax.sgd(1.0)
     opt_state = init_optimizer_state(tx, params, mesh)
     update = make_update_step(graphdef, tx, programs.policy_loss(objective, 1.0),
-                              objective.global_counts, mesh=mesh, param_shardings=_shardings(params),
-                              opt_shardings=_shardings(opt_state), micro_batches=1)
+                              objective.global_counts, mesh=mesh, param_shardings=shardings_of(params),
+                              opt_shardings=shardings_of(opt_state), micro_batches=1)
     _, _, metrics = jax.device_get(update(params, opt_state, batch, jnp.arange(B)))
     assert float(aux) > 0
     np.testing.assert_allclose(metrics["router_aux_loss"], float(aux), rtol=1e-5)
@@ -257,10 +226,10 @@ def test_clip_cov_draws_through_the_update_with_the_trainers_row_seeds():
     objective = objectives.presets.clip_cov(group_size=4, clip_fraction=0.3, cov_low=-10.0)
     tx = optax.sgd(0.0)
     opt_state = init_optimizer_state(tx, params, mesh)
-    update = make_update_step(graphdef, tx, _loss(objective), _counts(objective), mesh=mesh,
-                              param_shardings=_shardings(params),
-                              opt_shardings=_shardings(opt_state), micro_batches=1)
-    rows = _rows(4)
+    update = make_update_step(graphdef, tx, loss_of(objective), counts_of(objective), mesh=mesh,
+                              param_shardings=shardings_of(params),
+                              opt_shardings=shardings_of(opt_state), micro_batches=1)
+    rows = update_rows(4)
     logp = batch_lib.completion_logprobs(nnx.merge(graphdef, params),
                                          {k: jnp.asarray(v) for k, v in rows.items()})
     logp = jnp.copy(logp)   # the update donates the parameters

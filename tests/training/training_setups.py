@@ -18,9 +18,10 @@ import sys
 import time
 
 import numpy as np
-from safetensors.numpy import load_file
+import safetensors.numpy
 
-from grpo_jax import config_lib
+from grpo_jax import config_lib, paths
+from grpo_jax.training import checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -83,9 +84,9 @@ def faults_config(data_dir, **overrides):
 
 
 def read_metrics(workdir):
-    """Every row of `workdir/metrics.jsonl`, in order."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    """Every row of `workdir/metrics.jsonl` (local or in a bucket), in order."""
+    text = (paths.path(workdir) / "metrics.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines()]
 
 
 def comparable(row):
@@ -107,9 +108,9 @@ def assert_metric_close(key, got, want, *, rtol, atol, err_msg):
 
 
 def finished_checkpoints(workdir):
-    """The steps of the finished checkpoints under `workdir/checkpoints`, ascending."""
-    directory = pathlib.Path(workdir) / "checkpoints"
-    return sorted(int(d) for d in os.listdir(directory) if d.isdigit()) if directory.exists() else []
+    """The steps of the finished checkpoints under `workdir/checkpoints` (local or in a
+    bucket, where an unfinished save has its step's name too), ascending."""
+    return checkpoint.complete_steps(paths.join(workdir, "checkpoints"))
 
 
 def cli_config_file(tmp_path, data_dir, overrides, recipe="dapo"):
@@ -172,9 +173,10 @@ def assert_rows_equal(workdir, reference, steps, rtol=0.0, atol=0.0, extra=()):
 
 
 def assert_same_export(workdir, reference, rtol=0.0, atol=0.0):
-    """The exported policy of `workdir` equals the reference's, tensor by tensor."""
-    got = load_file(str(pathlib.Path(workdir) / "export" / "model.safetensors"))
-    want = load_file(str(pathlib.Path(reference) / "export" / "model.safetensors"))
+    """The exported policy of `workdir` (local or in a bucket) equals the reference's,
+    tensor by tensor."""
+    got, want = (safetensors.numpy.load((paths.path(w) / "export" / "model.safetensors").read_bytes())
+                 for w in (workdir, reference))
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)

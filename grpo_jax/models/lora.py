@@ -1,0 +1,240 @@
+"""Low-rank adapters (LoRA, Hu et al. 2021, arXiv:2106.09685) on the decoder's projections.
+
+A targeted projection W keeps its frozen weight and gains `flax.nnx.LoRA`'s two factors,
+A `[in, r]` (random) and B `[r, out]` (zeros, so the adapted model starts as the base):
+
+    y = x W + (alpha / r) * (x A) B                      (Hu et al., eq. 3)
+
+Routed experts get one adapter each (`ExpertLoRA`, folded into the experts' weights
+inside the forward). A and B are `nnx.LoRAParam`s, so `nnx.LoRAParam` selects what a trainer differentiates
+and what its optimizer and checkpoints hold; zeroing them gives back the base model (the
+KL reference) without a second copy of its weights. `merged_state` folds the adapters
+into the weights (W + alpha/r A B) for a plain Hugging Face export; `peft_tensors` names
+them as `peft` does, to load onto the transformers model.
+
+Targets are the projection paths of `PROJECTIONS`, chosen by fnmatch patterns
+("attn.*", "mlp.up") or the projection's own name ("q", "down").
+"""
+
+import dataclasses
+import fnmatch
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from grpo_jax import paths
+from grpo_jax.models import layers
+from grpo_jax.models.safetensors_io import save_file
+
+PROJECTIONS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
+# Their module names in transformers (what PEFT's `target_modules` lists).
+HF_NAMES = {"attn.q": "q_proj", "attn.k": "k_proj", "attn.v": "v_proj", "attn.o": "o_proj",
+            "mlp.gate": "gate_proj", "mlp.up": "up_proj", "mlp.down": "down_proj"}
+SUFFIX = "_lora"   # the adapter of projection `q` is the module `q_lora` beside it
+# The adapters are trained, so they keep float32 master weights whatever the frozen base
+# is stored in (`ModelConfig.param_dtype`, e.g. bfloat16).
+ADAPTER_DTYPE = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """Which projections carry adapters, and their rank and scale.
+
+    Attributes:
+      rank: r, the inner width of A and B (> 0).
+      alpha: the numerator of the scale alpha / r (Hu et al., sec. 4.1).
+      targets: projection paths, a subset of `PROJECTIONS`.
+    """
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+
+    @property
+    def scale(self):
+        return self.alpha / self.rank
+
+
+def resolve_targets(patterns):
+    """The projections (`PROJECTIONS` order) that fnmatch patterns or bare names select.
+
+    Raises:
+      ValueError naming ``model.lora.targets`` for a pattern that selects nothing.
+    """
+    chosen = set()
+    for pattern in patterns:
+        hits = [p for p in PROJECTIONS
+                if fnmatch.fnmatchcase(p, pattern) or fnmatch.fnmatchcase(p.split(".")[1], pattern)]
+        if not hits:
+            raise ValueError(f"model.lora.targets: {pattern!r} selects none of {PROJECTIONS}; "
+                             "use one of them, a bare name (q, down) or a pattern (attn.*)")
+        chosen.update(hits)
+    return tuple(p for p in PROJECTIONS if p in chosen)
+
+
+def spec_from_config(section):
+    """The `LoraSpec` of a run config's ``model.lora`` section, or None when rank is 0.
+
+    Raises:
+      ValueError naming the field for a negative rank, a non-positive alpha or no targets.
+    """
+    if section.rank < 0:
+        raise ValueError(f"model.lora.rank must be >= 0 (0: no adapters), got {section.rank}")
+    if section.rank == 0:
+        return None
+    if section.alpha <= 0:
+        raise ValueError(f"model.lora.alpha must be > 0, got {section.alpha}")
+    patterns = tuple(section.targets)
+    if not patterns:
+        raise ValueError("model.lora.targets is empty; name projections such as ('attn.*', 'mlp.*')")
+    return LoraSpec(int(section.rank), float(section.alpha), resolve_targets(patterns))
+
+
+def adapter(cfg, path, in_dim, out_dim, in_axis, out_axis, rngs):
+    """The `nnx.LoRA` of projection `path` (`[in_dim] -> [out_dim]`, heads flattened,
+    float32 factors, computed in `cfg.dtype`), or None when `cfg.lora` does not target
+    it. Its factors carry logical axes, so they are sharded like the weight's input and
+    output, and "lora" (the rank, never split)."""
+    spec = cfg.lora
+    if spec is None or path not in spec.targets:
+        return None
+    return nnx.LoRA(
+        in_dim, spec.rank, out_dim, dtype=cfg.dtype, param_dtype=ADAPTER_DTYPE,
+        a_initializer=jax.nn.initializers.normal(layers.INIT_STD), rngs=rngs,
+        a_metadata={"logical_axes": (in_axis, "lora"), "init": "normal"},
+        b_metadata={"logical_axes": ("lora", out_axis), "init": "zeros"})
+
+
+class ExpertLoRA(nnx.Module):
+    """One adapter per routed expert: A `[E, in, r]` (random) and B `[E, r, out]` (zeros),
+    `nnx.LoRAParam`s like `nnx.LoRA`'s, which has no expert axis."""
+
+    def __init__(self, n_experts, in_dim, rank, out_dim, in_axis, out_axis, rngs):
+        a = jax.nn.initializers.normal(layers.INIT_STD)(
+            rngs.params(), (n_experts, in_dim, rank), ADAPTER_DTYPE)
+        self.lora_a = nnx.LoRAParam(a, logical_axes=("expert", in_axis, "lora"), init="normal")
+        self.lora_b = nnx.LoRAParam(jnp.zeros((n_experts, rank, out_dim), ADAPTER_DTYPE),
+                                    logical_axes=("expert", "lora", out_axis), init="zeros")
+
+
+def expert_adapter(cfg, path, in_dim, out_dim, in_axis, out_axis, rngs):
+    """The `ExpertLoRA` of the routed experts' projection `path`, or None when `cfg.lora`
+    does not target it."""
+    spec = cfg.lora
+    if spec is None or path not in spec.targets:
+        return None
+    return ExpertLoRA(cfg.n_experts, in_dim, spec.rank, out_dim, in_axis, out_axis, rngs)
+
+
+def adapted_weight(weight, module, spec):
+    """`[E, in, out]` experts' weights with their adapters folded in, W + alpha/r A B
+    (per expert, in float32): the experts' matmuls then run as without LoRA, and the
+    gradient reaches A and B through the sum. `weight` itself when `module` is None."""
+    if module is None:
+        return weight
+    delta = module.lora_a[...] @ module.lora_b[...]
+    return weight.astype(jnp.float32) + spec.scale * delta
+
+
+def apply(module, x, out_shape, spec):
+    """`alpha / r * (x A) B` of an `nnx.LoRA` on `[..., in]` activations, reshaped to
+    `[..., *out_shape]`; 0 when `module` is None (an untargeted projection)."""
+    if module is None:
+        return 0
+    return spec.scale * module(x).reshape(*x.shape[:-1], *out_shape)
+
+
+def adapters(state):
+    """The `nnx.LoRAParam` part of a model's `nnx.State` (what a LoRA run trains)."""
+    return nnx.filter_state(state, nnx.LoRAParam)
+
+
+def adapters_off(state):
+    """`state` with every adapter zeroed: the base model's forward (the KL reference),
+    sharing the base weights' arrays instead of copying them."""
+    trained, frozen = nnx.split_state(state, nnx.LoRAParam, ...)
+    return nnx.merge_state(jax.tree.map(jnp.zeros_like, trained), frozen)
+
+
+def _adapted(flat):
+    """`(weight path, A path, B path)` of every adapter in a flat state dict."""
+    for path in flat:
+        if path[-1] == "lora_a" and path[-2].endswith(SUFFIX):
+            module = path[:-1]
+            yield (*module[:-1], module[-1][:-len(SUFFIX)]), path, (*module, "lora_b")
+
+
+def merged_state(state, spec):
+    """`state` with each adapter folded into its weight, W + scale * (A B) reshaped to W's
+    shape (stacked layers batch over the leading axis), and the adapters removed: the
+    state of the same network without LoRA."""
+    flat = dict(nnx.to_flat_state(state))
+    for weight, a, b in list(_adapted(flat)):
+        w = flat[weight]
+        delta = (flat.pop(a).get_value().astype(jnp.float32) @ flat.pop(b).get_value())
+        value = w.get_value()
+        flat[weight] = w.replace((value + spec.scale * delta.reshape(value.shape)).astype(value.dtype))
+    return nnx.from_flat_state(flat)
+
+
+def peft_config(spec, base_path):
+    """PEFT's ``adapter_config.json`` of `spec` (a `LoraConfig` of the transformers model
+    at `base_path`; PEFT scales by lora_alpha / r, as here)."""
+    return {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,
+        "r": spec.rank, "lora_alpha": spec.alpha, "lora_dropout": 0.0, "bias": "none",
+        "target_modules": sorted(HF_NAMES[t] for t in spec.targets), "fan_in_fan_out": False,
+        "use_rslora": False, "use_dora": False, "inference_mode": True,
+    }
+
+
+def save_peft_adapter(model, path, *, base_path):
+    """Writes the adapters of a LoRA `Decoder` in PEFT's format: ``adapter_config.json``
+    and ``adapter_model.safetensors`` in `path`, which
+    ``peft.PeftModel.from_pretrained(<transformers model of base_path>, path)`` loads."""
+    state = nnx.state(model)
+    tensors = {name: np.asarray(multihost_utils.process_allgather(value, tiled=True))
+               for name, value in peft_tensors(state, model.cfg).items()}
+    if jax.process_index() != 0:
+        return
+    paths.path(path).mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+              paths.join(path, "adapter_model.safetensors"), metadata={"format": "pt"})
+    paths.write_whole(paths.join(path, "adapter_config.json"),
+                      json.dumps(peft_config(model.cfg.lora, base_path), indent=2))
+
+
+def peft_exportable(cfg):
+    """Whether PEFT's format can hold the adapters: not those of routed experts (which
+    transformers stores fused, without per-expert modules for a LoRA to wrap)."""
+    return not (cfg.n_experts and any(t.startswith("mlp.") for t in cfg.lora.targets))
+
+
+def peft_tensors(state, cfg):
+    """`{PEFT tensor name: [r, in] or [out, r] array}` of the adapters, as `peft` saves a
+    LoRA of the transformers model (``base_model.model.<module>.lora_A.weight``, torch's
+    `[out, in]` layout); a scanned stack is split into its layers."""
+    if not peft_exportable(cfg):
+        raise ValueError("the adapters of routed experts have no PEFT form; export the merged "
+                         "model (save_pretrained), or target attention only (attn.*)")
+    runs = cfg.layer_runs()
+    flat = dict(nnx.to_flat_state(state))
+    tensors = {}
+    for weight, a, b in _adapted(flat):
+        a_value, b_value = (flat[p].get_value() for p in (a, b))
+        if weight[0] == "stacks":   # ("stacks", j, block, name): layers first .. first + n
+            first, count, _ = runs[weight[1]]
+            per_layer = [(first + k, a_value[k], b_value[k]) for k in range(count)]
+        else:
+            per_layer = [(weight[1], a_value, b_value)]
+        block, name = weight[-2], weight[-1]
+        hf_block = "self_attn" if block == "attn" else "mlp"
+        for i, a_i, b_i in per_layer:
+            prefix = f"base_model.model.model.layers.{i}.{hf_block}.{HF_NAMES[f'{block}.{name}']}"
+            tensors[f"{prefix}.lora_A.weight"] = a_i.T
+            tensors[f"{prefix}.lora_B.weight"] = b_i.T
+    return tensors

@@ -1,0 +1,174 @@
+"""LoRA adapters on every family (routed experts too): the base at init, the merged
+export, PEFT's format."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from ml_collections import config_dict
+
+from grpo_jax import models
+from grpo_jax.models import lora
+from tests.models.test_transformers_parity import max_rel_error, padded_batch
+
+SPEC = lora.LoraSpec(rank=4, alpha=8.0, targets=lora.PROJECTIONS)
+ATTENTION_ONLY = dataclasses.replace(SPEC, targets=lora.resolve_targets(("attn.*",)))
+
+
+
+
+def logits(model, tokens, mask):
+    return np.asarray(jax.jit(lambda t, m: model(t, attention_mask=m))(tokens, mask))
+
+
+def with_random_adapters(model, seed=0):
+    """`model` with every adapter factor drawn N(0, 0.05^2): B != 0, so the adapters act."""
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(seed)
+    state = jax.tree.map(
+        lambda v: v.replace(rng.normal(0, 0.05, v.get_value().shape).astype(np.float32))
+        if isinstance(v, nnx.LoRAParam) else v,
+        state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, state)
+
+
+@pytest.fixture(scope="module")
+def adapted(family, hf_checkpoint):
+    """(checkpoint path, base model, adapters at init, random adapters, tokens, mask) of
+    one family, every projection adapted (the routed experts too)."""
+    path, _ = hf_checkpoint(family)
+    base, _ = models.from_pretrained(path)
+    start, _ = models.from_pretrained(path, lora=SPEC)
+    tokens, mask = padded_batch(base.cfg.vocab_size)
+    return path, base, start, with_random_adapters(start), tokens, mask
+
+
+class TestTargets:
+    def test_patterns_and_bare_names_select_projections(self):
+        assert lora.resolve_targets(("attn.*",)) == ("attn.q", "attn.k", "attn.v", "attn.o")
+        assert lora.resolve_targets(("q", "mlp.d*")) == ("attn.q", "mlp.down")
+
+    def test_a_pattern_that_selects_nothing_names_the_field(self):
+        with pytest.raises(ValueError, match=r"model.lora.targets: 'w_in' selects none"):
+            lora.resolve_targets(("w_in",))
+
+    def test_config_section_errors_name_the_field_and_rank_0_is_off(self):
+        section = config_dict.ConfigDict(dict(rank=-1, alpha=16.0, targets=("q",)))
+        with pytest.raises(ValueError, match=r"model.lora.rank must be >= 0 \(0: no adapters\), got -1"):
+            lora.spec_from_config(section)
+        section.rank = 0
+        assert lora.spec_from_config(section) is None
+        section.rank, section.targets = 8, ("v", "q")
+        assert lora.spec_from_config(section) == lora.LoraSpec(8, 16.0, ("attn.q", "attn.v"))
+        section.targets = ()
+        with pytest.raises(ValueError, match=r"model.lora.targets is empty"):
+            lora.spec_from_config(section)
+
+    def test_experts_have_no_peft_form_and_say_what_to_do(self):
+        cfg = dataclasses.replace(models.get_model_config("tiny_moe"), lora=SPEC)
+        assert not lora.peft_exportable(cfg)
+        assert lora.peft_exportable(dataclasses.replace(cfg, lora=ATTENTION_ONLY))
+        with pytest.raises(ValueError, match=r"routed experts have no PEFT form; export the merged"):
+            lora.peft_tensors(nnx.state(models.init_model(cfg)), cfg)
+
+
+class TestAdapters:
+    def test_first_forward_equals_the_base_exactly(self, adapted):
+        """B = 0 (Hu et al., sec. 4.1): x A B adds exact zeros."""
+        _, base, start, _, tokens, mask = adapted
+        np.testing.assert_array_equal(logits(start, tokens, mask), logits(base, tokens, mask))
+
+    def test_the_forward_is_the_base_plus_scaled_low_rank_products(self, adapted):
+        """The adapted network equals the base with W + alpha/r A B written in by numpy."""
+        path, base, _, model, tokens, mask = adapted
+        flat = dict(nnx.to_flat_state(nnx.state(model)))
+        graphdef, state = nnx.split(base)
+        merged = dict(nnx.to_flat_state(state))
+        for p, v in merged.items():
+            block = (*p[:-1], f"{p[-1]}_lora")
+            if (*block, "lora_a") in flat:
+                a, b = (np.asarray(flat[(*block, k)].get_value()) for k in ("lora_a", "lora_b"))
+                w = np.asarray(v.get_value())
+                merged[p] = v.replace(w + SPEC.scale * (a @ b).reshape(w.shape))
+        by_numpy = nnx.merge(graphdef, nnx.from_flat_state(merged))
+        assert max_rel_error(logits(model, tokens, mask), logits(by_numpy, tokens, mask), mask) < 1e-5
+        assert max_rel_error(logits(model, tokens, mask), logits(base, tokens, mask), mask) > 1e-3
+
+    def test_expert_adapters_agree_across_moe_impls(self):
+        """Each routed expert's adapter, folded into its weights, gives the same network
+        whether the experts run ragged or dense."""
+        cfg = dataclasses.replace(models.get_model_config("tiny_moe"), lora=SPEC)
+        ragged = with_random_adapters(models.init_model(cfg, seed=2))
+        graphdef, state = nnx.split(ragged)
+        dense = nnx.merge(nnx.graphdef(models.init_model(
+            dataclasses.replace(cfg, moe_impl="dense"), seed=2)), state)
+        tokens, mask = padded_batch(cfg.vocab_size)
+        assert max_rel_error(logits(dense, tokens, mask), logits(ragged, tokens, mask), mask) < 1e-5
+        a = dict(nnx.to_flat_state(state))[("layers", 0, "mlp", "down_lora", "lora_a")]
+        assert a.get_value().shape == (cfg.n_experts, cfg.moe_d_ff, SPEC.rank)
+
+    def test_adapters_off_is_the_base(self, adapted):
+        _, base, _, model, tokens, mask = adapted
+        graphdef, state = nnx.split(model)
+        off = nnx.merge(graphdef, lora.adapters_off(state))
+        np.testing.assert_array_equal(logits(off, tokens, mask), logits(base, tokens, mask))
+
+    def test_the_base_weights_do_not_depend_on_the_adapters(self):
+        cfg = models.get_model_config("tiny")
+        plain = nnx.state(models.init_model(cfg, seed=3))
+        with_lora = nnx.state(models.init_model(dataclasses.replace(cfg, lora=SPEC), seed=3))
+        frozen = nnx.filter_state(with_lora, nnx.Not(nnx.LoRAParam))
+        jax.tree.map(np.testing.assert_array_equal, frozen, plain)
+
+
+    def test_a_bfloat16_base_keeps_float32_adapters(self):
+        cfg = dataclasses.replace(models.get_model_config("tiny"), param_dtype="bfloat16")
+        plain = models.init_model(cfg, seed=3)
+        adapted = models.init_model(dataclasses.replace(cfg, lora=SPEC), seed=3)
+        state = nnx.state(adapted)
+        frozen = nnx.filter_state(state, nnx.Not(nnx.LoRAParam))
+        assert {a.dtype for a in jax.tree.leaves(lora.adapters(state))} == {np.dtype("float32")}
+        assert {w.dtype for w in jax.tree.leaves(frozen)} == {np.dtype("bfloat16")}
+        tokens = np.arange(12, dtype=np.int32).reshape(2, 6)
+        np.testing.assert_array_equal(np.asarray(adapted(tokens)), np.asarray(plain(tokens)))
+
+
+class TestExport:
+    def test_merged_export_equals_the_unmerged_forward(self, adapted, tmp_path):
+        _, _, _, model, tokens, mask = adapted
+        models.save_pretrained(model, str(tmp_path))
+        loaded, _ = models.from_pretrained(str(tmp_path))
+        assert loaded.cfg.lora is None
+        assert max_rel_error(logits(loaded, tokens, mask), logits(model, tokens, mask), mask) < 1e-5
+
+    def test_peft_loads_the_adapter_onto_transformers_and_agrees(self, adapted, tmp_path):
+        torch = pytest.importorskip("torch", reason="the PEFT round trip needs torch (CPU)")
+        peft = pytest.importorskip("peft", reason="the PEFT round trip needs peft (test extra)")
+        import transformers
+        path, _, start, model, tokens, mask = adapted
+        spec = SPEC if lora.peft_exportable(start.cfg) else ATTENTION_ONLY
+        model = with_random_adapters(models.from_pretrained(path, lora=spec)[0])
+        models.save_peft_adapter(model, str(tmp_path / "adapter"), base_path=path)
+        base = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+        peft_model = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+        assert sorted(peft_model.peft_config["default"].target_modules) == sorted(
+            lora.HF_NAMES[t] for t in spec.targets)
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        with torch.no_grad():
+            theirs = peft_model(input_ids=torch.tensor(tokens).long(),
+                                attention_mask=torch.tensor(mask).long(),
+                                position_ids=torch.tensor(positions).long()).logits.numpy()
+        assert max_rel_error(logits(model, tokens, mask), theirs, mask) < 1e-4
+
+    def test_a_scanned_model_names_each_layer_as_the_unscanned_one(self):
+        cfg = dataclasses.replace(models.get_model_config("tiny"), lora=SPEC)
+        unscanned = lora.peft_tensors(nnx.state(models.init_model(cfg, seed=1)), cfg)
+        scanned_cfg = dataclasses.replace(cfg, scan_layers=True)
+        scanned = lora.peft_tensors(nnx.state(models.init_model(scanned_cfg, seed=1)), scanned_cfg)
+        assert scanned.keys() == unscanned.keys() and len(unscanned) == 2 * 7 * cfg.n_layers
+        for name, value in unscanned.items():
+            np.testing.assert_array_equal(scanned[name], value, err_msg=name)
+        a = unscanned["base_model.model.model.layers.2.self_attn.o_proj.lora_A.weight"]
+        assert a.shape == (SPEC.rank, cfg.n_heads * cfg.head_dim)
