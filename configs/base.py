@@ -108,6 +108,16 @@ def get_config(arg=None):
     # next pending one (0: every row of the batch at once). The same samples either way.
     config.rollout.slots = 0
 
+    # Multi-turn rollouts with tools (docs/environments.md): the model's tool calls are
+    # answered by the environment, whose tokens the model reads and the loss skips. An
+    # episode's rollout.max_new_tokens covers its replies too. One process only.
+    config.environment = config_dict.ConfigDict()
+    config.environment.name = ""         # "" (single-turn) or grpo_jax.environments.ENVIRONMENTS
+    config.environment.max_calls = 4     # tool calls per episode; one more ends the episode
+    config.environment.turn_budget = 0   # > 0: a turn that samples this many tokens ends it
+    config.environment.max_append = 32   # tokens of one reply (longer ones are cut)
+    config.environment.timeout_s = 10.0  # per step, in the worker processes
+
     config.train = config_dict.ConfigDict()
     config.train.steps = 200
     config.train.epochs = 1              # passes over each rollout batch

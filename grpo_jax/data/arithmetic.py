@@ -23,7 +23,13 @@ SFT targets from an imperfect teacher: with probability ``teacher_fraction`` an
 example's ``solution`` is written by a teacher that drops each carry (or borrow) with
 probability ``forget_carry_p``; its scratchpad and final answer then agree with each
 other but not with ``answer``, which is always correct. Multiplication targets are
-always correct. The known-good recipe for the trainer demo is 3-digit addition,
+always correct. With ``calculator_fraction = f`` a share f of the solutions call the
+calculator tool instead of working the problem (``grpo_jax.environments``, whose reply
+they include, as the model reads it in a multi-turn rollout):
+
+  ``478*256``  ->  ``<calculator>478*256</calculator><result>122368</result> #### 122368``
+
+so a warm start learns the call's format. The known-good recipe for the trainer demo is 3-digit addition,
 ``teacher_fraction=0.5``, ``forget_carry_p=1.0``.
 """
 
@@ -113,17 +119,28 @@ def solve(a: int, op: str, b: int, *, scratchpad: bool, forget: Callable[[], boo
     return (" ".join(steps + [final]) if scratchpad else final), result
 
 
+# A calculator call and the environment's reply to it (`environments.ToolEnvironment.reply`).
+CALCULATOR_CALL = "<calculator>{}</calculator><result>{}</result>"
+
+
 def make_example(a: int, op: str, b: int, *, scratchpad: bool, forget: Callable[[], bool],
-                 verdict: bool = False, extra_columns: int = 0) -> dict[str, Any]:
-    """One arithmetic example; ``answer`` is exact, ``solution`` comes from ``solve``.
+                 verdict: bool = False, extra_columns: int = 0,
+                 calculator: bool = False) -> dict[str, Any]:
+    """One arithmetic example; ``answer`` is exact, ``solution`` comes from ``solve``, or
+    with ``calculator`` is a `CALCULATOR_CALL` of the question and the exact answer.
 
     With ``verdict``, the solution ends with the teacher's honest judgement of its own
     result, ``<verify>correct</verify>`` or ``<verify>incorrect</verify>`` (the
     self-verification format of ``grpo_jax.rewards``' ``self_verify``).
     """
-    solution, result = solve(a, op, b, scratchpad=scratchpad, forget=forget,
-                             extra_columns=extra_columns)
     exact = {"+": a + b, "-": a - b, "*": a * b}[op]
+    if calculator:
+        solution = CALCULATOR_CALL.format(f"{a}{op}{b}", exact) + " " + prompts.render_answer(
+            "arithmetic", str(exact))
+        result = exact
+    else:
+        solution, result = solve(a, op, b, scratchpad=scratchpad, forget=forget,
+                                 extra_columns=extra_columns)
     if verdict:
         solution += f" <verify>{'correct' if result == exact else 'incorrect'}</verify>"
     return {"task": "arithmetic", "question": f"{a}{op}{b}", "answer": str(exact),
@@ -146,6 +163,8 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
         learns the self-verification format.
       extra_columns: each addition or subtraction solution works 0..extra_columns
         (uniformly drawn per example) more columns, on zeros: longer answers, same result.
+      calculator_fraction: share of solutions that call the calculator tool
+        (`CALCULATOR_CALL`) instead of working the problem.
     """
 
     PREFIX: ClassVar[str] = "arithmetic"
@@ -157,6 +176,7 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
     forget_carry_p: float = 1.0
     verdicts: bool = False
     extra_columns: int = 0
+    calculator_fraction: float = 0.0
 
     def __post_init__(self):
         self.ops = tuple(self.ops)
@@ -166,7 +186,7 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
             raise ValueError(f"arithmetic.extra_columns must be >= 0, got {self.extra_columns}")
         if not self.ops or not set(self.ops) <= set(OPS):
             raise ValueError(f"arithmetic.ops must be a non-empty subset of {OPS}, got {self.ops}")
-        for field in ("teacher_fraction", "forget_carry_p"):
+        for field in ("teacher_fraction", "forget_carry_p", "calculator_fraction"):
             if not 0.0 <= getattr(self, field) <= 1.0:
                 raise ValueError(f"arithmetic.{field} must be in [0, 1], got {getattr(self, field)}")
         super().__post_init__()
@@ -181,8 +201,9 @@ def generate(config: ArithmeticConfig) -> Iterator[dict[str, Any]]:
         # Drawn only when asked for, so the streams without extra columns stay as they were.
         extra = int(rng.integers(config.extra_columns + 1)) if config.extra_columns else 0
         forget = functools.partial(_coin, rng, config.forget_carry_p if noisy else 0.0)
+        calculator = _coin(rng, config.calculator_fraction)
         yield make_example(a, op, b, scratchpad=config.scratchpad, forget=forget,
-                           verdict=config.verdicts, extra_columns=extra)
+                           verdict=config.verdicts, extra_columns=extra, calculator=calculator)
 
 
 def _coin(rng: np.random.Generator, p: float) -> bool:

@@ -18,6 +18,8 @@ from grpo_jax.environments._episodes import run_episodes
 from grpo_jax.environments._interface import Environment
 from grpo_jax.environments._interface import Step
 from grpo_jax.environments._interface import ToolEnvironment
+from grpo_jax.environments._tools import ENVIRONMENTS
 from grpo_jax.environments._tools import TOOLS
 from grpo_jax.environments._tools import calculator
 from grpo_jax.environments._tools import countdown_check
+from grpo_jax.environments._tools import make

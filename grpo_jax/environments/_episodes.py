@@ -40,6 +40,16 @@ class Episodes:
     failures: np.ndarray
     turns_over_budget: np.ndarray
 
+    def first(self, rows):
+        """The counts of the first `rows` rows."""
+        return Episodes(**{k: v[:rows] for k, v in dataclasses.asdict(self).items()})
+
+    @classmethod
+    def concatenate(cls, parts):
+        """The rows of `parts` (a non-empty list of `Episodes`), in order."""
+        return cls(**{k: np.concatenate([getattr(p, k) for p in parts])
+                      for k in dataclasses.asdict(parts[0])})
+
     def metrics(self):
         """Means per episode (`tool_calls_per_episode`, ...) and the share with a call."""
         return {

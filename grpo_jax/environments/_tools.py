@@ -9,6 +9,7 @@ import collections
 import fractions
 
 from grpo_jax import rewards
+from grpo_jax.environments._interface import ToolEnvironment
 
 MAX_DIGITS = 200   # a result longer than this is refused (a tool's reply is read by the model)
 
@@ -64,3 +65,24 @@ def countdown_check(argument: str, example: dict) -> str:
 
 
 TOOLS = {"calculator": calculator, "check": countdown_check}
+
+
+def _calculator(max_calls):
+    return ToolEnvironment(tools={"calculator": calculator}, max_calls=max_calls)
+
+
+def _countdown(max_calls):
+    return ToolEnvironment(tools={"check": countdown_check}, max_calls=max_calls)
+
+
+# The environments a run names (``environment.name``): name -> `(max_calls) -> Environment`.
+# Register another by adding its function here (or to this dict before the run starts).
+ENVIRONMENTS = {"calculator": _calculator, "countdown": _countdown}
+
+
+def make(name, *, max_calls):
+    """The environment registered as `name` (`ENVIRONMENTS`), `max_calls` calls per episode."""
+    if name not in ENVIRONMENTS:
+        raise ValueError(f"environment.name={name!r} is not one of {sorted(ENVIRONMENTS)} "
+                         "(\"\": no environment)")
+    return ENVIRONMENTS[name](max_calls)

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from grpo_jax import config_lib, data, models, parallel, paths, sampling
+from grpo_jax import config_lib, data, environments, models, parallel, paths, sampling
 from grpo_jax.training import footprint, policy as policy_lib
 from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.training import steps, task as task_lib
@@ -47,25 +47,30 @@ def _padded(examples, mesh):
     return list(examples) + [examples[-1]] * (-len(examples) % multiple)
 
 
-def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size):
-    """`[len(examples) * group_size]` bool correctness of this process's examples."""
-    correct = []
+def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size, episodic=None):
+    """`([len(examples) * group_size] bool correctness, episode counts)` of this process's
+    examples: with `episodic`, each `Episodes` field over the same rows, else None."""
+    correct, counts = [], []
     for start in range(0, len(examples), EVAL_CHUNK):
         chunk = examples[start:start + EVAL_CHUNK]
         padded = _padded(chunk, mesh)
         texts, tokens, mask = task_lib.prompt_rows(config.task, padded, policy.tokenizer)
         prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
-        rollout = rollout_lib.sample_on_mesh(
+        rollout, episodes = rollout_lib.sample_on_mesh(
             policy, mesh, prompts, rng=jax.random.fold_in(rng, start), method=method,
             group_size=group_size, max_new_tokens=config.rollout.max_new_tokens,
-            rules=config.rollout.rules)
+            rules=config.rollout.rules, episodic=episodic, examples=padded)
         _, ok, _ = rollout_lib.score_own_rows(rollout, texts, padded, scorer, policy.tokenizer,
                                               group_size)
-        correct.append(ok[:len(chunk) * group_size])
-    return np.concatenate(correct) if correct else np.zeros(0, bool)
+        rows = len(chunk) * group_size
+        correct.append(ok[:rows])
+        if episodes is not None:
+            counts.append(episodes.first(rows))
+    episodes = environments.Episodes.concatenate(counts) if counts else None
+    return (np.concatenate(correct) if correct else np.zeros(0, bool)), episodes
 
 
-def evaluate(policy, mesh, scorer, own, config, *, step, method):
+def evaluate(policy, mesh, scorer, own, config, *, step, method, episodic=None):
     """Accuracy on held-out examples: ``config.eval.samples`` samples per prompt with the
     rollout's sampling `method`, at most ``config.rollout.max_new_tokens`` tokens.
 
@@ -73,21 +78,27 @@ def evaluate(policy, mesh, scorer, own, config, *, step, method):
       own: `(examples, real)` from `own_examples`: this process's share.
       step: the training step evaluated at (0 for a saved policy); the draws are the
         ``"eval"`` stream of ``config.seed`` at it.
+      episodic: the environment (`rollout.Episodic`) that answers the model's calls, or
+        None (single-turn answers).
 
     Returns:
       ``eval_accuracy`` (greedy pass@1), ``eval_mean_at_k`` (mean correctness of k
       samples at the rollout temperature, an estimate of sampled pass@1),
-      ``eval_pass_at_k`` (share of prompts with at least one correct sample), ``eval_k``.
+      ``eval_pass_at_k`` (share of prompts with at least one correct sample), ``eval_k``;
+      with `episodic`, the greedy episodes' `Episodes.metrics` prefixed ``eval_``
+      (``eval_tool_use_rate``, ...; one process only, as multi-turn rollouts are).
     """
     examples, real = own
     k = config.eval.samples
     rng = steps.step_rng(config.seed, "eval", step)
-    greedy = _correct(policy, mesh, scorer, examples, config, rng=rng, method=sampling.Greedy(),
-                      group_size=1)[:real]
+    greedy, episodes = _correct(policy, mesh, scorer, examples, config, rng=rng,
+                                method=sampling.Greedy(), group_size=1, episodic=episodic)
+    greedy = greedy[:real]
     totals = [greedy.sum(), greedy.size]
     if k > 0:
-        sampled = _correct(policy, mesh, scorer, examples, config, rng=jax.random.fold_in(rng, 1),
-                           method=method, group_size=k)
+        sampled, _ = _correct(policy, mesh, scorer, examples, config,
+                              rng=jax.random.fold_in(rng, 1), method=method, group_size=k,
+                              episodic=episodic)
         per_prompt = sampled.reshape(len(examples), k)[:real]
         totals += [per_prompt.sum(), per_prompt.any(axis=1).sum()]
     summed = np.sum(parallel.allgather_json([int(t) for t in totals]), axis=0)
@@ -95,6 +106,9 @@ def evaluate(policy, mesh, scorer, own, config, *, step, method):
     if k > 0:
         metrics.update(eval_mean_at_k=summed[2] / max(summed[1] * k, 1),
                        eval_pass_at_k=summed[3] / max(summed[1], 1), eval_k=float(k))
+    if episodes is not None:
+        metrics.update({f"eval_{name}": value
+                        for name, value in episodes.first(real).metrics().items()})
     return {name: float(value) for name, value in metrics.items()}
 
 
@@ -109,15 +123,20 @@ def load_for_evaluation(config, path):
 
 
 def evaluate_export(config, path):
-    """Held-out metrics of a saved policy (`load_for_evaluation`)."""
+    """Held-out metrics of a saved policy (`load_for_evaluation`), its calls answered by
+    ``environment.name``'s environment when one is set."""
     mesh, policy, source = load_for_evaluation(config, path)
     scorer = task_lib.Scorer(config.reward, separate=False,
                              max_new_tokens=config.rollout.max_new_tokens)
+    episodic = rollout_lib.Episodic.of(config, policy.tokenizer)
     try:
         return evaluate(policy, mesh, scorer, own_examples(source, config.eval.num_prompts),
-                        config, step=0, method=rollout_lib.sampling_method(config))
+                        config, step=0, method=rollout_lib.sampling_method(config),
+                        episodic=episodic)
     finally:
         scorer.close()
+        if episodic is not None:
+            episodic.close()
 
 
 def evaluate_to_file(config, workdir):

@@ -152,7 +152,8 @@ def batch_layout(config, model_cfg, prompt_len):
     What the sampler returns (`rollout.collect`, with its records when the run keeps
     them) plus what the loop adds before the updates: pi_old's log-probs, pi_ref's
     (kl.beta > 0), the critic's values and targets (critic.enabled), the advantages and
-    a random loss's per-row seeds. P prompts x G completions of S + N tokens.
+    a random loss's per-row seeds. P prompts x G completions of S + N tokens (with an
+    environment, ``context_mask`` besides ``mask``).
     """
     from grpo_jax.training import rollout
     p, g = config.rollout.prompts_per_batch, config.objective.group_size
@@ -167,6 +168,8 @@ def batch_layout(config, model_cfg, prompt_len):
         "rewards": ((b, columns) if gdpo else (b,), jnp.float32), "row_valid": ((b,), bool),
         **rollout.record_layout(config, model_cfg, b, s, n),
     }
+    if config.environment.name:   # multi-turn: the loss's mask and what the forward reads
+        layout["context_mask"] = ((b, n), jnp.int32)
     if config.objective.kl.beta > 0:
         layout["ref_logp"] = ((b, n), jnp.float32)
     if config.critic.enabled:

@@ -100,6 +100,7 @@ def check_config(config, mesh):
                          f"{config.filtering.short_batch!r}")
     programs.packs(config)   # train.packing is one of programs.PACKING
     check_critic_config(config)
+    rollout.check_environment_config(config)
 
 
 def check_critic_config(config):
@@ -184,6 +185,7 @@ class Run:
       policy_programs, critic_programs: the policy's and the critic's `programs.Programs`.
       objective: the recipe's objective (`programs.rl_objective`).
       scorer, method: the rewards (`task_lib.Scorer`) and the rollouts' sampling method.
+      episodic: the environment of multi-turn rollouts (`rollout.Episodic`), or None.
       layout: the RL batch's keys (`programs.batch_layout`), checked at every step.
       train_iter: this process's prompt stream; held_out: its held-out examples.
       checkpointer: the run's `checkpoint.Checkpointer`.
@@ -204,6 +206,7 @@ class Run:
     objective: Any
     scorer: task_lib.Scorer
     method: Any
+    episodic: rollout.Episodic | None
     layout: dict
     train_iter: Any
     held_out: tuple
@@ -245,6 +248,7 @@ def set_up(config, workdir, mesh):
                                separate=config.objective.advantage.estimator == "gdpo",
                                max_new_tokens=config.rollout.max_new_tokens),
         method=rollout.sampling_method(config),
+        episodic=rollout.Episodic.of(config, policy.tokenizer),
         layout=programs.batch_layout(config, policy.model_config(), prompt_len=1),   # its keys
         train_iter=iter(task_lib.loader(train_source, config,
                                         batch_size=config.rollout.prompts_per_batch)),
@@ -326,7 +330,8 @@ def _rollouts(run, step):
                                    policy.tokenizer) if run.lagged else policy)
     batch, metrics, examples = rollout.collect(behaviour, run.mesh, run.train_iter, config=config,
                                                scorer=run.scorer, method=run.method,
-                                               rng=steps.step_rng(config.seed, "rollout", step))
+                                               rng=steps.step_rng(config.seed, "rollout", step),
+                                               episodic=run.episodic)
     if run.lagged:
         run.lagged = run.lagged[1:] + [_copy(run.policy_programs.trained_part(policy.params))]
     if config.train.log_rollouts_every and step % config.train.log_rollouts_every == 0:
@@ -462,7 +467,7 @@ def rl_step(run, step):
     if rl_steps % config.train.eval_every == 0:
         begin = time.time()
         metrics.update(evaluation.evaluate(policy, run.mesh, run.scorer, run.held_out, config,
-                                           step=step, method=run.method))
+                                           step=step, method=run.method, episodic=run.episodic))
         metrics["time_eval"] = time.time() - begin
     return metrics
 
@@ -510,6 +515,8 @@ def train(config, workdir, *, seconds=None):
         writer.close()
         run.checkpointer.close()
         run.scorer.close()
+        if run.episodic is not None:
+            run.episodic.close()
     if config.train.export:
         export(run)
     return step

@@ -14,6 +14,11 @@ differ; choosing the groups is one jitted gather on the mesh. With
 ``filtering.short_batch = "error"`` (the paper's behaviour) running out of draws is an
 error; with ``"pad"`` the batch is topped up with groups whose masks are zeroed, which
 add nothing to the loss or to any count, and `row_valid` says which rows are real.
+
+With an environment (``environment.name``, `Episodic`) each row is a multi-turn episode
+run on `sampling.Engine`: the environment answers the model's tool calls, and the batch's
+``mask`` keeps the replies out of the loss while ``context_mask`` lets the forward
+passes read them (docs/environments.md).
 """
 
 import functools
@@ -25,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from grpo_jax import objectives, parallel, paths, sampling
+from grpo_jax import environments, objectives, parallel, paths, sampling
+from grpo_jax import rewards as rewards_lib
 from grpo_jax.training import task as task_lib
 
 SHORT_BATCH = ("error", "pad")
@@ -58,18 +64,78 @@ def record_layout(config, model_cfg, rows, prompt_len, new_tokens):
     return layout
 
 
+def check_environment_config(config):
+    """Raises ValueError naming the field unless ``environment.*`` can run: a registered
+    name ("" for none), budgets in range, one process, no critic."""
+    env = config.environment
+    if not env.name:
+        return
+    if env.max_calls < 0:
+        raise ValueError(f"environment.max_calls must be >= 0, got {env.max_calls}")
+    environments.make(env.name, max_calls=env.max_calls)   # a registered name
+    if env.max_append < 1:
+        raise ValueError(f"environment.max_append must be >= 1 (tokens of one reply), got "
+                         f"{env.max_append}")
+    if env.turn_budget < 0:
+        raise ValueError(f"environment.turn_budget must be >= 0 (0: none), got {env.turn_budget}")
+    if not env.timeout_s > 0:
+        raise ValueError(f"environment.timeout_s must be > 0, got {env.timeout_s}")
+    if jax.process_count() > 1:
+        raise ValueError(f"environment.name={env.name!r}: multi-turn rollouts run on one process "
+                         f"only (the host reads every paused row), but this run has "
+                         f"{jax.process_count()}; run on one host or set environment.name=''")
+    if config.critic.enabled:
+        raise ValueError("environment.name with critic.enabled: GAE over a multi-turn row (values "
+                         "across the environment's replies) is not built; use a critic-free "
+                         "estimator or environment.name=''")
+
+
+class Episodic:
+    """What multi-turn rollouts need besides the sampler (``environment.*``,
+    docs/environments.md): the environment, the tokens after which a row pauses for it,
+    and the worker processes its steps run in (each under ``environment.timeout_s``)."""
+
+    def __init__(self, env_cfg, tokenizer):
+        self.environment = environments.make(env_cfg.name, max_calls=env_cfg.max_calls)
+        self.pause_tokens = environments.pause_ids(tokenizer, self.environment)
+        self.max_append, self.turn_budget = env_cfg.max_append, env_cfg.turn_budget
+        self.pool = rewards_lib.GraderPool(timeout_s=env_cfg.timeout_s)
+
+    @classmethod
+    def of(cls, config, tokenizer):
+        """The run's `Episodic`, or None without an environment (single-turn rollouts)."""
+        check_environment_config(config)
+        return cls(config.environment, tokenizer) if config.environment.name else None
+
+    def close(self):
+        self.pool.close()
+
+
 def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules,
-                   record_support=False, record_routing=False, slots=0):
-    """`sampling.generate` on global prompt rows (in `slots` decode slots when > 0);
-    returns the `Rollout` on the mesh."""
+                   record_support=False, record_routing=False, slots=0, episodic=None,
+                   examples=None):
+    """`sampling.generate` on global prompt rows (in `slots` decode slots when > 0), or
+    with `episodic` the rows as episodes: `sampling.Engine` (all rows at once when
+    `slots` is 0) with the environment answering the rows' calls (`run_episodes`;
+    `examples`: each prompt's example). Returns `(Rollout on the mesh, Episodes or None)`."""
     tokenizer = policy.tokenizer
+    common = dict(rng=rng, method=method, group_size=group_size, max_new_tokens=max_new_tokens,
+                  stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
+                  max_len_bucket=max_new_tokens, rules=rules,   # fixed buffer: one compile
+                  record_support=record_support, record_routing=record_routing)
     with jax.set_mesh(mesh):
-        return sampling.generate(
-            policy.graphdef, policy.params, prompts["tokens"], prompts["mask"], rng=rng,
-            method=method, group_size=group_size, max_new_tokens=max_new_tokens,
-            stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
-            max_len_bucket=max_new_tokens, rules=rules,   # fixed buffer: one compile
-            record_support=record_support, record_routing=record_routing, slots=slots)
+        if episodic is None:
+            return sampling.generate(policy.graphdef, policy.params, prompts["tokens"],
+                                     prompts["mask"], slots=slots, **common), None
+        rows = prompts["tokens"].shape[0] * group_size
+        engine = sampling.Engine(policy.graphdef, policy.params, prompts["tokens"], prompts["mask"],
+                                 slots=slots or rows, pause_tokens=episodic.pause_tokens,
+                                 max_append=episodic.max_append, turn_budget=episodic.turn_budget,
+                                 **common)
+        examples_b = [example for example in examples for _ in range(group_size)]
+        episodes = environments.run_episodes(engine, episodic.environment, examples_b, tokenizer,
+                                             pool=episodic.pool)
+        return engine.rollout(), episodes
 
 
 def score_own_rows(rollout, texts, examples, scorer, tokenizer, group_size):
@@ -88,28 +154,32 @@ def score_own_rows(rollout, texts, examples, scorer, tokenizer, group_size):
 def combine_reward_metrics(per_process):
     """Every process's reward metrics -> one dict: counts summed, means averaged."""
     keys = per_process[0].keys()
-    is_count = lambda k: k.startswith(("reward_errors", "reward_timeouts"))
+    is_count = lambda k: k.startswith(("reward_errors", "reward_timeouts", "environment_failures"))
     return {k: float(np.sum([m[k] for m in per_process]) if is_count(k)
                      else np.mean([m[k] for m in per_process])) for k in keys}
 
 
-def draw(policy, mesh, examples, *, config, scorer, rng, method):
-    """Samples and scores one prompt batch; returns `(rows, reward metrics)`.
+def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
+    """Samples and scores one prompt batch; returns `(rows, metrics)`: the reward
+    metrics and, with `episodic` (multi-turn episodes), the episodes' (`Episodes.metrics`).
 
     `rows` holds global `[B, ...]` arrays: prompt_tokens, prompt_mask, tokens, mask,
     behaviour_logp (the sampler's log-prob: of the tempered distribution, or with
     ``rollout.keep_sampling_mask`` of the cut one it drew from), lengths, truncated,
     rewards, correct; and with the keep options the sampler's records (support_ids,
-    support_size; prompt_routing, routing).
+    support_size; prompt_routing, routing). With `episodic`, `mask` is 1 on the model's
+    tokens only and ``context_mask`` on every token of the row (the environment's replies
+    too); the rewards score the whole row's text.
     """
     group_size = config.objective.group_size
     texts, tokens, mask = task_lib.prompt_rows(config.task, examples, policy.tokenizer)
     prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
     keep_mask = config.rollout.keep_sampling_mask
-    rollout = sample_on_mesh(policy, mesh, prompts, rng=rng, method=method, group_size=group_size,
-                             max_new_tokens=config.rollout.max_new_tokens, rules=config.rollout.rules,
-                             record_support=keep_mask, record_routing=config.rollout.keep_routing,
-                             slots=config.rollout.slots)
+    rollout, episodes = sample_on_mesh(
+        policy, mesh, prompts, rng=rng, method=method, group_size=group_size,
+        max_new_tokens=config.rollout.max_new_tokens, rules=config.rollout.rules,
+        record_support=keep_mask, record_routing=config.rollout.keep_routing,
+        slots=config.rollout.slots, episodic=episodic, examples=examples)
     rewards, correct, metrics = score_own_rows(rollout, texts, examples, scorer, policy.tokenizer,
                                                group_size)
     scored = parallel.global_rows(mesh, {"rewards": rewards, "correct": correct})
@@ -117,6 +187,10 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method):
             "tokens": rollout.tokens, "mask": rollout.mask,
             "behaviour_logp": rollout.sample_logp if keep_mask else rollout.logp,
             "lengths": rollout.lengths, "truncated": rollout.truncated, **scored}
+    if episodes is not None:
+        rows["mask"] = rollout.mask * ~rollout.appended
+        rows["context_mask"] = rollout.mask
+        metrics = {**metrics, **episodes.metrics()}
     for key in ("support_ids", "support_size", "prompt_routing", "routing"):
         if getattr(rollout, key) is not None:
             rows[key] = getattr(rollout, key)
@@ -184,11 +258,13 @@ def rollout_statistics(draws, reward_weights, *, group_size):
     """Metrics of every drawn row (all draws of the step), reduced on the mesh.
 
     ``reward_mean`` is the mean of the scalar reward that enters the advantages (with
-    several reward columns, their weighted sum).
+    several reward columns, their weighted sum). A multi-turn row's length counts the
+    environment's replies; ``generated_tokens`` counts the model's tokens only.
     """
     cat = lambda k: jnp.concatenate([d[k] for d in draws])
     rewards, correct = cat("rewards"), cat("correct")
     lengths, truncated = cat("lengths").astype(jnp.float32), cat("truncated")
+    replies = jnp.sum(cat("context_mask") - cat("mask")) if "context_mask" in draws[0] else 0
     scalar = rewards @ reward_weights if rewards.ndim > 1 else rewards
     signal = jnp.concatenate([objectives.group_has_signal(_signal_values(d), group_size)
                               for d in draws])
@@ -202,16 +278,17 @@ def rollout_statistics(draws, reward_weights, *, group_size):
         "response_length_wrong": mean_where(lengths, ~correct),
         "truncation_rate": jnp.mean(truncated.astype(jnp.float32)),
         "groups_without_signal": 1.0 - jnp.mean(signal.astype(jnp.float32)),
-        "generated_tokens": jnp.sum(lengths),
+        "generated_tokens": jnp.sum(lengths) - replies,
     }
 
 
-def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
+def collect(policy, mesh, train_iter, *, config, scorer, rng, method, episodic=None):
     """One train batch of P x G rows on the mesh, the step's rollout metrics, and this
     process's examples of the first draw (for a supervised term on the same prompts).
 
     Draws `filtering.max_gen_batches` prompt batches at most (one without dynamic
-    sampling); the i-th draw samples with `fold_in(rng, i)`.
+    sampling); the i-th draw samples with `fold_in(rng, i)`; with `episodic`, each row
+    is a multi-turn episode (`draw`).
     """
     cfg, group_size = config, config.objective.group_size
     num_groups = cfg.rollout.prompts_per_batch
@@ -223,7 +300,7 @@ def collect(policy, mesh, train_iter, *, config, scorer, rng, method):
         examples = next(train_iter)
         first = examples if first is None else first
         rows, metrics = draw(policy, mesh, examples, config=cfg, scorer=scorer,
-                             rng=jax.random.fold_in(rng, index), method=method)
+                             rng=jax.random.fold_in(rng, index), method=method, episodic=episodic)
         kept += int(groups_with_signal(rows, group_size))
         seconds += time.time() - start
         draws.append(rows)

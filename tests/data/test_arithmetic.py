@@ -132,6 +132,19 @@ class TestGenerate:
         counts = np.bincount(extra, minlength=3)
         assert len(counts) == 3 and all(counts > 150), counts   # 0, 1, 2 about equally often
 
+    def test_calculator_fraction_makes_that_share_call_the_tool_and_changes_nothing_else(self):
+        plain = self.take(data.ArithmeticConfig(digits=3, ops=("*",)), 1000)
+        tools = self.take(data.ArithmeticConfig(digits=3, ops=("*",), calculator_fraction=0.3), 1000)
+        calls = 0
+        for worked, example in zip(plain, tools):
+            assert (worked["question"], worked["answer"]) == (example["question"], example["answer"])
+            if example["solution"] != worked["solution"]:
+                calls += 1
+                assert example["solution"] == (f"<calculator>{example['question']}</calculator>"
+                                               f"<result>{example['answer']}</result> "
+                                               f"#### {example['answer']}")
+        assert 0.25 < calls / len(tools) < 0.35
+
     def test_seed_changes_the_stream(self):
         a = self.take(data.ArithmeticConfig(seed=0), 20)
         b = self.take(data.ArithmeticConfig(seed=1), 20)
@@ -150,6 +163,7 @@ class TestConfig:
         ({"ops": ("/",)}, "arithmetic.ops must be a non-empty subset"),
         ({"teacher_fraction": 1.5}, "arithmetic.teacher_fraction must be in [0, 1]"),
         ({"extra_columns": -1}, "arithmetic.extra_columns must be >= 0, got -1"),
+        ({"calculator_fraction": -0.1}, "arithmetic.calculator_fraction must be in [0, 1]"),
         ({"num_train": -1}, "arithmetic.num_train must be >= 0, got -1"),
         ({"test_fraction": 0.0}, "arithmetic.test_fraction must be in (0, 1)"),
     ])

@@ -3,7 +3,7 @@
 import dataclasses
 import time
 
-from grpo_jax.environments import Environment, Step
+from grpo_jax.environments import Environment, Step, ToolEnvironment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,3 +29,11 @@ class AnswerEveryA(Environment):
 
     def failed(self, status, detail):
         return Step(observation="<f>", tool_call=True, tool_error=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class CalculatorPausingOnEquals(ToolEnvironment):
+    """The calculator environment, but every row also pauses after each "=": on arithmetic
+    scratchpads, a row pauses at every column and is never called (no tags)."""
+
+    pause_text = "="

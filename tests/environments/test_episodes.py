@@ -47,6 +47,18 @@ def episodes(model, tokenizer, environment, *, slots=3, pool=None, **engine_args
     return got, sampling.to_host(engine.rollout())
 
 
+def test_episode_counts_cut_and_join_by_row():
+    """`first` and `concatenate` (an evaluation's chunks): the metrics of the joined rows are
+    those of the rows themselves."""
+    counts = lambda *rows: environments.Episodes(*[np.asarray(rows)] * 6)
+    joined = environments.Episodes.concatenate([counts(0, 2, 1).first(2), counts(3, 0)])
+    for field, values in vars(joined).items():
+        np.testing.assert_array_equal(values, [0, 2, 3, 0], err_msg=field)
+    metrics = joined.metrics()
+    assert metrics["tool_calls_per_episode"] == 1.25 and metrics["tool_use_rate"] == 0.5
+    assert metrics["environment_failures"] == 5.0
+
+
 def test_pause_ids_are_the_tokens_with_the_pause_text(tokenizer):
     assert environments.pause_ids(tokenizer, AnswerEveryA()) == [tokenizer.convert_tokens_to_ids("a")]
     with pytest.raises(ValueError, match=r"no token of the tokenizer contains '\$'"):

@@ -73,3 +73,27 @@ def test_docstring_examples():
     for module in (_tools, _engine):
         result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_a_calculator_target_holds_the_reply_the_environment_gives():
+    """The arithmetic task's tool-calling SFT target is the episode the environment makes:
+    its call, then exactly the calculator environment's reply, then the answer."""
+    from grpo_jax.data import arithmetic
+    example = arithmetic.make_example(478, "*", 256, scratchpad=True, forget=lambda: False,
+                                      calculator=True)
+    solution = example["solution"]
+    assert solution == "<calculator>478*256</calculator><result>122368</result> #### 122368"
+    environment = environments.make("calculator", max_calls=2)
+    turn = solution[:solution.index("</calculator>") + len("</calculator>")]
+    assert environment.ends_turn(turn)
+    reply = environment.step(example, [turn])
+    assert solution == turn + reply.observation + " #### " + example["answer"]
+    assert reply.tool_call and not reply.tool_error
+
+
+def test_registered_environments_are_made_by_name():
+    assert environments.make("countdown", max_calls=3) == ToolEnvironment(
+        tools={"check": countdown_check}, max_calls=3)
+    with pytest.raises(ValueError, match=r"environment.name='calc' is not one of \['calculator', "
+                                         r"'countdown'\]"):
+        environments.make("calc", max_calls=1)

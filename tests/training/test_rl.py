@@ -75,8 +75,9 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
                 "advantage_share_nearly_failed", "groups_nearly_solved", "groups_nearly_failed"):
         assert key in rows[-1], key
     for row in rows:   # every drawn answer's tokens, 0 < share <= 1
+        model_tokens = row["response_length_mean"] - row.get("environment_tokens_per_episode", 0)
         assert row["generated_tokens"] == pytest.approx(
-            row["response_length_mean"] * row["gen_batches"] * config.rollout.prompts_per_batch
+            model_tokens * row["gen_batches"] * config.rollout.prompts_per_batch
             * config.objective.group_size)
         assert 0 <= row["advantage_share_nearly_solved"] + row["advantage_share_nearly_failed"] <= 1 + 1e-6
     if recipe in ON_POLICY:   # the ratio is 1 up to the rounding of two compiled programs
@@ -88,6 +89,8 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
         assert "advantage_mean_q1" in rows[-1] and "advantage_std_q4" in rows[-1]
     if config.objective.positive_nll_weight:
         assert rows[-1]["positive_nll"] > 0
+    if config.environment.name:   # the warm start calls the tool, and the rollouts answer it
+        assert min(r["tool_use_rate"] for r in rows) > 0 and "eval_tool_use_rate" in rows[-1]
     assert os.path.isdir(tmp_path / "checkpoints" / str(pretrain + 3))
     assert os.path.isdir(tmp_path / "tensorboard")
 
@@ -97,6 +100,8 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
     # A critic (its parameters and optimizer state) and a step of value pre-training. (A
     # policy alone, killed and stopped in a relative workdir: test_faults.py's soak.)
     ("vapo", {"train.steps": 5, "critic.pretrain_steps": 1, "train.export": True}),
+    # Multi-turn episodes: the calculator answers the model's calls in every rollout.
+    ("tool_calculator", {"train.steps": 5}),
 ])
 def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
         data_dir, tmp_path, recipe, overrides):
@@ -104,6 +109,8 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
     reference = tmp_path / "uninterrupted"
     rl.train(tiny_config(recipe, data_dir, **overrides), str(reference))
     expected = {r["step"]: comparable(r) for r in read_metrics(reference)}
+    if recipe.startswith("tool_"):   # the resumed episodes' calls are answered too
+        assert min(r["tool_calls_per_episode"] for r in expected.values()) > 0
 
     # A relative --workdir: orbax needs absolute paths, so this is what a user's
     # `--workdir runs/x` meets; the rerun must find the same checkpoints.
@@ -122,12 +129,12 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
     assert process.wait() == -9, "the run finished before it could be killed"
     logged = [r["step"] for r in read_metrics(workdir)]
     resume_from = finished_checkpoints(workdir)[-1]
-    assert resume_from < 6 and logged[-1] >= resume_from
+    assert resume_from < max(expected) and logged[-1] >= resume_from
 
     resumed = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600, **where)
     assert f"resumed from the checkpoint of step {resume_from} in {workdir}" in resumed.stdout
     rows = read_metrics(workdir)   # the rows logged past the checkpoint were dropped and redone
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in rows] == list(range(1, max(expected) + 1)) == sorted(expected)
     for row in rows:
         got, want = comparable(row), expected[row["step"]]
         assert got.keys() == want.keys()

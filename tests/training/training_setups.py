@@ -40,8 +40,10 @@ def runlocal_config(recipe, data_dir, **overrides):
         config.task.knobs.num_train = 512
         config.task.knobs.num_test = 16
         # A 2-digit scratchpad is at most 27 tokens with its stop token (DAPO's soft
-        # overlong zone, the last fifth, starts at 27.2); a self-verification verdict adds ~25.
-        config.rollout.max_new_tokens = 56 if config.task.knobs.get("verdicts") else 34
+        # overlong zone, the last fifth, starts at 27.2); a self-verification verdict adds ~25;
+        # a calculator call, its reply and the answer are at most 62 with the stop token.
+        config.rollout.max_new_tokens = (56 if config.task.knobs.get("verdicts") else
+                                         64 if config.task.knobs.get("calculator_fraction") else 34)
     else:   # rpt on the builtin corpus: fewer positions per document
         config.task.knobs.stride = 31
     config.train.steps = 2
