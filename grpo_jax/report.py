@@ -58,12 +58,16 @@ _extras.require("grpo_jax.report")   # before the imports it guards
 import ml_collections
 import numpy as np
 
-from grpo_jax import config_lib, paths, sweep
+from grpo_jax import config_lib, paths, report_stats, sweep
 
 DEFAULT_REPORT = {
     "table": (("eval_accuracy", "final"), ("accuracy", "final"), ("reward_mean", "mean")),
     "plots": (("eval_accuracy", "step"), ("reward_mean", "step")),
 }
+# What the paired comparisons take when get_report() leaves them out.
+DEFAULT_PAIRED = (("eval_accuracy", "last_k"), ("eval_accuracy", "auc"))
+DEFAULT_LAST_K = 3                     # evaluations averaged by the "last_k" measure
+DEFAULT_GAPS = {"eval_accuracy": 0.05}   # gaps the seeds-needed column is computed for
 REDUCTIONS = {
     "final": lambda v: v[-1],
     "early": lambda v: np.mean(v[:-(-len(v) // 5)]),   # the first fifth (rounded up)
@@ -71,7 +75,10 @@ REDUCTIONS = {
     "mean": np.mean,
     "sum": np.sum,
     "std": np.std,
+    "cv": lambda v: np.std(v) / np.mean(v),   # std over steps / mean over steps
 }
+# Measures that need more than the values: the report's last_k, and the steps.
+CURVE_REDUCTIONS = ("last_k", "auc")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -172,27 +179,64 @@ def report_spec(module, num_entries):
     pair = lambda item, default: (item, default) if isinstance(item, str) else tuple(item)
     table = [pair(item, "final") for item in raw.get("table", ())]
     plots = [pair(item, "step") for item in raw.get("plots", ())]
-    for metric, how in table:
-        if how not in REDUCTIONS:
-            raise ValueError(f"get_report() table measure ({metric!r}, {how!r}): the reduction "
-                             f"must be one of {sorted(REDUCTIONS)}")
+    paired = [pair(item, "last_k") for item in raw.get("paired", DEFAULT_PAIRED)]
+    for key, measures in (("table", table), ("paired", paired)):
+        for metric, how in measures:
+            if how not in REDUCTIONS and how not in CURVE_REDUCTIONS:
+                raise ValueError(f"get_report() {key} measure ({metric!r}, {how!r}): the "
+                                 "reduction must be one of "
+                                 f"{sorted(REDUCTIONS) + list(CURVE_REDUCTIONS)}")
+    last_k = raw.get("last_k", DEFAULT_LAST_K)
+    if not isinstance(last_k, int) or isinstance(last_k, bool) or last_k < 1:
+        raise ValueError(f"get_report() last_k={last_k!r}: give the number of final "
+                         "evaluations to average, an int >= 1")
+    gaps = dict(raw.get("gaps", DEFAULT_GAPS))
+    for metric, gap in gaps.items():
+        if not isinstance(gap, (int, float)) or gap <= 0:
+            raise ValueError(f"get_report() gaps[{metric!r}]={gap!r}: give the difference "
+                             "to detect, a number > 0")
     labels = raw.get("labels")
     if labels is not None and len(labels) != num_entries:
         raise ValueError(f"get_report() gives {len(labels)} labels for {num_entries} sweep "
                          "entries; give one per entry, in get_sweep() order")
-    unknown = set(raw) - {"table", "plots", "labels"}
+    unknown = set(raw) - {"table", "plots", "labels", "paired", "last_k", "gaps"}
     if unknown:
         raise ValueError(f"get_report() has unknown keys {sorted(unknown)}; it takes table, "
-                         "plots and labels")
-    return table, plots, labels
+                         "plots, labels, paired, last_k and gaps")
+    return ReportSpec(table, plots, labels, paired, last_k, gaps)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportSpec:
+    """`get_report()` in full form: (metric, how) pairs, and the statistics' settings."""
+
+    table: list
+    plots: list
+    labels: Any
+    paired: list
+    last_k: int
+    gaps: dict
 
 
 # --- numbers ----------------------------------------------------------------------------
 
-def reduce_run(run, metric, how):
-    """The run's `metric` reduced over its steps, or None when it never logged it."""
-    _, values = run.values(metric)
-    return float(REDUCTIONS[how](np.asarray(values, np.float64))) if values else None
+def reduce_run(run, metric, how, last_k=DEFAULT_LAST_K):
+    """The run's `metric` reduced over its steps, or None when it never logged it:
+    a `REDUCTIONS` entry, "last_k" (the mean of its last `last_k` values) or "auc" (its
+    trapezoid mean over the logged steps, `report_stats.area_under_curve`)."""
+    steps, values = run.values(metric)
+    if not values:
+        return None
+    if how == "last_k":
+        return report_stats.last_k_mean(values, last_k)
+    if how == "auc":
+        return report_stats.area_under_curve(steps, values)
+    return float(REDUCTIONS[how](np.asarray(values, np.float64)))
+
+
+def measure_name(metric, how, last_k):
+    """A measure's column name: ``eval_accuracy (last 3)``."""
+    return f"{metric} ({f'last {last_k}' if how == 'last_k' else how})"
 
 
 def mean_and_spread(values):
@@ -242,21 +286,126 @@ def entries_of(runs):
     return [entries[k] for k in sorted(entries)]
 
 
-def table_lines(entries, table, labels):
+def table_lines(entries, spec):
     fields = list(dict.fromkeys(f for _, _, overrides, _ in entries for f in overrides))
-    header = (["variant"] if labels else []) + field_headers(fields) + ["seeds"] + [
-        f"{metric} ({how})" for metric, how in table]
+    header = (["variant"] if spec.labels else []) + field_headers(fields) + ["seeds"] + [
+        measure_name(metric, how, spec.last_k) for metric, how in spec.table]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for position, (_, _, overrides, runs) in enumerate(entries):
         done = [run for run in runs if run.finished]
-        cells = ([labels[position]] if labels else []) + [
+        cells = ([spec.labels[position]] if spec.labels else []) + [
             f"`{override_text(overrides[f])}`" if f in overrides else "" for f in fields]
         cells.append(str(len(done)))
-        for metric, how in table:
-            values = [reduce_run(run, metric, how) for run in done]
+        for metric, how in spec.table:
+            values = [reduce_run(run, metric, how, spec.last_k) for run in done]
             cells.append(format_cell([v for v in values if v is not None]))
         lines.append("| " + " | ".join(_markdown_cell(c) for c in cells) + " |")
     return lines
+
+
+# --- paired comparisons -----------------------------------------------------------------
+
+def seed_values(runs, metric, how, last_k):
+    """``{seed: the measure}`` of the finished runs that logged `metric`."""
+    values = {run.record["seed"]: reduce_run(run, metric, how, last_k)
+              for run in runs if run.finished}
+    return {seed: v for seed, v in values.items() if v is not None}
+
+
+def decimals_for(values):
+    """Decimals that show the largest of `values` to 3 significant digits (3 to 6)."""
+    largest = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    if largest == 0:
+        return 3
+    return int(min(6, max(3, 2 - math.floor(math.log10(largest)))))
+
+
+def paired_lines(entries, names, spec):
+    """The paired-comparison table: every entry minus the first, per seed, for each of
+    ``spec.paired``'s measures, with its bootstrap interval, the seeds a paired test
+    needs for ``spec.gaps[metric]`` and the generated reading."""
+    if len(entries) < 2 or not spec.paired:
+        return []
+    reference = names[0]
+    header = ["comparison", "measure", "seeds", "per-seed differences", "mean difference",
+              f"{report_stats.LEVEL:.0%} CI", "seeds for the gap", "reading"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for metric, how in spec.paired:
+        base = seed_values(entries[0][3], metric, how, spec.last_k)
+        for (_, _, _, runs), name in zip(entries[1:], names[1:]):
+            seeds, diffs = report_stats.paired_differences(
+                base, seed_values(runs, metric, how, spec.last_k))
+            measure = measure_name(metric, how, spec.last_k)
+            if not seeds:
+                lines.append("| " + " | ".join(_markdown_cell(c) for c in (
+                    f"{name} − {reference}", measure, "0", "–", "–", "–", "–",
+                    "no seed finished both")) + " |")
+                continue
+            mean = float(diffs.mean())
+            lo, hi = report_stats.bootstrap_ci(diffs)
+            digits = decimals_for([*diffs, lo, hi])
+            gap = spec.gaps.get(metric)
+            sd = float(diffs.std(ddof=1)) if len(diffs) > 1 else None
+            needed = None if gap is None else report_stats.seeds_needed(sd, gap)
+            cells = [f"{name} − {reference}", measure, ", ".join(map(str, seeds)),
+                     ", ".join(f"{d:+.{digits}f}" for d in diffs), f"{mean:+.{digits}f}",
+                     report_stats.format_ci(lo, hi, digits),
+                     "–" if needed is None else f"{needed} (gap {gap:g}, sd {sd:.{digits}f})",
+                     report_stats.verdict(name, reference, mean, lo, hi, digits)]
+            lines.append("| " + " | ".join(_markdown_cell(c) for c in cells) + " |")
+    z = "z_{1-alpha/2} + z_{power}"
+    lines += ["", f"Each row: the variant minus {reference} on the same seed (a seed's variants "
+              "start from the same SFT warm start), for the seeds both finished. "
+              f"last {spec.last_k} = the mean of a run's last {spec.last_k} logged values (its "
+              "last evaluations, for an eval metric); auc = the trapezoid area under the run's "
+              "curve over its logged steps divided by their range (the curve's mean height). "
+              f"CI: percentile bootstrap of the mean difference over seeds, "
+              f"{report_stats.RESAMPLES:,} resamples drawn with numpy's default_rng("
+              f"{report_stats.BOOTSTRAP_SEED}), {report_stats.LEVEL:.0%} two-sided; the "
+              "reading says \"no difference detected\" when the interval holds 0. With n "
+              "seeds the interval cannot be wider than the range of the n differences, and "
+              "with 3 seeds it excludes 0 whenever the three share a sign, which happens "
+              "1 time in 4 when there is no effect: read \"higher\" or \"lower\" as "
+              "\"consistent over these seeds\", not as a 5% test. Seeds for the gap: the n of a "
+              "paired two-sided test at alpha 0.05 with power 0.8 for that mean difference, "
+              f"n = ceil((({z}) · sd / gap)^2) = ceil((2.80 · sd / gap)^2), sd = the sample "
+              "sd (ddof=1) of the per-seed differences (normal approximation).", ""]
+    return lines
+
+
+def eval_noise_lines(entries, names, spec):
+    """Per entry: the seeds' spread of the final ``eval_accuracy`` beside one
+    evaluation's binomial standard error sqrt(p (1 - p) / N), N = the runs'
+    ``eval.num_prompts``; [] when no run logged it."""
+    rows = []
+    for (_, _, _, runs), name in zip(entries, names):
+        done = [run for run in runs if run.finished]
+        finals = [v for v in (reduce_run(run, "eval_accuracy", "final") for run in done)
+                  if v is not None]
+        lasts = [v for v in (reduce_run(run, "eval_accuracy", "last_k", spec.last_k)
+                             for run in done) if v is not None]
+        if not finals:
+            continue
+        prompts = sorted({int(run.record["config"]["eval"]["num_prompts"]) for run in done
+                          if "num_prompts" in run.record.get("config", {}).get("eval", {})})
+        mean, spread = mean_and_spread(finals)
+        _, last_spread = mean_and_spread(lasts)
+        se = (", ".join(f"{report_stats.binomial_se(mean, n):.3f}" for n in prompts)
+              if prompts else "–")
+        show = lambda x: "–" if x is None else f"{x:.3f}"
+        rows.append([name, ", ".join(map(str, prompts)) or "–", f"{mean:.3f}", show(spread),
+                     show(last_spread), se])
+    if not rows:
+        return []
+    header = ["variant", "held-out prompts N", "eval_accuracy (final), mean",
+              "sd over seeds (final)", f"sd over seeds (last {spec.last_k})",
+              "one evaluation's SE"]
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(_markdown_cell(c) for c in row) + " |" for row in rows]
+            + ["", "One evaluation's SE = sqrt(p (1 − p) / N), the binomial standard error of a "
+               "greedy pass@1 measured on N prompts, at p = the mean final accuracy; N is the "
+               "runs' eval.num_prompts. Where it is not well below the seeds' sd, the "
+               "evaluation's own noise is a large part of that spread.", ""])
 
 
 # --- the plots --------------------------------------------------------------------------
@@ -343,27 +492,36 @@ def entry_names(entries, labels):
 def render(runs, module, *, write_plot):
     """The text of report.md; calls ``write_plot(file_name, bands, metric, x)`` for each
     plot it links (`plot_bands`)."""
-    spec = runs[0].record["sweep_config"]
+    config_path = runs[0].record["sweep_config"]
     entries = entries_of(runs)
-    table, plots, labels = report_spec(module, len(entries))
-    names = entry_names(entries, labels)
+    spec = report_spec(module, len(entries))
+    plots = spec.plots
+    names = entry_names(entries, spec.labels)
     seeds = sorted({run.record["seed"] for run in runs})
     commits = sorted({s["commit"] for run in runs for s in run.record.get("starts", [])})
     machines = sorted({s["machine"] for run in runs for s in run.record.get("starts", [])})
-    lines = [f"# Sweep: `{spec}`", ""]
+    lines = [f"# Sweep: `{config_path}`", ""]
     if module.__doc__:
         lines += [inspect.cleandoc(module.__doc__), ""]
     lines += ["## Runs", "", "```bash",
-              f"python -m grpo_jax.sweep --config {spec} --workdir_root DIR "
+              f"python -m grpo_jax.sweep --config {config_path} --workdir_root DIR "
               f"--seeds {','.join(map(str, seeds))}",
               "python -m grpo_jax.report DIR", "```", "",
               f"Commits: {', '.join(commits) or 'unknown'}. Machines: "
               f"{'; '.join(machines) or 'unknown'}.", ""]
-    lines += table_lines(entries, table, labels)
+    lines += table_lines(entries, spec)
     lines += ["", "Mean over the finished seeds ± their sample standard deviation (ddof=1). "
               "A measure reduces each run's metric over the steps that logged it: final = the "
               "last value; early, late = the mean of the first, last fifth of the values; "
-              "mean; sum; std = the population std over steps.", ""]
+              f"last {spec.last_k} = the mean of the last {spec.last_k} values; auc = the "
+              "trapezoid mean over the logged steps; mean; sum; std = the population std over "
+              "steps; cv = that std divided by the mean over steps.", ""]
+    paired = paired_lines(entries, names, spec)
+    if paired:
+        lines += ["## Paired comparisons", ""] + paired
+    noise = eval_noise_lines(entries, names, spec)
+    if noise:
+        lines += ["## Evaluation noise", ""] + noise
     unfinished = [run for run in runs if not run.finished]
     if unfinished:
         lines += ["Not finished, left out: " + "; ".join(

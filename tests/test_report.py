@@ -97,7 +97,7 @@ Commits: abc1234, def5678. Machines: Test CPU, 2 cores, 1 per run.
 | slow | `0.1` | 3 | 0.600 ± 0.10 | 3.50 ± 1.0 | 5.00 ± 1.0 |
 | fast | `0.2` | 3 | 0.300 ± 0.17 | 7.00 ± 2.0 | 10.0 ± 2.0 |
 
-Mean over the finished seeds ± their sample standard deviation (ddof=1). A measure reduces each run's metric over the steps that logged it: final = the last value; early, late = the mean of the first, last fifth of the values; mean; sum; std = the population std over steps.
+Mean over the finished seeds ± their sample standard deviation (ddof=1). A measure reduces each run's metric over the steps that logged it: final = the last value; early, late = the mean of the first, last fifth of the values; last 3 = the mean of the last 3 values; auc = the trapezoid mean over the logged steps; mean; sum; std = the population std over steps; cv = that std divided by the mean over steps.
 
 Not finished, left out: 01_learning_rate-0.2/seed-3 (at step 2 of 4).
 
@@ -115,7 +115,20 @@ def test_report_md_has_the_hand_computed_means_and_spreads(sweep_root):
     root, spec = sweep_root
     path = report.write_report(root)
     assert path == root / "report.md"
-    assert path.read_text() == _expected(spec)
+    text = path.read_text()
+    start, stop = text.index("## Paired comparisons"), text.index("Not finished")
+    assert text[:start] + text[stop:] == _expected(spec)
+    # Paired, per seed: the mean of the two evaluations (steps 2 and 4) is (0.4, 0.45, 0.5)
+    # slow, (0.15, 0.15, 0.3) fast: differences -0.25, -0.30, -0.20 (the trapezoid mean of
+    # two points is the same). With 3 seeds each all-one-seed resample has probability
+    # 1/27 > 2.5%, so the 95% percentile interval is [min, max]; sd 0.05, so the seeds for
+    # a 0.05 gap are ceil(2.8016^2) = 8. The runs' config has no eval.num_prompts: no SE.
+    for how in ("last 3", "auc"):
+        assert (f"| fast − slow | eval_accuracy ({how}) | 0, 1, 2 | -0.250, -0.300, -0.200 | "
+                "-0.250 | CI [-0.300, -0.200] | 8 (gap 0.05, sd 0.050) | fast lower than slow "
+                "by 0.250 (CI [-0.300, -0.200]) |") in text
+    assert "| slow | – | 0.600 | 0.100 | 0.050 | – |" in text
+    assert "| fast | – | 0.300 | 0.173 | 0.087 | – |" in text
 
 
 def test_rerunning_gives_the_same_bytes_and_the_pngs_carry_no_software_or_time(sweep_root, tmp_path):

@@ -57,4 +57,8 @@ def get_report():
                   ("eval_accuracy", "final")),
         "plots": ("grad_norm", "grad_norm_std", "clip_high", "eval_accuracy"),
         "labels": ("PPO token ratio (GRPO)", "GSPO", "CISPO", "SAPO"),
+        # The spread of the gradient norm over steps, raw and divided by its mean (a
+        # smaller gradient has a smaller spread at the same relative noise).
+        "paired": (("eval_accuracy", "last_k"), ("eval_accuracy", "auc"),
+                   ("grad_norm", "std"), ("grad_norm", "cv")),
     }
