@@ -27,9 +27,13 @@ when it has none)::
 
 A measure reduces one run's metric over the steps that logged it: "final" (the last
 value), "early" / "late" (the mean of the first / last fifth of the values, rounded up),
-"mean", "sum" or "std" (the population standard deviation over steps). A plot's
-x is "step", a metric whose running sum over steps is the x (``"generated_tokens"``), or
-a tuple of metrics whose per-step sum is accumulated. At each step the curve is the mean
+"mean", "sum", "std" (the population standard deviation over steps), "cv" (that std over
+the mean), "last_k" (the mean of the last ``last_k`` values) or "auc" (the trapezoid mean
+over the logged steps). Beside ``("eval_accuracy", "final")`` the table always shows
+``("eval_accuracy", "last_k")``, the per-seed value the paired comparisons take, as the
+mean over seeds with its percentile bootstrap interval (`report_stats.bootstrap_ci`).
+A plot's x is "step", a metric whose running sum over steps is the x
+(``"generated_tokens"``), or a tuple of metrics whose per-step sum is accumulated. At each step the curve is the mean
 over seeds of x and of y, over the steps that every seed of the entry logged.
 
 Only finished runs enter the table and the plots: those whose metrics.jsonl reaches the
@@ -67,6 +71,9 @@ DEFAULT_REPORT = {
 # What the paired comparisons take when get_report() leaves them out.
 DEFAULT_PAIRED = (("eval_accuracy", "last_k"), ("eval_accuracy", "auc"))
 DEFAULT_LAST_K = 3                     # evaluations averaged by the "last_k" measure
+# The main table summarises this metric, beside its final value, by the mean of each run's
+# last k evaluations (the per-seed value the paired comparisons take), with a CI over seeds.
+SUMMARY_METRIC = "eval_accuracy"
 DEFAULT_GAPS = {"eval_accuracy": 0.05}   # gaps the seeds-needed column is computed for
 REDUCTIONS = {
     "final": lambda v: v[-1],
@@ -177,7 +184,7 @@ def report_spec(module, num_entries):
     """The module's `get_report()` (or `DEFAULT_REPORT`), checked and in full form."""
     raw = module.get_report() if hasattr(module, "get_report") else DEFAULT_REPORT
     pair = lambda item, default: (item, default) if isinstance(item, str) else tuple(item)
-    table = [pair(item, "final") for item in raw.get("table", ())]
+    table = with_summary([pair(item, "final") for item in raw.get("table", ())])
     plots = [pair(item, "step") for item in raw.get("plots", ())]
     paired = [pair(item, "last_k") for item in raw.get("paired", DEFAULT_PAIRED)]
     for key, measures in (("table", table), ("paired", paired)):
@@ -204,6 +211,16 @@ def report_spec(module, num_entries):
         raise ValueError(f"get_report() has unknown keys {sorted(unknown)}; it takes table, "
                          "plots, labels, paired, last_k and gaps")
     return ReportSpec(table, plots, labels, paired, last_k, gaps)
+
+
+def with_summary(table):
+    """`table` with (`SUMMARY_METRIC`, "last_k") right after (`SUMMARY_METRIC`, "final"),
+    unless the table already lists it (then it stays where it is)."""
+    final, summary = (SUMMARY_METRIC, "final"), (SUMMARY_METRIC, "last_k")
+    if final not in table or summary in table:
+        return table
+    at = table.index(final) + 1
+    return table[:at] + [summary] + table[at:]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +254,42 @@ def reduce_run(run, metric, how, last_k=DEFAULT_LAST_K):
 def measure_name(metric, how, last_k):
     """A measure's column name: ``eval_accuracy (last 3)``."""
     return f"{metric} ({f'last {last_k}' if how == 'last_k' else how})"
+
+
+def table_header(metric, how, last_k):
+    """A main-table column's name; a last_k measure names its k and its interval:
+    ``eval_accuracy (mean of last 3 evals, 95% CI)``."""
+    if how != "last_k":
+        return measure_name(metric, how, last_k)
+    what = "evals" if metric.startswith("eval_") else "values"
+    return f"{metric} (mean of last {last_k} {what}, {report_stats.LEVEL:.0%} CI)"
+
+
+def format_ci_cell(values):
+    """``0.812 (CI [0.780, 0.850])``: the mean over seeds of `values` [num_seeds] and its
+    percentile bootstrap interval (`report_stats.bootstrap_ci`); the mean alone for one
+    seed."""
+    if not values:
+        return "–"
+    mean = float(np.mean(values))
+    if len(values) == 1:
+        return f"{mean:.{decimals_for([mean])}f}"
+    lo, hi = report_stats.bootstrap_ci(values)
+    digits = decimals_for([mean, lo, hi])
+    return f"{mean:.{digits}f} ({report_stats.format_ci(lo, hi, digits)})"
+
+
+def summary_note(spec):
+    """The table note's sentence on its last_k columns; "" when it has none."""
+    if not any(how == "last_k" for _, how in spec.table):
+        return ""
+    k = spec.last_k
+    return (f" A mean of last {k} column: each seed's mean of its last {k} values (the "
+            "per-seed value the paired comparisons take), then the mean over seeds and its "
+            f"percentile bootstrap CI over seeds ({report_stats.RESAMPLES:,} resamples, "
+            f"default_rng({report_stats.BOOTSTRAP_SEED}), {report_stats.LEVEL:.0%}); it is "
+            "never wider than the seeds' range, and with 3 seeds it is that range (each "
+            "all-one-seed resample has chance 1/27 > 2.5%).")
 
 
 def mean_and_spread(values):
@@ -289,7 +342,7 @@ def entries_of(runs):
 def table_lines(entries, spec):
     fields = list(dict.fromkeys(f for _, _, overrides, _ in entries for f in overrides))
     header = (["variant"] if spec.labels else []) + field_headers(fields) + ["seeds"] + [
-        measure_name(metric, how, spec.last_k) for metric, how in spec.table]
+        table_header(metric, how, spec.last_k) for metric, how in spec.table]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for position, (_, _, overrides, runs) in enumerate(entries):
         done = [run for run in runs if run.finished]
@@ -297,8 +350,8 @@ def table_lines(entries, spec):
             f"`{override_text(overrides[f])}`" if f in overrides else "" for f in fields]
         cells.append(str(len(done)))
         for metric, how in spec.table:
-            values = [reduce_run(run, metric, how, spec.last_k) for run in done]
-            cells.append(format_cell([v for v in values if v is not None]))
+            values = list(seed_values(done, metric, how, spec.last_k).values())
+            cells.append((format_ci_cell if how == "last_k" else format_cell)(values))
         lines.append("| " + " | ".join(_markdown_cell(c) for c in cells) + " |")
     return lines
 
@@ -380,10 +433,8 @@ def eval_noise_lines(entries, names, spec):
     rows = []
     for (_, _, _, runs), name in zip(entries, names):
         done = [run for run in runs if run.finished]
-        finals = [v for v in (reduce_run(run, "eval_accuracy", "final") for run in done)
-                  if v is not None]
-        lasts = [v for v in (reduce_run(run, "eval_accuracy", "last_k", spec.last_k)
-                             for run in done) if v is not None]
+        finals = list(seed_values(done, "eval_accuracy", "final", spec.last_k).values())
+        lasts = list(seed_values(done, "eval_accuracy", "last_k", spec.last_k).values())
         if not finals:
             continue
         prompts = sorted({int(run.record["config"]["eval"]["num_prompts"]) for run in done
@@ -515,7 +566,7 @@ def render(runs, module, *, write_plot):
               "last value; early, late = the mean of the first, last fifth of the values; "
               f"last {spec.last_k} = the mean of the last {spec.last_k} values; auc = the "
               "trapezoid mean over the logged steps; mean; sum; std = the population std over "
-              "steps; cv = that std divided by the mean over steps.", ""]
+              "steps; cv = that std divided by the mean over steps." + summary_note(spec), ""]
     paired = paired_lines(entries, names, spec)
     if paired:
         lines += ["## Paired comparisons", ""] + paired

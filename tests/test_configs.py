@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib, objectives, rewards
+from grpo_jax import config_lib, data, objectives, rewards
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(pathlib.Path(p).name for p in glob.glob(str(REPO / "configs" / "*.py")))
@@ -18,6 +18,9 @@ RECIPES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "reinforc
 
 def _load(name, arg=None):
     return config_lib.load_config(f"{REPO / 'configs' / name}" + (f":{arg}" if arg else ""))
+
+
+ABLATIONS = sorted(f"ablations/{p.name}" for p in (REPO / "configs" / "ablations").glob("[!_]*.py"))
 
 
 def _tiny_batch(config):
@@ -166,3 +169,44 @@ def test_unknown_config_argument_is_named():
 def test_missing_config_file_is_named():
     with pytest.raises(FileNotFoundError, match=r"configs/nope.py"):
         config_lib.load_config("configs/nope.py")
+
+
+# Held-out sizes known without building a dataset: a generated task's num_<split> knob, the
+# official files' counts for the fixed ones (GSM8K, Cobbe et al., arXiv:2110.14168; MATH-500,
+# Lightman et al., arXiv:2305.20050). RPT's test split depends on its corpus: not checked.
+FIXED_SPLITS = {("gsm8k", "train"): 7473, ("gsm8k", "test"): 1319, ("math500", "test"): 500}
+
+
+def _held_out_size(task):
+    if task.name == "rpt":
+        return None
+    knobs = data.builder_config(task.name, task.knobs.to_dict())
+    if knobs is None:
+        return FIXED_SPLITS[(task.name, task.eval_split)]
+    return getattr(knobs, f"num_{task.eval_split}")
+
+
+def _shipped_configs():
+    """`(label, config)` of every config as it ships: each recipe and its runlocal scale,
+    each ablation, and every sweep entry at the scale the sweep runs it."""
+    for name, arg in ([(n, None) for n in CONFIGS + ABLATIONS]
+                      + [(n, "runlocal=True") for n in CONFIGS if n != "smollm2.py"]):
+        config = _load(name, arg)
+        yield f"{name}:{arg}", config
+        module = config_lib.load_module(REPO / "configs" / name)
+        if hasattr(module, "get_sweep") and (arg or name in ABLATIONS):
+            for overrides in module.get_sweep():
+                yield f"{name}:{arg} {overrides}", config_lib.apply_overrides(_load(name, arg),
+                                                                              overrides)
+
+
+def test_no_shipped_config_evaluates_more_prompts_than_its_held_out_split_has():
+    checked = 0
+    for label, config in _shipped_configs():
+        size = _held_out_size(config.task)
+        if size is not None:
+            assert config.eval.num_prompts <= size, (label, config.eval.num_prompts, size)
+            checked += 1
+    assert checked >= 2 * len(CONFIGS)
+    # The ablations evaluate the whole runlocal test split.
+    assert {_held_out_size(_load(n).task) for n in ABLATIONS} == {500}

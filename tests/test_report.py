@@ -75,8 +75,11 @@ def sweep_root(tmp_path):
 
 def _expected(spec):
     # eval_accuracy final: entry 0 (0.5, 0.6, 0.7) -> 0.600 ± 0.10; entry 1 (0.2, 0.2, 0.5)
-    # -> 0.300 ± sqrt(0.03) = 0.17. Loss = factor x (step + seed): the mean over steps 1-4
-    # is factor x (2.5 + seed), the last fifth (one step) factor x (4 + seed).
+    # -> 0.300 ± sqrt(0.03) = 0.17. The mean of the last 3 (here both) evaluations is
+    # (0.4, 0.45, 0.5) slow and (0.15, 0.15, 0.3) fast, means 0.45 and 0.2; with 3 seeds
+    # each all-one-seed resample has mass 1/27 > 2.5%, so the 95% interval is [min, max].
+    # Loss = factor x (step + seed): the mean over steps 1-4 is factor x (2.5 + seed), the
+    # last fifth (one step) factor x (4 + seed).
     return f"""# Sweep: `{spec}`
 
 Toy sweep: two learning rates.
@@ -92,12 +95,12 @@ python -m grpo_jax.report DIR
 
 Commits: abc1234, def5678. Machines: Test CPU, 2 cores, 1 per run.
 
-| variant | learning_rate | seeds | eval_accuracy (final) | loss (mean) | loss (late) |
-|---|---|---|---|---|---|
-| slow | `0.1` | 3 | 0.600 ± 0.10 | 3.50 ± 1.0 | 5.00 ± 1.0 |
-| fast | `0.2` | 3 | 0.300 ± 0.17 | 7.00 ± 2.0 | 10.0 ± 2.0 |
+| variant | learning_rate | seeds | eval_accuracy (final) | eval_accuracy (mean of last 3 evals, 95% CI) | loss (mean) | loss (late) |
+|---|---|---|---|---|---|---|
+| slow | `0.1` | 3 | 0.600 ± 0.10 | 0.450 (CI [0.400, 0.500]) | 3.50 ± 1.0 | 5.00 ± 1.0 |
+| fast | `0.2` | 3 | 0.300 ± 0.17 | 0.200 (CI [0.150, 0.300]) | 7.00 ± 2.0 | 10.0 ± 2.0 |
 
-Mean over the finished seeds ± their sample standard deviation (ddof=1). A measure reduces each run's metric over the steps that logged it: final = the last value; early, late = the mean of the first, last fifth of the values; last 3 = the mean of the last 3 values; auc = the trapezoid mean over the logged steps; mean; sum; std = the population std over steps; cv = that std divided by the mean over steps.
+Mean over the finished seeds ± their sample standard deviation (ddof=1). A measure reduces each run's metric over the steps that logged it: final = the last value; early, late = the mean of the first, last fifth of the values; last 3 = the mean of the last 3 values; auc = the trapezoid mean over the logged steps; mean; sum; std = the population std over steps; cv = that std divided by the mean over steps. A mean of last 3 column: each seed's mean of its last 3 values (the per-seed value the paired comparisons take), then the mean over seeds and its percentile bootstrap CI over seeds (10,000 resamples, default_rng(0), 95%); it is never wider than the seeds' range, and with 3 seeds it is that range (each all-one-seed resample has chance 1/27 > 2.5%).
 
 Not finished, left out: 01_learning_rate-0.2/seed-3 (at step 2 of 4).
 
@@ -185,6 +188,42 @@ def test_the_bands_are_the_seeds_mean_lowest_and_highest_at_their_common_steps(s
     np.testing.assert_allclose(mean, [0.3])
 
 
+def _eval_run(seed, accuracies):
+    """A finished run of 5 steps whose eval_accuracy at steps 1-5 is `accuracies`."""
+    rows = tuple({"step": step, "eval_accuracy": a} for step, a in enumerate(accuracies, 1))
+    record = {"entry": 0, "entry_name": "00_x", "overrides": {}, "seed": seed,
+              "config": {"mode": "rl", "train": {"steps": 5}}}
+    return report.RunData(f"00_x/seed-{seed}", record, rows)
+
+
+def test_the_summary_column_is_the_seeds_mean_of_the_last_k_evals_with_its_ci():
+    curves = {0: [0.1, 0.2, 0.4, 0.5, 0.6], 1: [0.3, 0.3, 0.6, 0.6, 0.9],
+              2: [0.0, 0.9, 0.2, 0.2, 0.2]}
+    runs = [_eval_run(seed, c) for seed, c in curves.items()]
+    spec = report.ReportSpec(report.with_summary([("eval_accuracy", "final")]), [], None,
+                             [], 3, {})
+    assert spec.table == [("eval_accuracy", "final"), ("eval_accuracy", "last_k")]
+    header, _, row = report.table_lines([(0, "00_x", {}, runs)], spec)
+    assert header == ("| seeds | eval_accuracy (final) | "
+                      "eval_accuracy (mean of last 3 evals, 95% CI) |")
+    per_seed = np.array([np.mean(c[-3:]) for c in curves.values()])   # 0.5, 0.7, 0.2
+    np.testing.assert_allclose(per_seed, [0.5, 0.7, 0.2])
+    # 3 seeds: each all-one-seed resample has mass 1/27 > 2.5%, so the CI is [min, max].
+    assert row == (f"| 3 | 0.567 ± 0.35 | {per_seed.mean():.3f} "
+                   f"(CI [{per_seed.min():.3f}, {per_seed.max():.3f}]) |")
+    assert row == "| 3 | 0.567 ± 0.35 | 0.467 (CI [0.200, 0.700]) |"
+    # One seed: its mean alone, no interval.
+    assert report.table_lines([(0, "00_x", {}, runs[:1])], spec)[2] == "| 1 | 0.600 | 0.500 |"
+
+
+def test_the_summary_column_is_added_once_beside_the_final_accuracy():
+    final, last = ("eval_accuracy", "final"), ("eval_accuracy", "last_k")
+    loss = ("loss", "mean")
+    assert report.with_summary([loss, final, loss]) == [loss, final, last, loss]
+    assert report.with_summary([last, loss, final]) == [last, loss, final]
+    assert report.with_summary([loss]) == [loss]
+
+
 def test_reductions():
     values = np.arange(1.0, 11.0)
     assert [report.REDUCTIONS[k](values) for k in ("final", "early", "late", "mean", "sum")] == [
@@ -210,9 +249,9 @@ def test_without_get_report_the_defaults_are_used(sweep_root):
     root, spec = sweep_root
     pathlib.Path(spec).write_text('"""No report spec."""\n')
     text = report.write_report(root).read_text()
-    assert ("| learning_rate | seeds | eval_accuracy (final) | accuracy (final) | "
-            "reward_mean (mean) |") in text
-    assert "| `0.1` | 3 | 0.600 ± 0.10 | – | – |" in text
+    assert ("| learning_rate | seeds | eval_accuracy (final) | eval_accuracy (mean of last 3 "
+            "evals, 95% CI) | accuracy (final) | reward_mean (mean) |") in text
+    assert "| `0.1` | 3 | 0.600 ± 0.10 | 0.450 (CI [0.400, 0.500]) | – | – |" in text
     assert "No finished run logged `reward_mean`: no plot." in text
 
 

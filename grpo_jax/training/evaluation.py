@@ -24,14 +24,26 @@ from grpo_jax.training import steps, task as task_lib
 EVAL_CHUNK = 256   # prompts per sampler call (per process)
 
 
+def check_num_prompts(num_prompts, source):
+    """Raises unless the held-out split `source` holds the ``eval.num_prompts`` asked for
+    (an evaluation on fewer prompts than configured would be reported as if on all)."""
+    if num_prompts > len(source):
+        raise ValueError(
+            f"eval.num_prompts={num_prompts} is more than the {len(source)} examples of the "
+            f"held-out split (task.eval_split): lower eval.num_prompts to {len(source)} or "
+            "less, or evaluate on a bigger split (for a generated task, a larger "
+            "task.knobs.num_test)")
+
+
 def own_examples(source, count):
     """This process's share of the first `count` held-out examples of `source`.
 
     Returns `(examples, real)`: every process gets the same number of examples (the
     sampler runs on all processes at once), the last `len(examples) - real` of them
-    repeats that only pad the share and are not counted.
+    repeats that only pad the share and are not counted. Raises when `source` has fewer
+    than `count` examples (`check_num_prompts`).
     """
-    count = min(count, len(source))
+    check_num_prompts(count, source)
     share = -(-count // jax.process_count())
     start = min(jax.process_index() * share, count)
     stop = min(start + share, count)
@@ -116,10 +128,12 @@ def load_for_evaluation(config, path):
     """`(mesh, policy, held-out source)`: the saved policy at `path` on the config's mesh,
     through the same loading code as any checkpoint, and the task's evaluation split."""
     mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "eval"))
+    source = task_lib.data_source(config.task, config.task.eval_split)
+    check_num_prompts(config.eval.num_prompts, source)   # before loading the model
     model, tokenizer = models.from_pretrained(path, mesh=mesh, rules=config.model.rules)
     graphdef, params = nnx.split(model)
     policy = policy_lib.Policy(graphdef, params, tokenizer)
-    return mesh, policy, task_lib.data_source(config.task, config.task.eval_split)
+    return mesh, policy, source
 
 
 def evaluate_export(config, path):

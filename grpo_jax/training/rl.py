@@ -226,6 +226,7 @@ def set_up(config, workdir, mesh):
     checkpointer. `restore` then moves it to the newest checkpoint."""
     train_source = task_lib.data_source(config.task, "train")
     eval_source = task_lib.data_source(config.task, config.task.eval_split)
+    held_out = evaluation.own_examples(eval_source, config.eval.num_prompts)   # checks the count
     texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(config, mesh, workdir, texts)
     check_model(config, policy.model_config())
@@ -252,7 +253,7 @@ def set_up(config, workdir, mesh):
         layout=programs.batch_layout(config, policy.model_config(), prompt_len=1),   # its keys
         train_iter=iter(task_lib.loader(train_source, config,
                                         batch_size=config.rollout.prompts_per_batch)),
-        held_out=evaluation.own_examples(eval_source, config.eval.num_prompts),
+        held_out=held_out,
         checkpointer=checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
                                              keep=config.train.keep_checkpoints),
         advantages_fn=jax.jit(objective.advantages),

@@ -31,10 +31,10 @@ def train(config, workdir, *, seconds=None):
         config_lib.record(config, workdir)
     train_source = task_lib.data_source(config.task, "train")
     eval_source = task_lib.data_source(config.task, config.task.eval_split)
+    held_out = evaluation.own_examples(eval_source, config.eval.num_prompts)   # checks the count
     texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(config, mesh, workdir, texts)
     train_iter = iter(task_lib.loader(train_source, config, batch_size=config.sft.batch_size))
-    held_out = evaluation.own_examples(eval_source, config.eval.num_prompts)
     scorer = task_lib.Scorer(config.reward, separate=False, max_new_tokens=config.rollout.max_new_tokens)
     method = rollout.sampling_method(config)
     run = programs.sft_programs(config, mesh, policy.graphdef, policy.params)

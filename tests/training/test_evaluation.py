@@ -5,7 +5,7 @@ import json
 import pytest
 
 from grpo_jax import config_lib
-from grpo_jax.training import evaluation, rl
+from grpo_jax.training import evaluation, policy as policy_lib, rl
 from tests import readme_metrics
 from tests.training.training_setups import tiny_config
 
@@ -14,6 +14,33 @@ def test_held_out_shares_are_equal_sized_and_cover_every_example():
     source = [{"task": "t", "question": str(i), "answer": str(i), "solution": ""} for i in range(7)]
     examples, real = evaluation.own_examples(source, 5)   # one process: all of it
     assert real == 5 and [e["question"] for e in examples] == ["0", "1", "2", "3", "4"]
+    examples, real = evaluation.own_examples(source, 7)   # the whole split
+    assert real == 7 and [e["question"] for e in examples] == [str(i) for i in range(7)]
+
+
+def test_more_prompts_than_the_held_out_split_has_is_refused():
+    source = [{"task": "t", "question": str(i), "answer": str(i), "solution": ""} for i in range(7)]
+    message = (r"eval.num_prompts=8 is more than the 7 examples of the held-out split "
+               r"\(task.eval_split\): lower eval.num_prompts to 7 or less, or evaluate on a "
+               r"bigger split \(for a generated task, a larger task.knobs.num_test\)")
+    with pytest.raises(ValueError, match=message):
+        evaluation.own_examples(source, 8)
+    with pytest.raises(ValueError, match=message):
+        evaluation.check_num_prompts(8, source)
+    evaluation.check_num_prompts(7, source)
+
+
+@pytest.mark.parametrize("warm_start", [True, False], ids=["sft_warm_start", "rl_only"])
+def test_a_run_asking_for_more_prompts_than_its_split_has_fails_before_building_a_model(
+        data_dir, tmp_path, monkeypatch, warm_start):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the prompt count was checked")
+
+    monkeypatch.setattr(policy_lib, "start_policy", no_model)
+    config = tiny_config("dapo", data_dir, **{"eval.num_prompts": 17,   # 16 test examples
+                                              "model.sft_warm_start": warm_start})
+    with pytest.raises(ValueError, match=r"eval.num_prompts=17 is more than the 16 examples"):
+        rl.train(config, str(tmp_path / "run"))
 
 
 @pytest.mark.slow
