@@ -134,6 +134,21 @@ def test_train_reads_the_kept_records_and_the_supervised_rows():
     assert kept - train_arguments() == records + supervised
 
 
+def test_the_update_of_a_run_with_adapter_dropout_takes_its_key():
+    """``model.lora.dropout`` > 0: the train program the report compiles takes the step's
+    dropout key (one replicated key, as rl.train passes it); without dropout it takes none,
+    so the deterministic program is unchanged."""
+    def train_program(**overrides):
+        config = tiny_config(**{"model.lora.rank": 4, **overrides})
+        mesh = parallel.make_mesh(parallel.parse_mesh(config.mesh))
+        return next(p for p in programs_lib.build(config, mesh, prompt_len=16) if p.name == "train")
+
+    _, kwargs = train_program(**{"model.lora.dropout": 0.1}).lowered.args_info
+    assert jax.dtypes.issubdtype(kwargs["rng"].dtype, jax.dtypes.prng_key)
+    assert kwargs["rng"].shape == ()
+    assert "rng" not in train_program().lowered.args_info[1]
+
+
 @pytest.mark.slow
 def test_continuous_batching_reports_one_engine_step_over_its_slots():
     """With rollout.slots = C the decode program is one step of the engine: its cache is C

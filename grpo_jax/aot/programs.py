@@ -30,7 +30,7 @@ from jax.experimental.layout import Format, Layout
 
 from grpo_jax import models, parallel, sampling
 from grpo_jax.models import sharding as sharding_lib
-from grpo_jax.training import packing, programs as programs_lib, rl, rollout
+from grpo_jax.training import packing, programs as programs_lib, rl, rollout, steps
 from grpo_jax.training.footprint import model_config
 
 
@@ -139,11 +139,15 @@ def build(config, mesh, *, prompt_len):
                                             held=params_bytes + opt_bytes + copy_bytes)
     update, logprob = run.update, run.forward
     supervised = sft_rows(config, mesh, prompt_len) if config.train.sft_weight else ()
+    dropout = {}   # the adapters' dropout key (model.lora.dropout > 0), as rl.train passes it
+    if steps.dropout_rng(config, 1) is not None:
+        dropout["rng"] = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=index.sharding)
     n, s = config.rollout.max_new_tokens, prompt_len
     seq = f"S={s}+N={n}" + (", packed" if plans[0] is not None else "")
     with jax.set_mesh(mesh):
         programs = [
-            Program("train", update.lower(params, opt_state, rows, index, *supervised, plan=plans[0]),
+            Program("train", update.lower(params, opt_state, rows, index, *supervised,
+                                          plan=plans[0], **dropout),
                     copy_bytes + critic_bytes,
                     f"{minibatch} rows x {seq} in {config.train.micro_batches} micro-batch(es)",
                     {"weights": params_bytes, "optimizer": opt_bytes}, copy_bytes),

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from grpo_jax.models import layers, logprobs, sharding
+from grpo_jax.models import layers, logprobs, lora, sharding
 
 
 @struct.dataclass
@@ -92,18 +92,19 @@ class DecoderLayer(nnx.Module):
         self.mlp = layers.MoeMlp(cfg, rngs=rngs) if moe else layers.Mlp(cfg, rngs=rngs)
 
     def __call__(self, x, positions, mask, segments, kv_cache=None, cache_index=None, prefix=None,
-                 routing=None, cache_layer=None):
+                 routing=None, cache_layer=None, dropout_key=None):
         """`[B, S, D]` -> (`[B, S, D]`, new kv_cache, routing stats `[2, E]` or None,
         experts `[B, S, k]` or None); `segments` `[B, S]` are the tokens' segment ids (0 on
         padding); `routing` replays an MoE block's experts; `cache_layer` is the layer's
-        index in a stacked cache (`Attention`)."""
+        index in a stacked cache (`Attention`); `dropout_key` the layer's adapter-dropout
+        key in a training forward (`lora.layer_key`)."""
         eps = self.cfg.norm_eps
         x = sharding.constrain(x, ("batch",))
         h, kv_cache = self.attn(layers.rms_norm(x, self.attn_norm[...], eps), positions, mask,
-                                segments, kv_cache, cache_index, prefix, cache_layer)
+                                segments, kv_cache, cache_index, prefix, cache_layer, dropout_key)
         x = x + h
         h, stats, experts = self.mlp(layers.rms_norm(x, self.mlp_norm[...], eps), segments > 0,
-                                     routing)
+                                     routing, dropout_key)
         return sharding.constrain(x + h, ("batch",)), kv_cache, stats, experts
 
 
@@ -220,9 +221,10 @@ class Decoder(nnx.Module):
             with_entropy=with_entropy,
         )
 
-    def _run(self, tokens, segments, positions, mask, cache=None, routing=None):
+    def _run(self, tokens, segments, positions, mask, cache=None, routing=None, dropout_key=None):
         """Embeds, runs every layer and the final norm. `segments` `[B, S]`: each token's
-        segment id, 0 on padding (an attention mask is the one-segment case).
+        segment id, 0 on padding (an attention mask is the one-segment case); with
+        `dropout_key`, layer i's adapters drop with `lora.layer_key(dropout_key, i)`.
 
         The layers are walked unit by unit: one layer, or with `scan_layers` one run of
         stacked layers under `jax.lax.scan` (the cache's k/v tuples hold one entry per unit).
@@ -247,10 +249,11 @@ class Decoder(nnx.Module):
                 start = sum(cfg.is_moe_layer(j) for j in range(first))
                 replay = routing[start:start + count]
 
-            def layer(state, x, kv, prefix, replay, position=None):
+            def layer(state, x, kv, prefix, replay, position=None, first=first):
                 full_prefix = None if prefix is None else (*prefix, prefix_valid)
+                key = lora.layer_key(dropout_key, first if position is None else first + position)
                 return apply(state, x, positions, mask, segments, kv, index, full_prefix, replay,
-                             position)
+                             position, key)
 
             if cfg.scan_layers:
                 # The stacked cache rides in the carry, each layer writing its new slots
@@ -282,7 +285,7 @@ class Decoder(nnx.Module):
         return hidden, (new_k, new_v), aux, None
 
     def hidden_states(self, tokens, *, attention_mask=None, positions=None, routing=None,
-                      segment_ids=None):
+                      segment_ids=None, dropout_key=None):
         """Final (normed) hidden states and the MoE load-balancing loss.
 
         Args:
@@ -295,6 +298,8 @@ class Decoder(nnx.Module):
             on padding); a token attends the tokens of its own segment up to it, nothing
             else. Replaces `attention_mask`; `positions` (each segment's own, from 0) are
             then required.
+          dropout_key: a training forward's key for the adapters' dropout
+            (``model.lora.dropout``; a LoRA model only); None: no dropout.
 
         Returns:
           `(hidden [B, S, D] in the compute dtype, aux_loss [])`; aux_loss is the
@@ -309,14 +314,16 @@ class Decoder(nnx.Module):
                                  "positions; pass segment_ids and positions")
             same = segment_ids[:, :, None] == segment_ids[:, None, :]
             mask = causal[None] & same & (segment_ids > 0)[:, None, :]
-            hidden, _, aux, _ = self._run(tokens, segment_ids, positions, mask, routing=routing)
+            hidden, _, aux, _ = self._run(tokens, segment_ids, positions, mask, routing=routing,
+                                          dropout_key=dropout_key)
             return hidden, aux
         if attention_mask is None:
             attention_mask = jnp.ones((b, s), jnp.int32)
         if positions is None:
             positions = default_positions(attention_mask)
         mask = causal[None] & attention_mask.astype(bool)[:, None, :]
-        hidden, _, aux, _ = self._run(tokens, attention_mask, positions, mask, routing=routing)
+        hidden, _, aux, _ = self._run(tokens, attention_mask, positions, mask, routing=routing,
+                                      dropout_key=dropout_key)
         return hidden, aux
 
     def __call__(self, tokens, *, attention_mask=None, positions=None):

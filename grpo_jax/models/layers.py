@@ -175,11 +175,12 @@ class Attention(nnx.Module):
         self.v_lora = lora.adapter(cfg, "attn.v", d, k * h, "embed", "kv_heads", rngs)
         self.o_lora = lora.adapter(cfg, "attn.o", n * h, d, "heads", "embed", rngs)
 
-    def _project(self, x, name):
+    def _project(self, x, name, dropout_key=None):
         dt = x.dtype
         weight = getattr(self, name)
         y = jnp.einsum("bsd,dnh->bsnh", x, weight[...].astype(dt))
-        y = y + lora.apply(getattr(self, f"{name}_lora"), x, weight.shape[1:], self.cfg.lora)
+        y = y + lora.apply(getattr(self, f"{name}_lora"), x, weight.shape[1:], self.cfg.lora,
+                           dropout_key, f"attn.{name}")
         if self.cfg.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(dt)
         if self.cfg.qk_norm and name != "v":
@@ -187,7 +188,7 @@ class Attention(nnx.Module):
         return y
 
     def __call__(self, x, positions, mask, segments, kv_cache=None, cache_index=None, prefix=None,
-                 cache_layer=None):
+                 cache_layer=None, dropout_key=None):
         """Attends each query to the keys `mask` allows.
 
         Args:
@@ -208,16 +209,18 @@ class Attention(nnx.Module):
           cache_layer: with a stacked cache (`[n, B, K, H, L]`, a scanned model's), this
             layer's index in it: only the new slots are written into the stack, in place,
             so a decode step does not copy the cache.
+          dropout_key: the layer's adapter-dropout key in a training forward
+            (`lora.layer_key`), or None.
 
         Returns:
           `([B, S, D], new kv_cache or None)`.
         """
         cfg = self.cfg
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        q = sharding.constrain(apply_rope(self._project(x, "q"), positions, inv_freq),
+        q = sharding.constrain(apply_rope(self._project(x, "q", dropout_key), positions, inv_freq),
                                ("batch", None, "heads"))
-        k = apply_rope(self._project(x, "k"), positions, inv_freq).transpose(0, 2, 3, 1)  # [B, K, H, S]
-        v = self._project(x, "v").transpose(0, 2, 1, 3)  # [B, K, S, H]
+        k = apply_rope(self._project(x, "k", dropout_key), positions, inv_freq).transpose(0, 2, 3, 1)  # [B, K, H, S]
+        v = self._project(x, "v", dropout_key).transpose(0, 2, 1, 3)  # [B, K, S, H]
         k, v = (sharding.constrain(a, ("batch", "kv_heads")) for a in (k, v))
         if kv_cache is not None:
             lead = () if cache_layer is None else (cache_layer,)
@@ -246,7 +249,8 @@ class Attention(nnx.Module):
             out = grouped_attention(q, k, v, mask, scale=cfg.head_dim**-0.5, prefix=prefix)
         out = sharding.constrain(out, ("batch", None, "heads"))
         y = jnp.einsum("bsnh,nhd->bsd", out, self.o[...].astype(x.dtype))
-        y = y + lora.apply(self.o_lora, out.reshape(*out.shape[:2], -1), (cfg.d_model,), cfg.lora)
+        y = y + lora.apply(self.o_lora, out.reshape(*out.shape[:2], -1), (cfg.d_model,), cfg.lora,
+                           dropout_key, "attn.o")
         if cfg.o_bias:
             y = y + self.o_bias[...].astype(x.dtype)
         return y, kv_cache
@@ -265,17 +269,19 @@ class Mlp(nnx.Module):
         self.up_lora = lora.adapter(cfg, "mlp.up", d, f, "embed", "mlp", rngs)
         self.down_lora = lora.adapter(cfg, "mlp.down", f, d, "mlp", "embed", rngs)
 
-    def _project(self, x, name):
+    def _project(self, x, name, dropout_key):
         weight = getattr(self, name)
         return (x @ weight[...].astype(x.dtype)
-                + lora.apply(getattr(self, f"{name}_lora"), x, weight.shape[1:], self.cfg.lora))
+                + lora.apply(getattr(self, f"{name}_lora"), x, weight.shape[1:], self.cfg.lora,
+                             dropout_key, f"mlp.{name}"))
 
-    def __call__(self, x, token_mask, routing=None):
-        """`[B, S, D]` -> (`[B, S, D]`, None, None): no routing in a dense block."""
+    def __call__(self, x, token_mask, routing=None, dropout_key=None):
+        """`[B, S, D]` -> (`[B, S, D]`, None, None): no routing in a dense block;
+        `dropout_key` as `Attention`'s."""
         del token_mask, routing
-        hidden = sharding.constrain(
-            jax.nn.silu(self._project(x, "gate")) * self._project(x, "up"), ("batch", None, "mlp"))
-        return self._project(hidden, "down"), None, None
+        gate, up = (self._project(x, name, dropout_key) for name in ("gate", "up"))
+        hidden = sharding.constrain(jax.nn.silu(gate) * up, ("batch", None, "mlp"))
+        return self._project(hidden, "down", dropout_key), None, None
 
 
 class MoeMlp(nnx.Module):
@@ -309,7 +315,7 @@ class MoeMlp(nnx.Module):
         self.up_lora = lora.expert_adapter(cfg, "mlp.up", d, f, "embed", "mlp", rngs)
         self.down_lora = lora.expert_adapter(cfg, "mlp.down", f, d, "mlp", "embed", rngs)
 
-    def __call__(self, x, token_mask, routing=None):
+    def __call__(self, x, token_mask, routing=None, dropout_key=None):
         """Routes and mixes the experts.
 
         Args:
@@ -317,6 +323,8 @@ class MoeMlp(nnx.Module):
           token_mask: `[B, S]` 1 on real tokens; padding is routed (as in transformers)
             but left out of the routing statistics.
           routing: None, or `[B, S, k]` int expert ids to replay instead of the top k.
+          dropout_key: unused: the experts' adapters are folded into their weights and
+            refuse dropout (`lora.expert_adapter`).
 
         Returns:
           `([B, S, D], stats, experts)`: stats `[2, E]` float32, the number of top-k

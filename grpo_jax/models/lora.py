@@ -5,6 +5,13 @@ A `[in, r]` (random) and B `[r, out]` (zeros, so the adapted model starts as the
 
     y = x W + (alpha / r) * (x A) B                      (Hu et al., eq. 3)
 
+With dropout p > 0 (PEFT's `lora_dropout`; QLoRA, Dettmers et al., arXiv:2305.14314,
+uses 0.1 up to 13B parameters and 0.05 above), a training forward
+that is given a key feeds the adapter dropout(x) instead of x: each input element kept
+with probability 1 - p and scaled by 1 / (1 - p), an independent mask per projection,
+layer and micro-batch; the frozen path x W and every forward without a key (sampling,
+log-probs, evaluation, exports) are unchanged.
+
 Routed experts get one adapter each (`ExpertLoRA`, folded into the experts' weights
 inside the forward). A and B are `nnx.LoRAParam`s, so `nnx.LoRAParam` selects what a trainer differentiates
 and what its optimizer and checkpoints hold; zeroing them gives back the base model (the
@@ -48,11 +55,14 @@ class LoraSpec:
       rank: r, the inner width of A and B (> 0).
       alpha: the numerator of the scale alpha / r (Hu et al., sec. 4.1).
       targets: projection paths, a subset of `PROJECTIONS`.
+      dropout: p, the probability of zeroing an element of an adapter's input in a
+        training forward (0: none).
     """
 
     rank: int
     alpha: float
     targets: tuple[str, ...]
+    dropout: float = 0.0
 
     @property
     def scale(self):
@@ -80,7 +90,8 @@ def spec_from_config(section):
     """The `LoraSpec` of a run config's ``model.lora`` section, or None when rank is 0.
 
     Raises:
-      ValueError naming the field for a negative rank, a non-positive alpha or no targets.
+      ValueError naming the field for a negative rank, a non-positive alpha, a dropout
+      outside [0, 1) or no targets.
     """
     if section.rank < 0:
         raise ValueError(f"model.lora.rank must be >= 0 (0: no adapters), got {section.rank}")
@@ -88,10 +99,14 @@ def spec_from_config(section):
         return None
     if section.alpha <= 0:
         raise ValueError(f"model.lora.alpha must be > 0, got {section.alpha}")
+    dropout = float(section.get("dropout", 0.0))
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"model.lora.dropout must be in [0, 1) (the probability of dropping an "
+                         f"element of an adapter's input; 0: off), got {dropout}")
     patterns = tuple(section.targets)
     if not patterns:
         raise ValueError("model.lora.targets is empty; name projections such as ('attn.*', 'mlp.*')")
-    return LoraSpec(int(section.rank), float(section.alpha), resolve_targets(patterns))
+    return LoraSpec(int(section.rank), float(section.alpha), resolve_targets(patterns), dropout)
 
 
 def adapter(cfg, path, in_dim, out_dim, in_axis, out_axis, rngs):
@@ -127,6 +142,11 @@ def expert_adapter(cfg, path, in_dim, out_dim, in_axis, out_axis, rngs):
     spec = cfg.lora
     if spec is None or path not in spec.targets:
         return None
+    if spec.dropout > 0:
+        raise ValueError(
+            "model.lora.dropout > 0 with MLP targets on routed experts: their adapters are "
+            "folded into the experts' weights, so no adapter input exists to drop; target "
+            "attention only (model.lora.targets=('attn.*',)) or set model.lora.dropout=0")
     return ExpertLoRA(cfg.n_experts, in_dim, spec.rank, out_dim, in_axis, out_axis, rngs)
 
 
@@ -140,11 +160,26 @@ def adapted_weight(weight, module, spec):
     return weight.astype(jnp.float32) + spec.scale * delta
 
 
-def apply(module, x, out_shape, spec):
+def layer_key(key, layer):
+    """The dropout key of decoder layer `layer` (an int or a traced index), or None."""
+    return None if key is None else jax.random.fold_in(key, layer)
+
+
+def apply(module, x, out_shape, spec, key=None, path=None):
     """`alpha / r * (x A) B` of an `nnx.LoRA` on `[..., in]` activations, reshaped to
-    `[..., *out_shape]`; 0 when `module` is None (an untargeted projection)."""
+    `[..., *out_shape]`; 0 when `module` is None (an untargeted projection).
+
+    With a layer's dropout `key` (`layer_key`) and ``spec.dropout`` p > 0, the adapter
+    reads dropout(x): each element kept with probability 1 - p (the mask drawn from
+    fold_in(key, the index of `path` in `PROJECTIONS`)) and scaled by 1 / (1 - p).
+    """
     if module is None:
         return 0
+    if key is not None and spec.dropout > 0:
+        keep_prob = 1.0 - spec.dropout
+        keep = jax.random.bernoulli(jax.random.fold_in(key, PROJECTIONS.index(path)),
+                                    keep_prob, x.shape)
+        x = jnp.where(keep, x / keep_prob, 0).astype(x.dtype)
     return spec.scale * module(x).reshape(*x.shape[:-1], *out_shape)
 
 
@@ -186,7 +221,7 @@ def peft_config(spec, base_path):
     at `base_path`; PEFT scales by lora_alpha / r, as here)."""
     return {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,
-        "r": spec.rank, "lora_alpha": spec.alpha, "lora_dropout": 0.0, "bias": "none",
+        "r": spec.rank, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout, "bias": "none",
         "target_modules": sorted(HF_NAMES[t] for t in spec.targets), "fan_in_fan_out": False,
         "use_rslora": False, "use_dora": False, "inference_mode": True,
     }

@@ -64,15 +64,17 @@ class Forward(NamedTuple):
 def forward_layout(rows):
     """The `Forward` of the rows: unpacked, `model_inputs` with the completion's columns
     (from ``start`` on) scored; with a packing plan (`packing.KEYS`), the packed rows,
-    every position scored (`packing.packed_inputs`)."""
+    every position scored (`packing.packed_inputs`). A micro-batch of an update that
+    carries ``dropout_key`` (`steps.make_update_step`) passes it to the forward."""
     routing = _replayed_routing(rows) if "routing" in rows else None
+    dropout = {"dropout_key": rows["dropout_key"]} if "dropout_key" in rows else {}
     if packing.KEYS[0] in rows:
         inputs, targets = packing.packed_inputs(rows, routing)
-        return Forward(inputs, lambda x: x, targets,
+        return Forward({**inputs, **dropout}, lambda x: x, targets,
                        lambda x: packing.unpack(x, rows["pack_target"]),
                        lambda x: packing.unpack(x, rows["pack_back"]))
     tokens, attention, start = model_inputs(rows)
-    inputs = {"tokens": tokens, "attention_mask": attention}
+    inputs = {"tokens": tokens, "attention_mask": attention, **dropout}
     if routing is not None:
         inputs["routing"] = routing
     same = lambda x: x

@@ -140,13 +140,15 @@ def loss_seeds(mask, step):
 
 
 def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatches,
-                    micro_batches=1, sft_rows=None, plan_for=None):
+                    micro_batches=1, sft_rows=None, plan_for=None, dropout_key=None):
     """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
     fresh random order of its rows (drawn from `seed`, the same on every process);
     returns (params, opt_state, metrics): the mean over the updates of each metric, and
     ``grad_norm_std``, the standard deviation (ddof=0) of the updates' gradient norms.
     With `sft_rows`, each update also takes its share of them for the supervised term;
-    with `plan_for` (`packing.Planner.pieces`), each update's micro-batches run packed."""
+    with `plan_for` (`packing.Planner.pieces`), each update's micro-batches run packed;
+    with `dropout_key` (`steps.dropout_rng`), update u drops its adapters' inputs with
+    `steps.update_key(dropout_key, u)`."""
     rows = batch["mask"].shape[0]
     per_update = []
     for epoch in range(epochs):
@@ -158,7 +160,10 @@ def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatch
             extra = () if sft_rows is None else (sft_rows, np.split(sft_order, minibatches)[i])
             plan = None if plan_for is None else plan_for(
                 index[batch_lib.piece_rows(len(index), micro_batches)])
-            params, opt_state, metrics = update(params, opt_state, batch, index, *extra, plan=plan)
+            dropout = {} if dropout_key is None else {
+                "rng": steps.update_key(dropout_key, len(per_update))}
+            params, opt_state, metrics = update(params, opt_state, batch, index, *extra, plan=plan,
+                                                **dropout)
             per_update.append(metrics)
     per_update = jax.device_get(per_update)
     metrics = {k: float(np.mean([m[k] for m in per_update])) for k in per_update[0]}
@@ -458,7 +463,8 @@ def rl_step(run, step):
     policy.params, run.opt_state, updates = update_on_batch(
         run.policy_programs.update, policy.params, run.opt_state, batch, (config.seed, step),
         epochs=config.train.epochs, minibatches=config.train.minibatches,
-        micro_batches=config.train.micro_batches, sft_rows=sft_rows, plan_for=plan_for)
+        micro_batches=config.train.micro_batches, sft_rows=sft_rows, plan_for=plan_for,
+        dropout_key=steps.dropout_rng(config, step))
     metrics.update(updates)
     metrics.update(_critic_update(run, batch, step, plan_for))
     metrics = _checked_updates(run, batch, metrics, begin, step)

@@ -61,7 +61,8 @@ def train(config, workdir, *, seconds=None):
             rows, cut = task_lib.target_rows(next(train_iter), config.task, policy.tokenizer,
                                              config.rollout.max_new_tokens)
             batch = parallel.global_rows(mesh, rows)
-            policy.params, opt_state, metrics = update(policy.params, opt_state, batch, index)
+            policy.params, opt_state, metrics = update(policy.params, opt_state, batch, index,
+                                                       rng=steps.dropout_rng(config, step))
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             metrics["targets_cut"] = float(np.mean(parallel.allgather_json(cut)))
             metrics_lib.stop_if_not_finite(metrics, step, checkpointer)

@@ -18,19 +18,39 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from grpo_jax.training import batch as batch_lib
 
 
-RNG_STREAMS = ("rollout", "eval")
+RNG_STREAMS = ("rollout", "eval", "dropout")
 
 
 def step_rng(seed, stream, step):
-    """The key of `stream` ("rollout", "eval") at `step`: fold_in(seed, ...)."""
+    """The key of `stream` ("rollout", "eval", "dropout") at `step`: fold_in(seed, ...)."""
     key = jax.random.fold_in(jax.random.key(seed), RNG_STREAMS.index(stream))
     return jax.random.fold_in(key, step)
+
+
+def dropout_rng(config, step):
+    """The adapters' dropout key of training step `step` (``model.lora.dropout`` > 0),
+    or None, so that a run without dropout compiles and runs the deterministic update."""
+    if config.model.lora.rank > 0 and config.model.lora.get("dropout", 0.0) > 0:
+        return step_rng(config.seed, "dropout", step)
+    return None
+
+
+def update_key(rng, number):
+    """The key of the step's `number`-th optimizer update (from 0), or None."""
+    return None if rng is None else jax.random.fold_in(rng, number)
+
+
+def piece_keys(rng, count, offset=0):
+    """`[count]` keys, fold_in(rng, offset + m) for piece m (a micro-batch), or None."""
+    if rng is None:
+        return None
+    return jax.vmap(lambda m: jax.random.fold_in(rng, m))(offset + jnp.arange(count))
 
 
 def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shardings,
                      opt_shardings, micro_batches, sft_weight=0.0, trained=nnx.Param):
     """Returns the jitted ``update(params, opt_state, rows, index[, sft_rows, sft_index],
-    plan=None) -> (params, opt_state, metrics)``.
+    plan=None, rng=None) -> (params, opt_state, metrics)``.
 
     Args:
       graphdef: the model's `nnx.GraphDef`; `params` is its `nnx.State`.
@@ -52,7 +72,9 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
     The update reads ``rows`` (a dict of `[B, ...]` global arrays) at ``index`` (`[b]`
     int32 row numbers); params and optimizer state are donated: their buffers are reused.
     With ``plan`` (`packing.plan` of the micro-batches, ``index[m::micro_batches]``), each
-    micro-batch's forward runs on its packed rows.
+    micro-batch's forward runs on its packed rows. With ``rng`` (a key: the adapters'
+    dropout, `dropout_rng`), micro-batch m carries ``dropout_key`` = fold_in(rng, m) (its
+    supervised rows fold_in(rng, micro_batches + m)), which its forward drops with.
     """
 
     def micro_loss(trained_params, frozen, micro, sft_micro):
@@ -66,18 +88,23 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def split(rows, index, counts_of, plan=None):
+    def split(rows, index, counts_of, plan=None, keys=None):
         minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), rows)
         counts = counts_of(minibatch)
         micro = batch_lib.pieces(minibatch, micro_batches, mesh)
         micro.update({k: jnp.broadcast_to(v, (micro_batches,)) for k, v in counts.items()})
         if plan is not None:
             micro.update(plan)
+        if keys is not None:
+            micro["dropout_key"] = keys
         return micro
 
-    def update(params, opt_state, rows, index, sft_rows=None, sft_index=None, plan=None):
-        micro = split(rows, index, count_fn, plan)
-        sft_micro = None if sft_rows is None else split(sft_rows, sft_index, batch_lib.token_counts)
+    def update(params, opt_state, rows, index, sft_rows=None, sft_index=None, plan=None,
+               rng=None):
+        micro = split(rows, index, count_fn, plan, piece_keys(rng, micro_batches))
+        sft_micro = None if sft_rows is None else split(
+            sft_rows, sft_index, batch_lib.token_counts,
+            keys=piece_keys(rng, micro_batches, offset=micro_batches))
         trained_params, frozen = nnx.split_state(params, trained, ...)
 
         def accumulate(carry, pieces):

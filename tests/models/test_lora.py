@@ -66,12 +66,62 @@ class TestTargets:
         with pytest.raises(ValueError, match=r"model.lora.targets is empty"):
             lora.spec_from_config(section)
 
+    def test_dropout_must_be_a_probability_below_1_and_refuses_routed_experts(self):
+        section = config_dict.ConfigDict(dict(rank=4, alpha=8.0, targets=("q",), dropout=1.0))
+        with pytest.raises(ValueError, match=r"model.lora.dropout must be in \[0, 1\)"):
+            lora.spec_from_config(section)
+        section.dropout = 0.05
+        assert lora.spec_from_config(section).dropout == 0.05
+        moe = models.get_model_config("tiny_moe")
+        with pytest.raises(ValueError, match=r"folded into the experts' weights.*attn\.\*"):
+            models.init_model(dataclasses.replace(moe, lora=dataclasses.replace(SPEC, dropout=0.1)))
+        models.init_model(dataclasses.replace(   # attention adapters only: dropout applies
+            moe, lora=dataclasses.replace(ATTENTION_ONLY, dropout=0.1)))
+
     def test_experts_have_no_peft_form_and_say_what_to_do(self):
         cfg = dataclasses.replace(models.get_model_config("tiny_moe"), lora=SPEC)
         assert not lora.peft_exportable(cfg)
         assert lora.peft_exportable(dataclasses.replace(cfg, lora=ATTENTION_ONLY))
         with pytest.raises(ValueError, match=r"routed experts have no PEFT form; export the merged"):
             lora.peft_tensors(nnx.state(models.init_model(cfg)), cfg)
+
+
+class TestDropout:
+    """Dropout on an adapter's input (PEFT's lora_dropout): with A = B = I the adapter's
+    output is scale * dropout(x), so every element can be read off."""
+
+    P, N = 0.25, 8
+
+    def identity_adapter(self):
+        adapter = nnx.LoRA(self.N, self.N, self.N, rngs=nnx.Rngs(0))
+        adapter.lora_a[...] = np.eye(self.N, dtype=np.float32)
+        adapter.lora_b[...] = np.eye(self.N, dtype=np.float32)
+        return adapter
+
+    def dropped(self, key, path="attn.q", p=P):
+        spec = dataclasses.replace(SPEC, rank=self.N, alpha=2.0 * self.N, dropout=p)
+        x = np.full((50, 250, self.N), 3.0, np.float32)
+        return np.asarray(lora.apply(self.identity_adapter(), x, (self.N,), spec, key, path)) / 2.0
+
+    def test_each_input_is_kept_with_probability_1_minus_p_and_scaled_by_its_inverse(self):
+        out = self.dropped(jax.random.key(0))
+        kept = out != 0
+        np.testing.assert_allclose(out[kept], 3.0 / (1 - self.P), rtol=1e-6)
+        # 100,000 Bernoulli(0.75) draws: the kept share is 0.75 within 6 standard errors
+        assert abs(kept.mean() - (1 - self.P)) < 6 * np.sqrt(self.P * (1 - self.P) / kept.size)
+        assert abs(out.mean() - 3.0) < 0.05   # E[dropout(x)] = x
+
+    def test_masks_repeat_per_key_and_differ_per_projection_and_key(self):
+        key = jax.random.key(0)
+        first = self.dropped(key) != 0
+        np.testing.assert_array_equal(self.dropped(key) != 0, first)
+        for other in (self.dropped(key, "attn.k"), self.dropped(jax.random.key(1)),
+                      self.dropped(lora.layer_key(key, 1))):
+            assert 0.5 < np.mean((other != 0) == first) < 0.7   # independent: 0.75^2 + 0.25^2
+
+    def test_no_key_or_p_0_is_the_plain_adapter(self):
+        np.testing.assert_array_equal(self.dropped(None), 3.0)
+        np.testing.assert_array_equal(self.dropped(jax.random.key(0), p=0.0), 3.0)
 
 
 class TestAdapters:

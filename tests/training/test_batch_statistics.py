@@ -105,3 +105,19 @@ def test_update_metrics_are_the_mean_over_updates_and_the_spread_of_the_gradient
     assert sorted(seen[0] + seen[1]) == sorted(seen[2] + seen[3]) == list(range(8))
     assert metrics == pytest.approx({"grad_norm": 3.0, "loss": 2.0,
                                      "grad_norm_std": np.sqrt((4 + 1 + 0 + 9) / 4)})
+
+
+def test_each_update_of_a_step_gets_its_own_dropout_key():
+    """update u of the step's epochs x minibatches gets fold_in(the step's key, u)."""
+    keys = []
+
+    def update(params, opt_state, batch, index, plan=None, rng=None):
+        keys.append(jax.random.key_data(rng))
+        return params, opt_state, {"grad_norm": np.float32(1.0)}
+
+    step_key = jax.random.key(3)
+    rl.update_on_batch(update, 0, None, {"mask": np.ones((8, 3))}, (0, 1), epochs=2,
+                       minibatches=2, dropout_key=step_key)
+    expected = [jax.random.key_data(jax.random.fold_in(step_key, u)) for u in range(4)]
+    np.testing.assert_array_equal(np.stack(keys), np.stack(expected))
+    assert len({tuple(np.asarray(k)) for k in keys}) == 4

@@ -33,11 +33,11 @@ def _tree_bytes(tree):
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _lora_model(mesh, name="tiny"):
+def _lora_model(mesh, name="tiny", dropout=0.0):
     """A tiny model with adapters, their B drawn at random so that A has a gradient too."""
     # experts as dense einsums, CPU's fast path (tests/models/test_lora.py: same network)
-    cfg = dataclasses.replace(models.get_model_config(name, vocab_size=V), lora=SPEC,
-                              moe_impl="dense")
+    cfg = dataclasses.replace(models.get_model_config(name, vocab_size=V),
+                              lora=dataclasses.replace(SPEC, dropout=dropout), moe_impl="dense")
     graphdef, params = nnx.split(models.init_model(cfg, seed=3, mesh=mesh, rules="fsdp"))
     rng = np.random.default_rng(0)
     params = jax.tree.map(
@@ -88,6 +88,54 @@ def test_only_the_adapters_move_by_their_gradient(lora_update):
     norm = float(optax.tree.norm(adapter_grad))
     np.testing.assert_allclose(metrics["grad_norm"], norm, rtol=1e-5)
     assert norm > 0 and float(optax.tree.norm(frozen(full_grad))) > 0   # the base has one too
+
+
+@pytest.mark.slow
+def test_the_updates_dropout_key_draws_the_masks_of_its_micro_batches():
+    """With a key, SGD(1) moves the adapters by the gradient of micro-batch m's loss with
+    dropout_key = fold_in(key, m) (rows m, m + 2, ... of the minibatch, the global counts),
+    summed: the gradient as the loss function computes it with those keys by hand. The
+    same key gives the same update; without one the update is dropout-free."""
+    mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
+    graphdef, params = _lora_model(mesh, dropout=0.3)
+    objective = objectives.policy_objective(config_lib.load_config("configs/base.py").objective)
+    loss_fn, count_fn = loss_of(objective), counts_of(objective)
+    batch = parallel.global_rows(mesh, update_rows())
+    host = update_rows()
+    counts = jax.device_get(count_fn(host))
+    key = jax.random.key(7)
+
+    def summed_loss(adapters, keys):
+        model = nnx.merge(graphdef, nnx.merge_state(params, adapters))
+        micro = lambda m: {**{k: v[m::2] for k, v in host.items()}, **counts,
+                           **({} if keys is None else {"dropout_key": keys[m]})}
+        return sum(loss_fn(model, micro(m))[0] for m in range(2))
+
+    def expected(keys):
+        grads = jax.jit(jax.grad(summed_loss))(lora.adapters(params), keys)
+        return jax.device_get(jax.tree.map(jnp.subtract, lora.adapters(params), grads))
+
+    by_hand = expected(tuple(jax.random.fold_in(key, m) for m in range(2)))
+    plain = expected(None)
+    tx = optax.sgd(1.0)
+    update = make_update_step(graphdef, tx, loss_fn, count_fn, mesh=mesh,
+                              param_shardings=shardings_of(params),
+                              opt_shardings=shardings_of(init_optimizer_state(
+                                  tx, lora.adapters(params), mesh)),
+                              micro_batches=2, trained=nnx.LoRAParam)
+
+    def updated(**rng):
+        fresh = jax.tree.map(jnp.copy, params)   # the update donates its parameters
+        state = init_optimizer_state(tx, lora.adapters(fresh), mesh)
+        return jax.device_get(lora.adapters(update(fresh, state, batch, jnp.arange(B), **rng)[0]))
+
+    close = lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+    with_key = updated(rng=key)
+    jax.tree.map(close, with_key, by_hand)
+    jax.tree.map(np.testing.assert_array_equal, updated(rng=key), with_key)
+    jax.tree.map(close, updated(), plain)
+    moved = lambda tree: float(optax.tree.norm(jax.tree.map(jnp.subtract, tree, plain)))
+    assert moved(by_hand) > 1e-3   # the masks changed the gradient
 
 
 def test_the_optimizer_state_holds_the_adapters_only():
