@@ -63,6 +63,7 @@ def get_config(arg=None):
     config.model.lora.alpha = 32.0        # scale alpha / rank (32: "LoRA Without Regret")
     config.model.lora.targets = ("attn.*", "mlp.*")
     config.model.lora.dropout = 0.0       # p on the adapters' input when training (QLoRA: 0.05-0.1)
+    config.model.lora.quantize = ""       # QLoRA: the frozen base's projections as "int8" or "int4"
     # Start RL from a supervised warm start of model.name, built once with the sft section
     # below and cached under task.data_dir (RL from a random model has no signal at all).
     config.model.sft_warm_start = False

@@ -149,6 +149,33 @@ def test_the_update_of_a_run_with_adapter_dropout_takes_its_key():
     assert "rng" not in train_program().lowered.args_info[1]
 
 
+def test_a_quantised_base_is_counted_at_its_integer_width():
+    """QLoRA: the update's weights are each device's share of the integer projections
+    (int8: 1 byte, int4: half a byte per weight; every matrix split 4 ways along "embed"
+    under the fsdp rules), their float32 scales (per output channel, split where the
+    output axis is "embed": o and down), the float32 embedding and norms, and the adapters."""
+    def weights(quantize):
+        config = tiny_config(**{"model.lora.rank": 4, "model.lora.quantize": quantize})
+        mesh = parallel.make_mesh(parallel.parse_mesh(config.mesh))
+        train = next(p for p in programs_lib.build(config, mesh, prompt_len=16) if p.name == "train")
+        return train.parts["weights"]
+
+    cfg = models.get_model_config("tiny")
+    d, f, v, r, fsdp, layers = cfg.d_model, cfg.d_ff, cfg.vocab_size, 4, 4, cfg.n_layers
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    projections = layers * (d * (2 * q + 2 * kv) + 3 * d * f) // fsdp
+    scales = layers * 4 * (q + 2 * kv + d // fsdp + 2 * f + d // fsdp)
+    floats = 4 * (v * d // fsdp + d + layers * (2 * d + 2 * cfg.head_dim))   # embedding, norms
+    adapters = layers * 4 * r * ((d // fsdp + q) + 2 * (d // fsdp + kv) + (q + d // fsdp)
+                                 + 2 * (d // fsdp + f) + (f + d // fsdp))
+    # int4 also scales every 64 inputs: 2 blocks along embed (q, k, v, gate, up; the
+    # 2 do not split 4 ways, so replicated), 6 along down's 384 inputs; o's head_dim whole
+    blocks = layers * 4 * (2 * (q + 2 * kv) + d // fsdp + 2 * 2 * f + 6 * d // fsdp)
+    assert weights("int8") == projections + scales + floats + adapters
+    assert weights("int4") == projections // 2 + blocks + floats + adapters
+    assert weights("") == 4 * projections + floats + adapters
+
+
 @pytest.mark.slow
 def test_continuous_batching_reports_one_engine_step_over_its_slots():
     """With rollout.slots = C the decode program is one step of the engine: its cache is C

@@ -24,7 +24,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.experimental.layout import Format, Layout
 
@@ -65,7 +64,7 @@ def abstract(tree, shardings):
 
 def device_bytes(tree):
     """Bytes one device holds of a tree of sharded `ShapeDtypeStruct`s (the most loaded one)."""
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * jax.dtypes.itemsize_bits(x.dtype) // 8
                for x in jax.tree.leaves(tree))
 
 
@@ -119,7 +118,7 @@ def build(config, mesh, *, prompt_len):
     cfg = model_config(config, mesh)
     rl.check_model(config, cfg)
     graphdef, state = models.abstract_model(cfg)
-    params = _params(state, mesh, config.model.rules)
+    params = models.quantize_base(_params(state, mesh, config.model.rules), cfg.lora)
     objective = programs_lib.rl_objective(config)
     run = programs_lib.policy_programs(config, mesh, graphdef, params, objective)
     opt_state = abstract(jax.eval_shape(run.tx.init, run.trained_part(params)), run.opt_shardings)
@@ -227,7 +226,7 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held
     p, g = config.rollout.prompts_per_batch, config.objective.group_size
     s, n = prompt_len, config.rollout.max_new_tokens
     graphdef, state = models.abstract_model(cfg)
-    params = _params(state, mesh, config.rollout.rules)
+    params = models.quantize_base(_params(state, mesh, config.rollout.rules), cfg.lora)
     same_layout = jax.tree.leaves(jax.tree.map(lambda a, b: a.sharding == b.sharding, params, train_params))
     if all(same_layout):
         held -= device_bytes(train_params)

@@ -34,6 +34,7 @@ from grpo_jax.models.lora import LoraSpec
 from grpo_jax.models.lora import adapters_off
 from grpo_jax.models.lora import merged_state
 from grpo_jax.models.lora import peft_exportable
+from grpo_jax.models.lora import quantize_base
 from grpo_jax.models.lora import save_peft_adapter
 from grpo_jax.models.named import NAMED_CONFIGS
 from grpo_jax.models.named import get_model_config

@@ -444,9 +444,12 @@ def init_model(cfg, *, seed=0, mesh=None, rules="fsdp"):
       seed: the init RNG seed (the same values on any mesh and with or without scan).
       mesh: a `jax.sharding.Mesh`; None keeps the parameters on the default device.
       rules: a rule-set name or a rule table (see `sharding.RULE_SETS`), used with `mesh`.
+
+    With ``cfg.lora.quantize`` the base's projections are then quantised (QLoRA).
     """
     graphdef, state = abstract_model(cfg)
-    return nnx.merge(graphdef, nnx.from_flat_state(initial_variables(cfg, state, seed, mesh, rules)))
+    state = nnx.from_flat_state(initial_variables(cfg, state, seed, mesh, rules))
+    return nnx.merge(graphdef, lora.quantize_base(state, cfg.lora))   # QLoRA: the base as integers
 
 
 def initial_variables(cfg, state, seed, mesh, rules, *, only=nnx.Param):

@@ -213,7 +213,9 @@ def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dty
       mesh: a `jax.sharding.Mesh`; None puts everything on the default device.
       rules: a sharding rule-set name or table (`sharding.RULE_SETS`), used with `mesh`.
       dtype: compute dtype; param_dtype: storage dtype of the weights.
-      seed: the adapters' init seed, with a `lora` override (as `decoder.init_model`).
+      seed: the adapters' init seed, with a `lora` override (as `decoder.init_model`);
+        a `lora` with ``quantize`` stores the base's projections as integers once read
+        (QLoRA: `lora.quantize_base`; each float weight is freed as it is quantised).
       **overrides: other `ModelConfig` fields, e.g. `remat=True`, `attention_impl="cudnn"`.
 
     Returns:
@@ -225,8 +227,8 @@ def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dty
     loaded = read_weights(path, state, weight_map(cfg), mesh=mesh, rules=rules,
                           param_dtype=param_dtype)
     loaded.update(decoder.initial_variables(cfg, state, seed, mesh, rules, only=nnx.LoRAParam))
-    model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
-    return model, load_tokenizer(path)
+    state = lora.quantize_base(nnx.from_flat_state(loaded), cfg.lora)   # QLoRA: integers after loading
+    return nnx.merge(graphdef, state), load_tokenizer(path)
 
 
 def read_weights(path, state, entries, *, mesh, rules, param_dtype, expected_unused=()):

@@ -2,7 +2,8 @@
 
 Every weight is an `nnx.Param` whose `logical_axes` metadata names its dimensions
 ("embed", "heads", "mlp", ...); `sharding.py` maps those names to mesh axes with one rule
-table. Weights are stored in `param_dtype` and cast to the compute `dtype` where used.
+table. Weights are stored in `param_dtype` (a QLoRA base's projections as integers,
+`lora.quantize_base`) and cast to the compute `dtype` where used.
 The math follows transformers' PyTorch modules line by line, so checkpoints agree to
 float32 rounding (see tests/models/test_transformers_parity.py).
 """
@@ -34,6 +35,12 @@ def param(rngs, shape, logical_axes, dtype, *, init="normal"):
         raise ValueError(f"shape {shape} needs {len(shape)} logical axes, got {logical_axes}")
     value = initial_value(init, shape, dtype, lambda s: jax.random.normal(rngs.params(), s))
     return nnx.Param(value, logical_axes=tuple(logical_axes), init=init)
+
+
+def weight_array(variable):
+    """A weight's array: a QLoRA base's integer weight (`qwix.QArray`) dequantised here,
+    inside the jitted forward (`lora.quantize_base`); any other weight as it is stored."""
+    return lora.dequantized(variable.get_value())
 
 
 def rms_norm(x, weight, eps):
@@ -178,7 +185,7 @@ class Attention(nnx.Module):
     def _project(self, x, name, dropout_key=None):
         dt = x.dtype
         weight = getattr(self, name)
-        y = jnp.einsum("bsd,dnh->bsnh", x, weight[...].astype(dt))
+        y = jnp.einsum("bsd,dnh->bsnh", x, weight_array(weight).astype(dt))
         y = y + lora.apply(getattr(self, f"{name}_lora"), x, weight.shape[1:], self.cfg.lora,
                            dropout_key, f"attn.{name}")
         if self.cfg.qkv_bias:
@@ -248,7 +255,7 @@ class Attention(nnx.Module):
         else:
             out = grouped_attention(q, k, v, mask, scale=cfg.head_dim**-0.5, prefix=prefix)
         out = sharding.constrain(out, ("batch", None, "heads"))
-        y = jnp.einsum("bsnh,nhd->bsd", out, self.o[...].astype(x.dtype))
+        y = jnp.einsum("bsnh,nhd->bsd", out, weight_array(self.o).astype(x.dtype))
         y = y + lora.apply(self.o_lora, out.reshape(*out.shape[:2], -1), (cfg.d_model,), cfg.lora,
                            dropout_key, "attn.o")
         if cfg.o_bias:
@@ -271,7 +278,7 @@ class Mlp(nnx.Module):
 
     def _project(self, x, name, dropout_key):
         weight = getattr(self, name)
-        return (x @ weight[...].astype(x.dtype)
+        return (x @ weight_array(weight).astype(x.dtype)
                 + lora.apply(getattr(self, f"{name}_lora"), x, weight.shape[1:], self.cfg.lora,
                              dropout_key, f"mlp.{name}"))
 
@@ -345,7 +352,7 @@ class MoeMlp(nnx.Module):
         if self.cfg.norm_topk_prob:
             top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
         weights = tuple(
-            lora.adapted_weight(getattr(self, name)[...], getattr(self, f"{name}_lora"),
+            lora.adapted_weight(weight_array(getattr(self, name)), getattr(self, f"{name}_lora"),
                                 self.cfg.lora).astype(dt)
             for name in ("gate", "up", "down"))
         experts = _every_expert if self.cfg.moe_impl == "dense" else _chosen_experts_ragged

@@ -12,6 +12,15 @@ with probability 1 - p and scaled by 1 / (1 - p), an independent mask per projec
 layer and micro-batch; the frozen path x W and every forward without a key (sampling,
 log-probs, evaluation, exports) are unchanged.
 
+QLoRA (Dettmers et al., arXiv:2305.14314): with ``quantize`` "int8" or "int4", every
+projection weight of the frozen base (attention q/k/v/o, the MLP's and the routed
+experts' gate/up/down; not the embeddings, router or norms) is stored as a `qwix.QArray`
+(Google's JAX quantisation library, the one Tunix uses): integer values and one absmax
+scale per output channel (every axis but the projection's input axes), int4 also one per
+block of 64 inputs. The forward
+dequantises it inside the jitted step (`layers.weight_array`), so only the integer weights stay
+in memory between steps; the adapters stay float32.
+
 Routed experts get one adapter each (`ExpertLoRA`, folded into the experts' weights
 inside the forward). A and B are `nnx.LoRAParam`s, so `nnx.LoRAParam` selects what a trainer differentiates
 and what its optimizer and checkpoints hold; zeroing them gives back the base model (the
@@ -26,10 +35,12 @@ Targets are the projection paths of `PROJECTIONS`, chosen by fnmatch patterns
 import dataclasses
 import fnmatch
 import json
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import qwix
 from flax import nnx
 from jax.experimental import multihost_utils
 
@@ -45,6 +56,15 @@ SUFFIX = "_lora"   # the adapter of projection `q` is the module `q_lora` beside
 # The adapters are trained, so they keep float32 master weights whatever the frozen base
 # is stored in (`ModelConfig.param_dtype`, e.g. bfloat16).
 ADAPTER_DTYPE = "float32"
+# QLoRA's storage types of the frozen base ("" keeps it in param_dtype).
+QUANTIZED_TYPES = {"int8": jnp.int8, "int4": jnp.int4}
+# int4 keeps a scale per block of this many inputs (QLoRA's NF4 block size, arXiv:2305.14314
+# sec. 3): one scale per output channel alone loses too much at 4 bits.
+INT4_BLOCK = 64
+# The input (contracted) logical axes of each projection's weight; every other axis
+# (outputs, experts, a scanned stack's layers) gets its own scale.
+INPUT_AXES = {"q": ("embed",), "k": ("embed",), "v": ("embed",), "o": ("heads", "head_dim"),
+              "gate": ("embed",), "up": ("embed",), "down": ("mlp",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,12 +77,15 @@ class LoraSpec:
       targets: projection paths, a subset of `PROJECTIONS`.
       dropout: p, the probability of zeroing an element of an adapter's input in a
         training forward (0: none).
+      quantize: the frozen base's projection weights stored as "int8" or "int4" (QLoRA),
+        or "" (in ``param_dtype``).
     """
 
     rank: int
     alpha: float
     targets: tuple[str, ...]
     dropout: float = 0.0
+    quantize: str = ""
 
     @property
     def scale(self):
@@ -96,6 +119,11 @@ def spec_from_config(section):
     if section.rank < 0:
         raise ValueError(f"model.lora.rank must be >= 0 (0: no adapters), got {section.rank}")
     if section.rank == 0:
+        knobs = [f"model.lora.{name}={section.get(name)!r}" for name in ("dropout", "quantize")
+                 if section.get(name)]
+        if knobs:
+            raise ValueError(f"{', '.join(knobs)} acts on LoRA adapters, but model.lora.rank is 0 "
+                             "(every weight trained); set model.lora.rank > 0 or leave them off")
         return None
     if section.alpha <= 0:
         raise ValueError(f"model.lora.alpha must be > 0, got {section.alpha}")
@@ -103,10 +131,15 @@ def spec_from_config(section):
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"model.lora.dropout must be in [0, 1) (the probability of dropping an "
                          f"element of an adapter's input; 0: off), got {dropout}")
+    quantize = section.get("quantize", "") or ""
+    if quantize not in ("", *QUANTIZED_TYPES):
+        raise ValueError(f"model.lora.quantize must be '' (no quantisation) or one of "
+                         f"{tuple(QUANTIZED_TYPES)} (QLoRA's frozen base), got {quantize!r}")
     patterns = tuple(section.targets)
     if not patterns:
         raise ValueError("model.lora.targets is empty; name projections such as ('attn.*', 'mlp.*')")
-    return LoraSpec(int(section.rank), float(section.alpha), resolve_targets(patterns), dropout)
+    return LoraSpec(int(section.rank), float(section.alpha), resolve_targets(patterns), dropout,
+                    quantize)
 
 
 def adapter(cfg, path, in_dim, out_dim, in_axis, out_axis, rngs):
@@ -183,6 +216,89 @@ def apply(module, x, out_shape, spec, key=None, path=None):
     return spec.scale * module(x).reshape(*x.shape[:-1], *out_shape)
 
 
+def is_base_projection(path, variable):
+    """Whether the variable at `path` is a projection weight of the frozen base (what
+    QLoRA quantises): ``(..., "attn" | "mlp", name)`` with `name` in `INPUT_AXES`."""
+    return (isinstance(variable, nnx.Param) and not isinstance(variable, nnx.LoRAParam)
+            and len(path) >= 2 and path[-2] in ("attn", "mlp") and path[-1] in INPUT_AXES)
+
+
+def channel_axes(path, variable):
+    """The axes of a base projection weight that keep their own scale: all but its input
+    axes (by its `logical_axes`)."""
+    axes = variable.get_metadata()["logical_axes"]
+    return tuple(i for i, name in enumerate(axes) if name not in INPUT_AXES[path[-1]])
+
+
+def tiled_axes(path, variable, qtype):
+    """``{axis: block}``: int4 also scales each `INT4_BLOCK` weights along the last input
+    axis (where it divides that axis into two or more blocks); int8 none."""
+    if qtype != "int4":
+        return {}
+    shape = variable.get_value().shape
+    last = max(set(range(len(shape))) - set(channel_axes(path, variable)))
+    return {last: INT4_BLOCK} if shape[last] % INT4_BLOCK == 0 and shape[last] > INT4_BLOCK else {}
+
+
+def _scale_sharding(weight_sharding, shape, channels, tiles):
+    """The sharding of a weight's scales: the weight's along its channel axes and along a
+    tiled axis whose block count the mesh axes divide; replicated elsewhere."""
+    mesh = weight_sharding.mesh
+    spec = tuple(weight_sharding.spec) + (None,) * (len(shape) - len(weight_sharding.spec))
+
+    def ways(entry):
+        names = entry if isinstance(entry, tuple) else (entry,)
+        return math.prod(mesh.shape[name] for name in names if name is not None)
+
+    kept = [entry if i in channels or (i in tiles and shape[i] // tiles[i] % ways(entry) == 0)
+            else None for i, entry in enumerate(spec)]
+    return jax.NamedSharding(mesh, jax.P(*kept))
+
+
+def quantize_base(state, spec):
+    """`state` with every base projection weight (`is_base_projection`) a `qwix.QArray`
+    of ``spec.quantize``: absmax calibration, symmetric, the scale in the weight's dtype,
+    one scale per output channel (int4: and per `INT4_BLOCK` inputs, `tiled_axes`); the
+    integers keep the weight's sharding (`_scale_sharding` gives the scales'). One jitted
+    program quantises them all, consuming the float weights. Works on abstract states
+    too (`jax.ShapeDtypeStruct`s carrying shardings, for the fit report). A `spec`
+    without ``quantize`` returns `state`."""
+    if spec is None or not spec.quantize:
+        return state
+    flat = dict(nnx.to_flat_state(state))
+    chosen = [path for path, variable in flat.items() if is_base_projection(path, variable)]
+    layouts = [(channel_axes(path, flat[path]), tiled_axes(path, flat[path], spec.quantize))
+               for path in chosen]
+    qtype = QUANTIZED_TYPES[spec.quantize]
+
+    def quantize(weights):
+        return [qwix.quantize(w, qtype, channelwise_axes=channels, tiled_axes=tiles)
+                for w, (channels, tiles) in zip(weights, layouts)]
+
+    weights = [flat[path].get_value() for path in chosen]
+    shardings = [getattr(w, "sharding", None) for w in weights]
+    out = None
+    if all(isinstance(s, jax.NamedSharding) for s in shardings):
+        out = [qwix.QArray(s, _scale_sharding(s, w.shape, *layout), None, qtype)
+               for s, w, layout in zip(shardings, weights, layouts)]
+    if isinstance(weights[0], jax.ShapeDtypeStruct):
+        quantized = jax.eval_shape(quantize, weights)
+        if out is not None:
+            quantized = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                     quantized, out)
+    else:
+        quantized = jax.jit(quantize, out_shardings=out, donate_argnums=0)(weights)
+    for path, value in zip(chosen, quantized):
+        flat[path] = flat[path].replace(value)
+    return nnx.from_flat_state(flat)
+
+
+def dequantized(value):
+    """A weight's value as an array: a `qwix.QArray` (a QLoRA base's) dequantised to its
+    scale's dtype, anything else as it is."""
+    return qwix.dequantize(value) if isinstance(value, qwix.QArray) else value
+
+
 def adapters(state):
     """The `nnx.LoRAParam` part of a model's `nnx.State` (what a LoRA run trains)."""
     return nnx.filter_state(state, nnx.LoRAParam)
@@ -206,8 +322,9 @@ def _adapted(flat):
 def merged_state(state, spec):
     """`state` with each adapter folded into its weight, W + scale * (A B) reshaped to W's
     shape (stacked layers batch over the leading axis), and the adapters removed: the
-    state of the same network without LoRA."""
-    flat = dict(nnx.to_flat_state(state))
+    state of the same network without LoRA (a quantised base's weights dequantised)."""
+    flat = {path: v.replace(dequantized(v.get_value())) if isinstance(v.get_value(), qwix.QArray)
+            else v for path, v in nnx.to_flat_state(state)}
     for weight, a, b in list(_adapted(flat)):
         w = flat[weight]
         delta = (flat.pop(a).get_value().astype(jnp.float32) @ flat.pop(b).get_value())

@@ -71,8 +71,9 @@ def prepared(config):
                 print(f"building the SFT warm start ({config.sft.steps} steps) in {directory}",
                       flush=True)
             # the warm start trains every weight: it is the base a LoRA run adapts
-            sft.train(config_lib.replaced(config, {"mode": "sft", "model.sft_warm_start": False,
-                                                   "model.lora.rank": 0}), directory)
+            sft.train(config_lib.replaced(config, {
+                "mode": "sft", "model.sft_warm_start": False, "model.lora.rank": 0,
+                "model.lora.dropout": 0.0, "model.lora.quantize": ""}), directory)
         elif parallel.is_main():
             print(f"starting from the cached SFT warm start {export}", flush=True)
     return config_lib.replaced(config, {"model.path": export, "model.name": ""})

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import qwix
 from flax import nnx
 
 from grpo_jax import config_lib, models, objectives, parallel, paths
@@ -33,11 +34,13 @@ def _tree_bytes(tree):
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _lora_model(mesh, name="tiny", dropout=0.0):
-    """A tiny model with adapters, their B drawn at random so that A has a gradient too."""
+def _lora_model(mesh, name="tiny", dropout=0.0, quantize=""):
+    """A tiny model with adapters, their B drawn at random so that A has a gradient too
+    (with `quantize`, on an integer base: QLoRA)."""
     # experts as dense einsums, CPU's fast path (tests/models/test_lora.py: same network)
-    cfg = dataclasses.replace(models.get_model_config(name, vocab_size=V),
-                              lora=dataclasses.replace(SPEC, dropout=dropout), moe_impl="dense")
+    spec = dataclasses.replace(SPEC, dropout=dropout, quantize=quantize)
+    cfg = dataclasses.replace(models.get_model_config(name, vocab_size=V), lora=spec,
+                              moe_impl="dense")
     graphdef, params = nnx.split(models.init_model(cfg, seed=3, mesh=mesh, rules="fsdp"))
     rng = np.random.default_rng(0)
     params = jax.tree.map(
@@ -48,23 +51,27 @@ def _lora_model(mesh, name="tiny", dropout=0.0):
     return graphdef, params
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny_moe"])
+@pytest.fixture(scope="module", params=[("tiny", ""), ("tiny_moe", ""), ("tiny", "int8")],
+                ids=["tiny", "tiny_moe", "tiny_int8_base"])
 def lora_update(request):
-    """One SGD(1) step on the adapters of a tiny model (dense, or with routed experts, each
-    with its adapter) on 8 devices: the parameters before (host copies) and after, the
-    metrics and the full-model gradient."""
+    """One SGD(1) step on the adapters of a tiny model (dense, with routed experts, each
+    with its adapter, or on an int8 base: QLoRA) on 8 devices: the parameters before (host
+    copies) and after, the metrics and the full-model gradient (through the dequantised
+    base, whose integers have none)."""
     mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
-    graphdef, params = _lora_model(mesh, request.param)
+    graphdef, params = _lora_model(mesh, *request.param[:1], quantize=request.param[1])
     objective = objectives.policy_objective(config_lib.load_config("configs/base.py").objective)
     loss_fn, count_fn = loss_of(objective), counts_of(objective)
     batch = parallel.global_rows(mesh, update_rows())
     index = jnp.arange(B)
 
-    def full_loss(params):   # the whole batch as one micro-batch, every parameter
+    def full_loss(floats, integers):   # the whole batch as one micro-batch, every float weight
         minibatch = {**batch, **count_fn(batch)}
-        return loss_fn(nnx.merge(graphdef, params), minibatch)[0]
+        return loss_fn(nnx.merge(graphdef, floats, integers), minibatch)[0]
 
-    full_grad = jax.device_get(jax.jit(jax.grad(full_loss))(params))
+    integer = lambda path, variable: isinstance(variable.get_value(), qwix.QArray)
+    floats, integers = nnx.split_state(params, nnx.Not(integer), ...)
+    full_grad = jax.device_get(jax.jit(jax.grad(full_loss))(floats, integers))
     before = jax.device_get(params)
     tx = optax.sgd(1.0)
     opt_state = init_optimizer_state(tx, lora.adapters(params), mesh)
