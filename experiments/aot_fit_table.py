@@ -3,6 +3,7 @@
     pip install -e ".[train,tpu]"
     python experiments/aot_fit_table.py             # the fit table (about 70 min on 2 cores)
     python experiments/aot_fit_table.py --compare   # the comparisons (about 30 min)
+    python experiments/aot_fit_table.py --lora      # LoRA / QLoRA on v5p:2x2x1 and v5e:2x4
 
 Each cell (model x recipe x rule set x topology) is one `grpo_jax.aot.report`, run in its
 own process, one at a time (a compile of qwen3_8b's update takes minutes and gigabytes),
@@ -18,6 +19,11 @@ GRPO's rows add what GRPO holds beside them (pi_ref and its log-probs).
 
 The comparisons (``--compare``) change one setting of a GSPO cell on v5p:2x2x2 with the
 "fsdp" rules: unrolled layers, each remat policy (with 1 and 4 micro-batches), XLA attention.
+The LoRA cells (``--lora``) run GSPO's cell of Qwen3-8B (fsdp) on the smaller slices
+v5p:2x2x1 (4 chips) and v5e:2x4 (8 chips; also at a shorter regime, `SHORT`) and of
+Qwen3-30B-A3B (fsdp_expert) on v5p:2x2x1, every weight trained, rank-16 adapters on every
+projection, and the same on an int8 base. (On v5e-8 the sampler's layout, the weights
+whole on each chip, cannot hold Qwen3-30B-A3B's 61 GB, nor its 30 GB in int8.)
 """
 
 import argparse
@@ -57,6 +63,17 @@ COMPARISONS = {
     **{f"{model}_xla_attention": (model, ("train", "prefill"), {"model.attention": "xla"})
        for model in ("qwen3_0_6b", "qwen3_8b")},
 }
+
+
+# LoRA and QLoRA on smaller slices (``--lora``): rank 16 on every projection (the experts'
+# too), the base in bfloat16 or int8; the full-parameter run beside them on the same slice.
+# A slice runs the regime above, or "short": 4 prompts x 16 answers (8 rows per v5e chip),
+# 1,024 + 3,072 tokens. (model, rules) -> its slices (topology, chips, regime name).
+SHORT = {"rollout.prompts_per_batch": 4, "rollout.max_new_tokens": 3072}
+LORA_SLICES = {("qwen3_8b", "fsdp"): (("v5p:2x2x1", 4, ""), ("v5e:2x4", 8, ""), ("v5e:2x4", 8, "short")),
+               ("qwen3_30b_a3b", "fsdp_expert"): (("v5p:2x2x1", 4, ""),)}
+LORA_VARIANTS = {"full": {}, "lora": {"model.lora.rank": 16},
+                 "qlora_int8": {"model.lora.rank": 16, "model.lora.quantize": "int8"}}
 
 
 def overrides(model, rules, chips, extra=()):
@@ -122,6 +139,55 @@ def comparison_cells():
         yield f"compare_{name}", dict(
             recipe="gspo", topology=COMPARE_TOPOLOGY, programs=list(programs),
             fields=overrides(model, "fsdp", TOPOLOGIES[COMPARE_TOPOLOGY], changes))
+
+
+def lora_cells():
+    """`(name, spec)` of every LoRA cell (GSPO, every program): model x slice x variant."""
+    for (model, rules), slices in LORA_SLICES.items():
+        for topology, chips, regime in slices:
+            for variant, fields in LORA_VARIANTS.items():
+                suffix = f"_{regime}" if regime else ""
+                regime_fields = {**fields, **(SHORT if regime == "short" else {})}
+                if rules == "fsdp_expert" and chips < 8:   # the experts split over every chip
+                    regime_fields["mesh"] = f"data=1,fsdp=-1,expert={chips},tensor=1"
+                yield (f"lora_{variant}_{model}_{rules}_{topology.replace(':', '_')}{suffix}",
+                       dict(recipe="gspo", topology=topology, programs=list(ALL_PROGRAMS),
+                            regime=regime or "8,192", fields=overrides(model, rules, chips,
+                                                                       regime_fields)))
+
+
+def lora_table(out):
+    """The markdown table of the LoRA cells, their commands and commits."""
+    lines = ["", "LoRA and QLoRA on smaller slices (GSPO, rank 16 on every projection; QLoRA: the "
+             "base's projections in int8; tokens 8,192: the regime above, 16 rows per chip; short: "
+             "4 prompts x 16 answers, 1,024 + 3,072 tokens):", "",
+             "| model | weights | rules | topology | tokens | train | logprob | prefill | decode | HBM "
+             "| fits | compile (s) |", "|" + "---|" * 12]
+    commands, commits = [], set()
+    for name, spec in lora_cells():
+        variant = name.split("_qwen3")[0][len("lora_"):]
+        model, rules = spec["fields"]["model.name"], spec["fields"]["model.rules"]
+        path = out / f"{name}.json"
+        head = f"| {model} | {variant} | {rules} | {spec['topology']} | {spec['regime']} |"
+        if not path.exists():
+            lines.append(f"{head} not compiled | | | | | | |")
+            continue
+        result = json.loads(path.read_text())
+        commands.append(f"- `{name}`: `{result['command']}`")
+        commits.add(_provenance(result))
+        if "timed_out_s" in result:
+            lines.append(f"{head} not compiled (stopped after {result['timed_out_s']:.0f} s) | | | | | | |")
+            continue
+        programs, hbm = result["programs"], result["hbm_bytes_per_device"]
+        over = [p for p, r in programs.items()
+                if r.get("compile_failed") or r["compiler_oom"] or r["bytes_per_device"] > hbm]
+        seconds = sum(r["compile_s"] for r in programs.values())
+        cells = " | ".join(total(programs[p]) if p in programs else "-" for p in ALL_PROGRAMS)
+        lines.append(f"{head} {cells} | {gib(hbm)} | {'no: ' + ', '.join(over) if over else 'yes'} "
+                     f"| {seconds:.0f} |")
+    if commits:
+        lines += ["", f"LoRA cells compiled at: {'; '.join(sorted(commits))}."]
+    return lines, commands
 
 
 def wait_for_memory(gib_needed, poll_s=30):
@@ -257,11 +323,12 @@ def _provenance(result):
 def write_tables(out):
     lines, commands, commits = fit_table(out)
     compare_lines, compare_commands = comparison_tables(out)
+    lora_lines, lora_commands = lora_table(out)
     text = "\n".join(
         lines + ["", "Per-device GiB of each program (\"> X\": the compiler refused it, needing at "
-                 f"least X). Commits: {', '.join(sorted(commits))}."] + compare_lines
+                 f"least X). Commits: {', '.join(sorted(commits))}."] + compare_lines + lora_lines
         + ["", "Commands (each cell's own; GRPO's sampler columns come from the GSPO cell of the "
-           "same row, with GRPO's held state):", ""] + commands + compare_commands)
+           "same row, with GRPO's held state):", ""] + commands + compare_commands + lora_commands)
     (out.parent / "aot_fit_table.md").write_text(text + "\n")
 
 
@@ -271,6 +338,7 @@ def main():
     parser.add_argument("--topologies", default=",".join(TOPOLOGIES))
     parser.add_argument("--recipes", default="gspo,grpo")
     parser.add_argument("--compare", action="store_true", help="run the comparison cells instead")
+    parser.add_argument("--lora", action="store_true", help="run the LoRA / QLoRA cells instead")
     parser.add_argument("--only", default="", help="comma-separated cell names to run (default all)")
     parser.add_argument("--timeout_s", type=float, default=900, help="a cell's compile time limit")
     parser.add_argument("--min_free_gib", type=float, default=13,
@@ -285,8 +353,8 @@ def main():
     if args.tables_only:
         return write_tables(out)
     out.mkdir(parents=True, exist_ok=True)
-    todo = comparison_cells() if args.compare else cells(args.topologies.split(","),
-                                                         args.recipes.split(","))
+    todo = (comparison_cells() if args.compare else lora_cells() if args.lora
+            else cells(args.topologies.split(","), args.recipes.split(",")))
     only = {name for name in args.only.split(",") if name}
     for name, spec in todo:
         path = out / f"{name}.json"
