@@ -385,6 +385,26 @@ class TestReplicatedStateBytes:
         vapo = config_lib.load_config(f"{GSPO.parent / 'vapo.py'}:runlocal=True")
         assert footprint.replicated_state_bytes(vapo, "rl") == 4 * weights + 8 + 4 * critic + 8
 
+    def test_lora_trains_and_copies_the_adapters_only_on_a_base_held_once(self):
+        """Rank-4 adapters on every projection: A [in, 4] and B [4, out] per projection
+        (float32) carry the gradient, the moments and the 2 lagged copies; the base is
+        held once (no pi_ref copy with a KL term), in int8 with QLoRA: 1 byte per
+        projection weight and a float32 scale per output channel."""
+        cfg = models.get_model_config("tiny")
+        d, f, r, layers = cfg.d_model, cfg.d_ff, 4, cfg.n_layers
+        q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        adapters = 4 * r * layers * ((d + q) + 2 * (d + kv) + (q + d) + 3 * (d + f))
+        weights = expected_param_bytes(cfg, fsdp=1)
+        projections = layers * (d * (2 * q + 2 * kv) + 3 * d * f)
+        overrides = {"model.lora.rank": r, "objective.kl.beta": 0.01, "rollout.policy_lag": 2}
+        lora = tiny_config(**overrides)
+        assert footprint.replicated_state_bytes(lora, "rl") == weights + (4 + 2) * adapters + 8
+        assert footprint.replicated_state_bytes(lora, "eval") == weights + adapters
+        int8 = tiny_config(**overrides, **{"model.lora.quantize": "int8"})
+        scales = 4 * layers * (q + 2 * kv + d + 2 * f + d)
+        base = weights - 4 * projections + projections + scales
+        assert footprint.replicated_state_bytes(int8, "rl") == base + (4 + 2) * adapters + 8
+
     def test_unknown_phase(self):
         with pytest.raises(ValueError, match="phase must be one of"):
             footprint.replicated_state_bytes(tiny_config(), "train")

@@ -8,7 +8,7 @@ question here, so they choose the same mesh.
 import math
 
 import jax
-import numpy as np
+from flax import nnx
 
 from grpo_jax import models, paths
 from grpo_jax.training import optimizer as optimizer_lib
@@ -29,8 +29,10 @@ def model_config(config, mesh=None):
 
 
 def tree_bytes(tree):
-    """Bytes of every leaf of a tree of arrays or `ShapeDtypeStruct`s, unsharded."""
-    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+    """Bytes of every leaf of a tree of arrays or `ShapeDtypeStruct`s, unsharded (int4:
+    half a byte)."""
+    return sum(math.prod(x.shape) * jax.dtypes.itemsize_bits(x.dtype) // 8
+               for x in jax.tree.leaves(tree))
 
 
 def _trained_bytes(params, optimizer_cfg):
@@ -47,7 +49,10 @@ def replicated_state_bytes(config, phase="rl"):
       phase: "rl" (the policy's weights, gradient and optimizer state, pi_ref with
         ``objective.kl.beta > 0``, the ``rollout.policy_lag`` lagged copies, and the critic's
         weights, gradient and optimizer state with ``critic.enabled``), "sft" (the policy
-        under ``sft.optimizer``) or "eval" (the weights alone).
+        under ``sft.optimizer``) or "eval" (the weights alone). With LoRA
+        (``model.lora.rank`` > 0) only the adapters have a gradient, optimizer state and
+        lagged copies, the frozen base (integers with ``model.lora.quantize``) is held
+        once, and pi_ref is that base: no copy.
 
     Returns:
       The bytes, an int. Activations, the KV cache and the batch are not counted: they
@@ -56,13 +61,15 @@ def replicated_state_bytes(config, phase="rl"):
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     cfg = model_config(config)
-    params = models.abstract_model(cfg)[1]
+    params = models.quantize_base(models.abstract_model(cfg)[1], cfg.lora)
     if phase == "eval":
         return tree_bytes(params)
+    trained, frozen = nnx.split_state(params, nnx.LoRAParam if cfg.lora else nnx.Param, ...)
     if phase == "sft":
-        return _trained_bytes(params, config.sft.optimizer)
-    copies = (config.objective.kl.beta > 0) + config.rollout.policy_lag
-    total = _trained_bytes(params, config.optimizer) + copies * tree_bytes(params)
+        return tree_bytes(frozen) + _trained_bytes(trained, config.sft.optimizer)
+    reference = config.objective.kl.beta > 0 and cfg.lora is None
+    total = (tree_bytes(frozen) + _trained_bytes(trained, config.optimizer)
+             + reference * tree_bytes(params) + config.rollout.policy_lag * tree_bytes(trained))
     if config.critic.enabled:
         total += _trained_bytes(models.abstract_value_model(cfg)[1], config.critic.optimizer)
     return total
