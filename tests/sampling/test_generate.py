@@ -1,5 +1,7 @@
 """generate(): group layout, stop tokens, masks, truncation, log-probs, compilation, meshes."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -231,4 +233,22 @@ class TestMesh:
             got = sampling.to_host(rollout)
         np.testing.assert_array_equal(got.tokens, expected.tokens)
         np.testing.assert_array_equal(got.lengths, expected.lengths)
+        np.testing.assert_allclose(got.logp, expected.logp, atol=1e-5)
+
+    @pytest.mark.slow
+    def test_a_quantised_base_resharded_for_sampling_equals_unsharded(self):
+        """QLoRA's int8 base (integers and per-channel scales) in the sampling layout,
+        heads and MLP over "tensor", samples what it samples on one device."""
+        cfg = dataclasses.replace(models.get_model_config("tiny"), lora=models.LoraSpec(
+            rank=4, alpha=8.0, targets=("attn.q", "attn.o", "mlp.down"), quantize="int8"))
+        mesh = jax.make_mesh((4, 2), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        prompts = [[5, 6, 7], [8, 9], [1], [2, 3, 4, 5]]
+        kwargs = dict(group_size=2, max_new_tokens=8, stop_tokens=[])
+        expected = run(nnx.split(models.init_model(cfg, seed=0)), prompts, **kwargs)
+        sharded = nnx.split(models.init_model(cfg, seed=0, mesh=mesh))
+        with jax.set_mesh(mesh):
+            tokens, mask = sampling.pad_prompts(prompts, pad_id=0)
+            got = sampling.to_host(sampling.generate(*sharded, tokens, mask, rng=jax.random.key(0),
+                                                     method=sampling.Greedy(), pad_id=0, **kwargs))
+        np.testing.assert_array_equal(got.tokens, expected.tokens)
         np.testing.assert_allclose(got.logp, expected.logp, atol=1e-5)
