@@ -139,8 +139,9 @@ def build(config, mesh, *, prompt_len):
     update, logprob = run.update, run.forward
     supervised = sft_rows(config, mesh, prompt_len) if config.train.sft_weight else ()
     dropout = {}   # the adapters' dropout key (model.lora.dropout > 0), as rl.train passes it
-    if steps.dropout_rng(config, 1) is not None:
-        dropout["rng"] = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=index.sharding)
+    if steps.drops_adapter_inputs(config):
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        dropout["rng"] = jax.ShapeDtypeStruct((), key.dtype, sharding=index.sharding)
     n, s = config.rollout.max_new_tokens, prompt_len
     seq = f"S={s}+N={n}" + (", packed" if plans[0] is not None else "")
     with jax.set_mesh(mesh):

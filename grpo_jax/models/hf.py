@@ -215,7 +215,7 @@ def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dty
       dtype: compute dtype; param_dtype: storage dtype of the weights.
       seed: the adapters' init seed, with a `lora` override (as `decoder.init_model`);
         a `lora` with ``quantize`` stores the base's projections as integers once read
-        (QLoRA: `lora.quantize_base`; each float weight is freed as it is quantised).
+        (QLoRA: `lora.quantize_base`, whose program is donated the float weights).
       **overrides: other `ModelConfig` fields, e.g. `remat=True`, `attention_impl="cudnn"`.
 
     Returns:

@@ -27,12 +27,15 @@ def step_rng(seed, stream, step):
     return jax.random.fold_in(key, step)
 
 
+def drops_adapter_inputs(config):
+    """Whether the run's updates take a dropout key: LoRA with ``model.lora.dropout`` > 0."""
+    return config.model.lora.rank > 0 and config.model.lora.get("dropout", 0.0) > 0
+
+
 def dropout_rng(config, step):
-    """The adapters' dropout key of training step `step` (``model.lora.dropout`` > 0),
-    or None, so that a run without dropout compiles and runs the deterministic update."""
-    if config.model.lora.rank > 0 and config.model.lora.get("dropout", 0.0) > 0:
-        return step_rng(config.seed, "dropout", step)
-    return None
+    """The adapters' dropout key of training step `step` (`drops_adapter_inputs`), or
+    None, so that a run without dropout compiles and runs the deterministic update."""
+    return step_rng(config.seed, "dropout", step) if drops_adapter_inputs(config) else None
 
 
 def update_key(rng, number):

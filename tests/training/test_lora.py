@@ -59,7 +59,8 @@ def lora_update(request):
     copies) and after, the metrics and the full-model gradient (through the dequantised
     base, whose integers have none)."""
     mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
-    graphdef, params = _lora_model(mesh, *request.param[:1], quantize=request.param[1])
+    name, quantize = request.param
+    graphdef, params = _lora_model(mesh, name, quantize=quantize)
     objective = objectives.policy_objective(config_lib.load_config("configs/base.py").objective)
     loss_fn, count_fn = loss_of(objective), counts_of(objective)
     batch = parallel.global_rows(mesh, update_rows())
