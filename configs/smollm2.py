@@ -37,6 +37,10 @@ right answer to learn from.
 
     python -m grpo_jax.main --config configs/smollm2.py:path=~/ckpt/smollm2,lora=True \\
       --workdir ~/runs/smollm2_lora
+
+``quantize=int8`` (or ``int4``, with ``lora=True``) also stores the frozen base in 8 (4) bit
+integers with one scale per output channel (QLoRA, Dettmers et al., arXiv:2305.14314).
+docs/models.md compares the three in the same 45-minute budget.
 """
 
 from ml_collections import config_dict
@@ -45,7 +49,7 @@ from grpo_jax import config_lib
 
 
 def get_config(arg=None):
-    arg = config_lib.parse_arg(arg, path="", steps=40, lora=False)
+    arg = config_lib.parse_arg(arg, path="", steps=40, lora=False, quantize="")
     config = config_lib.load_sibling(__file__, "dapo").get_config("runlocal=False")
     config_lib.load_sibling(__file__, "base").set_regime(
         config, prompts=8, group_size=8, updates=2, max_new_tokens=96, learning_rate=1e-5,
@@ -54,6 +58,10 @@ def get_config(arg=None):
     if arg.lora:
         config.model.lora.rank = 16
         config.optimizer.learning_rate *= 10
+        config.model.lora.quantize = arg.quantize
+    elif arg.quantize:
+        raise ValueError(f"smollm2: quantize={arg.quantize!r} quantizes the frozen base of LoRA; "
+                         "add lora=True (a fully trained model has no frozen base)")
     config.model.path = arg.path
     config.model.name = ""
     config.task.name = "arithmetic"

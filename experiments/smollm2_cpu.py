@@ -11,6 +11,14 @@ stages, each resumable (re-running the command skips what is done):
    the first step that finishes past the budget, and exports);
 3. the exported policy's greedy answers on the same prompts.
 
+``--recipe lora=True`` (or ``lora=True,quantize=int8``) runs the recipe's LoRA (QLoRA)
+variant; ``--results DIR`` keeps the run's answers, metrics and measurements there, and
+``--compare NAME=DIR ...`` prints one table over several such directories (LoRA and QLoRA
+against full fine-tuning in docs/models.md):
+
+    python experiments/smollm2_cpu.py --compare full=experiments/results/smollm2_cpu \
+        lora=experiments/results/smollm2_cpu_lora qlora_int8=experiments/results/smollm2_cpu_qlora
+
 Per stage it reports accuracy (the recipe's `reward.correct`, ``gsm8k``: the number after
 the last ``####``, else the last number written), strict accuracy (``integer_answer``:
 exactly the right integer after the last ``####``), format adherence (``integer_format``:
@@ -19,8 +27,11 @@ and the share of answers cut at the token budget. Timing needs a quiet machine.
 """
 
 import argparse
+import gzip
 import json
 import os
+import shutil
+import statistics
 import sys
 import time
 
@@ -48,7 +59,7 @@ def held_out_answers(config, checkpoint):
             padded = evaluation._padded(chunk, mesh)
             texts, tokens, mask = task_lib.prompt_rows(config.task, padded, tokenizer)
             prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
-            out = rollout.sample_on_mesh(
+            out, _ = rollout.sample_on_mesh(
                 policy, mesh, prompts, rng=steps.step_rng(config.seed, "eval", 0),
                 method=sampling.Greedy(), group_size=1,
                 max_new_tokens=config.rollout.max_new_tokens,
@@ -86,24 +97,149 @@ def stage(path, fn):
         return json.load(f)
 
 
+def reset_peak_rss():
+    """Resets the kernel's record of this process's peak resident memory (Linux: VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes():
+    """The process's peak resident memory since the last `reset_peak_rss` (or its start)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux reports KiB
+
+
+def directory_bytes(path):
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(path) for name in names)
+
+
+def last_checkpoint_bytes(rl_dir):
+    """Bytes of the newest step directory under ``rl_dir/checkpoints`` (0 when none)."""
+    root = os.path.join(rl_dir, "checkpoints")
+    steps = sorted(int(name) for name in os.listdir(root) if name.isdigit()) \
+        if os.path.isdir(root) else []
+    return directory_bytes(os.path.join(root, str(steps[-1]))) if steps else 0
+
+
+def train_measured(config, rl_dir, seconds):
+    """`rl.train` for `seconds` of wall time -> steps, peak resident memory of the training
+    call (the evaluation before it excluded where the kernel allows a reset) and the
+    newest checkpoint's bytes."""
+    from grpo_jax.training import rl
+    reset = reset_peak_rss()
+    steps = rl.train(config, rl_dir, seconds=seconds)
+    return {"steps": steps, "peak_rss_bytes": peak_rss_bytes(), "peak_rss_reset": reset,
+            "checkpoint_bytes": last_checkpoint_bytes(rl_dir)}
+
+
+def read_metrics(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def median_step_seconds(metrics):
+    """Median wall time between consecutive steps' metric rows (the first step, which
+    compiles, has no predecessor and is left out)."""
+    times = [row["time"] for row in metrics]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def keep_results(workdir, results, recipe):
+    """Copies the answers, metrics and measurements of a finished run to `results`."""
+    os.makedirs(results, exist_ok=True)
+    shutil.copy(os.path.join(workdir, "base.json"), os.path.join(results, "base_answers.json"))
+    shutil.copy(os.path.join(workdir, "after.json"), os.path.join(results, "after_answers.json"))
+    with open(os.path.join(workdir, "rl", "metrics.jsonl"), "rb") as src, \
+            gzip.open(os.path.join(results, "metrics.jsonl.gz"), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    with open(os.path.join(workdir, "rl.json")) as f:
+        run = json.load(f)
+    with open(os.path.join(workdir, "machine.json")) as f:
+        run.update(json.load(f))
+    run["recipe"] = recipe
+    with open(os.path.join(results, "run.json"), "w") as f:
+        json.dump(run, f, indent=1)
+
+
+def compare_table(entries):
+    """One table over ``NAME=DIR`` results directories (see `keep_results`)."""
+    lines = [
+        "# python experiments/smollm2_cpu.py --compare " + " ".join(entries),
+        "# SmolLM2-135M-Instruct, configs/smollm2.py (DAPO, 2-digit addition in chat), greedy",
+        "# answers to the same held-out prompts; RL for the same wall-time budget on 2 cores.",
+        "# s/step: median wall time between steps; peak RSS: the training call's peak",
+        "# resident host memory; checkpoint: the newest checkpoint's bytes on disk.",
+        f"{'run':<12s} {'commit':<8s} {'steps':>5s} {'s/step':>6s} {'peak RSS':>9s} "
+        f"{'checkpoint':>10s} {'base acc':>8s} {'after acc':>9s} {'length':>6s}",
+    ]
+    for entry in entries:
+        name, _, directory = entry.partition("=")
+        run = {}
+        if os.path.exists(os.path.join(directory, "run.json")):
+            with open(os.path.join(directory, "run.json")) as f:
+                run = json.load(f)
+        with open(os.path.join(directory, "base_answers.json")) as f:
+            base = summary(json.load(f))
+        with open(os.path.join(directory, "after_answers.json")) as f:
+            after = summary(json.load(f))
+        metrics = read_metrics(os.path.join(directory, "metrics.jsonl.gz"))
+        gib = lambda key: f"{run[key] / 2**30:.2f} GiB" if key in run else "n/a"
+        mib = lambda key: f"{run[key] / 2**20:.0f} MiB" if key in run else "n/a"
+        lines.append(
+            f"{name:<12s} {run.get('commit', 'n/a'):<8s} {len(metrics):5d} "
+            f"{median_step_seconds(metrics):6.1f} {gib('peak_rss_bytes'):>9s} "
+            f"{mib('checkpoint_bytes'):>10s} {base['accuracy']:8.3f} {after['accuracy']:9.3f} "
+            f"{after['mean_length']:6.1f}")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="the converted SmolLM2 directory")
+    parser.add_argument("--checkpoint", help="the converted SmolLM2 directory")
     parser.add_argument("--minutes", type=float, default=45.0, help="RL wall-time budget")
     parser.add_argument("--workdir", default="/tmp/smollm2_cpu")
     parser.add_argument("--out", default=None, help="also write the table here")
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "smollm2.py"))
+    parser.add_argument("--recipe", default="",
+                        help="more recipe arguments, e.g. lora=True or lora=True,quantize=int8")
+    parser.add_argument("--results", default=None,
+                        help="copy the answers, metrics and measurements here when done")
+    parser.add_argument("--compare", nargs="+", metavar="NAME=DIR", default=None,
+                        help="print one table over results directories and exit")
     args = parser.parse_args()
+    if args.compare:
+        table = compare_table(args.compare)
+        print(table, end="")
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(table)
+        return
+    if not args.checkpoint:
+        parser.error("--checkpoint is required (unless --compare)")
 
     from grpo_jax import parallel
     parallel.use_cpu_cores()
     from grpo_jax import config_lib, sweep
-    from grpo_jax.training import rl
 
     checkpoint = os.path.abspath(os.path.expanduser(args.checkpoint))
     workdir = os.path.abspath(os.path.expanduser(args.workdir))
     os.makedirs(workdir, exist_ok=True)
-    config = config_lib.load_config(f"{args.config}:path={checkpoint},steps=100000")
+    recipe = f"path={checkpoint},steps=100000" + (f",{args.recipe}" if args.recipe else "")
+    config = config_lib.load_config(f"{args.config}:{recipe}")
     machine = stage(os.path.join(workdir, "machine.json"), lambda: {   # where RL runs
         "commit": sweep.source_commit(), "machine": sweep.machine_description(os.cpu_count()),
         "load": round(os.getloadavg()[0], 1)})
@@ -116,8 +252,10 @@ def main():
 
     print(f"2/3 DAPO for {args.minutes:g} minutes of wall time", flush=True)
     rl_dir = os.path.join(workdir, "rl")
-    trained = stage(os.path.join(workdir, "rl.json"), lambda: {
-        "steps": rl.train(config, rl_dir, seconds=args.minutes * 60)})
+    trained = stage(os.path.join(workdir, "rl.json"),
+                    lambda: train_measured(config, rl_dir, args.minutes * 60))
+    print(f"peak resident memory {trained['peak_rss_bytes'] / 2**30:.2f} GiB, newest checkpoint "
+          f"{trained['checkpoint_bytes'] / 2**20:.1f} MiB", flush=True)
 
     print("3/3 the trained policy: the same prompts", flush=True)
     after = stage(os.path.join(workdir, "after.json"),
@@ -127,11 +265,14 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(table)
+    if args.results:
+        keep_results(workdir, args.results, args.recipe)
 
 
 def format_table(args, base, after, trained, machine):
     lines = [
-        f"# python experiments/smollm2_cpu.py --checkpoint DIR --minutes {args.minutes:g}",
+        f"# python experiments/smollm2_cpu.py --checkpoint DIR --minutes {args.minutes:g}"
+        + (f" --recipe {args.recipe}" if args.recipe else ""),
         f"# commit {machine['commit']}, {machine['machine']}, load {machine['load']} at the start",
         "# SmolLM2-135M-Instruct (Q4_1 GGUF, converted to float32), configs/smollm2.py: DAPO,",
         "# 2-digit addition in chat, greedy answers to the same held-out prompts before/after;",
