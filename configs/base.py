@@ -98,8 +98,9 @@ def get_config(arg=None):
     config.rollout.top_k = 0             # none of them: no truncation step runs at all
     config.rollout.min_p = 0.0
     config.rollout.rules = "sampling"    # weights' sharding rule set while sampling
-    # Asynchronous RL's staleness: the rollouts of step t come from the parameters of step
-    # t - policy_lag (0: the current ones). The lagged copies are kept and checkpointed.
+    # Simulated staleness in the synchronous loop: the rollouts of step t come from the
+    # parameters of step t - policy_lag (0: the current ones). The lagged copies are kept
+    # and checkpointed. async_rl below runs the same schedule with the rollouts overlapped.
     config.rollout.policy_lag = 0
     # DeepSeek-V3.2's keep sampling mask: the top-p/top-k set of every sampled position is
     # kept, and pi_old and pi_theta are both renormalised over it (needs a truncation).
@@ -109,6 +110,15 @@ def get_config(arg=None):
     # Continuous batching: decode in this many slots, a stopped row's slot going to the
     # next pending one (0: every row of the batch at once). The same samples either way.
     config.rollout.slots = 0
+
+    # Asynchronous RL (docs/async.md): a producer thread samples the next steps' rollouts
+    # while the learner updates. A batch trained at step t was sampled by the parameters
+    # step t - j started from, j <= max_staleness (the newest available; with fixed, exactly
+    # max_staleness: the schedule of rollout.policy_lag = max_staleness). One process.
+    config.async_rl = config_dict.ConfigDict()
+    config.async_rl.enabled = False
+    config.async_rl.max_staleness = 1
+    config.async_rl.fixed = False
 
     # Multi-turn rollouts with tools (docs/environments.md): the model's tool calls are
     # answered by the environment, whose tokens the model reads and the loss skips. An

@@ -186,6 +186,7 @@ def compare_table(entries):
         f"{'run':<12s} {'commit':<8s} {'steps':>5s} {'s/step':>6s} {'peak RSS':>9s} "
         f"{'checkpoint':>10s} {'base acc':>8s} {'after acc':>9s} {'length':>6s}",
     ]
+    notes = []
     for entry in entries:
         name, _, directory = entry.partition("=")
         run = {}
@@ -204,7 +205,12 @@ def compare_table(entries):
             f"{median_step_seconds(metrics):6.1f} {gib('peak_rss_bytes'):>9s} "
             f"{mib('checkpoint_bytes'):>10s} {base['accuracy']:8.3f} {after['accuracy']:9.3f} "
             f"{after['mean_length']:6.1f}")
-    return "\n".join(lines) + "\n"
+        if run:
+            notes.append(f"# {name}: {run.get('machine', 'n/a')}, load {run.get('load', 'n/a')} "
+                         f"at the start, recipe arguments '{run.get('recipe', '')}'")
+        else:
+            notes.append(f"# {name}: no run.json (a run kept before the memory was measured)")
+    return "\n".join(lines + notes) + "\n"
 
 
 def main():

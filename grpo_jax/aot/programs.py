@@ -29,7 +29,7 @@ from jax.experimental.layout import Format, Layout
 
 from grpo_jax import models, parallel, sampling
 from grpo_jax.models import sharding as sharding_lib
-from grpo_jax.training import packing, programs as programs_lib, rl, rollout, steps
+from grpo_jax.training import async_rl, packing, programs as programs_lib, rl, rollout, steps
 from grpo_jax.training.footprint import model_config
 
 
@@ -131,7 +131,7 @@ def build(config, mesh, *, prompt_len):
     # of the trained part (all weights, or the adapters)
     own_reference = config.objective.kl.beta > 0 and not config.model.lora.rank
     copy_bytes = (own_reference * params_bytes
-                  + config.rollout.policy_lag * device_bytes(run.trained_part(params)))
+                  + async_rl.lagged_copies(config) * device_bytes(run.trained_part(params)))
     pieces = run.pieces
     plans = packing_plans(config, mesh, rows, pieces)
     critic, critic_bytes = _critic_programs(config, mesh, cfg, rows, index, pieces, plans,

@@ -11,7 +11,7 @@ import jax
 from flax import nnx
 
 from grpo_jax import models, paths
-from grpo_jax.training import optimizer as optimizer_lib
+from grpo_jax.training import async_rl, optimizer as optimizer_lib
 
 PHASES = ("rl", "sft", "eval")
 
@@ -47,7 +47,7 @@ def replicated_state_bytes(config, phase="rl"):
     Args:
       config: a run config.
       phase: "rl" (the policy's weights, gradient and optimizer state, pi_ref with
-        ``objective.kl.beta > 0``, the ``rollout.policy_lag`` lagged copies, and the critic's
+        ``objective.kl.beta > 0``, the lagged copies (`async_rl.lagged_copies`), and the critic's
         weights, gradient and optimizer state with ``critic.enabled``), "sft" (the policy
         under ``sft.optimizer``) or "eval" (the weights alone). With LoRA
         (``model.lora.rank`` > 0) only the adapters have a gradient, optimizer state and
@@ -68,8 +68,9 @@ def replicated_state_bytes(config, phase="rl"):
     if phase == "sft":
         return tree_bytes(frozen) + _trained_bytes(trained, config.sft.optimizer)
     reference = config.objective.kl.beta > 0 and cfg.lora is None
+    lagged = async_rl.lagged_copies(config) * tree_bytes(trained)
     total = (tree_bytes(frozen) + _trained_bytes(trained, config.optimizer)
-             + reference * tree_bytes(params) + config.rollout.policy_lag * tree_bytes(trained))
+             + reference * tree_bytes(params) + lagged)
     if config.critic.enabled:
         total += _trained_bytes(models.abstract_value_model(cfg)[1], config.critic.optimizer)
     return total

@@ -103,19 +103,21 @@ def _pieces(config):
 
 
 def _programs(tx, graphdef, params, mesh, loss_fn, count_fn, *, micro_batches, forward,
-              pieces, sft_weight=0.0, trained=nnx.Param):
+              pieces, sft_weight=0.0, trained=nnx.Param, donate_params=True):
     opt_shardings = steps.optimizer_state_shardings(tx, nnx.filter_state(params, trained), mesh)
     update = steps.make_update_step(
         graphdef, tx, loss_fn, count_fn, mesh=mesh, param_shardings=parallel.tree_shardings(params),
         opt_shardings=opt_shardings, micro_batches=micro_batches, sft_weight=sft_weight,
-        trained=trained)
+        trained=trained, donate_params=donate_params)
     return Programs(tx, opt_shardings, update, forward, pieces, trained)
 
 
 def policy_programs(config, mesh, graphdef, params, objective):
     """The RL policy's optimizer, update step and log-prob function.
 
-    `params` may be concrete or abstract; only their shardings are read.
+    `params` may be concrete or abstract; only their shardings are read. An asynchronous
+    run's update does not donate the parameters: the rollout thread may be sampling with
+    the frozen ones (a LoRA run's base) or a lagged copy while it runs.
     """
     temperature = config.rollout.temperature
     tx = optimizer.make_optimizer(config.optimizer, config.train.steps * updates_per_step(config))
@@ -124,7 +126,7 @@ def policy_programs(config, mesh, graphdef, params, objective):
     return _programs(tx, graphdef, params, mesh, policy_loss(objective, temperature),
                      objective.global_counts, micro_batches=config.train.micro_batches,
                      forward=logprob, pieces=_pieces(config), sft_weight=config.train.sft_weight,
-                     trained=trained_filter(config))
+                     trained=trained_filter(config), donate_params=not config.async_rl.enabled)
 
 
 def critic_programs(config, mesh, graphdef, params):

@@ -19,6 +19,10 @@ limit) is the same for both. With a critic (``critic.enabled``: PPO, VAPO), a va
 gives every completion token its value, the policy's advantages are GAE over them, and
 the critic makes the same ``epochs x minibatches`` updates toward its targets.
 
+With ``async_rl.enabled`` the rollouts come from a producer thread that samples the next
+steps while this loop updates (`async_rl`, `start_producer`): the loop takes each step's
+batch from it instead of sampling, and the rest of the step is unchanged.
+
 The config is read, never written: `train` works on a resolved, read-only copy
 (`paths.resolve_run_paths`), the warm start makes a new one, and the run's config is
 printed once and saved as ``workdir/config.json``.
@@ -29,6 +33,7 @@ are restored, and the step's RNG is `fold_in(seed, step)`, so the resumed run co
 exactly as an uninterrupted one would.
 """
 
+import copy
 import dataclasses
 import time
 from typing import Any, Callable
@@ -39,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax import config_lib, models, objectives, parallel, paths
-from grpo_jax.training import checkpoint, critic as critic_lib, evaluation, footprint
+from grpo_jax.training import async_rl, checkpoint, critic as critic_lib, evaluation, footprint
 from grpo_jax.training import batch as batch_lib, metrics as metrics_lib, packing, programs
 from grpo_jax.training import policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
@@ -101,6 +106,7 @@ def check_config(config, mesh):
     programs.packs(config)   # train.packing is one of programs.PACKING
     check_critic_config(config)
     rollout.check_environment_config(config)
+    async_rl.check_config(config, jax.process_count())
 
 
 def check_critic_config(config):
@@ -181,9 +187,10 @@ class Run:
       config: the run's resolved, read-only config; workdir: its absolute workdir.
       mesh: the device mesh.
       policy: the `policy_lib.Policy` being trained; opt_state: its optimizer state.
-      lagged: ``rollout.policy_lag`` copies of the policy's trained parameters (all of
-        them, or a LoRA run's adapters), oldest first; the rollouts sample with
-        ``lagged[0]`` (asynchronous RL's staleness).
+      lagged: `async_rl.lagged_copies` copies of the policy's trained parameters (all of
+        them, or a LoRA run's adapters), oldest first: after step t, those of steps
+        t - k .. t - 1 (the starting ones for steps before 1). Synchronous rollouts
+        sample with ``lagged[0]``; asynchronous ones with any of them or the current.
       ref_params: pi_ref's parameters (None without a KL term: ``kl.beta = 0``, or with
         LoRA, whose reference is the policy with its adapters off: `reference_params`).
       critic: PPO's value model (`critic_lib.Critic`; None without ``critic.enabled``).
@@ -196,6 +203,9 @@ class Run:
       checkpointer: the run's `checkpoint.Checkpointer`.
       advantages_fn, mismatch_fn, seeds_fn: jitted functions of the batch: the
         advantages, sampler-vs-trainer log-prob metrics, a random loss's row seeds.
+      producer: the `async_rl.Producer` of an asynchronous run (`start_producer`), else
+        None; data_position: with a producer, the prompt stream's position after the
+        last step taken (what a checkpoint saves; the stream itself may be further on).
     """
 
     config: Any
@@ -219,6 +229,8 @@ class Run:
     advantages_fn: Callable
     mismatch_fn: Callable
     seeds_fn: Callable
+    producer: async_rl.Producer | None = None
+    data_position: Any = None
 
 
 def _copy(params):
@@ -247,12 +259,10 @@ def set_up(config, workdir, mesh):
     return Run(
         config=config, workdir=workdir, mesh=mesh, policy=policy,
         opt_state=steps.init_optimizer_state(policy_run.tx, trained, mesh),
-        lagged=[_copy(trained) for _ in range(config.rollout.policy_lag)],
+        lagged=[_copy(trained) for _ in range(async_rl.lagged_copies(config))],
         ref_params=_copy(policy.params) if own_reference else None,
         critic=critic, policy_programs=policy_run, critic_programs=critic_run, objective=objective,
-        scorer=task_lib.Scorer(config.reward,
-                               separate=config.objective.advantage.estimator == "gdpo",
-                               max_new_tokens=config.rollout.max_new_tokens),
+        scorer=_scorer(config),
         method=rollout.sampling_method(config),
         episodic=rollout.Episodic.of(config, policy.tokenizer),
         layout=programs.batch_layout(config, policy.model_config(), prompt_len=1),   # its keys
@@ -264,6 +274,11 @@ def set_up(config, workdir, mesh):
         advantages_fn=jax.jit(objective.advantages),
         mismatch_fn=jax.jit(objectives.mismatch_metrics),
         seeds_fn=jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh)))
+
+
+def _scorer(config):
+    return task_lib.Scorer(config.reward, separate=config.objective.advantage.estimator == "gdpo",
+                           max_new_tokens=config.rollout.max_new_tokens)
 
 
 def reference_params(run):
@@ -328,9 +343,13 @@ def schedule(config, start):
 
 def _rollouts(run, step):
     """The step's rollouts and rewards (DAPO's dynamic sampling draws more if asked),
-    sampled by the parameters of ``policy_lag`` steps ago; the lag moves on by one.
-    Returns `(batch, metrics, examples, behaviour)`: `rollout.collect`'s three and the
-    `Policy` that sampled."""
+    sampled by the parameters of ``policy_lag`` steps ago (or taken from the producer of
+    an asynchronous run: `_produced_rollouts`); the lag moves on by one. Returns `(batch,
+    metrics, examples, behaviour)`: `rollout.collect`'s three, with ``staleness`` (the
+    steps between the parameters that sampled and the current ones) in the metrics, and
+    the `Policy` that sampled."""
+    if run.producer is not None:
+        return _produced_rollouts(run, step)
     config, policy = run.config, run.policy
     behaviour = (policy_lib.Policy(policy.graphdef, nnx.merge_state(policy.params, run.lagged[0]),
                                    policy.tokenizer) if run.lagged else policy)
@@ -338,12 +357,72 @@ def _rollouts(run, step):
                                                scorer=run.scorer, method=run.method,
                                                rng=steps.step_rng(config.seed, "rollout", step),
                                                episodic=run.episodic)
+    metrics["staleness"] = float(min(len(run.lagged), step - 1))
     if run.lagged:
         run.lagged = run.lagged[1:] + [_copy(run.policy_programs.trained_part(policy.params))]
-    if config.train.log_rollouts_every and step % config.train.log_rollouts_every == 0:
-        rollout.write_samples(batch, policy.tokenizer,
-                              paths.join(run.workdir, "rollouts", f"{step}.jsonl"))
+    _write_samples(config, run.workdir, step, batch, policy.tokenizer)
     return batch, metrics, examples, behaviour
+
+
+def _write_samples(config, workdir, step, batch, tokenizer):
+    if config.train.log_rollouts_every and step % config.train.log_rollouts_every == 0:
+        rollout.write_samples(batch, tokenizer, paths.join(workdir, "rollouts", f"{step}.jsonl"))
+
+
+def _produced_rollouts(run, step):
+    """`_rollouts` of an asynchronous run: publishes the current parameters (those of the
+    step's start, theta_{step-1}) to the producer, takes the step's batch from it and
+    finds the version that sampled it among the lagged copies, for pi_old."""
+    policy = run.policy
+    current = _copy(run.policy_programs.trained_part(policy.params))
+    run.producer.publish(step - 1, current)
+    begin = time.time()
+    produced = run.producer.take(step)
+    waited = time.time() - begin
+    k = len(run.lagged)   # lagged[i] holds version step - 1 - k + i (0 before the start)
+    held = {max(0, step - 1 - k + i): trained for i, trained in enumerate(run.lagged)}
+    held[step - 1] = current
+    behaviour = policy_lib.Policy(policy.graphdef,
+                                  nnx.merge_state(policy.params, held[produced.version]),
+                                  policy.tokenizer)
+    run.lagged = run.lagged[1:] + [current]
+    run.data_position = async_rl.DataPosition(produced.data_position)
+    metrics = {**produced.metrics, "staleness": float(step - 1 - produced.version),
+               "time_rollout_wait": waited}
+    return produced.batch, metrics, produced.examples, behaviour
+
+
+def start_producer(run, start, last):
+    """The `async_rl.Producer` of steps ``start + 1 .. last``: it samples on the run's
+    mesh with its own tokenizer copy, reward workers and environment, so nothing the
+    learner's thread uses (evaluation) is shared; the frozen part of the parameters (a
+    LoRA run's base) is read from the policy as it is now, which the update does not
+    donate in an asynchronous run. Returns `(producer, close)`."""
+    config, policy = run.config, run.policy
+    frozen = nnx.filter_state(policy.params, nnx.Not(run.policy_programs.trained))
+    tokenizer = copy.deepcopy(policy.tokenizer)
+    scorer = _scorer(config)
+    episodic = rollout.Episodic.of(config, tokenizer)
+
+    def sample(step, trained):
+        behaviour = policy_lib.Policy(policy.graphdef, nnx.merge_state(frozen, trained), tokenizer)
+        batch, metrics, examples = rollout.collect(
+            behaviour, run.mesh, run.train_iter, config=config, scorer=scorer, method=run.method,
+            rng=steps.step_rng(config.seed, "rollout", step), episodic=episodic)
+        _write_samples(config, run.workdir, step, batch, tokenizer)
+        return batch, metrics, examples, run.train_iter.get_state()
+
+    k = config.async_rl.max_staleness
+    versions = {max(0, start - k + i): trained for i, trained in enumerate(run.lagged)}
+    producer = async_rl.Producer(sample, first=start + 1, last=last, max_staleness=k,
+                                 fixed=config.async_rl.fixed, versions=versions)
+
+    def close():
+        producer.close()
+        scorer.close()
+        if episodic is not None:
+            episodic.close()
+    return producer, close
 
 
 def _packing(run, batch):
@@ -495,6 +574,9 @@ def train(config, workdir, *, seconds=None):
     run = set_up(config, workdir, mesh)
     start = restore(run)
     total_steps = config.critic.pretrain_steps + config.train.steps
+    close_producer = lambda: None
+    if config.async_rl.enabled:
+        run.producer, close_producer = start_producer(run, start, total_steps)
     writer = metrics_lib.MetricWriter(workdir, total_steps=total_steps, start_step=start,
                                       total_seconds=seconds)
     started, step = time.time(), start
@@ -511,13 +593,15 @@ def train(config, workdir, *, seconds=None):
             stopping = stop.requested() and not last   # agreed by every process
             if step % config.train.checkpoint_every == 0 or last or stopping:
                 writer.flush()   # the rows up to the step saved: what a resume keeps
-                run.checkpointer.save_run(step, checkpoint_state(run), run.train_iter,
+                position = run.train_iter if run.producer is None else run.data_position
+                run.checkpointer.save_run(step, checkpoint_state(run), position,
                                           seed=config.seed, base=checkpoint.base_pointer(config))
             if stopping:
                 raise preemption.Stopped(step, run.checkpointer.directory)
             if last:
                 break
     finally:
+        close_producer()   # the rollouts in flight are dropped; a resume samples them again
         stop.close()
         writer.close()
         run.checkpointer.close()

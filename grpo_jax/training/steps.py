@@ -51,7 +51,8 @@ def piece_keys(rng, count, offset=0):
 
 
 def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shardings,
-                     opt_shardings, micro_batches, sft_weight=0.0, trained=nnx.Param):
+                     opt_shardings, micro_batches, sft_weight=0.0, trained=nnx.Param,
+                     donate_params=True):
     """Returns the jitted ``update(params, opt_state, rows, index[, sft_rows, sft_index],
     plan=None, rng=None) -> (params, opt_state, metrics)``.
 
@@ -73,7 +74,8 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
         the optimizer state covers the trained ones only.
 
     The update reads ``rows`` (a dict of `[B, ...]` global arrays) at ``index`` (`[b]`
-    int32 row numbers); params and optimizer state are donated: their buffers are reused.
+    int32 row numbers); params (unless not `donate_params`) and optimizer state are
+    donated: their buffers are reused.
     With ``plan`` (`packing.plan` of the micro-batches, ``index[m::micro_batches]``), each
     micro-batch's forward runs on its packed rows. With ``rng`` (a key: the adapters'
     dropout, `dropout_rng`), micro-batch m carries ``dropout_key`` = fold_in(rng, m) (its
@@ -127,7 +129,7 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
 
     replicated = NamedSharding(mesh, P())
     return jax.jit(update, out_shardings=(param_shardings, opt_shardings, replicated),
-                   donate_argnums=(0, 1))
+                   donate_argnums=(0, 1) if donate_params else (1,))
 
 
 def optimizer_state_shardings(optimizer, params, mesh):

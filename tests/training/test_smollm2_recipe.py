@@ -71,3 +71,47 @@ def test_smollm2_recipe_runs_in_chat_with_its_rewards(chat_checkpoint, tmp_path)
     assert {"rewards/gsm8k", "rewards/integer_answer", "accuracy"} <= set(metrics)
     # accuracy counts the right number (gsm8k), the format reward only adds to it
     assert metrics["accuracy"] == pytest.approx(metrics["rewards/gsm8k"])
+
+
+def test_smollm2_lora_variants_set_rank_learning_rate_and_quantized_base():
+    """``lora=True`` trains rank-16 adapters at 10x the full run's 1e-5; ``quantize=int8``
+    adds the integer base; ``quantize`` without ``lora`` names the missing argument."""
+    recipe = REPO / "configs" / "smollm2.py"
+    full = config_lib.load_config(f"{recipe}:path=/ckpt")
+    lora = config_lib.load_config(f"{recipe}:path=/ckpt,lora=True")
+    qlora = config_lib.load_config(f"{recipe}:path=/ckpt,lora=True,quantize=int8")
+    assert (full.model.lora.rank, full.optimizer.learning_rate) == (0, 1e-5)
+    assert (lora.model.lora.rank, lora.model.lora.quantize) == (16, "")
+    assert lora.optimizer.learning_rate == pytest.approx(1e-4)
+    assert (qlora.model.lora.rank, qlora.model.lora.quantize) == (16, "int8")
+    with pytest.raises(ValueError, match="lora=True"):
+        config_lib.load_config(f"{recipe}:path=/ckpt,quantize=int8")
+
+
+def test_smollm2_cpu_compare_table_reads_kept_runs(tmp_path):
+    """experiments/smollm2_cpu.py's --compare: steps = metric rows, s/step = the median gap
+    between consecutive steps' times, accuracies from the kept answers (hand values)."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smollm2_cpu",
+                                                  REPO / "experiments" / "smollm2_cpu.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    answers = lambda correct: {"correct": correct, "strict": [0] * 4, "format": [0] * 4,
+                               "length": [10, 20, 30, 40], "truncated": [0] * 4,
+                               "completion": [""] * 4}
+    run = tmp_path / "lora"
+    run.mkdir()
+    (run / "base_answers.json").write_text(json.dumps(answers([1, 0, 0, 0])))
+    (run / "after_answers.json").write_text(json.dumps(answers([1, 1, 1, 0])))
+    (run / "run.json").write_text(json.dumps({"commit": "abc1234", "peak_rss_bytes": 3 * 2**30,
+                                               "checkpoint_bytes": 5 * 2**20}))
+    with gzip.open(run / "metrics.jsonl.gz", "wt") as f:
+        for t in (100.0, 160.0, 200.0, 250.0):   # gaps 60, 40, 50 -> median 50
+            f.write(json.dumps({"time": t}) + "\n")
+    table = script.compare_table([f"lora={run}"]).splitlines()
+    row = next(line for line in table if line.startswith("lora ")).split()
+    assert row == ["lora", "abc1234", "4", "50.0", "3.00", "GiB", "5", "MiB", "0.250",
+                   "0.750", "25.0"]
+    assert table[-1] == "# lora: n/a, load n/a at the start, recipe arguments ''"

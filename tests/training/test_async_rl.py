@@ -1,0 +1,163 @@
+"""Asynchronous RL: the producer thread's schedule and bound, and the trainer with it.
+
+The deterministic mode (``async_rl.fixed``) is the correctness test of the pipeline: with
+every batch exactly k steps stale it must equal the synchronous loop with
+``rollout.policy_lag = k`` bit for bit (tokens, every metric but timings, the exported
+parameters).
+"""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from grpo_jax.training import async_rl, rl
+from tests.training.training_setups import (assert_rows_equal, assert_same_export,
+                                            read_metrics, tiny_config)
+
+
+def _producer(k, fixed, last=8, versions=None, delay=0.0):
+    """A producer over fake rollouts: step s's "batch" records the version that sampled."""
+    calls = []
+
+    def sample(step, params):
+        calls.append((step, params))
+        time.sleep(delay)
+        return {"params": params}, {"m": float(step)}, [step], {"position": step}
+
+    producer = async_rl.Producer(sample, first=1, last=last, max_staleness=k, fixed=fixed,
+                                 versions=versions or {0: "theta0"})
+    return producer, calls
+
+
+def _learn(producer, last, delay=0.0):
+    """The learner's side: publish theta_{t-1}, take step t, 'update' for `delay` s."""
+    taken = []
+    for step in range(1, last + 1):
+        producer.publish(step - 1, f"theta{step - 1}")
+        taken.append(producer.take(step))
+        time.sleep(delay)
+    producer.close()
+    return taken
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_fixed_schedule_samples_step_s_with_version_s_minus_1_minus_k(k):
+    """With fixed, step s gets exactly theta_{max(0, s-1-k)}: staleness min(k, s-1), the
+    synchronous loop's policy_lag = k; the data position travels with its step."""
+    producer, calls = _producer(k, fixed=True)
+    taken = _learn(producer, 8)
+    for produced in taken:
+        s = produced.step
+        assert produced.version == max(0, s - 1 - k)
+        assert produced.batch["params"] == f"theta{max(0, s - 1 - k)}"
+        assert produced.data_position == {"position": s} and produced.examples == [s]
+    assert [c[0] for c in calls] == list(range(1, 9))
+
+
+@pytest.mark.parametrize("slow", ["learner", "sampler"])
+def test_free_running_staleness_stays_within_the_bound(slow):
+    """Free-running, a slow learner lets the producer run ahead (up to k) and a slow
+    sampler keeps it behind (staleness 0 or close): never outside [0, k], and the producer
+    uses the newest version it has."""
+    k = 2
+    producer, _ = _producer(k, fixed=False, last=10, delay=0.05 if slow == "sampler" else 0.0)
+    taken = _learn(producer, 10, delay=0.05 if slow == "learner" else 0.0)
+    staleness = [p.step - 1 - p.version for p in taken]
+    assert all(0 <= s <= k for s in staleness), staleness
+    if slow == "learner":   # the producer waits at the bound: steps >= k+1 are k stale
+        assert staleness[k:] == [k] * (10 - k), staleness
+    else:   # the learner waits for every batch, sampled with the newest version
+        assert max(staleness[1:]) <= 1, staleness
+
+
+def test_the_producer_waits_for_the_version_it_needs():
+    """Step k + 2 needs theta_1: it is not sampled before the learner publishes it."""
+    k = 1
+    producer, calls = _producer(k, fixed=True, last=3)
+    producer.publish(0, "theta0")
+    first = producer.take(1)
+    time.sleep(0.2)
+    assert [c[0] for c in calls] == [1, 2] and first.version == 0   # step 3 needs theta_1
+    producer.publish(1, "theta1")
+    assert producer.take(2).version == 0 and producer.take(3).version == 1
+    producer.close()
+
+
+def test_a_failed_rollout_reaches_the_learner_and_close_stops_a_waiting_producer():
+    def sample(step, params):
+        raise ValueError("grader exploded")
+
+    producer = async_rl.Producer(sample, first=1, last=3, max_staleness=1, fixed=True,
+                                 versions={0: "theta0"})
+    with pytest.raises(RuntimeError, match="failed before step 1") as info:
+        producer.take(1)
+    assert isinstance(info.value.__cause__, ValueError)
+    producer.close()
+
+    waiting, _ = _producer(1, fixed=True, last=5)   # stops at step 3: theta_1 never comes
+    time.sleep(0.1)
+    closer = threading.Thread(target=waiting.close)
+    closer.start()
+    closer.join(timeout=5)
+    assert not closer.is_alive()
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"async_rl.max_staleness": 0}, r"async_rl.max_staleness must be an int >= 1"),
+    ({"rollout.policy_lag": 1}, r"set rollout.policy_lag=0"),
+])
+def test_config_errors_name_the_field(overrides, match):
+    config = tiny_config("dapo", "/nonexistent", **{"async_rl.enabled": True, **overrides})
+    with pytest.raises(ValueError, match=match):
+        async_rl.check_config(config, 1)
+    with pytest.raises(ValueError, match="runs on one process"):
+        async_rl.check_config(tiny_config("dapo", "/x", **{"async_rl.enabled": True}), 2)
+    assert async_rl.lagged_copies(tiny_config("dapo", "/x", **{"async_rl.enabled": True,
+                                                               "async_rl.max_staleness": 3})) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 2])
+def test_fixed_async_equals_the_synchronous_loop_with_policy_lag_k(data_dir, tmp_path, k):
+    """Every batch exactly k steps stale: the same rollouts (their text row for row), every
+    metric but timings, and the same exported parameters, bit for bit, as the synchronous
+    loop with rollout.policy_lag = k; staleness min(k, t - 1) in both."""
+    common = {"train.steps": 4, "train.eval_every": 4, "train.export": True,
+              "train.log_rollouts_every": 1}
+    sync = tmp_path / "sync"
+    rl.train(tiny_config("dapo", data_dir, **common, **{"rollout.policy_lag": k}), str(sync))
+    asynchronous = tmp_path / "async"
+    rl.train(tiny_config("dapo", data_dir, **common, **{
+        "async_rl.enabled": True, "async_rl.max_staleness": k, "async_rl.fixed": True}),
+        str(asynchronous))
+    assert_rows_equal(asynchronous, sync, range(1, 5))
+    assert_same_export(asynchronous, sync)
+    for step in range(1, 5):
+        assert (asynchronous / "rollouts" / f"{step}.jsonl").read_text() == \
+            (sync / "rollouts" / f"{step}.jsonl").read_text()
+    assert [r["staleness"] for r in read_metrics(asynchronous)] == \
+        [float(min(k, t - 1)) for t in range(1, 5)]
+    assert all(r["time_rollout_wait"] >= 0 for r in read_metrics(asynchronous))
+
+
+@pytest.mark.slow
+def test_fixed_async_resumes_exactly_and_free_running_trains(data_dir, tmp_path):
+    """Stopped after step 2 and resumed (the producer's in-flight rollouts dropped and
+    sampled again from the checkpoint's data position and lagged copies), the fixed run
+    equals an uninterrupted one; a free-running run trains within its bound."""
+    overrides = {"train.steps": 4, "train.checkpoint_every": 2, "train.eval_every": 100,
+                 "async_rl.enabled": True, "async_rl.max_staleness": 2, "async_rl.fixed": True}
+    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "whole"))
+    cut = tiny_config("dapo", data_dir, **{**overrides, "train.steps": 2})
+    rl.train(cut, str(tmp_path / "cut"))
+    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "cut"))
+    assert_rows_equal(tmp_path / "cut", tmp_path / "whole", range(1, 5))
+
+    free = {**overrides, "async_rl.fixed": False, "train.checkpoint_every": 100}
+    rl.train(tiny_config("dapo", data_dir, **free), str(tmp_path / "free"))
+    rows = read_metrics(tmp_path / "free")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(0 <= r["staleness"] <= 2 and r["grad_norm"] > 0 for r in rows), rows
+    assert all(np.isfinite(r["loss"]) for r in rows)
