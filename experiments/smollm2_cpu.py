@@ -168,8 +168,8 @@ def keep_results(workdir, results, recipe):
         shutil.copyfileobj(src, dst)
     with open(os.path.join(workdir, "rl.json")) as f:
         run = json.load(f)
-    with open(os.path.join(workdir, "machine.json")) as f:
-        run.update(json.load(f))
+    with open(os.path.join(workdir, "machine.json")) as f:   # its own stage's seconds left out
+        run.update({k: v for k, v in json.load(f).items() if k != "seconds"})
     run["recipe"] = recipe
     with open(os.path.join(results, "run.json"), "w") as f:
         json.dump(run, f, indent=1)
