@@ -19,6 +19,10 @@ against full fine-tuning in docs/models.md):
     python experiments/smollm2_cpu.py --compare full=experiments/results/smollm2_cpu \
         lora=experiments/results/smollm2_cpu_lora qlora_int8=experiments/results/smollm2_cpu_qlora
 
+``--compare`` grades the kept answers again with the current graders (the recipe's held-out
+golds are regenerated from its config, no model is loaded), so runs kept before a grader
+changed stay comparable.
+
 Per stage it reports accuracy (the recipe's `reward.correct`, ``gsm8k``: the number after
 the last ``####``, else the last number written), strict accuracy (``integer_answer``:
 exactly the right integer after the last ``####``), format adherence (``integer_format``:
@@ -76,6 +80,28 @@ def held_out_answers(config, checkpoint):
     finally:
         scorer.close()
     return rows
+
+
+def held_out_examples(config):
+    """The recipe's held-out examples, the golds of `held_out_answers` (no model loaded)."""
+    from grpo_jax.training import evaluation, task as task_lib
+    source = task_lib.data_source(config.task, config.task.eval_split)
+    examples, real = evaluation.own_examples(source, config.eval.num_prompts)
+    return examples[:real]
+
+
+def regrade(rows, examples):
+    """`rows` (kept `held_out_answers`) with correct / strict / format scored again by the
+    current graders on the kept completions and `examples`' golds."""
+    from grpo_jax import rewards
+    if len(rows["completion"]) != len(examples):
+        raise ValueError(f"{len(rows['completion'])} kept answers for {len(examples)} held-out "
+                         "examples: the results come from another recipe or eval.num_prompts")
+    graders = {"correct": rewards.gsm8k_reward, "strict": rewards.integer_answer_reward,
+               "format": rewards.integer_format_reward}
+    return {**rows, **{key: [grader(e["question"], c, e) >= 1
+                             for c, e in zip(rows["completion"], examples)]
+                       for key, grader in graders.items()}}
 
 
 def summary(rows):
@@ -175,17 +201,21 @@ def keep_results(workdir, results, recipe):
         json.dump(run, f, indent=1)
 
 
-def compare_table(entries):
-    """One table over ``NAME=DIR`` results directories (see `keep_results`)."""
+def compare_table(entries, examples=None):
+    """One table over ``NAME=DIR`` results directories (see `keep_results`); with
+    `examples` (the held-out golds) the kept answers are graded again (`regrade`)."""
     lines = [
         "# python experiments/smollm2_cpu.py --compare " + " ".join(entries),
         "# SmolLM2-135M-Instruct, configs/smollm2.py (DAPO, 2-digit addition in chat), greedy",
         "# answers to the same held-out prompts; RL for the same wall-time budget on 2 cores.",
         "# s/step: median wall time between steps; peak RSS: the training call's peak",
-        "# resident host memory; checkpoint: the newest checkpoint's bytes on disk.",
-        f"{'run':<12s} {'commit':<8s} {'steps':>5s} {'s/step':>6s} {'peak RSS':>9s} "
-        f"{'checkpoint':>10s} {'base acc':>8s} {'after acc':>9s} {'length':>6s}",
+        "# resident host memory; checkpoint: the newest checkpoint's bytes on disk;",
+        "# acc: the gsm8k grader; strict: exactly the right integer after the last ####"
+        + ("; the kept answers graded again by the current graders." if examples else "."),
+        f"{'run':<14s} {'commit':<13s} {'steps':>5s} {'s/step':>6s} {'peak RSS':>9s} "
+        f"{'checkpoint':>10s} {'base acc':>8s} {'after acc':>9s} {'strict':>6s} {'length':>6s}",
     ]
+    grade = (lambda rows: regrade(rows, examples)) if examples else (lambda rows: rows)
     notes = []
     for entry in entries:
         name, _, directory = entry.partition("=")
@@ -194,17 +224,17 @@ def compare_table(entries):
             with open(os.path.join(directory, "run.json")) as f:
                 run = json.load(f)
         with open(os.path.join(directory, "base_answers.json")) as f:
-            base = summary(json.load(f))
+            base = summary(grade(json.load(f)))
         with open(os.path.join(directory, "after_answers.json")) as f:
-            after = summary(json.load(f))
+            after = summary(grade(json.load(f)))
         metrics = read_metrics(os.path.join(directory, "metrics.jsonl.gz"))
         gib = lambda key: f"{run[key] / 2**30:.2f} GiB" if key in run else "n/a"
         mib = lambda key: f"{run[key] / 2**20:.0f} MiB" if key in run else "n/a"
         lines.append(
-            f"{name:<12s} {run.get('commit', 'n/a'):<8s} {len(metrics):5d} "
+            f"{name:<14s} {run.get('commit', 'n/a'):<13s} {len(metrics):5d} "
             f"{median_step_seconds(metrics):6.1f} {gib('peak_rss_bytes'):>9s} "
             f"{mib('checkpoint_bytes'):>10s} {base['accuracy']:8.3f} {after['accuracy']:9.3f} "
-            f"{after['mean_length']:6.1f}")
+            f"{after['strict_accuracy']:6.3f} {after['mean_length']:6.1f}")
         if run:
             notes.append(f"# {name}: {run.get('machine', 'n/a')}, load {run.get('load', 'n/a')} "
                          f"at the start, recipe arguments '{run.get('recipe', '')}'")
@@ -228,7 +258,10 @@ def main():
                         help="print one table over results directories and exit")
     args = parser.parse_args()
     if args.compare:
-        table = compare_table(args.compare)
+        from grpo_jax import config_lib
+        config = config_lib.load_config(f"{args.config}:path=/unused" +
+                                        (f",{args.recipe}" if args.recipe else ""))
+        table = compare_table(args.compare, held_out_examples(config))
         print(table, end="")
         if args.out:
             with open(args.out, "w") as f:

@@ -14,6 +14,15 @@ same way):
 
 Answers written in words (`twelve`) do not parse to a number and score 0.
 
+`gsm8k` also wants the answer's value, not arithmetic still to do: a final answer that
+is an expression over numbers (`#### 98+99`, `#### 144/2`, `#### 5!`, `\\boxed{2^{10}}`)
+scores 0 even when it equals the gold, since a policy can otherwise copy the question's
+sum after `####` and be paid for it (a SmolLM2-135M LoRA run on an int8 base learned
+exactly that on two-digit addition within 15 RL steps). A fraction in lowest terms
+(`1/2`, `\\frac{3}{4}`) is a number; in an equation only the right-hand side counts
+(`#### 48 + 24 = 72` is 72). `math` keeps plain equivalence: MATH's answers are
+expressions (`2\\sqrt{3}`).
+
 math-verify's own timeouts stay off: they are `signal.alarm` with whole seconds of wall
 time per call (up to three calls per answer), a timeout while parsing the gold would
 read as an unparseable dataset row, and they raise outside the main thread.
@@ -23,6 +32,8 @@ time, main thread), and the `GraderPool` still kills a worker stuck in C.
 
 import functools
 import logging
+import math
+import re
 
 import math_verify
 
@@ -40,6 +51,33 @@ LONGEST_SYMBOLIC_INTEGER = 4000
 # (see above), and every grader process would print the warning into the training log.
 for _module in ("math_verify.grader", "math_verify.parser"):
     logging.getLogger(_module).setLevel(logging.ERROR)
+
+
+# An operator between two operands: `98+99`, `3 \\times 4`, `2^{10}`, `(1+2)`, `5!`.
+_OPERAND_END = r"(?:[0-9.)}\]]|!)"
+_OPERATOR = r"(?:[-+*/^\u00d7\u00f7\u00b7]|\\times|\\cdot|\\div|\\ast)"
+_ARITHMETIC = re.compile(rf"{_OPERAND_END}\s*{_OPERATOR}\s*[-+]?\s*[0-9.({{\\]|[0-9)}}]\s*!")
+_SIMPLE_FRACTION = re.compile(r"[-+]?([0-9]+)\s*/\s*([0-9]+)|[-+]?\\d?frac\{([0-9]+)\}\{([0-9]+)\}")
+
+
+def is_arithmetic_to_evaluate(answer: str) -> bool:
+    """Whether a (normalised) final answer is arithmetic over numbers rather than a value.
+
+    In an equation only the last right-hand side counts; a fraction in lowest terms is a
+    value, a reducible one (`144/2`) arithmetic.
+
+    Example:
+      >>> [is_arithmetic_to_evaluate(a) for a in ("197", "-3", "98+99", "48+24 = 72", "5!")]
+      [False, False, True, False, True]
+      >>> [is_arithmetic_to_evaluate(a) for a in ("1/2", "144/2", "\\\\frac{2}{4}", "x - 1")]
+      [False, True, True, False]
+    """
+    value = answer.rsplit("=", 1)[-1].strip()
+    fraction = _SIMPLE_FRACTION.fullmatch(value)
+    if fraction:
+        numerator, denominator = (int(g) for g in fraction.groups() if g is not None)
+        return denominator <= 1 or math.gcd(numerator, denominator) != 1
+    return _ARITHMETIC.search(value) is not None
 
 
 def _parse(answer: str) -> list:
@@ -115,8 +153,12 @@ def gsm8k_reward(prompt: str, completion: str, example: dict) -> float:
     """1.0 if the final GSM8K answer equals `example["answer"]`, else 0.0.
 
     The final answer is the later of the last `#### X` and the last `\\boxed{}`;
-    without either, the last number in the completion.
+    without either, the last number in the completion. Arithmetic left to do in the
+    answer (`#### 98+99`) scores 0, see the module's docstring.
     """
     del prompt
     marker = _answers.final_gsm8k_marker(completion)
-    return _score(_answer(marker) if marker else _answers.last_number(completion), example)
+    answer = _answer(marker) if marker else _answers.last_number(completion)
+    if answer is not None and is_arithmetic_to_evaluate(_normalise.normalise_answer(answer)):
+        return 0.0
+    return _score(answer, example)

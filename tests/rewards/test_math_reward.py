@@ -216,8 +216,20 @@ GSM8K_TABLE = [
     ("\\boxed{72 \\\\ 73}", "72", 0.0),
     ("#### 72 \\\\ 73", "72", 0.0),
     ("<answer>72</answer> and the last number is 3", "72", 0.0),
-    ("#### 3 + 69", "72", 1.0),  # an expression equal to the gold
-    ("#### 144/2", "72", 1.0),
+    # arithmetic left to do is not an answer, even when it equals the gold (a policy copying
+    # the question's sum after #### would be paid for it); an equation's right-hand side counts
+    ("#### 3 + 69", "72", 0.0),
+    ("#### 144/2", "72", 0.0),  # reducible: arithmetic
+    ("#### 98+99\n#### 98+99", "197", 0.0),
+    ("#### x = 98+99", "197", 0.0),
+    ("#### 98 \\times 2", "196", 0.0),
+    ("#### 2^{10}", "1024", 0.0),
+    ("\\boxed{98+99}", "197", 0.0),
+    ("#### 98 + 99 = 197", "197", 1.0),
+    ("98 + 99 = 197\n\n#### 197", "197", 1.0),
+    ("#### x = -3", "-3", 1.0),
+    ("#### 2/4", "0.5", 0.0),
+    ("#### \\frac{1}{2}", "0.5", 1.0),  # lowest terms: a number
     # unit words after the number are dropped
     ("#### 18 dollars", "18", 1.0),
     ("#### 18 dollars", "19", 0.0),
@@ -243,7 +255,7 @@ GSM8K_TABLE = [
     ("#### 18 dollars at most", "18", 0.0),
     ("#### 18 degrees below zero", "18", 0.0),
     ("#### about 18", "18", 0.0),
-    ("#### 5!", "120", 1.0),  # no words: a factorial, as math-verify reads it
+    ("#### 5!", "120", 0.0),  # no words: a factorial, arithmetic left to do
     ("#### 5!", "5", 0.0),
     # integers of any length, past Python's 4300-digit int-string limit
     ("#### " + "9" * 9000, "9" * 9000, 1.0),

@@ -98,13 +98,15 @@ def test_smollm2_cpu_compare_table_reads_kept_runs(tmp_path):
                                                   REPO / "experiments" / "smollm2_cpu.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    answers = lambda correct: {"correct": correct, "strict": [0] * 4, "format": [0] * 4,
-                               "length": [10, 20, 30, 40], "truncated": [0] * 4,
-                               "completion": [""] * 4}
+    answers = lambda correct, completions: {
+        "correct": correct, "strict": [0] * 4, "format": [0] * 4, "length": [10, 20, 30, 40],
+        "truncated": [0] * 4, "completion": completions}
+    base_completions = ["#### 197", "98 + 99", "#### 5", ""]
+    after_completions = ["#### 197", "1 + 2 = 3", "#### 3 + 2", "#### 9"]
     run = tmp_path / "lora"
     run.mkdir()
-    (run / "base_answers.json").write_text(json.dumps(answers([1, 0, 0, 0])))
-    (run / "after_answers.json").write_text(json.dumps(answers([1, 1, 1, 0])))
+    (run / "base_answers.json").write_text(json.dumps(answers([1, 0, 0, 0], base_completions)))
+    (run / "after_answers.json").write_text(json.dumps(answers([1, 1, 1, 0], after_completions)))
     (run / "run.json").write_text(json.dumps({"commit": "abc1234", "peak_rss_bytes": 3 * 2**30,
                                                "checkpoint_bytes": 5 * 2**20}))
     with gzip.open(run / "metrics.jsonl.gz", "wt") as f:
@@ -113,5 +115,15 @@ def test_smollm2_cpu_compare_table_reads_kept_runs(tmp_path):
     table = script.compare_table([f"lora={run}"]).splitlines()
     row = next(line for line in table if line.startswith("lora ")).split()
     assert row == ["lora", "abc1234", "4", "50.0", "3.00", "GiB", "5", "MiB", "0.250",
-                   "0.750", "25.0"]
+                   "0.750", "0.000", "25.0"]
     assert table[-1] == "# lora: n/a, load n/a at the start, recipe arguments ''"
+    # graded again against golds: "#### 3 + 2" (arithmetic left to do) no longer counts;
+    # "1 + 2 = 3" is right by its last number, not strictly; "#### 9" is wrong
+    golds = [{"task": "arithmetic", "question": q, "answer": a}
+             for q, a in (("98+99", "197"), ("1+2", "3"), ("3+2", "5"), ("4+4", "8"))]
+    table = script.compare_table([f"lora={run}"], golds).splitlines()
+    row = next(line for line in table if line.startswith("lora ")).split()
+    # base: "#### 197" and "#### 5" right (0.5); after: "#### 197" (strict too) and "1 + 2 = 3"
+    assert row[8:] == ["0.500", "0.500", "0.250", "25.0"]
+    with pytest.raises(ValueError, match="4 kept answers for 3"):
+        script.compare_table([f"lora={run}"], golds[:3])
