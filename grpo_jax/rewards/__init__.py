@@ -8,7 +8,7 @@ Countdown rows add "numbers" and "target", RPT rows "context" and "continuation"
 | `integer_answer` | last `#### X`                     | X is exactly the integer "answer" (procedural arithmetic) |
 | `integer_format` | last `#### X`                     | X is an integer, right or wrong (the answer format alone) |
 | `math`        | last `\\boxed{}`                      | it equals "answer" (math-verify, after normalisation) |
-| `gsm8k`       | later of last `#### X` / `\\boxed{}`, else last number | it equals "answer"                   |
+| `gsm8k`       | later of last `#### X` / `\\boxed{}`, else last number | it equals "answer", as a value (`98+99` scores 0) |
 | `countdown`   | last `<answer>...</answer>`          | a valid expression of "numbers" that equals "target"  |
 | `format`      | the whole completion                 | exactly the `tags` blocks, in order                   |
 | `self_verify` | final `<verify>correct|incorrect</verify>` | the verdict matches the `grader`'s judgement    |
