@@ -1,9 +1,15 @@
-"""VAPO beside DAPO at equal wall time: held-out accuracy, steps, time and memory, per seed.
+"""Recipes (or settings of one) at equal wall time: held-out accuracy, steps, time and
+memory, per seed; VAPO beside DAPO by default.
 
     python experiments/vapo_vs_dapo.py --seconds 900 --seeds 0 1 2 \\
         --workdir workdirs/vapo_vs_dapo [--recipes dapo vapo] [--override key=value ...]
+    python experiments/vapo_vs_dapo.py --seconds 240 --workdir workdirs/async_cpu \\
+        --run sync=dapo --run async_k1=dapo,async_rl.enabled=True,async_rl.max_staleness=1
 
-Each (recipe, seed) trains `configs/<recipe>.py:runlocal=True` (the tiny model on 3-digit
+``--run NAME=RECIPE[,key=value...]`` names a row and its own overrides (after the
+``--override`` ones every run gets); ``--recipes R`` is ``--run R=R``.
+
+Each (run, seed) trains `configs/<recipe>.py:runlocal=True` (the tiny model on 3-digit
 addition, from the seed's cached SFT warm start) for `--seconds` of wall time, counted
 from the first RL step (VAPO's value pre-training, compilation and everything else the
 loop does included; the warm start, built once per seed, is not; with dynamic sampling
@@ -41,8 +47,18 @@ def _parse_override(text):
         return key, value
 
 
+def parse_run(text):
+    """``NAME=RECIPE[,key=value...]`` -> (name, recipe, [key=value, ...])."""
+    name, _, rest = text.partition("=")
+    recipe, *overrides = rest.split(",")
+    if not name or not recipe or not all("=" in o for o in overrides):
+        raise SystemExit(f"--run {text!r}: expected NAME=RECIPE[,key=value...], e.g. "
+                         "async_k1=dapo,async_rl.enabled=True")
+    return name, recipe, overrides
+
+
 def run_one(args):
-    """One (recipe, seed) run in this process; prints its result as the last JSON line."""
+    """One (run, seed) run in this process; prints its result as the last JSON line."""
     from grpo_jax import config_lib, parallel, paths
     parallel.use_cpu_cores()
     import jax
@@ -56,7 +72,7 @@ def run_one(args):
         # groups found instead of stopping the run.
         "filtering.short_batch": "pad"})
     config_lib.apply_overrides(config, dict(_parse_override(o) for o in args.override))
-    workdir = os.path.join(os.path.abspath(args.workdir), f"{args.recipe}_seed{args.seed}")
+    workdir = os.path.join(os.path.abspath(args.workdir), f"{args.name}_seed{args.seed}")
     config, workdir = paths.resolve_run_paths(config, workdir)   # as rl.train does first
     config = warm_start.prepared(config)   # built (or found) before the clock starts
     begin = time.time()
@@ -65,24 +81,27 @@ def run_one(args):
     metrics = evaluation.evaluate_export(config, os.path.join(workdir, "export"))
     device = jax.devices()[0].memory_stats() or {}
     pretrain = min(steps, config.critic.pretrain_steps)
-    print(json.dumps({"recipe": args.recipe, "seed": args.seed, "rl_steps": steps - pretrain,
+    print(json.dumps({"recipe": args.name, "config": args.recipe, "seed": args.seed,
+                      "overrides": args.override, "budget_seconds": args.seconds,
+                      "rl_steps": steps - pretrain,
                       "value_pretrain_steps": pretrain, "seconds": round(seconds, 1),
                       "device_peak_bytes": device.get("peak_bytes_in_use"), **metrics}))
 
 
-def _child(args, recipe, seed):
+def _child(args, run, seed):
     """Runs `run_one` in a fresh process; returns its result with its peak RSS."""
+    name, recipe, overrides = run
     command = [sys.executable, os.path.abspath(__file__), "--one", recipe, str(seed),
-               "--seconds", str(args.seconds), "--workdir", args.workdir,
-               *[f"--override={o}" for o in args.override]]
+               "--name", name, "--seconds", str(args.seconds), "--workdir", args.workdir,
+               *[f"--override={o}" for o in [*args.override, *overrides]]]
     env = {**os.environ, "PYTHONPATH": REPO}
-    log_path = os.path.join(args.workdir, f"{recipe}_seed{seed}.log")
+    log_path = os.path.join(args.workdir, f"{name}_seed{seed}.log")
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
         out = process.stdout.read()
         _, status, usage = os.wait4(process.pid, 0)
     if status:
-        raise RuntimeError(f"{recipe} seed {seed} failed (status {status}); see {log_path}")
+        raise RuntimeError(f"{name} seed {seed} failed (status {status}); see {log_path}")
     with open(log_path, "a") as log:
         log.write(out)
     result = json.loads(out.strip().splitlines()[-1])
@@ -107,18 +126,20 @@ def _spread(values):
 
 def format_table(results, header):
     lines = [*header,
-             f"{'recipe':8s} {'seeds':>5s} {'pass@1':>15s} {'mean@k':>15s} {'pass@k':>15s} "
-             f"{'RL steps':>9s} {'seconds':>8s} {'device GiB':>10s} {'RSS GiB':>8s}",
-             "(seconds: the whole training call, set-up and export included; the budget "
-             "counts from the first step)"]
+             f"{'run':8s} {'seeds':>5s} {'pass@1':>15s} {'mean@k':>15s} {'pass@k':>15s} "
+             f"{'RL steps':>9s} {'s/step':>7s} {'seconds':>8s} {'device GiB':>10s} {'RSS GiB':>8s}",
+             "(s/step: the budget over the RL steps it held; seconds: the whole training "
+             "call, set-up and export included; the budget counts from the first step)"]
     for recipe in dict.fromkeys(r["recipe"] for r in results):
         rows = [r for r in results if r["recipe"] == recipe]
         gib = lambda key: [r[key] / 2**30 if r.get(key) else None for r in rows]
         rl_steps = statistics.mean(r["rl_steps"] for r in rows)
+        per_step = statistics.mean(r.get("budget_seconds", float("nan")) / max(r["rl_steps"], 1)
+                                   for r in rows)
         lines.append(
             f"{recipe:8s} {len(rows):5d} {_spread([r['eval_accuracy'] for r in rows]):>15s} "
             f"{_spread([r.get('eval_mean_at_k') for r in rows]):>15s} "
-            f"{_spread([r.get('eval_pass_at_k') for r in rows]):>15s} {rl_steps:9.1f} "
+            f"{_spread([r.get('eval_pass_at_k') for r in rows]):>15s} {rl_steps:9.1f} {per_step:7.2f} "
             f"{statistics.mean(r['seconds'] for r in rows):8.0f} "
             f"{_spread(gib('device_peak_bytes')):>10s} {_spread(gib('peak_rss_bytes')):>8s}")
     lines.append("per run: " + "; ".join(
@@ -131,7 +152,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=900.0, help="wall time per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--recipes", nargs="+", default=["dapo", "vapo"])
+    parser.add_argument("--recipes", nargs="+", default=None, help="default: dapo vapo")
+    parser.add_argument("--run", action="append", default=[], metavar="NAME=RECIPE[,k=v...]",
+                        help="a row of its own: a recipe with its own overrides")
+    parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", default="workdirs/vapo_vs_dapo")
     parser.add_argument("--override", action="append", default=[],
                         help="config field=value for every run (e.g. eval.num_prompts=100)")
@@ -139,7 +163,10 @@ def main():
     args = parser.parse_args()
     if args.one:
         args.recipe, args.seed = args.one[0], int(args.one[1])
+        args.name = args.name or args.recipe
         return run_one(args)
+    runs = [parse_run(r) for r in args.run]
+    runs += [(r, r, []) for r in (args.recipes or ([] if runs else ["dapo", "vapo"]))]
 
     os.makedirs(args.workdir, exist_ok=True)
     header = ["# python " + " ".join(shlex.quote(a) for a in sys.argv),
@@ -154,13 +181,14 @@ def main():
             done = [json.loads(line) for line in f if line.strip()]
     results = []
     for seed in args.seeds:
-        for recipe in args.recipes:
-            previous = [r for r in done if r["recipe"] == recipe and r["seed"] == seed]
+        for run in runs:
+            name = run[0]
+            previous = [r for r in done if r["recipe"] == name and r["seed"] == seed]
             if previous:
                 results.append(previous[-1])
                 continue
-            print(f"{recipe} seed {seed}: training for {args.seconds:.0f} s", flush=True)
-            result = _child(args, recipe, seed)
+            print(f"{name} seed {seed}: training for {args.seconds:.0f} s", flush=True)
+            result = _child(args, run, seed)
             results.append(result)
             with open(record, "a") as f:
                 f.write(json.dumps(result) + "\n")

@@ -143,21 +143,15 @@ def test_fixed_async_equals_the_synchronous_loop_with_policy_lag_k(data_dir, tmp
 
 
 @pytest.mark.slow
-def test_fixed_async_resumes_exactly_and_free_running_trains(data_dir, tmp_path):
-    """Stopped after step 2 and resumed (the producer's in-flight rollouts dropped and
-    sampled again from the checkpoint's data position and lagged copies), the fixed run
-    equals an uninterrupted one; a free-running run trains within its bound."""
-    overrides = {"train.steps": 4, "train.checkpoint_every": 2, "train.eval_every": 100,
-                 "async_rl.enabled": True, "async_rl.max_staleness": 2, "async_rl.fixed": True}
-    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "whole"))
-    cut = tiny_config("dapo", data_dir, **{**overrides, "train.steps": 2})
-    rl.train(cut, str(tmp_path / "cut"))
-    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "cut"))
-    assert_rows_equal(tmp_path / "cut", tmp_path / "whole", range(1, 5))
-
-    free = {**overrides, "async_rl.fixed": False, "train.checkpoint_every": 100}
-    rl.train(tiny_config("dapo", data_dir, **free), str(tmp_path / "free"))
-    rows = read_metrics(tmp_path / "free")
+def test_free_running_trains_within_its_bound(data_dir, tmp_path):
+    """Free-running (each batch sampled by the newest version published), a run trains
+    with every batch at most k = 2 steps stale. (Fixed mode killed with SIGKILL and
+    resumed equals the uninterrupted run: test_rl.py's kill -9 test.)"""
+    rl.train(tiny_config("dapo", data_dir, **{
+        "train.steps": 4, "train.checkpoint_every": 100, "train.eval_every": 100,
+        "async_rl.enabled": True, "async_rl.max_staleness": 2, "async_rl.fixed": False}),
+        str(tmp_path))
+    rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(0 <= r["staleness"] <= 2 and r["grad_norm"] > 0 for r in rows), rows
     assert all(np.isfinite(r["loss"]) for r in rows)
