@@ -16,11 +16,11 @@ then compares, step by step, every metric both runs logged except timings (names
 exported parameters tensor by tensor. It prints one line per metric (the steps where the
 two are equal, the largest difference) and a verdict, writes them to
 ``<workdir>/table.txt``, and exits with 1 when anything differs. ``staleness`` is
-compared too: min(k, t - 1) in both.
+compared too: min(k, t - 1) in both. A run that finished in ``<workdir>/<name>_k<k>``
+(its export written) is kept and compared again; delete it to run it again.
 """
 
 import argparse
-import json
 import os
 import shlex
 import subprocess
@@ -39,13 +39,6 @@ def variants(k):
                   "--config.async_rl.fixed=True"],
         "policy_lag": [f"--config.rollout.policy_lag={k}"],
     }
-
-
-def read_rows(workdir):
-    """metrics.jsonl as {step: row}."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return {row["step"]: row for row in rows}
 
 
 def compare_metrics(got, want):
@@ -110,27 +103,33 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     common = [f"--config={args.config}", *[f"--config.{o}" for o in args.override]]
-    from grpo_jax import sweep   # no JAX imported: the runs are their own processes
+    from grpo_jax import report, sweep   # the runs are their own processes
     header = ["# python " + " ".join(shlex.quote(a) for a in sys.argv),
               f"# commit {sweep.source_commit()}, {sweep.machine_description(os.cpu_count())}"]
-    workdirs = {}
+    workdirs, kept = {}, []
     for name, flags in variants(args.k).items():
-        workdir = workdirs[name] = os.path.abspath(os.path.join(args.workdir, name))
+        workdir = workdirs[name] = os.path.abspath(os.path.join(args.workdir,
+                                                                 f"{name}_k{args.k}"))
         command = [sys.executable, "-m", "grpo_jax.main", *common, f"--workdir={workdir}", *flags]
-        header.append("# " + " ".join(shlex.quote(a) for a in command[1:]))
+        shown = [*command[1:-len(flags) - 1], f"--workdir={os.path.relpath(workdir)}", *flags]
+        header.append("# python " + " ".join(shlex.quote(a) for a in shown))
         if os.path.exists(os.path.join(workdir, "export", "model.safetensors")):
             print(f"{name}: finished in {workdir}, kept", flush=True)
+            kept.append(name)
             continue
         print(f"{name}: {' '.join(command[1:])}", flush=True)
-        with open(os.path.join(args.workdir, f"{name}.log"), "w") as log:
+        with open(f"{workdir}.log", "w") as log:
             subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT,
                            cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
-    table = compare_metrics(read_rows(workdirs["async"]), read_rows(workdirs["policy_lag"]))
+    if kept:   # the commit above is this comparison's, not necessarily those runs'
+        header.insert(2, f"# kept from an earlier invocation (not run again): {', '.join(kept)}")
+    by_step = lambda workdir: {row["step"]: row for row in report.read_metrics(workdir)}
+    table = compare_metrics(by_step(workdirs["async"]), by_step(workdirs["policy_lag"]))
     exports = compare_exports(workdirs["async"], workdirs["policy_lag"])
-    report, equal = format_report(table, exports, header)
+    text, equal = format_report(table, exports, header)
     with open(os.path.join(args.workdir, "table.txt"), "w") as f:
-        f.write(report + "\n")
-    print(report)
+        f.write(text + "\n")
+    print(text)
     sys.exit(0 if equal else 1)
 
 
