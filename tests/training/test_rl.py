@@ -202,7 +202,7 @@ def test_home_relative_paths_are_expanded(tmp_path):
     home.mkdir()
     # Its own dataset and warm start under the fake home: a 10-step one (paths are under test).
     overrides = {"train.steps": 1, "train.eval_every": 100, "train.export": True,
-                 "sft.steps": 10, "sft.eval_every": 10}
+                 "sft.steps": 10}
     config_file = cli_config_file(tmp_path, "~/tfds", overrides)
     command, where = cli([f"--config={config_file}", "--workdir=~/runs/first"], cwd=tmp_path,
                          HOME=str(home))

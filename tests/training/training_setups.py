@@ -55,11 +55,14 @@ def runlocal_config(recipe, data_dir, **overrides):
     # A shorter warm start, still with answers right and wrong, where a step costs more:
     # rpt's rows are 8x wider (its instruction takes a 256-token prompt bucket; half the
     # rows too) and its answers a token or two (its SFT loss is flat after ~40 steps); the
-    # MoE model runs 8 experts per layer.
-    config.sft.steps = {"rpt": 40}.get(config.task.name, 100 if config.model.name == "tiny_moe" else 200)
+    # MoE model runs 8 experts per layer; the calculator's and the verdicts' rows are twice
+    # as long (64 and 56 tokens), and 100 steps already call the tool or write a verdict.
+    longer = config.task.knobs.get("calculator_fraction") or config.task.knobs.get("verdicts")
+    config.sft.steps = ({"rpt": 40}.get(config.task.name) or
+                        (100 if config.model.name == "tiny_moe" or longer else 200))
     config.sft.batch_size = 16 if config.task.name == "rpt" else 32
     config.sft.optimizer.learning_rate = 2e-3
-    config.sft.eval_every = 200
+    config.sft.eval_every = 10**6   # never: no test reads the warm start's own evaluation
     config.sft.log_every = 50
     return config_lib.apply_overrides(config, overrides)
 
