@@ -110,6 +110,12 @@ def get_config(arg=None):
     # Continuous batching: decode in this many slots, a stopped row's slot going to the
     # next pending one (0: every row of the batch at once). The same samples either way.
     config.rollout.slots = 0
+    # Split meshes: "" samples on the training mesh; name=size pairs (e.g. "data=4": axes
+    # left out have size 1) take that many of the last devices for a mesh of their own
+    # that samples, the training mesh (config.mesh) taking the rest. The parameters go to
+    # it after each update and the batch comes back (cross-mesh copies, timed). With
+    # async_rl the two meshes work at the same time. One process.
+    config.rollout.mesh = ""
 
     # Asynchronous RL (docs/async.md): a producer thread samples the next steps' rollouts
     # while the learner updates. A batch trained at step t was sampled by the parameters

@@ -148,6 +148,37 @@ def format_table(results, header):
     return "\n".join(lines)
 
 
+# Per-step timings, where a run logs them: the rollout, the update, the learner's wait for
+# an asynchronous producer, the staleness, and split meshes' cross-mesh copies.
+STEP_METRICS = ("time_rollout", "time_update", "time_rollout_wait", "staleness",
+                "time_weight_transfer", "time_batch_transfer")
+FROM_STEP = 6   # the first steps compile
+
+
+def format_step_table(results, workdir):
+    """Each run's per-step `STEP_METRICS` (those it logs), the mean over steps from
+    `FROM_STEP` on, one column per metric, one value per seed."""
+    from grpo_jax import report
+    names = list(dict.fromkeys(r["recipe"] for r in results))
+    means = {}
+    for r in results:
+        rows = [row for row in report.read_metrics(
+            os.path.join(workdir, f"{r['recipe']}_seed{r['seed']}")) if row["step"] >= FROM_STEP]
+        means[r["recipe"], r["seed"]] = {
+            key: statistics.mean(row[key] for row in rows) for key in STEP_METRICS
+            if rows and all(key in row for row in rows)}
+    keys = [k for k in STEP_METRICS if any(k in m for m in means.values())]
+    seeds = lambda name: [r["seed"] for r in results if r["recipe"] == name]
+    lines = [f"# per step, mean over steps {FROM_STEP}.. of each run, per seed "
+             f"{' / '.join(map(str, seeds(names[0])))} (seconds; from metrics.jsonl):",
+             f"{'run':14s}" + "".join(f"{k:>24s}" for k in keys)]
+    for name in names:
+        cells = [" / ".join(f"{means[name, s][k]:.2f}" if k in means[name, s] else "-"
+                            for s in seeds(name)) for k in keys]
+        lines.append(f"{name:14s}" + "".join(f"{c:>24s}" for c in cells))
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=900.0, help="wall time per run")
@@ -193,7 +224,7 @@ def main():
             with open(record, "a") as f:
                 f.write(json.dumps(result) + "\n")
             print(json.dumps(result), flush=True)
-    table = format_table(results, header)
+    table = format_table(results, header) + "\n\n" + format_step_table(results, args.workdir)
     with open(os.path.join(args.workdir, "table.txt"), "w") as f:
         f.write(table + "\n")
     print(table)

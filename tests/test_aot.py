@@ -630,3 +630,29 @@ def test_lora_trains_on_adapter_sized_optimizer_state_and_holds_no_reference_cop
     assert lora["state_bytes"]["optimizer"] == 2 * adapters + counts
     assert lora["state_bytes"]["weights"] == params + adapters
     assert full["held_state_bytes"] == params and lora["held_state_bytes"] == 0
+
+
+def test_split_meshes_compile_the_sampler_on_the_rollout_devices_alone():
+    """With rollout.mesh the update is compiled on the training devices (4 here: its rows
+    split 4 ways, not 8) and prefill and decode on the other 4, holding none of the
+    training state."""
+    config = tiny_config(**{"mesh": "data=1,fsdp=4,tensor=1", "rollout.mesh": "data=4"})
+    result = aot.report(config, "cpu", prompt_len=16, log=lambda line: None)
+    assert result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert result["rollout_mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+    cfg = models.get_model_config("tiny")
+    params, steps = expected_param_bytes(cfg, fsdp=4), 2 * 4
+    b, s, n = 16 * 4, 16, NEW_TOKENS
+    per_row = 4 * (2 * s + 3 * n + 1) + 1   # as in TestCpuReport: GSPO's columns
+    train = result["programs"]["train"]
+    assert train["argument_bytes"] == 3 * params + steps + b // 4 * per_row + b // 4 * 4
+    for name in ("prefill", "decode"):
+        assert result["programs"][name]["held_bytes"] == 0
+    devices = jax.devices()
+    train_mesh = parallel.make_mesh(config.mesh, devices=devices[:4])
+    rollout_mesh = parallel.make_mesh("data=4,fsdp=1,tensor=1", devices=devices[4:])
+    built = {p.name: p for p in programs_lib.build(config, train_mesh, prompt_len=16,
+                                                    rollout_mesh=rollout_mesh)}
+    placed = lambda name: {d for s in jax.tree.leaves(built[name].lowered.compile().input_shardings)
+                           for d in s.device_set}
+    assert placed("prefill") == set(devices[4:]) and placed("logprob") == set(devices[:4])

@@ -139,3 +139,52 @@ def test_auto_mesh_shards_the_weights_when_the_state_would_crowd_a_device(monkey
     mesh = hosts.setup_mesh(config, lambda: 9 * 2**30)
     assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1}
     assert "mesh 'auto': the weights, gradients and optimizer state would take 9.0 GiB" in capsys.readouterr().out
+
+
+def test_a_rollout_mesh_takes_the_last_devices_and_the_training_mesh_the_rest():
+    devices = jax.devices()
+    train, sample = mesh_lib.split_devices("data=2,tensor=1", devices)
+    assert train == devices[:6] and sample == devices[6:]
+    assert mesh_lib.with_standard_axes("data=2") == (("data", 2), ("fsdp", 1), ("tensor", 1))
+    for spec, message in [("data=8", "takes 8 of the 8 devices, leaving none to train on"),
+                          ("data=-1", "give every axis a size >= 1")]:
+        with pytest.raises(ValueError, match=message):
+            mesh_lib.split_devices(spec, devices)
+
+
+def test_a_config_with_a_rollout_mesh_gets_two_meshes_of_disjoint_devices(capsys):
+    config = config_lib.load_config(f"{REPO / 'configs' / 'dapo.py'}:runlocal=True")
+    config.rollout.mesh = "data=4"
+    train, sample = hosts.setup_meshes(config)
+    assert dict(train.shape) == {"data": 4, "fsdp": 1, "tensor": 1} == dict(sample.shape)
+    assert not set(train.devices.flat) & set(sample.devices.flat)
+    out = capsys.readouterr().out
+    assert "training mesh {'data': 4, 'fsdp': 1, 'tensor': 1} over 4 cpu" in out
+    assert "rollout mesh {'data': 4, 'fsdp': 1, 'tensor': 1} over 4 cpu" in out
+    config.rollout.mesh = ""
+    one, same = hosts.setup_meshes(config)
+    assert one is same and one.size == 8
+
+
+def test_split_meshes_are_refused_across_processes(monkeypatch):
+    config = config_lib.load_config(f"{REPO / 'configs' / 'dapo.py'}:runlocal=True")
+    config.rollout.mesh = "data=4"
+    monkeypatch.setattr(hosts, "initialize", lambda distributed: None)
+    monkeypatch.setattr(hosts.jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"rollout.mesh='data=4' splits the devices of one "
+                                         r"process; this run has 2 processes"):
+        hosts.setup_meshes(config)
+
+
+def test_on_mesh_keeps_each_spec_where_it_divides_and_replicates_elsewhere():
+    eight = mesh_lib.make_mesh("data=8,fsdp=1,tensor=1")
+    three = mesh_lib.make_mesh("data=1,fsdp=1,tensor=3", devices=jax.devices()[5:])
+    rows = jax.device_put(np.arange(16.0).reshape(8, 2), mesh_lib.row_sharding(eight))
+    weights = jax.device_put(np.ones((4, 6)), jax.NamedSharding(eight, jax.P(None, "tensor")))
+    moved = mesh_lib.on_mesh({"rows": rows, "weights": weights}, three)
+    assert moved["rows"].sharding.spec == mesh_lib.row_sharding(eight).spec   # 8 rows / 1 way
+    assert moved["weights"].sharding.spec == jax.P(None, "tensor")            # 6 / 3
+    assert set(moved["rows"].devices()) == set(jax.devices()[5:])
+    odd = jax.device_put(np.ones((4, 4)), jax.NamedSharding(eight, jax.P(None, "tensor")))
+    assert mesh_lib.on_mesh(odd, three).sharding.spec == jax.P()   # 4 does not split 3 ways
+    np.testing.assert_array_equal(moved["rows"], np.arange(16.0).reshape(8, 2))

@@ -93,14 +93,22 @@ def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
         config.mesh, state_bytes=lambda: footprint.replicated_state_bytes(config), device_memory=hbm)
     if reason:
         log(reason)
+    rollout_mesh = None
+    if config.rollout.mesh:   # split meshes: the sampler's programs on the last devices
+        devices, rollout_devices = parallel.split_devices(config.rollout.mesh, devices)
+        rollout_mesh = parallel.make_mesh(parallel.with_standard_axes(config.rollout.mesh),
+                                          devices=rollout_devices)
     mesh = parallel.make_mesh(spec, devices=devices)
     host = host_lib.compile_memory(footprint.model_config(config))
     if host.warning:
         log(host.warning)
     begin = time.time()
-    lowered = [p for p in programs_lib.build(config, mesh, prompt_len=prompt_len) if p.name in programs]
+    lowered = [p for p in programs_lib.build(config, mesh, prompt_len=prompt_len,
+                                             rollout_mesh=rollout_mesh) if p.name in programs]
+    on = "" if rollout_mesh is None else (
+        f" (the sampler's on rollout mesh {dict(rollout_mesh.shape)} of {rollout_mesh.size} more)")
     log(f"lowered {len(lowered)} programs in {time.time() - begin:.1f} s on mesh {dict(mesh.shape)} "
-        f"of {len(devices)} x {devices[0].device_kind}")
+        f"of {len(devices)} x {devices[0].device_kind}{on}")
     results = []
     for program in lowered:
         results.append(report_lib.compile_program(program))
@@ -110,7 +118,8 @@ def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
     too_big = [r for r in results if report_lib.does_not_fit(r, hbm)]
     return {
         "topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
-        "versions": compiler_versions(topology), "mesh": dict(mesh.shape), "mesh_choice": reason, "hbm_bytes_per_device": hbm,
+        "versions": compiler_versions(topology), "mesh": dict(mesh.shape),
+        "rollout_mesh": None if rollout_mesh is None else dict(rollout_mesh.shape), "mesh_choice": reason, "hbm_bytes_per_device": hbm,
         "host_memory_estimate": host.to_json(),
         "fits": False if too_big else (None if hbm is None else True),
         "programs": {r.name: r.to_json() for r in results},

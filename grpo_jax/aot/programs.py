@@ -102,13 +102,15 @@ def _cache_sharding(x, mesh, stacked):
     return jax.NamedSharding(mesh, sharding_lib.activation_spec(x.shape, axes, mesh))
 
 
-def build(config, mesh, *, prompt_len):
+def build(config, mesh, *, prompt_len, rollout_mesh=None):
     """The run's programs for `config` on `mesh`, lowered (not compiled).
 
     Args:
       config: a run config (configs/*.py), its overrides applied.
       mesh: a `jax.sharding.Mesh`, e.g. of a TPU topology's abstract devices.
       prompt_len: S, the prompt bucket (the completion buffer N is rollout.max_new_tokens).
+      rollout_mesh: with split meshes (``rollout.mesh``), the devices the sampler runs
+        on: prefill and decode are lowered there, holding nothing of the training state.
 
     Returns:
       A list of `Program`s: train, logprob, prefill, decode (and critic_train, values
@@ -156,10 +158,13 @@ def build(config, mesh, *, prompt_len):
                     f"{b} rows x {seq} in {pieces} piece(s)", {"weights": params_bytes},
                     opt_bytes + copy_bytes),
         ]
-        training_state = params_bytes + opt_bytes + copy_bytes
-        programs += _sampler_programs(config, mesh, cfg, params, prompt_len,
-                                      held=training_state + critic_bytes + device_bytes(rows),
-                                      held_state=training_state)
+    training_state = params_bytes + opt_bytes + copy_bytes
+    held = dict(held=training_state + critic_bytes + device_bytes(rows), held_state=training_state)
+    if rollout_mesh is not None:   # devices of its own: its weights, cache and prompts only
+        held = dict(held=0, held_state=0)
+    sampler_mesh = mesh if rollout_mesh is None else rollout_mesh
+    with jax.set_mesh(sampler_mesh):
+        programs += _sampler_programs(config, sampler_mesh, cfg, params, prompt_len, **held)
     return programs + critic
 
 

@@ -51,7 +51,7 @@ def initialize(cfg):
 _ANNOUNCED_MESHES = set()   # the demo builds one mesh per stage; each is printed once
 
 
-def setup_mesh(config, state_bytes=None):
+def setup_mesh(config, state_bytes=None, *, devices=None, role=""):
     """The config's mesh, after joining the other processes if the run is distributed;
     the first time a process builds it, process 0 says on which devices it runs.
 
@@ -59,19 +59,46 @@ def setup_mesh(config, state_bytes=None):
       config: the run config; its ``mesh`` is name=size pairs or "auto".
       state_bytes: for "auto", a function of no arguments giving the run's replicated
         state in bytes (`mesh.choose_mesh`); without it "auto" is data parallel.
+      devices: the devices to build it over (default: all of them); role: a word for
+        the printed line ("training", "rollout").
     """
     initialize(config.distributed)
     spec, reason = mesh_lib.choose_mesh(config.mesh, state_bytes=state_bytes,
                                         device_memory=device_memory(jax.local_devices()[0])
                                         if state_bytes else None)
-    mesh = mesh_lib.make_mesh(spec)
+    mesh = mesh_lib.make_mesh(spec, devices=devices)
+    _announce(mesh, reason, role)
+    return mesh
+
+
+def _announce(mesh, reason=None, role=""):
     hosts = jax.process_count()
-    line = (f"mesh {dict(mesh.shape)} over {mesh.size} {mesh.devices.flat[0].platform} device(s)"
+    line = (f"{role + ' ' if role else ''}mesh {dict(mesh.shape)} over {mesh.size} "
+            f"{mesh.devices.flat[0].platform} device(s)"
             f"{f' in {hosts} processes' if hosts > 1 else ''}")
     if is_main() and line not in _ANNOUNCED_MESHES:
         _ANNOUNCED_MESHES.add(line)
         print(reason + "\n" + line if reason else line, flush=True)
-    return mesh
+
+
+def setup_meshes(config, state_bytes=None):
+    """`(training mesh, rollout mesh)` of an RL run. With ``rollout.mesh`` "" they are one
+    mesh (`setup_mesh`) over every device; with name=size pairs (e.g. "data=4") the last
+    that many devices form the rollout mesh (axes it leaves out have size 1) and the
+    config's mesh is built over the others. Split meshes run on one process."""
+    spec = config.rollout.mesh
+    if not spec:
+        mesh = setup_mesh(config, state_bytes)
+        return mesh, mesh
+    initialize(config.distributed)
+    if jax.process_count() > 1:
+        raise ValueError(f"rollout.mesh={spec!r} splits the devices of one process; this run "
+                         f"has {jax.process_count()} processes. Set rollout.mesh=''")
+    train_devices, rollout_devices = mesh_lib.split_devices(spec, jax.devices())
+    mesh = setup_mesh(config, state_bytes, devices=train_devices, role="training")
+    rollout_mesh = mesh_lib.make_mesh(mesh_lib.with_standard_axes(spec), devices=rollout_devices)
+    _announce(rollout_mesh, role="rollout")
+    return mesh, rollout_mesh
 
 
 def device_memory(device):

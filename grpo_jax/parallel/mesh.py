@@ -105,6 +105,49 @@ def make_mesh(axes, devices=None):
     return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
 
 
+STANDARD_AXES = ("data", "fsdp", "tensor")   # every mesh built from a spec has these
+
+
+def split_devices(spec, devices):
+    """`(training devices, rollout devices)`: the last of `devices` for the rollout mesh
+    ``spec`` (``rollout.mesh``: name=size pairs, no -1), the rest for training."""
+    axes = parse_mesh(spec)
+    if any(size < 1 for _, size in axes):
+        raise ValueError(f"rollout.mesh {spec!r}: give every axis a size >= 1 (the rollout "
+                         "mesh takes that many devices; the training mesh takes the rest)")
+    count = math.prod(size for _, size in axes)
+    if count >= len(devices):
+        raise ValueError(f"rollout.mesh {spec!r} takes {count} of the {len(devices)} devices, "
+                         "leaving none to train on; make it smaller, or set rollout.mesh='' to "
+                         "sample on the training mesh")
+    return devices[:len(devices) - count], devices[len(devices) - count:]
+
+
+def with_standard_axes(spec):
+    """``spec``'s (name, size) pairs plus every `STANDARD_AXES` name it leaves out, at size 1,
+    so the weights' and activations' sharding rules find their axes on the mesh."""
+    axes = parse_mesh(spec)
+    names = {name for name, _ in axes}
+    return axes + tuple((name, 1) for name in STANDARD_AXES if name not in names)
+
+
+def on_mesh(tree, mesh):
+    """`tree` (jax arrays, e.g. on another mesh) copied to the devices of `mesh`: each leaf
+    keeps its `PartitionSpec` where `mesh` has those axes and its dimensions divide, and is
+    replicated otherwise. Between meshes of different devices this is JAX's cross-mesh
+    transfer (`jax.device_put`)."""
+    def sharding(x):
+        spec = getattr(x.sharding, "spec", PartitionSpec())
+        for dim, entry in zip(x.shape, spec):
+            axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+            if any(a not in mesh.shape for a in axes) or dim % math.prod(
+                    mesh.shape[a] for a in axes):
+                return NamedSharding(mesh, PartitionSpec())
+        return NamedSharding(mesh, spec)
+
+    return jax.device_put(tree, jax.tree.map(sharding, tree))
+
+
 def row_axes(mesh):
     """The mesh axes a batch's rows split over (every axis but "tensor")."""
     return tuple(a for a in mesh.axis_names if a not in NOT_ROW_AXES)

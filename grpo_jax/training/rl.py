@@ -21,7 +21,9 @@ the critic makes the same ``epochs x minibatches`` updates toward its targets.
 
 With ``async_rl.enabled`` the rollouts come from a producer thread that samples the next
 steps while this loop updates (`async_rl`, `start_producer`): the loop takes each step's
-batch from it instead of sampling, and the rest of the step is unchanged.
+batch from it instead of sampling, and the rest of the step is unchanged. With
+``rollout.mesh`` the rollouts are sampled on devices of their own (`_collect`: the
+parameters copied there, the batch copied back), synchronous or not.
 
 The config is read, never written: `train` works on a resolved, read-only copy
 (`paths.resolve_run_paths`), the warm start makes a new one, and the run's config is
@@ -185,7 +187,10 @@ class Run:
 
     Attributes:
       config: the run's resolved, read-only config; workdir: its absolute workdir.
-      mesh: the device mesh.
+      mesh: the device mesh; rollout_mesh: the one the rollouts are sampled on (`mesh`
+        itself unless ``rollout.mesh`` splits the devices: `parallel.setup_meshes`).
+      rollout_frozen: with split meshes, the untrained part of the parameters (a LoRA
+        run's base; constants) copied to the rollout mesh once; else None.
       policy: the `policy_lib.Policy` being trained; opt_state: its optimizer state.
       lagged: `async_rl.lagged_copies` copies of the policy's trained parameters (all of
         them, or a LoRA run's adapters), oldest first: after step t, those of steps
@@ -231,16 +236,19 @@ class Run:
     seeds_fn: Callable
     producer: async_rl.Producer | None = None
     data_position: Any = None
+    rollout_mesh: jax.sharding.Mesh | None = None
+    rollout_frozen: Any = None
 
 
 def _copy(params):
     return jax.tree.map(jnp.copy, params)
 
 
-def set_up(config, workdir, mesh):
+def set_up(config, workdir, mesh, rollout_mesh=None):
     """The `Run` of `config` (resolved, read-only) in `workdir` at its start: data, the
     starting policy and critic, the objective, programs and optimizer states, the
-    checkpointer. `restore` then moves it to the newest checkpoint."""
+    checkpointer. `restore` then moves it to the newest checkpoint. `rollout_mesh`: where
+    the rollouts are sampled (default: `mesh`)."""
     train_source = task_lib.data_source(config.task, "train")
     eval_source = task_lib.data_source(config.task, config.task.eval_split)
     held_out = evaluation.own_examples(eval_source, config.eval.num_prompts)   # checks the count
@@ -256,8 +264,12 @@ def set_up(config, workdir, mesh):
         critic.opt_state = steps.init_optimizer_state(critic_run.tx, critic.params, mesh)
     trained = policy_run.trained_part(policy.params)
     own_reference = config.objective.kl.beta > 0 and not config.model.lora.rank
+    rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
+    rollout_frozen = None if rollout_mesh is mesh else parallel.on_mesh(
+        nnx.filter_state(policy.params, nnx.Not(policy_run.trained)), rollout_mesh)
     return Run(
         config=config, workdir=workdir, mesh=mesh, policy=policy,
+        rollout_mesh=rollout_mesh, rollout_frozen=rollout_frozen,
         opt_state=steps.init_optimizer_state(policy_run.tx, trained, mesh),
         lagged=[_copy(trained) for _ in range(async_rl.lagged_copies(config))],
         ref_params=_copy(policy.params) if own_reference else None,
@@ -353,15 +365,38 @@ def _rollouts(run, step):
     config, policy = run.config, run.policy
     behaviour = (policy_lib.Policy(policy.graphdef, nnx.merge_state(policy.params, run.lagged[0]),
                                    policy.tokenizer) if run.lagged else policy)
-    batch, metrics, examples = rollout.collect(behaviour, run.mesh, run.train_iter, config=config,
-                                               scorer=run.scorer, method=run.method,
-                                               rng=steps.step_rng(config.seed, "rollout", step),
-                                               episodic=run.episodic)
+    batch, metrics, examples = _collect(run, behaviour, step, scorer=run.scorer,
+                                        episodic=run.episodic)
     metrics["staleness"] = float(min(len(run.lagged), step - 1))
     if run.lagged:
         run.lagged = run.lagged[1:] + [_copy(run.policy_programs.trained_part(policy.params))]
     _write_samples(config, run.workdir, step, batch, policy.tokenizer)
     return batch, metrics, examples, behaviour
+
+
+def _collect(run, behaviour, step, *, scorer, episodic):
+    """`rollout.collect` of step `step` by the `behaviour` policy, on the rollout mesh.
+
+    With split meshes (``rollout.mesh``) the trained part of its parameters is copied to
+    the rollout mesh first (the frozen part is there already: ``run.rollout_frozen``) and
+    the batch back to the training mesh after: JAX's cross-mesh transfers, each timed to
+    its end (``time_weight_transfer``, ``time_batch_transfer`` in the metrics)."""
+    config = run.config
+    common = dict(config=config, scorer=scorer, method=run.method, episodic=episodic,
+                  rng=steps.step_rng(config.seed, "rollout", step))
+    if run.rollout_mesh is run.mesh:
+        return rollout.collect(behaviour, run.mesh, run.train_iter, **common)
+    begin = time.time()
+    trained = jax.block_until_ready(parallel.on_mesh(
+        nnx.filter_state(behaviour.params, run.policy_programs.trained), run.rollout_mesh))
+    sent = time.time() - begin
+    sampler = policy_lib.Policy(behaviour.graphdef, nnx.merge_state(run.rollout_frozen, trained),
+                                behaviour.tokenizer)
+    batch, metrics, examples = rollout.collect(sampler, run.rollout_mesh, run.train_iter, **common)
+    begin = time.time()
+    batch = jax.block_until_ready(parallel.on_mesh(batch, run.mesh))
+    metrics.update(time_weight_transfer=sent, time_batch_transfer=time.time() - begin)
+    return batch, metrics, examples
 
 
 def _write_samples(config, workdir, step, batch, tokenizer):
@@ -394,7 +429,7 @@ def _produced_rollouts(run, step):
 
 def start_producer(run, start, last):
     """The `async_rl.Producer` of steps ``start + 1 .. last``: it samples on the run's
-    mesh with its own tokenizer copy, reward workers and environment, so nothing the
+    rollout mesh (`_collect`) with its own tokenizer copy, reward workers and environment, so nothing the
     learner's thread uses (evaluation) is shared; the frozen part of the parameters (a
     LoRA run's base) is read from the policy as it is now, which the update does not
     donate in an asynchronous run. Returns `(producer, close)`."""
@@ -406,9 +441,8 @@ def start_producer(run, start, last):
 
     def sample(step, trained):
         behaviour = policy_lib.Policy(policy.graphdef, nnx.merge_state(frozen, trained), tokenizer)
-        batch, metrics, examples = rollout.collect(
-            behaviour, run.mesh, run.train_iter, config=config, scorer=scorer, method=run.method,
-            rng=steps.step_rng(config.seed, "rollout", step), episodic=episodic)
+        batch, metrics, examples = _collect(run, behaviour, step, scorer=scorer,
+                                            episodic=episodic)
         _write_samples(config, run.workdir, step, batch, tokenizer)
         return batch, metrics, examples, run.train_iter.get_state()
 
@@ -566,12 +600,13 @@ def train(config, workdir, *, seconds=None):
     wall time (for comparisons at equal time): that step is saved and exported."""
     # --- set-up: mesh, warm start, data, policy, objective, optimizer, checkpoint --------
     config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
-    mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "rl"))
+    mesh, rollout_mesh = parallel.setup_meshes(
+        config, lambda: footprint.replicated_state_bytes(config, "rl"))
     check_config(config, mesh)
     config = warm_start.prepared(config)   # its own phase: an SFT run, cached
     if parallel.is_main():
         config_lib.record(config, workdir)
-    run = set_up(config, workdir, mesh)
+    run = set_up(config, workdir, mesh, rollout_mesh)
     start = restore(run)
     total_steps = config.critic.pretrain_steps + config.train.steps
     close_producer = lambda: None

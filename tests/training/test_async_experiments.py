@@ -2,6 +2,7 @@
 experiments/vapo_vs_dapo.py's ``--run`` rows, on hand-made rows (no run is started)."""
 
 import importlib.util
+import json
 import math
 
 import pytest
@@ -56,3 +57,20 @@ def test_equal_time_runs_name_their_rows_and_overrides():
     # mean steps 110, s/step the mean of 60/120 and 60/100, pass@1 mean ± sample std
     assert line[:5] == ["async_k1", "2", "0.850", "±", "0.071"]
     assert line[-7:] == ["110.0", "0.55", "65", "n/a", "1.000", "±", "0.000"]
+
+
+def test_the_step_table_averages_each_seeds_steps_from_the_sixth(tmp_path):
+    equal_time = _script("vapo_vs_dapo")
+    for seed, offset in ((0, 0.0), (1, 1.0)):   # steps 1-5 compile: left out
+        run = tmp_path / f"split_seed{seed}"
+        run.mkdir()
+        rows = [{"step": t, "time_rollout": 100.0 if t < 6 else t + offset, "staleness": 1.0,
+                 "time_weight_transfer": 0.5} for t in range(1, 9)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = [{"recipe": "split", "seed": s} for s in (0, 1)]
+    table = equal_time.format_step_table(results, str(tmp_path)).splitlines()
+    assert table[0].startswith("# per step, mean over steps 6.. of each run, per seed 0 / 1")
+    assert table[1].split() == ["run", "time_rollout", "staleness", "time_weight_transfer"]
+    # steps 6, 7, 8: mean 7 (seed 0), 8 (seed 1)
+    assert table[2].split() == ["split", "7.00", "/", "8.00", "1.00", "/", "1.00",
+                                "0.50", "/", "0.50"]

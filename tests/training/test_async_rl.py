@@ -119,13 +119,16 @@ def test_config_errors_name_the_field(overrides, match):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [1, 2])
-def test_fixed_async_equals_the_synchronous_loop_with_policy_lag_k(data_dir, tmp_path, k):
+@pytest.mark.parametrize("k, rollout_mesh", [(1, ""), (1, "data=4"), (2, "data=4")])
+def test_fixed_async_equals_the_synchronous_loop_with_policy_lag_k(data_dir, tmp_path, k,
+                                                                    rollout_mesh):
     """Every batch exactly k steps stale: the same rollouts (their text row for row), every
     metric but timings, and the same exported parameters, bit for bit, as the synchronous
-    loop with rollout.policy_lag = k; staleness min(k, t - 1) in both."""
+    loop with rollout.policy_lag = k; staleness min(k, t - 1) in both. On one mesh, and on
+    split meshes (the 8 devices 4/4: the sampler on the last 4, the learner on the first
+    4; both loops copy the parameters over and the batch back every step)."""
     common = {"train.steps": 4, "train.eval_every": 4, "train.export": True,
-              "train.log_rollouts_every": 1}
+              "train.log_rollouts_every": 1, "rollout.mesh": rollout_mesh}
     sync = tmp_path / "sync"
     rl.train(tiny_config("dapo", data_dir, **common, **{"rollout.policy_lag": k}), str(sync))
     asynchronous = tmp_path / "async"
@@ -140,6 +143,26 @@ def test_fixed_async_equals_the_synchronous_loop_with_policy_lag_k(data_dir, tmp
     assert [r["staleness"] for r in read_metrics(asynchronous)] == \
         [float(min(k, t - 1)) for t in range(1, 5)]
     assert all(r["time_rollout_wait"] >= 0 for r in read_metrics(asynchronous))
+    for run in (sync, asynchronous):   # the cross-mesh copies are timed where they happen
+        rows = read_metrics(run)
+        transfers = [r.get("time_weight_transfer", 0) * r.get("time_batch_transfer", 0) for r in rows]
+        assert all(t > 0 for t in transfers) == bool(rollout_mesh), transfers
+        assert all(("time_weight_transfer" in r) == bool(rollout_mesh) for r in rows)
+
+
+@pytest.mark.slow
+def test_split_meshes_sample_what_one_mesh_samples(data_dir, tmp_path):
+    """The synchronous loop sampling on 4 devices and training on the other 4 draws the
+    same rollouts, row for row, as on one 8-device mesh, and logs the same metrics up to
+    the rounding of a 4-way against an 8-way gradient sum."""
+    common = {"train.steps": 2, "train.eval_every": 100, "train.log_rollouts_every": 1}
+    rl.train(tiny_config("dapo", data_dir, **common), str(tmp_path / "one"))
+    rl.train(tiny_config("dapo", data_dir, **common, **{"rollout.mesh": "data=4"}),
+             str(tmp_path / "split"))
+    for step in (1, 2):
+        assert (tmp_path / "split" / "rollouts" / f"{step}.jsonl").read_text() == \
+            (tmp_path / "one" / "rollouts" / f"{step}.jsonl").read_text()
+    assert_rows_equal(tmp_path / "split", tmp_path / "one", (1, 2), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.slow
