@@ -125,8 +125,9 @@ def _spread(values):
 
 
 def format_table(results, header):
+    width = max([8, *(len(r["recipe"]) for r in results)])
     lines = [*header,
-             f"{'run':8s} {'seeds':>5s} {'pass@1':>15s} {'mean@k':>15s} {'pass@k':>15s} "
+             f"{'run':{width}s} {'seeds':>5s} {'pass@1':>15s} {'mean@k':>15s} {'pass@k':>15s} "
              f"{'RL steps':>9s} {'s/step':>7s} {'seconds':>8s} {'device GiB':>10s} {'RSS GiB':>8s}",
              "(s/step: the budget over the RL steps it held; seconds: the whole training "
              "call, set-up and export included; the budget counts from the first step)"]
@@ -137,7 +138,7 @@ def format_table(results, header):
         per_step = statistics.mean(r.get("budget_seconds", float("nan")) / max(r["rl_steps"], 1)
                                    for r in rows)
         lines.append(
-            f"{recipe:8s} {len(rows):5d} {_spread([r['eval_accuracy'] for r in rows]):>15s} "
+            f"{recipe:{width}s} {len(rows):5d} {_spread([r['eval_accuracy'] for r in rows]):>15s} "
             f"{_spread([r.get('eval_mean_at_k') for r in rows]):>15s} "
             f"{_spread([r.get('eval_pass_at_k') for r in rows]):>15s} {rl_steps:9.1f} {per_step:7.2f} "
             f"{statistics.mean(r['seconds'] for r in rows):8.0f} "
