@@ -318,7 +318,7 @@ def test_train_reads_a_resolved_read_only_copy_and_records_it(tmp_path, monkeypa
     before = given.to_dict()
     seen = []
 
-    def stop_at_set_up(config, workdir, mesh):
+    def stop_at_set_up(config, workdir, mesh, rollout_mesh=None):
         seen.append((config, workdir))
         raise _AtSetUp
 
