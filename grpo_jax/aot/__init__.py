@@ -119,7 +119,8 @@ def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
     return {
         "topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
         "versions": compiler_versions(topology), "mesh": dict(mesh.shape),
-        "rollout_mesh": None if rollout_mesh is None else dict(rollout_mesh.shape), "mesh_choice": reason, "hbm_bytes_per_device": hbm,
+        "rollout_mesh": None if rollout_mesh is None else dict(rollout_mesh.shape),
+        "mesh_choice": reason, "hbm_bytes_per_device": hbm,
         "host_memory_estimate": host.to_json(),
         "fits": False if too_big else (None if hbm is None else True),
         "programs": {r.name: r.to_json() for r in results},

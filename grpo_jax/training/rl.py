@@ -429,10 +429,10 @@ def _produced_rollouts(run, step):
 
 def start_producer(run, start, last):
     """The `async_rl.Producer` of steps ``start + 1 .. last``: it samples on the run's
-    rollout mesh (`_collect`) with its own tokenizer copy, reward workers and environment, so nothing the
-    learner's thread uses (evaluation) is shared; the frozen part of the parameters (a
-    LoRA run's base) is read from the policy as it is now, which the update does not
-    donate in an asynchronous run. Returns `(producer, close)`."""
+    rollout mesh (`_collect`) with its own tokenizer copy, reward workers and environment,
+    so nothing the learner's thread uses (evaluation) is shared; the frozen part of the
+    parameters (a LoRA run's base) is read from the policy as it is now, which the update
+    does not donate in an asynchronous run. Returns `(producer, close)`."""
     config, policy = run.config, run.policy
     frozen = nnx.filter_state(policy.params, nnx.Not(run.policy_programs.trained))
     tokenizer = copy.deepcopy(policy.tokenizer)

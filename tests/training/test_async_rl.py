@@ -145,7 +145,8 @@ def test_fixed_async_equals_the_synchronous_loop_with_policy_lag_k(data_dir, tmp
     assert all(r["time_rollout_wait"] >= 0 for r in read_metrics(asynchronous))
     for run in (sync, asynchronous):   # the cross-mesh copies are timed where they happen
         rows = read_metrics(run)
-        transfers = [r.get("time_weight_transfer", 0) * r.get("time_batch_transfer", 0) for r in rows]
+        transfers = [r.get("time_weight_transfer", 0) * r.get("time_batch_transfer", 0)
+                     for r in rows]
         assert all(t > 0 for t in transfers) == bool(rollout_mesh), transfers
         assert all(("time_weight_transfer" in r) == bool(rollout_mesh) for r in rows)
 
