@@ -27,7 +27,9 @@ count against the row's `max_new_tokens` like sampled ones and are marked in
 tokens (`queued=`): a partial rollout's earlier tokens, fed before the row samples again.
 
 A token's random key is (rng, prompt id, completion index, position in the row), so a
-row samples the same tokens whatever the schedule and however long the host took.
+row samples the same tokens whatever the schedule and however long the host took. A row
+carried over from another call (a partial rollout) brings its own key (`keys=`) and goes
+on drawing from its stream at the position where it stopped.
 """
 
 import functools
@@ -117,6 +119,9 @@ class Engine:
       graphdef, state, prompt_tokens, prompt_mask, rng, method, group_size,
         max_new_tokens, stop_tokens, pad_id, prompt_ids, max_len_bucket, rules: as
         `generate` (max_new_tokens: the whole row's budget, appended tokens included).
+      keys: `[P*G]` PRNG keys, one per row, in place of `rng` (and `prompt_ids`): row b
+        draws its token t with ``fold_in(keys[b], t)``, so a row carried over from another
+        call (with its tokens so far `queued`) samples on from its own stream.
       slots: C, the rows decoding at once (a multiple of the mesh's row ways).
       pause_tokens: ids after which a sampled row pauses for the host (e.g. the end of a
         tool call); may be empty.
@@ -128,10 +133,13 @@ class Engine:
       record_support, record_routing: as `generate` (fed tokens record no support).
     """
 
-    def __init__(self, graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size,
-                 max_new_tokens, stop_tokens, pad_id, slots, pause_tokens=(), max_append=64,
-                 turn_budget=0, queued=None, prompt_ids=None, max_len_bucket=None, rules="sampling",
-                 record_support=False, record_routing=False):
+    def __init__(self, graphdef, state, prompt_tokens, prompt_mask, *, method, group_size,
+                 max_new_tokens, stop_tokens, pad_id, slots, rng=None, keys=None, pause_tokens=(),
+                 max_append=64, turn_budget=0, queued=None, prompt_ids=None, max_len_bucket=None,
+                 rules="sampling", record_support=False, record_routing=False):
+        if (rng is None) == (keys is None):
+            raise ValueError("give the Engine rng (each row's key drawn from it) or keys (one "
+                             "per row), not both")
         max_len_bucket, prompt_ids = check_request(prompt_tokens, prompt_mask, group_size,
                                                    max_new_tokens, max_len_bucket, rules, prompt_ids)
         rows = np.shape(prompt_tokens)[0] * group_size
@@ -151,11 +159,16 @@ class Engine:
         self._stop_tokens = _int32(stop_tokens).reshape(-1)
         self._pause_tokens = _int32(pause_tokens).reshape(-1)
         self._cap_b = jnp.broadcast_to(_int32(max_new_tokens), (rows,))
+        if keys is not None and np.shape(keys) != (rows,):
+            raise ValueError(f"keys has shape {np.shape(keys)}; give one key per row ({rows},)")
         self._slots, self._prompt_state, self._prompt_experts = _start(
-            graphdef, state, *self._prompts, rng, _int32(prompt_ids), queue, lengths, self._pad_id,
+            graphdef, state, *self._prompts, jax.random.key(0) if rng is None else rng,
+            _int32(prompt_ids), queue, lengths, self._pad_id,
             method, _int32(turn_budget or int(max_len_bucket) + 1), group_size=group_size,
             buffer_len=int(max_len_bucket), num_slots=self.slots, rules=rules,
             record_support=bool(record_support), record_routing=bool(record_routing))
+        if keys is not None:   # `_start` drew keys from a placeholder rng: the rows' own replace them
+            self._prompt_state = (*self._prompt_state[:2], keys)
         self._paused = np.zeros((0,), np.int64)
 
     def _queue(self, token_lists, *, rows, name):

@@ -113,15 +113,18 @@ class Episodic:
 
 def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules,
                    record_support=False, record_routing=False, slots=0, episodic=None,
-                   examples=None):
+                   examples=None, buffer_len=None):
     """`sampling.generate` on global prompt rows (in `slots` decode slots when > 0), or
     with `episodic` the rows as episodes: `sampling.Engine` (all rows at once when
     `slots` is 0) with the environment answering the rows' calls (`run_episodes`;
-    `examples`: each prompt's example). Returns `(Rollout on the mesh, Episodes or None)`."""
+    `examples`: each prompt's example). `buffer_len`: the rows' width (default
+    `max_new_tokens`; a partial rollout's rows stop at a smaller budget in the run's
+    buffer). Returns `(Rollout on the mesh, Episodes or None)`."""
     tokenizer = policy.tokenizer
     common = dict(rng=rng, method=method, group_size=group_size, max_new_tokens=max_new_tokens,
                   stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
-                  max_len_bucket=max_new_tokens, rules=rules,   # fixed buffer: one compile
+                  max_len_bucket=buffer_len or max_new_tokens,   # fixed buffer: one compile
+                  rules=rules,
                   record_support=record_support, record_routing=record_routing)
     with jax.set_mesh(mesh):
         if episodic is None:
@@ -151,12 +154,16 @@ def score_own_rows(rollout, texts, examples, scorer, tokenizer, group_size):
     return scorer(repeat(texts), completions, repeat(examples), lengths)
 
 
-def combine_reward_metrics(per_process):
-    """Every process's reward metrics -> one dict: counts summed, means averaged."""
+def combine_reward_metrics(per_process, rows=None):
+    """Every process's reward metrics -> one dict: counts summed, means averaged (weighted
+    by `rows`, each part's row count, where given and unequal)."""
     keys = per_process[0].keys()
     is_count = lambda k: k.startswith(("reward_errors", "reward_timeouts", "environment_failures"))
+    equal = rows is None or len(set(rows)) == 1
+    weights = None if equal else np.asarray(rows, np.float64) / np.sum(rows)
+    mean = lambda values: np.mean(values) if weights is None else np.dot(values, weights)
     return {k: float(np.sum([m[k] for m in per_process]) if is_count(k)
-                     else np.mean([m[k] for m in per_process])) for k in keys}
+                     else mean([m[k] for m in per_process])) for k in keys}
 
 
 def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
