@@ -229,3 +229,136 @@ def test_config_errors_name_the_field(overrides, match):
     with pytest.raises(ValueError, match=r"rollout.partial.enabled runs on one process"):
         partial.check_config(tiny_config("dapo", "/x", **{"rollout.partial.enabled": True}), 2)
     partial.check_config(tiny_config("dapo", "/x", **{"rollout.partial.enabled": True}), 1)
+
+
+# The tiny model's runs: 2-digit additions of 15-27 tokens in a 34-token buffer, 4
+# groups of 4 a batch, no dynamic sampling (its surplus groups with signal would wait
+# instead of being dropped, which changes later steps; see docs/async.md).
+PARTIAL = {"filtering.dynamic_sampling": False, "filtering.max_gen_batches": 2,
+           "train.eval_every": 100, "rollout.partial.enabled": True}
+PARTIAL_METRICS = ("token_staleness_mean", "token_staleness_max", "carried_token_share",
+                   "carried_groups", "forced_groups")
+
+
+@pytest.mark.slow
+def test_a_budget_that_cuts_nothing_gives_the_run_without_partial_rollouts(data_dir, tmp_path):
+    """tokens_per_step = rollout.max_new_tokens: every row ends in its first step, so the
+    run is the one without partial rollouts, bit for bit: every metric (the partial ones
+    besides: nothing stale, nothing carried), the rollouts, the exported parameters."""
+    common = {**PARTIAL, "rollout.partial.enabled": False, "train.steps": 3,
+              "train.eval_every": 3, "train.export": True, "train.log_rollouts_every": 1}
+    rl.train(tiny_config("dapo", data_dir, **common), str(tmp_path / "whole"))
+    config = tiny_config("dapo", data_dir, **{**common, "rollout.partial.enabled": True,
+                                              "rollout.partial.tokens_per_step": 34})
+    assert config.rollout.partial.tokens_per_step == config.rollout.max_new_tokens
+    rl.train(config, str(tmp_path / "partial"))
+    assert_rows_equal(tmp_path / "partial", tmp_path / "whole", range(1, 4), extra=PARTIAL_METRICS)
+    assert_same_export(tmp_path / "partial", tmp_path / "whole")
+    for step in range(1, 4):
+        assert (tmp_path / "partial" / "rollouts" / f"{step}.jsonl").read_text() == \
+            (tmp_path / "whole" / "rollouts" / f"{step}.jsonl").read_text()
+    for row in read_metrics(tmp_path / "partial"):
+        assert {k: row[k] for k in PARTIAL_METRICS} == dict.fromkeys(PARTIAL_METRICS, 0.0)
+
+
+def _teacher_forced_logp(graphdef, params, batch):
+    """`[B, N]` log-probs of the batch's completion tokens under `params`, one forward
+    pass over prompt + completion (temperature 1, the runs' rollout temperature)."""
+    s = batch["prompt_tokens"].shape[1]
+    tokens = np.concatenate([batch["prompt_tokens"], batch["tokens"]], axis=1)
+    mask = np.concatenate([batch["prompt_mask"], batch["mask"]], axis=1)
+    logits = nnx.merge(graphdef, params)(tokens, attention_mask=mask)[:, s - 1:-1]
+    return np.asarray(token_logprobs(logits, batch["tokens"], temperature=1.0))
+
+
+def _sampled_at(records, step, example, g, length):
+    """`[length]`: the step that sampled each token of row g of `example`'s group trained
+    at `step`, read off the lengths the pool held after each earlier step."""
+    at = np.full(length, step)
+    for record in records[:step - 1][::-1]:   # step - 1, step - 2, ...
+        pool = record["carry_out"]
+        if example not in pool.examples:
+            break
+        at[:pool.lengths[pool.examples.index(example), g]] = record["step"]
+    return at
+
+
+@pytest.mark.slow
+def test_carried_rows_keep_their_tokens_and_log_probs_and_go_on_under_new_parameters(
+        data_dir, tmp_path, monkeypatch):
+    """10 tokens a step, 2 carries, 4 steps: rows carried over come back with the tokens
+    and behaviour log-probs the pool held after the step before (exactly); each token's
+    behaviour log-prob is the one-forward-pass log-prob under the parameters of the step
+    that sampled it (the new tokens under the new parameters), not under the current
+    ones; the batches hold whole groups of done rows; the staleness metrics equal a count
+    of each token's age from the pools' lengths."""
+    records, collect = [], partial.collect
+
+    def recording(policy, mesh, train_iter, carry, **kwargs):
+        params = jax.tree.map(np.asarray, policy.params)   # before the update donates them
+        batch, metrics, examples, out = collect(policy, mesh, train_iter, carry, **kwargs)
+        records.append({"step": kwargs["step"], "graphdef": policy.graphdef, "params": params,
+                        "batch": jax.device_get(batch), "metrics": metrics,
+                        "examples": examples, "carry_out": out})
+        return batch, metrics, examples, out
+
+    monkeypatch.setattr(partial, "collect", recording)
+    config = tiny_config("dapo", data_dir, **{**PARTIAL, "train.steps": 4,
+                                              "rollout.partial.tokens_per_step": 10})
+    rl.train(config, str(tmp_path))
+    g, n = config.objective.group_size, config.rollout.max_new_tokens
+    ages, moved = set(), 0.0
+    for record in records:
+        step, batch, metrics = record["step"], record["batch"], record["metrics"]
+        assert batch["tokens"].shape == (config.rollout.prompts_per_batch * g, n)
+        assert batch["row_valid"].all()
+        assert (~batch["truncated"] | (batch["lengths"] == n)).all()   # every row done
+        for k in range(config.rollout.prompts_per_batch):   # whole groups, one prompt each
+            assert (batch["prompt_tokens"][k * g:(k + 1) * g] == batch["prompt_tokens"][k * g]).all()
+        forced = {s: _teacher_forced_logp(records[s - 1]["graphdef"], records[s - 1]["params"],
+                                          batch) for s in range(1, step + 1)}
+        stale, carried = [], 0
+        for row in range(batch["tokens"].shape[0]):
+            length, example = batch["lengths"][row], record["examples"][row // g]
+            at = _sampled_at(records, step, example, row % g, length)
+            before = records[step - 2]["carry_out"] if step > 1 else None
+            if before is not None and example in before.examples:   # exactly as the pool held it
+                j = before.examples.index(example)
+                m = before.lengths[j, row % g]
+                np.testing.assert_array_equal(batch["tokens"][row, :m], before.tokens[j, row % g, :m])
+                np.testing.assert_array_equal(batch["behaviour_logp"][row, :m],
+                                              before.logp[j, row % g, :m])
+            logp = batch["behaviour_logp"][row, :length]
+            for s in set(at.tolist()):   # each token under the parameters that sampled it
+                np.testing.assert_allclose(logp[at == s], forced[s][row, :length][at == s],
+                                           atol=2e-5, err_msg=f"step {step} row {row} from {s}")
+            if (at < step).any():   # ... which the current ones no longer are
+                moved = max(moved, np.abs(logp - forced[step][row, :length])[at < step].max())
+            stale += (step - at).tolist()
+            carried += int((at < step).sum())
+            ages.update((step - at).tolist())
+        assert metrics["token_staleness_mean"] == pytest.approx(np.mean(stale))
+        assert metrics["token_staleness_max"] == max(stale)
+        assert metrics["carried_token_share"] == pytest.approx(carried / len(stale))
+    assert ages == {0, 1, 2}, ages   # carried once and twice (then run to the end)
+    assert moved > 1e-3
+
+
+@pytest.mark.slow
+def test_fixed_async_partial_rollouts_equal_the_synchronous_loop_with_policy_lag(data_dir, tmp_path):
+    """The producer carries its own pool from batch to batch: with every batch exactly 1
+    step stale (async_rl.fixed) the run equals the synchronous loop with
+    rollout.policy_lag = 1 and the same partial rollouts, bit for bit (every metric, the
+    exported parameters). A token sampled at step t is min(1, t - 1) steps stale there
+    (version max(0, t - 2)), one carried over from the step before a step more."""
+    common = {**PARTIAL, "train.steps": 3, "rollout.partial.tokens_per_step": 10,
+              "train.export": True}
+    rl.train(tiny_config("dapo", data_dir, **common, **{"rollout.policy_lag": 1}),
+             str(tmp_path / "sync"))
+    rl.train(tiny_config("dapo", data_dir, **common, **{
+        "async_rl.enabled": True, "async_rl.max_staleness": 1, "async_rl.fixed": True}),
+        str(tmp_path / "async"))
+    assert_rows_equal(tmp_path / "async", tmp_path / "sync", range(1, 4))
+    assert_same_export(tmp_path / "async", tmp_path / "sync")
+    rows = read_metrics(tmp_path / "async")
+    assert [r["token_staleness_max"] for r in rows] == [0.0, 1.0, 2.0]

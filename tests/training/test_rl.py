@@ -107,6 +107,11 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
     # from the checkpoint's prompt position and lagged copies.
     ("dapo", {"train.steps": 5, "async_rl.enabled": True, "async_rl.max_staleness": 2,
               "async_rl.fixed": True, "train.export": True}),
+    # Partial rollouts (10 tokens a step, dynamic sampling padding short batches): the
+    # checkpoint holds groups carried over, which the resumed run takes up where they were.
+    ("dapo", {"train.steps": 5, "rollout.partial.enabled": True,
+              "rollout.partial.tokens_per_step": 10, "filtering.max_gen_batches": 2,
+              "filtering.short_batch": "pad", "train.export": True}),
 ])
 def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
         data_dir, tmp_path, recipe, overrides):
@@ -136,6 +141,8 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
     logged = [r["step"] for r in read_metrics(workdir)]
     resume_from = finished_checkpoints(workdir)[-1]
     assert resume_from < max(expected) and logged[-1] >= resume_from
+    if overrides.get("rollout.partial.enabled"):   # rows were in flight at the checkpoint
+        assert expected[resume_from]["carried_groups"] > 0
 
     resumed = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600, **where)
     assert f"resumed from the checkpoint of step {resume_from} in {workdir}" in resumed.stdout
