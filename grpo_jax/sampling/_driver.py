@@ -167,7 +167,7 @@ class Engine:
             method, _int32(turn_budget or int(max_len_bucket) + 1), group_size=group_size,
             buffer_len=int(max_len_bucket), num_slots=self.slots, rules=rules,
             record_support=bool(record_support), record_routing=bool(record_routing))
-        if keys is not None:   # `_start` drew keys from a placeholder rng: the rows' own replace them
+        if keys is not None:   # `_start` drew keys from a placeholder: the rows' own replace them
             self._prompt_state = (*self._prompt_state[:2], keys)
         self._paused = np.zeros((0,), np.int64)
 

@@ -116,7 +116,8 @@ class _Sampler:
         prompts = parallel.global_rows(self.mesh, {"tokens": tokens, "mask": mask})
         out, _ = rollout.sample_on_mesh(
             self.policy, self.mesh, prompts, rng=rng, method=self.method, group_size=g,
-            max_new_tokens=cap, buffer_len=n, rules=config.rollout.rules, slots=config.rollout.slots)
+            max_new_tokens=cap, buffer_len=n, rules=config.rollout.rules,
+            slots=config.rollout.slots)
         out = jax.device_get({"tokens": out.tokens, "logp": out.logp, "lengths": out.lengths,
                               "truncated": out.truncated})
         p = len(examples)
@@ -124,7 +125,8 @@ class _Sampler:
         grouped = lambda x: np.asarray(x).reshape(p, g, *np.shape(x)[1:])
         return Pool(
             prompt_tokens=np.asarray(tokens, np.int32), prompt_mask=np.asarray(mask, np.int32),
-            prompt_width=np.full(p, tokens.shape[1], np.int32), drawn=np.full(p, self.step, np.int32),
+            prompt_width=np.full(p, tokens.shape[1], np.int32),
+            drawn=np.full(p, self.step, np.int32),
             scored=np.zeros(p, bool), keys=grouped(keys).astype(np.uint32),
             tokens=grouped(out["tokens"]), logp=grouped(out["logp"]),
             version=np.full((p, g, n), self.version, np.int32), lengths=grouped(out["lengths"]),

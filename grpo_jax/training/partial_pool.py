@@ -69,7 +69,8 @@ class Pool:
         g, n = group_size, buffer_len
         zeros = lambda *shape, dtype=np.int32: np.zeros((0, *shape), dtype)
         return cls(prompt_tokens=zeros(1), prompt_mask=zeros(1), prompt_width=zeros(),
-                   drawn=zeros(), scored=zeros(dtype=bool), keys=zeros(g, key_words(), dtype=np.uint32),
+                   drawn=zeros(), scored=zeros(dtype=bool),
+                   keys=zeros(g, key_words(), dtype=np.uint32),
                    tokens=zeros(g, n), logp=zeros(g, n, dtype=np.float32), version=zeros(g, n),
                    lengths=zeros(g), stopped=zeros(g, dtype=bool), start=zeros(g),
                    rewards=zeros(g, *reward_columns, dtype=np.float32),
@@ -222,9 +223,10 @@ def run_step(pool, *, step, budget, draw: Callable, resume: Callable, score: Cal
         if not new.size:
             return pool
         rewards, correct, metrics = score(pool.take(new))
-        rewards_all, correct_all, scored = pool.rewards.copy(), pool.correct.copy(), pool.scored.copy()
-        rewards_all[new], correct_all[new], scored[new] = rewards, correct, True
-        pool = pool.replace(rewards=rewards_all, correct=correct_all, scored=scored)
+        fields = {k: getattr(pool, k).copy() for k in ("rewards", "correct", "scored")}
+        for name, value in (("rewards", rewards), ("correct", correct), ("scored", True)):
+            fields[name][new] = value
+        pool = pool.replace(**fields)
         calls["completed"].append(pool.take(new))
         calls["reward_metrics"].append(metrics)
         calls["rows_scored"].append(new.size * pool.group_size)

@@ -23,7 +23,10 @@ With ``async_rl.enabled`` the rollouts come from a producer thread that samples 
 steps while this loop updates (`async_rl`, `start_producer`): the loop takes each step's
 batch from it instead of sampling, and the rest of the step is unchanged. With
 ``rollout.mesh`` the rollouts are sampled on devices of their own (`_collect`: the
-parameters copied there, the batch copied back), synchronous or not.
+parameters copied there, the batch copied back), synchronous or not. With
+``rollout.partial.enabled`` rows past a per-step token budget carry over to the next
+step (`partial`): the run (or its producer) holds the pool of groups in flight, and a
+checkpoint saves it.
 
 The config is read, never written: `train` works on a resolved, read-only copy
 (`paths.resolve_run_paths`), the warm start makes a new one, and the run's config is

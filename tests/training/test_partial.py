@@ -39,7 +39,8 @@ class FakeSampler:
         p = len(ids)
         empty = Pool.empty(G, N, self.reward_columns)
         pool = Pool(
-            prompt_tokens=np.full((p, width), 5, np.int32), prompt_mask=np.ones((p, width), np.int32),
+            prompt_tokens=np.full((p, width), 5, np.int32),
+            prompt_mask=np.ones((p, width), np.int32),
             prompt_width=np.full(p, width, np.int32), drawn=np.full(p, self.step, np.int32),
             scored=np.zeros(p, bool), keys=np.zeros((p, G, empty.keys.shape[2]), np.uint32),
             tokens=np.zeros((p, G, N), np.int32), logp=np.zeros((p, G, N), np.float32),
@@ -215,7 +216,8 @@ def test_the_pool_survives_a_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, match", [
-    ({"rollout.partial.tokens_per_step": 0}, r"rollout.partial.tokens_per_step must be an int >= 1"),
+    ({"rollout.partial.tokens_per_step": 0},
+     r"rollout.partial.tokens_per_step must be an int >= 1"),
     ({"rollout.partial.max_carries": 0}, r"rollout.partial.max_carries must be an int >= 1"),
     ({"filtering.max_gen_batches": 1}, r"needs filtering.max_gen_batches >= 2"),
     ({"rollout.keep_sampling_mask": True, "rollout.top_p": 0.9},
@@ -314,7 +316,8 @@ def test_carried_rows_keep_their_tokens_and_log_probs_and_go_on_under_new_parame
         assert batch["row_valid"].all()
         assert (~batch["truncated"] | (batch["lengths"] == n)).all()   # every row done
         for k in range(config.rollout.prompts_per_batch):   # whole groups, one prompt each
-            assert (batch["prompt_tokens"][k * g:(k + 1) * g] == batch["prompt_tokens"][k * g]).all()
+            prompts = batch["prompt_tokens"][k * g:(k + 1) * g]
+            assert (prompts == prompts[0]).all()
         forced = {s: _teacher_forced_logp(records[s - 1]["graphdef"], records[s - 1]["params"],
                                           batch) for s in range(1, step + 1)}
         stale, carried = [], 0
@@ -325,7 +328,8 @@ def test_carried_rows_keep_their_tokens_and_log_probs_and_go_on_under_new_parame
             if before is not None and example in before.examples:   # exactly as the pool held it
                 j = before.examples.index(example)
                 m = before.lengths[j, row % g]
-                np.testing.assert_array_equal(batch["tokens"][row, :m], before.tokens[j, row % g, :m])
+                np.testing.assert_array_equal(batch["tokens"][row, :m],
+                                              before.tokens[j, row % g, :m])
                 np.testing.assert_array_equal(batch["behaviour_logp"][row, :m],
                                               before.logp[j, row % g, :m])
             logp = batch["behaviour_logp"][row, :length]
@@ -345,7 +349,8 @@ def test_carried_rows_keep_their_tokens_and_log_probs_and_go_on_under_new_parame
 
 
 @pytest.mark.slow
-def test_fixed_async_partial_rollouts_equal_the_synchronous_loop_with_policy_lag(data_dir, tmp_path):
+def test_fixed_async_partial_rollouts_equal_the_synchronous_loop_with_policy_lag(data_dir,
+                                                                                 tmp_path):
     """The producer carries its own pool from batch to batch: with every batch exactly 1
     step stale (async_rl.fixed) the run equals the synchronous loop with
     rollout.policy_lag = 1 and the same partial rollouts, bit for bit (every metric, the
