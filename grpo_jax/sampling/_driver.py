@@ -155,8 +155,13 @@ class Engine:
       turn_budget: a row also pauses each time it has sampled another `turn_budget`
         tokens since it last fed one (a per-turn budget: the host ends the row, or
         resumes it for another budget's worth); 0: no per-turn budget.
-      queued: None, or one token list per row (P*G) fed before the row first samples.
+      queued: None, or one token list per row (P*G) fed before the row first samples
+        (the same lists on every process).
       record_support, record_routing: as `generate` (fed tokens record no support).
+
+    Attributes:
+      own_rows: the rows this process holds (ascending ids; every row on one process):
+        those `run` returns, `turn_tokens` reads and `answer` takes.
     """
 
     def __init__(self, graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size,
