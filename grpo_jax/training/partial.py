@@ -22,9 +22,10 @@ recycles the unfinished rows into the next step. With ``rollout.partial.enabled`
    pool for step t + 1 (the pool carries over; `partial_pool.run_step` is the host's part).
 
 Every token keeps the behaviour log-prob and the version of the parameters that sampled
-it; the new tokens of a resumed row get the new parameters' (DeepSeek-style mixed-policy
-rows: the trainer's pi_old, ``train.old_logp="recompute"``, is the proximal policy of the
-step, and `objective.importance` / M2PO correct each token against its own sampler). A
+it; the new tokens of a resumed row get the new parameters'. With
+``train.old_logp="recompute"`` the trainer's pi_old is the proximal policy of decoupled
+PPO (Hilton et al., arXiv:2110.00641): the parameters that sample step t, for every
+token, and `objective.importance` / M2PO weigh each token against its own sampler. A
 row draws token t with ``fold_in(its key, t)`` whatever step samples it, its key being
 its draw's (rng, prompt index, completion index) as in `sampling.row_keys`.
 """
