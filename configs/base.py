@@ -121,8 +121,9 @@ def get_config(arg=None):
     # goes on at the next step under the new parameters (its tokens so far keep the
     # log-probs they were sampled with). A group enters a batch once its G rows are done;
     # while fewer than P are, a step draws more prompts (up to filtering.max_gen_batches
-    # draws), then runs the oldest to their end. A row carries over at most max_carries
-    # times (the step after, it runs to its end). One process.
+    # draws, the pool holding at most (max_carries + 1) P groups), then runs the oldest to
+    # their end. A row carries over at most max_carries times (the step after, it runs to
+    # its end). One process.
     config.rollout.partial = config_dict.ConfigDict()
     config.rollout.partial.enabled = False
     config.rollout.partial.tokens_per_step = 256

@@ -11,11 +11,12 @@ recycles the unfinished rows into the next step. With ``rollout.partial.enabled`
    tokens so far are fed into its cache (`sampling.Engine`'s queued tokens, one per decode
    step, not counted in D) and it samples at most D more, or runs to its end when its
    group was drawn m steps ago (a row is carried over at most m times).
-2. **Draws** P new prompts while fewer than P groups are ready, at most
-   ``filtering.max_gen_batches`` times, each row sampling at most D tokens. A group is
-   ready once all its G rows are done (stop token or ``rollout.max_new_tokens``) and
-   scored; with dynamic sampling also its rewards must differ (a done group without
-   signal is dropped, as DAPO drops it).
+2. **Draws** P new prompts while fewer than P groups are ready, each row sampling at
+   most D tokens: at most ``filtering.max_gen_batches`` times, and only while the pool
+   stays within (m + 1) P groups (the pipeline's depth, APRIL's over-provisioning). A
+   group is ready once all its G rows are done (stop token or
+   ``rollout.max_new_tokens``) and scored; with dynamic sampling also its rewards must
+   differ (a done group without signal is dropped, as DAPO drops it).
 3. **Forces**: still short, the oldest groups not done run to their end until P are ready.
 4. **Trains** on the P oldest ready groups (carried ones before new ones, in draw order):
    a batch of P whole groups, always. Rows not done and ready groups beyond P wait in the

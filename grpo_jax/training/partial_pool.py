@@ -155,6 +155,13 @@ class Budget:
     max_draws: int
     dynamic: bool
 
+    @property
+    def capacity(self):
+        """The most groups the pool holds after a draw, (m + 1) P: the pipeline's depth
+        (APRIL's over-provisioning). A group is then done m steps after its draw and in
+        a batch at most m steps after that."""
+        return (self.max_carries + 1) * self.num_groups
+
 
 def caps(pool, step, budget):
     """`[n, G]` token caps of this step's resumption: D more than the row's length, or the
@@ -194,6 +201,10 @@ class StepResult:
 def run_step(pool, *, step, budget, draw: Callable, resume: Callable, score: Callable,
              reward_columns=(), short_batch="error"):
     """One step of partial rollouts over `pool` (module docstring of `partial`).
+
+    The rows carried over go on first (`caps`); then, while fewer than P groups are ready,
+    the step draws a new prompt batch when it may (`budget.max_draws`, the pool within
+    `budget.capacity`), else runs the oldest groups not done to their end.
 
     Args:
       pool: the groups carried over from the last step.
@@ -240,22 +251,27 @@ def run_step(pool, *, step, budget, draw: Callable, resume: Callable, score: Cal
             return pool
         return settle(resume(pool, cap), pool.lengths.sum())
 
+    def dropped(pool):   # done without signal (dynamic sampling): never in a batch
+        return pool.scored & ~ready(pool)
+
     pool = go_on(pool, caps(pool, step, budget))
-    draws = 0
-    while ready(pool).sum() < p and draws < budget.max_draws:
-        fresh = draw(draws, min(budget.tokens_per_step, pool.buffer_len))
-        pool = settle(Pool.concatenate([pool, fresh]), pool.lengths.sum())
-        draws += 1
-    forced = 0
-    while ready(pool).sum() < p and not pool.done.all():
-        unready = np.flatnonzero(~pool.done.all(axis=1))[:p - ready(pool).sum()]
-        cap = np.zeros_like(pool.lengths)
-        cap[unready] = np.where(pool.done[unready], 0, pool.buffer_len)
-        pool = go_on(pool, cap)
-        forced += unready.size
+    draws = forced = 0
+    while ready(pool).sum() < p:
+        if draws < budget.max_draws and pool.size - dropped(pool).sum() + p <= budget.capacity:
+            fresh = draw(draws, min(budget.tokens_per_step, pool.buffer_len))
+            pool = settle(Pool.concatenate([pool, fresh]), pool.lengths.sum())
+            draws += 1
+        elif not pool.done.all():   # the oldest groups not done run to their end
+            unready = np.flatnonzero(~pool.done.all(axis=1))[:p - ready(pool).sum()]
+            cap = np.zeros_like(pool.lengths)
+            cap[unready] = np.where(pool.done[unready], 0, pool.buffer_len)
+            pool = go_on(pool, cap)
+            forced += unready.size
+        else:
+            break
     chosen = np.flatnonzero(ready(pool))[:p]
     filler = np.zeros((0,), np.int64)
-    dropped = np.flatnonzero(pool.scored & ~ready(pool))   # done without signal (dynamic)
+    dropped = np.flatnonzero(dropped(pool))
     if chosen.size < p:
         if short_batch == "error":
             raise RuntimeError(

@@ -167,6 +167,16 @@ class TestRunStep:
         np.testing.assert_array_equal(r2.batch.lengths, [[5, 7], [10, 3]])
         assert not r2.batch.stopped[1, 0]
 
+    def test_draws_stop_at_the_pools_capacity(self):
+        """With one carry the pool holds (1 + 1) P = 4 groups after a draw: step 1 draws
+        twice (not the 5 draws allowed) and then forces group 1 to its end."""
+        wide = dataclasses.replace(BUDGET, max_carries=1, max_draws=5)
+        assert wide.capacity == 4
+        r1, r2 = steps(wide, 2)
+        assert (r1.draws, r1.forced, ids(r1.batch), ids(r1.pool)) == (2, 1, [0, 1], [2, 3])
+        # Step 2: both groups carried once, so they run to their end: nothing to draw.
+        assert (r2.draws, r2.forced, ids(r2.batch), r2.pool.size) == (0, 0, [2, 3], 0)
+
     def test_dynamic_sampling_drops_done_groups_without_signal(self):
         """Rewards by length parity: groups 0 (3, 4), 2 (5, 7), 3 (12 -> 10, 3), ... Done
         groups whose rewards agree never enter a batch or the pool."""
