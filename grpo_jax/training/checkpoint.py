@@ -292,11 +292,11 @@ class Checkpointer:
         self._set_aside(unreadable, resume_step=step)
         state, meta, saved_extra = restored
         positions = meta["data"]
-        if len(positions) != jax.process_count():
+        if len(positions) != parallel.process_count():
             raise ValueError(f"the checkpoint of step {step} was written by {len(positions)} "
-                             f"processes, this run has {jax.process_count()}; resume with the same "
-                             "number of processes (each reads its own shard of the data)")
-        data_iterator.set_state(positions[jax.process_index()])
+                             f"processes, this run has {parallel.process_count()}; resume with the "
+                             "same number of processes (each reads its own shard of the data)")
+        data_iterator.set_state(positions[parallel.process_index()])
         return (step, state, saved_extra) if extra else (step, state)
 
     def _report_unfinished_saves(self):
