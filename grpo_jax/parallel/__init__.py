@@ -1,6 +1,7 @@
 """Meshes from configs, how rows split over them, multi-process start-up (TPU pods, multi-GPU),
 and arrays between the processes of split meshes (`transfer`)."""
 
+from grpo_jax.parallel.hosts import acting_processes
 from grpo_jax.parallel.hosts import agree_max
 from grpo_jax.parallel.hosts import allgather_json
 from grpo_jax.parallel.hosts import device_memory

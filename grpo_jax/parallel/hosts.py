@@ -174,18 +174,20 @@ def process_group(processes):
         _GROUP = previous
 
 
-def _group():
+def acting_processes():
+    """The ids of the processes acting together, ascending: all of them, or those of
+    `process_group`."""
     return _GROUP if _GROUP is not None else tuple(range(jax.process_count()))
 
 
 def process_count():
     """How many processes act together (all of them, or those of `process_group`)."""
-    return len(_group())
+    return len(acting_processes())
 
 
 def process_index():
     """This process's place among those acting together: its share of the data."""
-    return _group().index(jax.process_index())
+    return acting_processes().index(jax.process_index())
 
 
 def mesh_processes(mesh):
@@ -197,7 +199,7 @@ def _gather(value):
     """`[n, ...]`: `value` (a numpy array of the same shape on every process) of each of
     the n processes acting together, in order; a program over their devices only."""
     value = np.asarray(value)
-    group = _group()
+    group = acting_processes()
     if len(group) == 1:
         return value[None]
     devices = [d for d in jax.devices() if d.process_index in group]

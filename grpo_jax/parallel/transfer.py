@@ -24,8 +24,9 @@ processes):
   the way the destination mesh will hold it (`mesh.sharding_on`), a copy among its own.
 
 A message's description (its tree structure, every array's shape, dtype and spec) and
-its host values go ahead of the copy through the key-value store, one key per message
-and receiving process. The receiver waits for that key, so it issues its side of the
+the sender's host values go ahead of the copy through the key-value store, one key per
+message and receiving process; each sending process posts to its `peer`, the receiving
+process at the same place in its side. The receiver waits for that key, so it issues its side of the
 copy once the sender has issued its own, and a receiver waiting on the wrong message
 waits rather than pairing the wrong copies.
 """
@@ -48,6 +49,16 @@ class Ended(Exception):
     def __init__(self, name, value):
         self.name, self.value = name, value
         super().__init__(f"{name}: {value}")
+
+
+def peer(own_mesh, other_mesh):
+    """The process of `other_mesh` paired with this one (of `own_mesh`): the one at the
+    same place in its side's process order. Each side has as many processes."""
+    own, other = hosts.mesh_processes(own_mesh), hosts.mesh_processes(other_mesh)
+    if len(own) != len(other):
+        raise ValueError(f"the two meshes span {len(own)} and {len(other)} processes; a "
+                         "transfer pairs them one to one: give every process as many devices")
+    return other[own.index(jax.process_index())]
 
 
 def _laid_out_like(source_mesh, destination_mesh):
@@ -114,15 +125,15 @@ class Channel:
 
     def send(self, name, tree, source_mesh, destination_mesh, host=None):
         """Sends `tree` (jax arrays on `source_mesh`) to `destination_mesh`, where each
-        array lands in its `mesh.sharding_on` sharding, with the picklable `host` values.
-        Returns at once."""
+        array lands in its `mesh.sharding_on` sharding, with this process's picklable
+        `host` values (they go to its `peer`: each process of a side of several passes
+        its own, e.g. its data position). Returns at once."""
         leaves, treedef = jax.tree.flatten(tree)
         laid = _laid_out_like(source_mesh, destination_mesh)
         specs = [mesh_lib.sharding_on(x, destination_mesh).spec for x in leaves]
         leaves = jax.device_put(leaves, [NamedSharding(laid, spec) for spec in specs])
-        if jax.process_index() == hosts.mesh_processes(source_mesh)[0]:
-            self.post(name, (treedef, [(x.shape, x.dtype, spec) for x, spec in zip(leaves, specs)],
-                             host), hosts.mesh_processes(destination_mesh))
+        described = [(x.shape, x.dtype, spec) for x, spec in zip(leaves, specs)]
+        self.post(name, (treedef, described, host), [peer(source_mesh, destination_mesh)])
         jax.device_put(leaves, [NamedSharding(destination_mesh, spec) for spec in specs])
 
     def receive(self, name, source_mesh, destination_mesh, watch=()):

@@ -133,16 +133,28 @@ def _whole_shards_on_cpu():
             jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
 
 
+def _acting_processes():
+    """orbax's options for the processes acting together (`parallel.process_group`: with
+    process roles, the learner's processes save and restore alone)."""
+    group = parallel.acting_processes()
+    if len(group) == jax.process_count():
+        return ocp.options.MultiprocessingOptions()
+    return ocp.options.MultiprocessingOptions(primary_host=group[0], active_processes=set(group))
+
+
 class Checkpointer:
     """Saves and restores ``(state_tree, meta_json)`` pairs under ``workdir/checkpoints``."""
 
     def __init__(self, directory, *, keep=3, asynchronous=True):
         _whole_shards_on_cpu()
         self.directory = paths.resolve(directory)
+        processes = _acting_processes()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep,
-                                               enable_async_checkpointing=asynchronous)
+                                               enable_async_checkpointing=asynchronous,
+                                               multiprocessing_options=processes)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
-        self._handler = ocp.CompositeCheckpointHandler()   # restores without orbax's barrier
+        self._handler = ocp.CompositeCheckpointHandler(   # restores without orbax's barrier
+            composite_options=ocp.CompositeOptions(multiprocessing_options=processes))
         self._in_flight = None   # (step, bytes) of the save being written
 
     def latest_step(self):

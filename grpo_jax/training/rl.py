@@ -52,7 +52,7 @@ from grpo_jax import config_lib, models, objectives, parallel, paths
 from grpo_jax.training import async_rl, checkpoint, critic as critic_lib, evaluation, footprint
 from grpo_jax.training import batch as batch_lib, metrics as metrics_lib, packing, programs
 from grpo_jax.training import partial, policy as policy_lib, preemption
-from grpo_jax.training import rollout, steps, task as task_lib, warm_start
+from grpo_jax.training import roles, rollout, steps, task as task_lib, warm_start
 
 OLD_LOGP = ("recompute", "sampler")
 
@@ -628,7 +628,11 @@ def train(config, workdir, *, seconds=None):
     as it is: the run reads a resolved, read-only copy.
 
     With `seconds`, the run also ends after the first step that finishes past that much
-    wall time (for comparisons at equal time): that step is saved and exported."""
+    wall time (for comparisons at equal time): that step is saved and exported.
+
+    On several processes with ``rollout.mesh`` (process roles, `roles`) the processes of
+    the rollout mesh only sample (`roles.sample`; they return None) and the others run
+    this loop, taking each step's batch from them."""
     # --- set-up: mesh, warm start, data, policy, objective, optimizer, checkpoint --------
     config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
     mesh, rollout_mesh = parallel.setup_meshes(
@@ -637,11 +641,29 @@ def train(config, workdir, *, seconds=None):
     config = warm_start.prepared(config)   # its own phase: an SFT run, cached
     if parallel.is_main():
         config_lib.record(config, workdir)
+    if not roles.split(mesh, rollout_mesh):
+        return _learn(config, workdir, mesh, rollout_mesh, seconds)
+    with roles.acting(mesh, rollout_mesh):   # each role's collectives among its processes
+        if roles.samples(rollout_mesh):
+            return roles.sample(config, workdir, mesh, rollout_mesh, scorer=_scorer(config),
+                                last=config.critic.pretrain_steps + config.train.steps)
+        return _learn(config, workdir, mesh, mesh, seconds, samplers=rollout_mesh)
+
+
+def _learn(config, workdir, mesh, rollout_mesh, seconds, samplers=None):
+    """`train`'s loop on `mesh` after the set-up, the rollouts sampled on `rollout_mesh`
+    (`mesh` itself, or the last devices of this process), or by the sampling processes
+    of the mesh `samplers` (`roles.Learner`)."""
     run = set_up(config, workdir, mesh, rollout_mesh)
     start = restore(run)
     total_steps = config.critic.pretrain_steps + config.train.steps
     close_producer = lambda: None
-    if config.async_rl.enabled:
+    if samplers is not None:
+        run.producer = roles.Learner(run, samplers, start=start, last=total_steps, taken=lambda
+                                     step, batch: _write_samples(config, workdir, step, batch,
+                                                                 run.policy.tokenizer))
+        close_producer = run.producer.close
+    elif config.async_rl.enabled:
         run.producer, close_producer = start_producer(run, start, total_steps)
     writer = metrics_lib.MetricWriter(workdir, total_steps=total_steps, start_step=start,
                                       total_seconds=seconds)
