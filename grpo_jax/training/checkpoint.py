@@ -149,13 +149,21 @@ class Checkpointer:
         _whole_shards_on_cpu()
         self.directory = paths.resolve(directory)
         processes = _acting_processes()
+        if processes.active_processes:   # orbax leaves the directory to a subset's caller
+            paths.path(self.directory).mkdir(parents=True, exist_ok=True)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep,
                                                enable_async_checkpointing=asynchronous,
-                                               multiprocessing_options=processes)
+                                               multiprocessing_options=processes,
+                                               create=not processes.active_processes)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._handler = ocp.CompositeCheckpointHandler(   # restores without orbax's barrier
             composite_options=ocp.CompositeOptions(multiprocessing_options=processes))
         self._in_flight = None   # (step, bytes) of the save being written
+        # One process of several saving alone (the learner of process roles) holds every
+        # shard, which orbax refuses to write as a jax.Array on several processes (the
+        # arrays of pmap, different on each): it writes a host copy, which restores into
+        # the state's shardings like any checkpoint.
+        self._host_copy = len(parallel.acting_processes()) == 1 < jax.process_count()
 
     def latest_step(self):
         """The step of the newest complete checkpoint, or None."""
@@ -174,7 +182,7 @@ class Checkpointer:
             message names the directory and the space a checkpoint needs.
         """
         meta = {**meta, "fingerprint": fingerprint(state)}
-        items = {"state": ocp.args.StandardSave(state)}
+        items = {"state": ocp.args.StandardSave(jax.device_get(state) if self._host_copy else state)}
         arrays, info = extra if extra is not None else (None, None)
         if extra is not None:
             meta["extra"] = info

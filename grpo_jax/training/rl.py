@@ -647,22 +647,21 @@ def train(config, workdir, *, seconds=None):
         if roles.samples(rollout_mesh):
             return roles.sample(config, workdir, mesh, rollout_mesh, scorer=_scorer(config),
                                 last=config.critic.pretrain_steps + config.train.steps)
-        return _learn(config, workdir, mesh, mesh, seconds, samplers=rollout_mesh)
+        with roles.learning(rollout_mesh) as learner:
+            return _learn(config, workdir, mesh, mesh, seconds, learner=learner)
 
 
-def _learn(config, workdir, mesh, rollout_mesh, seconds, samplers=None):
+def _learn(config, workdir, mesh, rollout_mesh, seconds, learner=None):
     """`train`'s loop on `mesh` after the set-up, the rollouts sampled on `rollout_mesh`
     (`mesh` itself, or the last devices of this process), or by the sampling processes
-    of the mesh `samplers` (`roles.Learner`)."""
+    (`learner`: `roles.Learner` but for the run and its arguments)."""
     run = set_up(config, workdir, mesh, rollout_mesh)
     start = restore(run)
     total_steps = config.critic.pretrain_steps + config.train.steps
     close_producer = lambda: None
-    if samplers is not None:
-        run.producer = roles.Learner(run, samplers, start=start, last=total_steps, taken=lambda
-                                     step, batch: _write_samples(config, workdir, step, batch,
-                                                                 run.policy.tokenizer))
-        close_producer = run.producer.close
+    if learner is not None:
+        run.producer = learner(run, start=start, last=total_steps, taken=lambda step, batch:
+                               _write_samples(config, workdir, step, batch, run.policy.tokenizer))
     elif config.async_rl.enabled:
         run.producer, close_producer = start_producer(run, start, total_steps)
     writer = metrics_lib.MetricWriter(workdir, total_steps=total_steps, start_step=start,

@@ -24,6 +24,7 @@ raises.
 """
 
 import contextlib
+import functools
 import time
 import traceback
 
@@ -82,23 +83,35 @@ def transfer_order(start, last, k):
     return order
 
 
+@contextlib.contextmanager
+def learning(rollout_mesh):
+    """The learner's side of the roles: yields `Learner` with its first two arguments
+    bound; at the exit, an error's included, tells the sampling processes to end (they
+    wait for it before exiting, or stop waiting for the learner's messages)."""
+    channel = transfer.Channel(CHANNEL)
+    try:
+        yield functools.partial(Learner, channel, rollout_mesh)
+    finally:
+        channel.post("end", None, parallel.mesh_processes(rollout_mesh))
+
+
 class Learner:
     """The learner's side of the roles, in place of `async_rl.Producer` (the same
     `publish`, `take` and `close`): it sends the versions the sampler needs and receives
     each step's batch on the training mesh, in `transfer_order`.
 
     Args:
-      run: the `rl.Run` (its meshes, lagged copies, prompt stream, trained filter).
-      rollout_mesh: the sampler's mesh.
+      channel: the `transfer.Channel` of the roles; rollout_mesh: the sampler's mesh.
+      run: the `rl.Run` (its mesh, lagged copies and prompt stream position).
       start, last: the steps to take, start + 1 .. last.
       taken: called with (step, batch) once a batch is on the training mesh (the rollouts
         the run logs).
     """
 
-    def __init__(self, run, rollout_mesh, *, start, last, taken):
+    def __init__(self, channel, rollout_mesh, run, *, start, last, taken):
         self._mesh, self._rollout_mesh, self._taken = run.mesh, rollout_mesh, taken
         self._k = run.config.async_rl.max_staleness
-        self._channel = transfer.Channel(CHANNEL)
+        self._channel = channel
         self._order, self._next, self._versions = transfer_order(start, last, self._k), 0, {}
         self._samplers = parallel.mesh_processes(rollout_mesh)
         self._channel.post("start", (start, run.train_iter.get_state()),
@@ -144,8 +157,7 @@ class Learner:
                                  sampled)
 
     def close(self):
-        """Tells the sampler processes to end (they wait for it before exiting)."""
-        self._channel.post("end", None, self._samplers)
+        """Nothing to stop here: `learning` tells the sampling processes to end."""
 
 
 def sample(config, workdir, mesh, rollout_mesh, *, last, scorer):
@@ -166,7 +178,7 @@ def sample(config, workdir, mesh, rollout_mesh, *, last, scorer):
 
 def _sample(channel, config, workdir, mesh, rollout_mesh, last, scorer):
     k = config.async_rl.max_staleness
-    start, position = channel.wait("start")
+    start, position = channel.wait("start", watch=("end",))
     source = task_lib.data_source(config.task, "train")
     train_iter = iter(task_lib.loader(source, config, batch_size=config.rollout.prompts_per_batch))
     train_iter.set_state(position)
