@@ -37,8 +37,7 @@ def initialize(cfg):
     ``cfg.num_processes``, ``cfg.process_id`` is set (then all three must be), or when
     the environment sets GRPO_JAX_DISTRIBUTED=1. With none of the three set, JAX detects
     the cluster itself (Cloud TPU, SLURM, Open MPI). Collectives between CPU devices use
-    gloo. Safe to call more than once (the demo calls it per stage). Before JAX starts,
-    it also lets arrays cross between processes' devices (`enable_transfers`).
+    gloo. Safe to call more than once (the demo calls it per stage).
 
     Args:
       cfg: the ``config.distributed`` section.
@@ -56,11 +55,10 @@ def initialize(cfg):
     if enabled and not jax.distributed.is_initialized():
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(**given)
-        enable_transfers(cfg.transfer_address, given.get("coordinator_address"))
     return enabled
 
 
-def enable_transfers(address, coordinator=None):
+def enable_transfers(address):
     """Lets `jax.device_put` copy arrays to a mesh of other processes' devices (split
     meshes on several processes: `parallel.transfer`), through JAX's socket transfer
     server: ``jax_cross_host_transfer_socket_address``, read when the backend starts.
@@ -68,19 +66,25 @@ def enable_transfers(address, coordinator=None):
     Args:
       address: "host:port" this process serves transfers on (``distributed.transfer_address``),
         or "": the address this host reaches the coordinator from, and a free port.
-      coordinator: the coordinator's "host:port" when given explicitly (else the one
-        jax.distributed found).
 
     Every process publishes its address (the key-value store) and the others connect to
     it, so it must be reachable from them; "" picks a port per process, so several
     processes on one host do not collide.
+
+    Raises:
+      RuntimeError: JAX started before (another stage of this process): it reads the
+        setting once.
     """
     from jax._src import distributed, xla_bridge   # no public accessors for either
-    if xla_bridge.backends_are_initialized() or xla_bridge.CROSS_HOST_TRANSFER_SOCKET_ADDRESS.value:
+    if xla_bridge.CROSS_HOST_TRANSFER_SOCKET_ADDRESS.value:
         return
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError("split meshes on several processes (rollout.mesh) copy arrays between "
+                           "processes, which JAX sets up when it starts, but it started before "
+                           "(an earlier stage of this process): run the RL stage in a process of "
+                           "its own, or set rollout.mesh=''")
     if not address:
-        coordinator = coordinator or distributed.global_state.coordinator_address
-        host = coordinator.rsplit(":", 1)[0].strip("[]")
+        host = distributed.global_state.coordinator_address.rsplit(":", 1)[0].strip("[]")
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((host, 1))   # UDP: sends nothing, picks the route's interface
             local = probe.getsockname()[0]
@@ -134,7 +138,8 @@ def setup_meshes(config, state_bytes=None):
     if not spec:
         mesh = setup_mesh(config, state_bytes)
         return mesh, mesh
-    initialize(config.distributed)
+    if initialize(config.distributed):
+        enable_transfers(config.distributed.transfer_address)   # before jax.devices() starts JAX
     train_devices, rollout_devices = mesh_lib.split_devices(spec, jax.devices())
     if jax.process_count() > 1:
         mesh_lib.check_process_split(spec, train_devices, rollout_devices)

@@ -146,11 +146,15 @@ def check_process_split(spec, train_devices, rollout_devices):
             "sample, the others train): give rollout.mesh a multiple of the devices per "
             f"process ({per_process}), or rollout.mesh='' to sample on the training mesh")
     if len(train_devices) != len(rollout_devices):
+        total = len(train_devices) + len(rollout_devices)
+        per_process = len([d for d in rollout_devices
+                           if d.process_index == rollout_devices[0].process_index])
+        fix = (f"make rollout.mesh's size {total // 2}" if total // 2 % per_process == 0 else
+               "run an even number of processes (the rollout mesh takes half of them)")
         raise ValueError(
             f"rollout.mesh={spec!r} takes {len(rollout_devices)} devices and leaves "
             f"{len(train_devices)} to train: on several processes the two meshes need as many "
-            "devices each (the parameters and the batch cross device for device); make "
-            f"rollout.mesh's size {(len(train_devices) + len(rollout_devices)) // 2}, or "
+            f"devices each (the parameters and the batch cross device for device); {fix}, or "
             "rollout.mesh='' to sample on the training mesh")
 
 
