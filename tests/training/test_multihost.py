@@ -5,7 +5,9 @@ global mesh the config declares. The two-process run must sample the same tokens
 the same rewards, log the same metrics (from process 0 only) and end with the same
 parameters as the one-process run (the `reference` fixture: the fault tests' 12-step run),
 through kill -9 of both processes and SIGTERM to one of them; with a tool environment,
-each process answering the calls of its own rows, the same episodes.
+each process answering the calls of its own rows, the same episodes. With split meshes
+(process roles), process 1 samples and process 0 trains: the same run as one process
+whose 8 devices split 4/4.
 """
 
 import signal
@@ -116,3 +118,51 @@ def test_two_processes_answer_the_tool_calls_of_their_own_rows_as_one_process(da
         assert rollouts == (one / "rollouts" / f"{step}.jsonl").read_text()
         assert "</calculator><result>" in rollouts   # answered calls, in the rows' text
     assert_rows_equal(workdir, one, [1, 2], rtol=2e-4, atol=1e-6)
+
+
+# Process roles: 4 steps of the tiny recipe, asynchronous with every batch exactly 1 step
+# stale, sampled on the last 4 devices (process 1's) and trained on the first 4 (process 0's).
+ROLES_RUN = {"train.steps": 4, "train.eval_every": 4, "train.export": True,
+             "train.log_rollouts_every": 1, "rollout.mesh": "data=4", "async_rl.enabled": True,
+             "async_rl.max_staleness": 1, "async_rl.fixed": True}
+
+
+@pytest.fixture(scope="module")
+def one_process_split(data_dir, tmp_path_factory):
+    """The workdir of `ROLES_RUN` on one process with 8 devices, split 4/4."""
+    workdir = tmp_path_factory.mktemp("one_process_split")
+    rl.train(tiny_config("dapo", data_dir, **ROLES_RUN), str(workdir))
+    return workdir
+
+
+def _assert_equal_to_one_process(workdir, reference, log0, log1):
+    """The two-process run's rollouts equal the one-process run's row for row (text and
+    rewards), every step 1 stale after the first; its metrics and exported parameters
+    equal them up to the rounding of the gloo all-reduce of two processes against the
+    in-process one of one (steps 1-4 differ from rtol 1e-8 to 3e-6, the export by at
+    most 6e-8); every step timed both copies; process 0 alone printed and wrote."""
+    for step in range(1, 5):
+        assert (workdir / "rollouts" / f"{step}.jsonl").read_text() == \
+            (reference / "rollouts" / f"{step}.jsonl").read_text()
+    assert_rows_equal(workdir, reference, range(1, 5), rtol=1e-5, atol=1e-6)
+    assert_same_export(workdir, reference, rtol=1e-5, atol=1e-7)
+    rows = read_metrics(workdir)
+    assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["time_weight_transfer"] > 0 and r["time_batch_transfer"] > 0 for r in rows)
+    assert "training mesh {'data': 4, 'fsdp': 1, 'tensor': 1} over 4 cpu device(s) in 2 " \
+           "processes" in log0 and "step     4/4" in log0
+    assert "step " not in log1 and len(list(workdir.glob("metrics.jsonl*"))) == 1
+
+
+@pytest.mark.slow
+def test_a_sampling_process_and_a_training_process_equal_one_process_split_in_two(
+        one_process_split, data_dir, tmp_path):
+    """rollout.mesh=data=4 on 2 processes of 4 devices: process 1 samples, process 0
+    trains, parameters and batches crossing between them, as one process does between
+    the two halves of its 8 devices."""
+    workdir = tmp_path / "roles"
+    commands = main_commands(cli_config_file(tmp_path, data_dir, ROLES_RUN), workdir, 2)
+    processes, logs, files = _start(commands, tmp_path, "roles")
+    codes, (log0, log1) = _wait(processes, logs, files, timeout=600)
+    assert codes == [0, 0], log0[-3000:] + log1[-3000:]
+    _assert_equal_to_one_process(workdir, one_process_split, log0, log1)
