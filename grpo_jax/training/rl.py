@@ -23,7 +23,8 @@ With ``async_rl.enabled`` the rollouts come from a producer thread that samples 
 steps while this loop updates (`async_rl`, `start_producer`): the loop takes each step's
 batch from it instead of sampling, and the rest of the step is unchanged. With
 ``rollout.mesh`` the rollouts are sampled on devices of their own (`_collect`: the
-parameters copied there, the batch copied back), synchronous or not. With
+parameters copied there, the batch copied back), synchronous or not; on several
+processes the rollout mesh's processes sample and the others run this loop (`roles`). With
 ``rollout.partial.enabled`` rows past a per-step token budget carry over to the next
 step (`partial`): the run (or its producer) holds the pool of groups in flight, and a
 checkpoint saves it.
@@ -212,7 +213,8 @@ class Run:
       checkpointer: the run's `checkpoint.Checkpointer`.
       advantages_fn, mismatch_fn, seeds_fn: jitted functions of the batch: the
         advantages, sampler-vs-trainer log-prob metrics, a random loss's row seeds.
-      producer: the `async_rl.Producer` of an asynchronous run (`start_producer`), else
+      producer: the `async_rl.Producer` of an asynchronous run (`start_producer`), or
+        with process roles the `roles.Learner` taking the sampling processes' batches, else
         None; data_position: with a producer, the prompt stream's position after the
         last step taken (what a checkpoint saves; the stream itself may be further on).
       carry: with partial rollouts (``rollout.partial.enabled``), the `partial.Pool` of
@@ -241,7 +243,7 @@ class Run:
     advantages_fn: Callable
     mismatch_fn: Callable
     seeds_fn: Callable
-    producer: async_rl.Producer | None = None
+    producer: async_rl.Producer | roles.Learner | None = None
     data_position: Any = None
     rollout_mesh: jax.sharding.Mesh | None = None
     rollout_frozen: Any = None

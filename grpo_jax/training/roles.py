@@ -173,6 +173,8 @@ def sample(config, workdir, mesh, rollout_mesh, *, last, scorer):
     except BaseException:
         channel.post("failed", traceback.format_exc(), parallel.mesh_processes(mesh))
         raise
+    finally:
+        scorer.close()
     channel.wait("end")
 
 
@@ -209,6 +211,5 @@ def _sample(channel, config, workdir, mesh, rollout_mesh, last, scorer):
                 {**metrics, "time_weight_transfer": seconds}, examples, train_iter.get_state(),
                 time.time() - begin))
     finally:
-        scorer.close()
         if episodic is not None:
             episodic.close()

@@ -166,3 +166,32 @@ def test_a_sampling_process_and_a_training_process_equal_one_process_split_in_tw
     codes, (log0, log1) = _wait(processes, logs, files, timeout=600)
     assert codes == [0, 0], log0[-3000:] + log1[-3000:]
     _assert_equal_to_one_process(workdir, one_process_split, log0, log1)
+
+
+@pytest.mark.slow
+def test_process_roles_killed_and_resumed_end_as_the_uninterrupted_run(one_process_split,
+                                                                        data_dir, tmp_path):
+    """Both processes killed (-9) once step 2's checkpoint is on disk, the sampler a step
+    ahead of the learner; run again, the learner resumes from its checkpoint and sends the
+    sampler the step, the prompt stream's position and the lagged parameters: the run
+    ends as the uninterrupted one."""
+    workdir = tmp_path / "roles"
+    commands = main_commands(cli_config_file(tmp_path, data_dir, ROLES_RUN), workdir, 2)
+    processes, logs, files = _start(commands, tmp_path, "killed")
+    deadline = time.time() + 600
+    while time.time() < deadline and 2 not in finished_checkpoints(workdir):
+        assert all(p.poll() is None for p in processes), "a process ended before the kill"
+        time.sleep(0.05)
+    for p in processes:
+        p.kill()
+    codes, _ = _wait(processes, logs, files)
+    assert codes == [-9, -9] and not (workdir / "export").exists()
+    resumed = finished_checkpoints(workdir)[-1]
+    assert 2 <= resumed < 4
+
+    processes, logs, files = _start(commands, tmp_path, "resumed")
+    codes, (log0, log1) = _wait(processes, logs, files, timeout=600)
+    assert codes == [0, 0], log0[-3000:] + log1[-3000:]
+    assert f"resumed from the checkpoint of step {resumed} in" in log0
+    assert step_lines(log0) == list(range(resumed + 1, 5))
+    _assert_equal_to_one_process(workdir, one_process_split, log0, log1)
