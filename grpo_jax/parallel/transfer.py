@@ -94,11 +94,19 @@ class Channel:
         return f"{self._prefix}/{name}/{process}"
 
     def post(self, name, value, processes):
-        """Posts `value` (picklable) as message `name` to each of `processes`; called by
-        one process of the sending side."""
+        """Posts `value` (picklable) as message `name` to each of `processes` (replacing
+        one posted before: several processes may post the same news)."""
         data = pickle.dumps(value)
         for process in processes:
-            self._client.key_value_set_bytes(self._key(name, process), data)
+            self._client.key_value_set_bytes(self._key(name, process), data, allow_overwrite=True)
+
+    def posted(self, name):
+        """Whether message `name` was posted to this process, without waiting."""
+        try:
+            self._client.key_value_try_get_bytes(self._key(name, jax.process_index()))
+        except jax.errors.JaxRuntimeError:   # NOT_FOUND: not posted
+            return False
+        return True
 
     def wait(self, name, watch=()):
         """The value of message `name` for this process, once posted (then deleted).

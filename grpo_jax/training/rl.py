@@ -660,10 +660,11 @@ def _learn(config, workdir, mesh, rollout_mesh, seconds, learner=None):
     run = set_up(config, workdir, mesh, rollout_mesh)
     start = restore(run)
     total_steps = config.critic.pretrain_steps + config.train.steps
-    close_producer = lambda: None
+    close_producer, passed_on = (lambda: None), None
     if learner is not None:
         run.producer = learner(run, start=start, last=total_steps, taken=lambda step, batch:
                                _write_samples(config, workdir, step, batch, run.policy.tokenizer))
+        passed_on = run.producer.sigterm_passed_on   # a sampling process's SIGTERM
     elif config.async_rl.enabled:
         run.producer, close_producer = start_producer(run, start, total_steps)
     writer = metrics_lib.MetricWriter(workdir, total_steps=total_steps, start_step=start,
@@ -671,7 +672,7 @@ def _learn(config, workdir, mesh, rollout_mesh, seconds, learner=None):
     started, step = time.time(), start
 
     # --- the loop: value pre-training, then RL (`schedule`) ------------------------------
-    stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
+    stop = preemption.Preemption(passed_on)   # SIGTERM: finish the step, save it, raise Stopped
     try:
         for step, take_step in schedule(config, start):
             metrics = take_step(run, step)

@@ -20,11 +20,15 @@ and the prompt stream's position (each learner process its own, to the sampler p
 at its place), and sends its lagged copies (the versions steps start + 1 .. start + k + 1
 sample with); at the end (or on an error) it posts "end", which the sampler waits for
 before it exits. A sampler that fails posts "failed" with its error, which the learner
-raises.
+raises. A SIGTERM to a sampling process is passed on to the learner, which stops after
+its step, saves it and ends the samplers with it: every process exits with
+`preemption.EXIT_STATUS`, as a SIGTERM to a learner process does.
 """
 
 import contextlib
 import functools
+import os
+import signal
 import time
 import traceback
 
@@ -33,7 +37,8 @@ from flax import nnx
 
 from grpo_jax import parallel
 from grpo_jax.parallel import transfer
-from grpo_jax.training import async_rl, policy as policy_lib, programs, rollout, steps
+from grpo_jax.training import async_rl, policy as policy_lib, preemption, programs, rollout
+from grpo_jax.training import steps
 from grpo_jax.training import task as task_lib
 
 CHANNEL = "async_rl"
@@ -88,11 +93,14 @@ def learning(rollout_mesh):
     """The learner's side of the roles: yields `Learner` with its first two arguments
     bound; at the exit, an error's included, tells the sampling processes to end (they
     wait for it before exiting, or stop waiting for the learner's messages)."""
-    channel = transfer.Channel(CHANNEL)
+    channel, stopped = transfer.Channel(CHANNEL), None
     try:
         yield functools.partial(Learner, channel, rollout_mesh)
+    except preemption.Stopped as error:   # the samplers stop with the same status
+        stopped = error.step, error.checkpoint_dir
+        raise
     finally:
-        channel.post("end", None, parallel.mesh_processes(rollout_mesh))
+        channel.post("end", stopped, parallel.mesh_processes(rollout_mesh))
 
 
 class Learner:
@@ -156,6 +164,11 @@ class Learner:
                                  {**metrics, "time_batch_transfer": seconds}, examples, position,
                                  sampled)
 
+    def sigterm_passed_on(self):
+        """Whether a sampling process passed a SIGTERM on (`preemption.Preemption`'s
+        `passed_on`)."""
+        return self._channel.posted("sigterm")
+
     def close(self):
         """Nothing to stop here: `learning` tells the sampling processes to end."""
 
@@ -165,17 +178,33 @@ def sample(config, workdir, mesh, rollout_mesh, *, last, scorer):
     versions the learner sends and sends each batch to `mesh`, in `transfer_order`, then
     waits for the learner's end. Its policy (the frozen part a LoRA run keeps: the base)
     is the run's starting one, built here; `scorer` grades its rollouts."""
-    channel = transfer.Channel(CHANNEL)
+    channel, learners = transfer.Channel(CHANNEL), parallel.mesh_processes(mesh)
+    previous = signal.signal(signal.SIGTERM, _passing_on(channel, learners))
     try:
         _sample(channel, config, workdir, mesh, rollout_mesh, last, scorer)
-    except transfer.Ended:   # the learner stopped first (a time limit, a SIGTERM)
-        return
+        stopped = channel.wait("end")
+    except transfer.Ended as ended:   # the learner ended first (a time limit, a SIGTERM)
+        stopped = ended.value
     except BaseException:
-        channel.post("failed", traceback.format_exc(), parallel.mesh_processes(mesh))
+        channel.post("failed", traceback.format_exc(), learners)
         raise
     finally:
         scorer.close()
-    channel.wait("end")
+        signal.signal(signal.SIGTERM, previous)
+    if stopped is not None:   # exits as the learner does: resumable
+        raise preemption.Stopped(*stopped)
+
+
+def _passing_on(channel, learners):
+    """A SIGTERM handler that passes the first SIGTERM on to the learner's processes
+    (which stop after their step, save it and then end this process); the second ends
+    this process at once."""
+    def on_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        channel.post("sigterm", None, learners)
+        os.write(2, b"SIGTERM: passed on to the learner, which stops once its step is saved; "
+                    b"send SIGTERM again to stop this process at once\n")
+    return on_sigterm
 
 
 def _sample(channel, config, workdir, mesh, rollout_mesh, last, scorer):

@@ -120,9 +120,9 @@ def test_two_processes_answer_the_tool_calls_of_their_own_rows_as_one_process(da
     assert_rows_equal(workdir, one, [1, 2], rtol=2e-4, atol=1e-6)
 
 
-# Process roles: 4 steps of the tiny recipe, asynchronous with every batch exactly 1 step
+# Process roles: 5 steps of the tiny recipe, asynchronous with every batch exactly 1 step
 # stale, sampled on the last 4 devices (process 1's) and trained on the first 4 (process 0's).
-ROLES_RUN = {"train.steps": 4, "train.eval_every": 4, "train.export": True,
+ROLES_RUN = {"train.steps": 5, "train.eval_every": 5, "train.export": True,
              "train.log_rollouts_every": 1, "rollout.mesh": "data=4", "async_rl.enabled": True,
              "async_rl.max_staleness": 1, "async_rl.fixed": True}
 
@@ -139,18 +139,18 @@ def _assert_equal_to_one_process(workdir, reference, log0, log1):
     """The two-process run's rollouts equal the one-process run's row for row (text and
     rewards), every step 1 stale after the first; its metrics and exported parameters
     equal them up to the rounding of the gloo all-reduce of two processes against the
-    in-process one of one (steps 1-4 differ from rtol 1e-8 to 3e-6, the export by at
-    most 6e-8); every step timed both copies; process 0 alone printed and wrote."""
-    for step in range(1, 5):
+    in-process one of one (at steps 1-3 from rtol 1e-8 to 3e-6, the export by at most
+    6e-8 after 3 steps); every step timed both copies; process 0 alone printed and wrote."""
+    for step in range(1, 6):
         assert (workdir / "rollouts" / f"{step}.jsonl").read_text() == \
             (reference / "rollouts" / f"{step}.jsonl").read_text()
-    assert_rows_equal(workdir, reference, range(1, 5), rtol=1e-5, atol=1e-6)
+    assert_rows_equal(workdir, reference, range(1, 6), rtol=1e-5, atol=1e-6)
     assert_same_export(workdir, reference, rtol=1e-5, atol=1e-7)
     rows = read_metrics(workdir)
-    assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
     assert all(r["time_weight_transfer"] > 0 and r["time_batch_transfer"] > 0 for r in rows)
     assert "training mesh {'data': 4, 'fsdp': 1, 'tensor': 1} over 4 cpu device(s) in 2 " \
-           "processes" in log0 and "step     4/4" in log0
+           "processes" in log0 and "step     5/5" in log0
     assert "step " not in log1 and len(list(workdir.glob("metrics.jsonl*"))) == 1
 
 
@@ -169,12 +169,13 @@ def test_a_sampling_process_and_a_training_process_equal_one_process_split_in_tw
 
 
 @pytest.mark.slow
-def test_process_roles_killed_and_resumed_end_as_the_uninterrupted_run(one_process_split,
-                                                                        data_dir, tmp_path):
+def test_process_roles_killed_stopped_and_resumed_end_as_the_uninterrupted_run(
+        one_process_split, data_dir, tmp_path):
     """Both processes killed (-9) once step 2's checkpoint is on disk, the sampler a step
     ahead of the learner; run again, the learner resumes from its checkpoint and sends the
-    sampler the step, the prompt stream's position and the lagged parameters: the run
-    ends as the uninterrupted one."""
+    sampler the step, the prompt stream's position and the lagged parameters. The sampling
+    process alone then gets SIGTERM: it passes it on, the learner saves its step and both
+    exit 75. The third run ends as the uninterrupted one."""
     workdir = tmp_path / "roles"
     commands = main_commands(cli_config_file(tmp_path, data_dir, ROLES_RUN), workdir, 2)
     processes, logs, files = _start(commands, tmp_path, "killed")
@@ -187,11 +188,21 @@ def test_process_roles_killed_and_resumed_end_as_the_uninterrupted_run(one_proce
     codes, _ = _wait(processes, logs, files)
     assert codes == [-9, -9] and not (workdir / "export").exists()
     resumed = finished_checkpoints(workdir)[-1]
-    assert 2 <= resumed < 4
+    assert resumed == 2, "step 3 was done and saved within 50 ms of the kill"
 
-    processes, logs, files = _start(commands, tmp_path, "resumed")
+    processes, logs, files = _start(commands, tmp_path, "sigterm")
+    wait_for_step(processes[0], logs[0], 3)   # the sampler is sampling; the learner learns
+    processes[1].send_signal(signal.SIGTERM)  # of it at a step boundary, 3's or 4's
+    codes, (log0, log1) = _wait(processes, logs, files, timeout=600)
+    assert codes == [preemption.EXIT_STATUS] * 2, log0[-3000:] + log1[-3000:]
+    assert f"resumed from the checkpoint of step {resumed} in" in log0
+    assert "SIGTERM: passed on to the learner" in log1
+    stopped = step_lines(log0)[-1]
+    assert f"stopped by SIGTERM after step {stopped}; its checkpoint is" in log0
+    assert stopped in (3, 4) and finished_checkpoints(workdir)[-1] == stopped
+
+    processes, logs, files = _start(commands, tmp_path, "finished")
     codes, (log0, log1) = _wait(processes, logs, files, timeout=600)
     assert codes == [0, 0], log0[-3000:] + log1[-3000:]
-    assert f"resumed from the checkpoint of step {resumed} in" in log0
-    assert step_lines(log0) == list(range(resumed + 1, 5))
+    assert step_lines(log0) == list(range(stopped + 1, 6))
     _assert_equal_to_one_process(workdir, one_process_split, log0, log1)
