@@ -105,7 +105,7 @@ def learning(rollout_mesh):
 
 class Learner:
     """The learner's side of the roles, in place of `async_rl.Producer` (the same
-    `publish`, `take` and `close`): it sends the versions the sampler needs and receives
+    `publish` and `take`; `learning` ends the samplers): it sends the versions the sampler needs and receives
     each step's batch on the training mesh, in `transfer_order`.
 
     Args:
@@ -146,9 +146,9 @@ class Learner:
             else:
                 produced = self._receive(number)
             self._next += 1
-        if produced is None or produced.step != step:
-            raise RuntimeError(f"the learner asked for step {step}'s batch out of the order "
-                               f"{self._order}")
+        if produced is None or produced.step != step:   # `rl._produced_rollouts` asks in order
+            raise RuntimeError(f"the learner asked for step {step}'s batch; the transfer order "
+                               f"had {produced and produced.step} next")
         return produced
 
     def _receive(self, step):
@@ -169,8 +169,6 @@ class Learner:
         `passed_on`)."""
         return self._channel.posted("sigterm")
 
-    def close(self):
-        """Nothing to stop here: `learning` tells the sampling processes to end."""
 
 
 def sample(config, workdir, mesh, rollout_mesh, *, last, scorer):
