@@ -139,13 +139,13 @@ def _assert_equal_to_one_process(workdir, reference, log0, log1):
     """The two-process run's rollouts equal the one-process run's row for row (text and
     rewards), every step 1 stale after the first; its metrics and exported parameters
     equal them up to the rounding of the gloo all-reduce of two processes against the
-    in-process one of one (at steps 1-3 from rtol 1e-8 to 3e-6, the export by at most
-    6e-8 after 3 steps); every step timed both copies; process 0 alone printed and wrote."""
+    in-process one of one (metrics by up to rtol 7.4e-6, the export by up to 1.2e-7);
+    every step timed both copies; process 0 alone printed and wrote."""
     for step in range(1, 6):
         assert (workdir / "rollouts" / f"{step}.jsonl").read_text() == \
             (reference / "rollouts" / f"{step}.jsonl").read_text()
-    assert_rows_equal(workdir, reference, range(1, 6), rtol=1e-5, atol=1e-6)
-    assert_same_export(workdir, reference, rtol=1e-5, atol=1e-7)
+    assert_rows_equal(workdir, reference, range(1, 6), rtol=5e-5, atol=1e-6)
+    assert_same_export(workdir, reference, rtol=1e-5, atol=5e-7)
     rows = read_metrics(workdir)
     assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
     assert all(r["time_weight_transfer"] > 0 and r["time_batch_transfer"] > 0 for r in rows)
