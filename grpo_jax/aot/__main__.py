@@ -29,8 +29,9 @@ _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 1024, "S, the prompt bucket the
 _PROGRAMS = flags.DEFINE_list("programs", None, "Programs to compile (default: all the run has: "
                               "train, logprob, prefill, decode; critic_train, values with a critic).")
 _JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
-_PLAN = flags.DEFINE_list("plan_splits", None, "The split plan instead of the report: rollout chip "
-                          "counts to try (e.g. 2,4,6), or 'default' (a quarter, half, three quarters).")
+_PLAN = flags.DEFINE_list("plan_splits", None, "The split plan instead of the report: rollout "
+                          "chip counts to try (e.g. 2,4,6), or 'default' (a quarter, half and "
+                          "three quarters of the chips).")
 _BANDWIDTH = flags.DEFINE_float("plan_bandwidth", None, "GB/s into one chip for the split plan's "
                                 "per-step copies (default: one ICI port of the chip, one way).")
 flags.mark_flags_as_required(["config", "topology"])
@@ -71,6 +72,9 @@ def _plan():
     from grpo_jax.aot import plan
     splits = None if _PLAN.value == ["default"] else _PLAN.value
     try:
+        if splits and not all(chips.isdigit() for chips in splits):
+            raise ValueError(f"--plan_splits {','.join(splits)}: give rollout chip counts "
+                             "(e.g. 2,4,6) or 'default'")
         splits = splits and [int(chips) for chips in splits]
         bandwidth = _BANDWIDTH.value and _BANDWIDTH.value * 1e9
         result = plan.plan(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,

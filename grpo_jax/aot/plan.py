@@ -268,7 +268,8 @@ def configuration(config, topology, devices, *, prompt_len, bandwidth, chip, log
         result = aot.report(config, topology, prompt_len=prompt_len, programs=SAMPLER + LEARNER,
                             log=log)
     except ValueError as error:   # the split cannot run this config: said, not raised
-        chips = math.prod(size for _, size in parallel.parse_mesh(config.rollout.mesh)) if split else len(devices)
+        chips = (math.prod(size for _, size in parallel.parse_mesh(config.rollout.mesh))
+                 if split else len(devices))
         return {"rollout_chips": chips, "split": split, "invalid": str(error)}
     sampler_mesh = rollout_mesh if split else mesh
     row = {"split": split, "rollout_chips": sampler_mesh.size, "train_chips": mesh.size,
@@ -280,14 +281,16 @@ def configuration(config, topology, devices, *, prompt_len, bandwidth, chip, log
         _side(result["programs"], SAMPLER, hbm), _side(result["programs"], LEARNER, hbm))
     row["fits"] = None if None in (rollout_fits, train_fits) else rollout_fits and train_fits
     cfg = footprint.model_config(config, mesh)
-    estimates = variant_estimates(config, mesh, rollout_mesh, prompt_len=prompt_len, chip=chip,
-                                  log=log)
-    meshes = {"train": mesh, "logprob": mesh, "prefill": sampler_mesh, "decode": sampler_mesh}
-    seconds = program_seconds(config, cfg, estimates, meshes, prompt_len=prompt_len, chip=chip)
+    seconds = dict.fromkeys(SAMPLER + LEARNER)
+    if chip is not None:   # else no time model (CPU devices): no variants to compile
+        estimates = variant_estimates(config, mesh, rollout_mesh, prompt_len=prompt_len,
+                                      chip=chip, log=log)
+        meshes = {"train": mesh, "logprob": mesh, "prefill": sampler_mesh, "decode": sampler_mesh}
+        seconds = program_seconds(config, cfg, estimates, meshes, prompt_len=prompt_len, chip=chip)
+        if None not in estimates["decode"]:
+            row["decode_bytes"] = extrapolate(estimates["decode"][0][1],
+                                              estimates["decode"][1][1], cfg.n_layers)
     row["seconds"] = seconds
-    decode = estimates["decode"]
-    if None not in decode:
-        row["decode_bytes"] = extrapolate(decode[0][1], decode[1][1], cfg.n_layers)
     weights, batch = copy_bytes(config, cfg, mesh, sampler_mesh, prompt_len) if split else (0, 0)
     row["copy_bytes"] = {"weights": weights, "batch": batch}
     row["rollout_s"] = row["update_s"] = row["step_s"] = None
@@ -382,7 +385,8 @@ def format_plan(result, new_tokens):
         copies = f"{row['weights_s']:.2f} + {row['batch_s']:.3f}" if row["split"] else "-"
         mesh = lambda shape: ",".join(f"{k}={v}" for k, v in shape.items() if v > 1) or "1 chip"
         lines.append(f"| {chips} | {mesh(row['rollout_mesh'])} | {mesh(row['train_mesh'])} | "
-                     f"{row['rollout_gib']} | {row['train_gib']} | {fits} | {_s(row['rollout_s'])} | "
+                     f"{row['rollout_gib']} | {row['train_gib']} | {fits} | "
+                     f"{_s(row['rollout_s'])} | "
                      f"{_s(row['update_s'])} | {copies} | {_s(row['step_s'])}{mark} | {ratio} |")
     chip = result["chip"]
     for row in result["rows"]:

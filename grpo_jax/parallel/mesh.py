@@ -106,8 +106,8 @@ def make_mesh(axes, devices=None):
     axis_types = (AxisType.Auto,) * len(names)
     try:
         return jax.make_mesh(sizes, names, axis_types=axis_types, devices=devices)
-    except AssertionError:   # TPU devices that are no box of the torus (6 of a 2x2x2 slice, a
-        # split mesh's share): jax finds no physical layout to follow; take them in order
+    except AssertionError:   # TPU devices that form no box of the torus (6 chips of a 2x2x2
+        # slice: a split mesh's share): jax finds no physical layout; take them in order
         return jax.sharding.Mesh(np.asarray(devices).reshape(sizes), names, axis_types=axis_types)
 
 
