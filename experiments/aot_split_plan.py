@@ -62,7 +62,7 @@ def command(topology, fields):
 
 def run_plan(out, name, topology, fields):
     """One plan in a subprocess, its peak host memory measured by /usr/bin/time when present."""
-    line = command(topology, fields)
+    line, at = command(topology, fields), fit.commit()   # the commit the run starts from
     args = [sys.executable, "-m", "grpo_jax.aot", "--config", "configs/gspo.py",
             "--topology", topology, "--prompt_len", str(PROMPT_LEN), "--plan_splits", "default",
             "--json", str(out / f"{name}.json"),
@@ -74,7 +74,7 @@ def run_plan(out, name, topology, fields):
     wall = time.time() - begin
     peak = [l.split(":")[-1].strip() for l in done.stderr.splitlines() if "Maximum resident" in l]
     keep = [l for l in done.stdout.splitlines() if l.strip()]
-    head = [f"command: {line}", f"commit: {fit.commit()}",
+    head = [f"command: {line}", f"commit: {at}",
             f"exit {done.returncode} after {wall:.0f} s on a 2-core host"
             + (f", peak resident memory {int(peak[0]) / 2**20:.1f} GiB" if peak else "")]
     (out / f"{name}.txt").write_text("\n".join(head + [""] + keep) + "\n")

@@ -49,7 +49,6 @@ from flax import nnx
 
 from grpo_jax import aot, config_lib, models, parallel
 from grpo_jax.aot import programs as programs_lib
-from grpo_jax.aot import report as report_lib
 from grpo_jax.models import sharding as sharding_lib
 from grpo_jax.training import footprint, programs as training_programs
 
