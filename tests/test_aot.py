@@ -1,6 +1,7 @@
 """The ahead-of-time fit report: its code path on this host's CPU devices (always), and on a
 small TPU topology when libtpu is installed (the `tpu` extra; CI skips those)."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -524,6 +525,18 @@ class TestAdvice:
         failed = result("logprob", temp=None, parts={}, failed=True)
         text = aot.report_lib.advice(failed, self.HBM, config, parallel.make_mesh(config.mesh))
         assert text.startswith("logprob does not compile, for a reason other than memory: boom")
+
+    def test_a_v5e_refusing_part_of_its_slice_is_told_to_sample_on_the_training_mesh(self):
+        """libtpu's words (a 16 + 16 split of v5e:4x8) when a program takes part of a v5e
+        slice: the advice says the slice cannot be split, and how to run unsplit."""
+        config = tiny_config()
+        failed = dataclasses.replace(
+            result("train", temp=None, parts={}, failed=True),
+            message="INTERNAL: RET_CHECK failure (...) On platforms with limited ICI routing "
+                    "device assignment should include all slice devices.")
+        text = aot.report_lib.advice(failed, self.HBM, config, parallel.make_mesh(config.mesh))
+        assert text.startswith("train does not compile on part of the slice")
+        assert text.endswith("set rollout.mesh=''")
 
 
 class _Refusing:
