@@ -102,14 +102,13 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
     ("vapo", {"train.steps": 5, "critic.pretrain_steps": 1, "train.export": True}),
     # Multi-turn episodes: the calculator answers the model's calls in every rollout.
     ("tool_calculator", {"train.steps": 5}),
-    # Asynchronous, every batch exactly 2 steps stale: the producer has sampled ahead of
-    # the checkpoint when the kill comes; the resumed producer samples those steps again
-    # from the checkpoint's prompt position and lagged copies.
+    # Asynchronous with partial rollouts, every batch exactly 2 steps stale (10 tokens a
+    # step, dynamic sampling padding short batches): the producer has sampled ahead of the
+    # checkpoint when the kill comes, and the checkpoint holds the groups carried over; the
+    # resumed producer samples those steps again from the checkpoint's prompt position,
+    # lagged copies and pool, taking the carried groups up where they were.
     ("dapo", {"train.steps": 5, "async_rl.enabled": True, "async_rl.max_staleness": 2,
-              "async_rl.fixed": True, "train.export": True}),
-    # Partial rollouts (10 tokens a step, dynamic sampling padding short batches): the
-    # checkpoint holds groups carried over, which the resumed run takes up where they were.
-    ("dapo", {"train.steps": 5, "rollout.partial.enabled": True,
+              "async_rl.fixed": True, "rollout.partial.enabled": True,
               "rollout.partial.tokens_per_step": 10, "filtering.max_gen_batches": 2,
               "filtering.short_batch": "pad", "train.export": True}),
 ])
