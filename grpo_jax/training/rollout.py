@@ -84,6 +84,10 @@ def check_environment_config(config):
         raise ValueError(f"environment.name={env.name!r}: multi-turn rollouts run on one process "
                          f"only (the host reads every paused row), but this run has "
                          f"{jax.process_count()}; run on one host or set environment.name=''")
+    if env.chat_role and not config.task.chat_template:
+        raise ValueError(f"environment.chat_role={env.chat_role!r} puts the replies in chat turns, "
+                         "but the prompts are plain text (task.chat_template=False); set "
+                         "task.chat_template=True or environment.chat_role=''")
     if config.critic.enabled:
         raise ValueError("environment.name with critic.enabled: GAE over a multi-turn row (values "
                          "across the environment's replies) is not built; use a critic-free "
@@ -96,7 +100,9 @@ class Episodic:
     and the worker processes its steps run in (each under ``environment.timeout_s``)."""
 
     def __init__(self, env_cfg, tokenizer):
-        self.environment = environments.make(env_cfg.name, max_calls=env_cfg.max_calls)
+        reply = environments.chat_reply(tokenizer, env_cfg.chat_role) if env_cfg.chat_role else None
+        self.environment = environments.make(env_cfg.name, max_calls=env_cfg.max_calls,
+                                             reply=reply)
         self.pause_tokens = environments.pause_ids(tokenizer, self.environment)
         self.max_append, self.turn_budget = env_cfg.max_append, env_cfg.turn_budget
         self.pool = rewards_lib.GraderPool(timeout_s=env_cfg.timeout_s)
