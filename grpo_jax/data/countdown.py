@@ -19,10 +19,8 @@ Every ``<result>`` is the reply of the registered ``countdown`` environment to t
 as the model reads it in a multi-turn rollout, so a warm start learns the call, what comes
 back and what to do next: try another expression after "not the target", answer after
 "reaches the target". The wrong tries are the nearest misses among random expressions
-over the same numbers, farthest first, so the first try of a search is as plausible as a
-direct answer and each revision gets closer; a share ``invalid_fraction`` of them break
-the rules instead (``<check>7*7+9</check><result>error: 7 is used more often than
-given</result>``), so the warm start has read the check's error too.
+over the same numbers, farthest first, so the first try of a search is a plausible
+guess and each revision gets closer to the target.
 """
 
 import dataclasses
@@ -96,40 +94,18 @@ def sample_problem(rng: np.random.Generator, *, count: int, max_number: int, max
 
 
 def misses(rng: np.random.Generator, numbers: list[int], target: int, ops: tuple[str, ...],
-           count: int, *, invalid_fraction: float = 0.0) -> list[str]:
-    """Up to ``count`` distinct wrong tries at ``target`` with ``numbers``, as a search
-    would make them: the nearest misses (by |value - target|) among `_DRAWS` random
-    expressions over the numbers, ordered from the farthest to the nearest; each one, with
-    probability ``invalid_fraction``, instead breaks the rules (one number written in
-    place of another, so it is used more often than given). Fewer when the draws find
-    fewer distinct misses."""
-    pool = {}
+           count: int) -> list[str]:
+    """Up to ``count`` wrong tries at ``target`` with ``numbers``, as a search would make
+    them: among `_DRAWS` random expressions over the numbers, the ones with the nearest
+    values (by |value - target|; one expression per value, so each check tells something
+    new), ordered from the farthest to the nearest (fewer when the draws find fewer)."""
+    by_value = {}
     for _ in range(_DRAWS):
         drawn = random_expression(rng, numbers, ops)
         if drawn and drawn[1] != target:
-            pool[drawn[0]] = abs(drawn[1] - target)
-    nearest = sorted(pool, key=lambda text: (pool[text], text))[:count]
-    tries = []
-    for text in reversed(nearest):
-        if invalid_fraction and rng.random() < invalid_fraction and len(set(numbers)) > 1:
-            tries.append(_invalid(rng, numbers, ops))
-        else:
-            tries.append(text)
-    return list(dict.fromkeys(tries))
-
-
-def _invalid(rng, numbers, ops):
-    """A random expression in which one number stands in for another one of a different
-    value (so the first is used more often than given)."""
-    i, j = rng.choice(len(numbers), size=2, replace=False)
-    while numbers[i] == numbers[j]:
-        i, j = rng.choice(len(numbers), size=2, replace=False)
-    copied = list(numbers)
-    copied[i] = numbers[j]
-    drawn = None
-    while drawn is None:   # only "/" by a zero difference returns None
-        drawn = random_expression(rng, copied, ops)
-    return drawn[0]
+            by_value.setdefault(drawn[1], drawn[0])
+    nearest = sorted(by_value, key=lambda v: (abs(v - target), v))[:count]
+    return [by_value[v] for v in reversed(nearest)]
 
 
 def check_trace(example: dict[str, Any], expressions: list[str]) -> str:
@@ -165,8 +141,6 @@ class CountdownConfig(_procedural.ProceduralConfig):
       ops: operators of the generating expressions, a subset of ``OPS``.
       check_fraction: share of solutions that search with the ``check`` tool.
       max_misses: a searching solution checks 0..max_misses wrong expressions first.
-      invalid_fraction: share of those wrong tries that break the rules (a number used
-        more often than given), so a warm start has read the check's error and tried again.
     """
 
     PREFIX: ClassVar[str] = "countdown"
@@ -177,7 +151,6 @@ class CountdownConfig(_procedural.ProceduralConfig):
     ops: tuple[str, ...] = ("+", "-", "*")
     check_fraction: float = 0.0
     max_misses: int = 2
-    invalid_fraction: float = 0.0
 
     def __post_init__(self):
         self.ops = tuple(self.ops)
@@ -186,9 +159,8 @@ class CountdownConfig(_procedural.ProceduralConfig):
                 raise ValueError(f"countdown.{field} must be >= {low}, got {getattr(self, field)}")
         if not self.ops or not set(self.ops) <= set(OPS):
             raise ValueError(f"countdown.ops must be a non-empty subset of {OPS}, got {self.ops}")
-        for field in ("check_fraction", "invalid_fraction"):
-            if not 0.0 <= getattr(self, field) <= 1.0:
-                raise ValueError(f"countdown.{field} must be in [0, 1], got {getattr(self, field)}")
+        if not 0.0 <= self.check_fraction <= 1.0:
+            raise ValueError(f"countdown.check_fraction must be in [0, 1], got {self.check_fraction}")
         super().__post_init__()
 
 
@@ -203,8 +175,7 @@ def generate(config: CountdownConfig) -> Iterator[dict[str, Any]]:
         tries = None
         if config.check_fraction > 0 and rng.random() < config.check_fraction:
             tries = misses(rng, problem[0], problem[1], config.ops,
-                           int(rng.integers(config.max_misses + 1)),
-                           invalid_fraction=config.invalid_fraction)
+                           int(rng.integers(config.max_misses + 1)))
         yield make_example(*problem, tries=tries)
 
 
