@@ -116,6 +116,18 @@ def get_config(arg=None):
     # it after each update and the batch comes back (cross-mesh copies, timed). With
     # async_rl the two meshes work at the same time. One process.
     config.rollout.mesh = ""
+    # Partial rollouts (docs/async.md; Kimi k1.5, arXiv:2501.12599, sec. 2.6.2): a row
+    # samples at most tokens_per_step tokens a step; one not done by then carries over and
+    # goes on at the next step under the new parameters (its tokens so far keep the
+    # log-probs they were sampled with). A group enters a batch once its G rows are done;
+    # while fewer than P are, a step draws more prompts (up to filtering.max_gen_batches
+    # draws, the pool holding at most (max_carries + 1) P groups), then runs the oldest to
+    # their end. A row carries over at most max_carries times (the step after, it runs to
+    # its end). One process.
+    config.rollout.partial = config_dict.ConfigDict()
+    config.rollout.partial.enabled = False
+    config.rollout.partial.tokens_per_step = 256
+    config.rollout.partial.max_carries = 2
 
     # Asynchronous RL (docs/async.md): a producer thread samples the next steps' rollouts
     # while the learner updates. A batch trained at step t was sampled by the parameters
@@ -182,7 +194,8 @@ def get_config(arg=None):
     config.eval.samples = 4              # k for mean@k / pass@k at rollout.temperature
 
     # DAPO dynamic sampling: keep only groups whose rewards differ, drawing more prompt
-    # batches until the train batch is full, up to max_gen_batches.
+    # batches until the train batch is full, up to max_gen_batches (which also bounds the
+    # draws of a step with partial rollouts, whose groups count once all rows are done).
     config.filtering = config_dict.ConfigDict()
     config.filtering.dynamic_sampling = False
     config.filtering.max_gen_batches = 3

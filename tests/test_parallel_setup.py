@@ -127,6 +127,21 @@ def test_global_rows_and_local_rows_round_trip_on_one_process():
     assert hosts.allgather_json({"a": [1, 2]}) == [{"a": [1, 2]}] and hosts.agree_max(7) == 7
 
 
+def test_a_process_reads_the_rows_it_holds_from_its_own_devices():
+    """`held_rows` are the rows `local_rows` reads (every row on one process); `read_rows`
+    gives any of them, in the order asked, under a mesh or not; `whole_on_host` the whole."""
+    mesh = mesh_lib.make_mesh("data=-1,tensor=1")
+    x = hosts.global_rows(mesh, {"x": np.arange(48).reshape(16, 3)})["x"]
+    np.testing.assert_array_equal(hosts.held_rows(x.sharding, 16), np.arange(16))
+    with jax.set_mesh(mesh):   # as the engine reads them, inside its mesh
+        np.testing.assert_array_equal(hosts.read_rows(x, [13, 2, 7]),
+                                      [[39, 40, 41], [6, 7, 8], [21, 22, 23]])
+    assert hosts.read_rows(x, []).shape == (0, 3)
+    whole, scalar = hosts.whole_on_host((x, jax.numpy.int32(5)))
+    np.testing.assert_array_equal(whole, np.arange(48).reshape(16, 3))
+    assert scalar == 5
+
+
 def test_auto_mesh_shards_the_weights_when_the_state_would_crowd_a_device(monkeypatch, capsys):
     """On an accelerator with 16 GiB, a 9 GiB replicated state gets the fully sharded mesh
     (and one line saying why); 8 GiB stays data parallel; CPU devices report no memory."""

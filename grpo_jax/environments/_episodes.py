@@ -9,13 +9,17 @@ Every time rows pause, the host decodes each paused row's current turn, keeps th
 worker processes (bounded in time and memory; without a pool, in this process), appends
 each observation's tokens to its row (the row feeds them into its cache and samples on),
 ends the rows whose step says done, and lets the others go on unanswered.
+
+On a mesh spanning several processes every process runs this loop at once over the rows
+it holds (`Engine.own_rows`: those of its own prompts, as its rewards are): it decodes,
+steps and counts only those, and the engine puts every process's replies into its rows.
 """
 
 import dataclasses
 
 import numpy as np
 
-from grpo_jax import rewards
+from grpo_jax import parallel, rewards
 
 
 @dataclasses.dataclass
@@ -93,23 +97,29 @@ def _steps(environment, calls, pool):
 def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
     """Runs `engine` to the end, answering its paused rows with `environment`.
 
+    On several processes every process calls it at once and answers the rows it holds
+    (`engine.own_rows`); with one process, every row.
+
     Args:
       engine: a `sampling.Engine` made with `pause_tokens=pause_ids(tokenizer, environment)`.
       environment: an `Environment`.
-      examples_b: the dataset example of each row (P*G; the G rows of a prompt share one).
+      examples_b: the dataset example of each row this process holds, in row order (P*G
+        with one process; the G rows of a prompt share one).
       tokenizer: decodes turns and encodes observations (no special tokens added).
       pool: a `rewards.GraderPool` to run the steps in, or None (in this process).
 
     Returns:
-      `Episodes`; the rollout is `engine.rollout()`.
+      `Episodes` of this process's rows; the rollout is `engine.rollout()`.
     """
-    rows = engine.rows
-    if len(examples_b) != rows:
-        raise ValueError(f"examples_b has {len(examples_b)} examples; give one per row ({rows})")
-    turns = [[] for _ in range(rows)]
-    counts = {k: np.zeros(rows, np.int64) for k in ("tool_calls", "tool_errors", "failures",
-                                                    "turns_over_budget")}
-    ended = np.zeros(rows, bool)   # the environment ended the episode after a turn
+    own = engine.own_rows
+    if len(examples_b) != len(own):
+        raise ValueError(f"examples_b has {len(examples_b)} examples; give one per row this "
+                         f"process holds ({len(own)} of {engine.rows})")
+    at = {int(r): i for i, r in enumerate(own)}   # row id -> its place among this process's
+    turns = [[] for _ in own]
+    counts = {k: np.zeros(len(own), np.int64) for k in ("tool_calls", "tool_errors", "failures",
+                                                        "turns_over_budget")}
+    ended = np.zeros(len(own), bool)   # the environment ended the episode after a turn
     while not engine.finished:
         paused = [int(r) for r in engine.run()]
         turn_ids = dict(zip(paused, engine.turn_tokens(paused)))
@@ -118,30 +128,26 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
         over = [r for r in paused if r not in answering and engine.turn_budget
                 and len(turn_ids[r]) >= engine.turn_budget]   # the turn ran out
         for r in answering:
-            turns[r].append(texts[r])
-        steps = _steps(environment, [(examples_b[r], list(turns[r])) for r in answering], pool)
+            turns[at[r]].append(texts[r])
+        steps = _steps(environment, [(examples_b[at[r]], list(turns[at[r]])) for r in answering],
+                       pool)
         replies = {r: [] for r in paused if r not in answering and r not in over}
         ending = []
-        counts["turns_over_budget"][over] = 1
-        if over:
-            engine.end(over, truncated=True)
+        counts["turns_over_budget"][[at[r] for r in over]] = 1
         for r, outcome in zip(answering, steps):
             step = outcome.value
             if outcome.status != "ok" or step is None:
-                counts["failures"][r] += outcome.status != "ok"
+                counts["failures"][at[r]] += outcome.status != "ok"
                 step = environment.failed(outcome.status, outcome.detail or "returned no step")
-            counts["tool_calls"][r] += step.tool_call
-            counts["tool_errors"][r] += step.tool_error
+            counts["tool_calls"][at[r]] += step.tool_call
+            counts["tool_errors"][at[r]] += step.tool_error
             if step.done:
                 ending.append(r)
-                ended[r] = True
+                ended[at[r]] = True
                 continue
             ids = tokenizer.encode(step.observation or "", add_special_tokens=False)
             replies[r] = ids[:engine.max_append]   # the row's budget may cut it further
-        if replies:
-            engine.resume(replies)
-        if ending:
-            engine.end(ending)
-    appended = np.asarray(engine.rollout().appended)
+        engine.answer(replies, end=ending, truncate=over)   # every process, once per pause
+    appended = parallel.read_rows(engine.rollout().appended, own)
     return Episodes(turns=np.asarray([len(t) for t in turns]) + ~ended,
                     environment_tokens=appended.sum(axis=1), **counts)

@@ -4,12 +4,15 @@ from grpo_jax.parallel.hosts import agree_max
 from grpo_jax.parallel.hosts import allgather_json
 from grpo_jax.parallel.hosts import device_memory
 from grpo_jax.parallel.hosts import global_rows
+from grpo_jax.parallel.hosts import held_rows
 from grpo_jax.parallel.hosts import initialize
 from grpo_jax.parallel.hosts import is_main
 from grpo_jax.parallel.hosts import local_rows
+from grpo_jax.parallel.hosts import read_rows
 from grpo_jax.parallel.hosts import setup_mesh
 from grpo_jax.parallel.hosts import setup_meshes
 from grpo_jax.parallel.hosts import sync
+from grpo_jax.parallel.hosts import whole_on_host
 from grpo_jax.parallel.mesh import AUTO
 from grpo_jax.parallel.mesh import DATA_PARALLEL
 from grpo_jax.parallel.mesh import FULLY_SHARDED

@@ -166,6 +166,16 @@ def global_rows(mesh, local):
     return jax.tree.map(put, local)
 
 
+def _row_blocks(array):
+    """`{first row: this process's block of rows}` of a global array (device arrays; a
+    block held by several local devices once)."""
+    blocks = {}
+    for shard in array.addressable_shards:
+        start = (shard.index[0].start or 0) if shard.index else 0
+        blocks.setdefault(start, shard.data)
+    return blocks
+
+
 def local_rows(array):
     """The rows of a global array that this process holds, in row order, as numpy.
 
@@ -173,8 +183,46 @@ def local_rows(array):
     the row axes) these are exactly the rows this process put in; with one process, the
     whole array.
     """
-    blocks = {}
-    for shard in array.addressable_shards:
-        start = (shard.index[0].start or 0) if shard.index else 0
-        blocks.setdefault(start, shard.data)
+    blocks = _row_blocks(array)
     return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])
+
+
+def held_rows(sharding, rows):
+    """The ids of the rows this process holds when `rows` rows are split by `sharding`
+    (along the first axis), ascending: the rows `local_rows` reads and `global_rows`
+    takes from this process; every row on one process.
+
+    Example (one process):
+      >>> held_rows(jax.sharding.SingleDeviceSharding(jax.devices()[0]), 3)
+      array([0, 1, 2])
+    """
+    ids = np.arange(rows)
+    indices = sharding.addressable_devices_indices_map((rows,)).values()
+    return np.unique(np.concatenate([ids[index[0]] for index in indices]))
+
+
+def read_rows(array, rows):
+    """Rows `rows` (ids among `held_rows`, in any order) of a global array as numpy, read
+    from this process's own devices: no other process takes part, so each process may
+    ask for its own rows, or for none."""
+    rows = np.asarray(rows, np.int64).reshape(-1)
+    out = np.zeros((rows.size, *array.shape[1:]), array.dtype)
+    with jax.set_mesh(None):   # each gather runs on the one device that holds the block
+        for start, block in _row_blocks(array).items():
+            inside = (rows >= start) & (rows < start + block.shape[0])
+            if inside.any():
+                out[inside] = np.asarray(block[rows[inside] - start])
+    return out
+
+
+def whole_on_host(tree):
+    """Every array of `tree` whole, as numpy, on every process: gathered from all
+    processes where this one holds only part of it (`process_allgather`, a collective:
+    every process calls it at once), so small arrays (a decode slot's flags) read the
+    same everywhere; with one process a plain `jax.device_get`."""
+    def get(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(get, tree)

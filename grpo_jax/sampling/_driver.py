@@ -27,7 +27,18 @@ count against the row's `max_new_tokens` like sampled ones and are marked in
 tokens (`queued=`): a partial rollout's earlier tokens, fed before the row samples again.
 
 A token's random key is (rng, prompt id, completion index, position in the row), so a
-row samples the same tokens whatever the schedule and however long the host took.
+row samples the same tokens whatever the schedule and however long the host took. A row
+carried over from another call (a partial rollout) brings its own key (`keys=`) and goes
+on drawing from its stream at the position where it stopped.
+
+On a mesh spanning several processes every process runs the same loop at once (`run`,
+`answer`, `finished` are collectives). The rows' outputs and queues are split over the
+mesh's row axes like the prompts' rows (`parallel.global_rows`), so each process holds
+the rows of its own prompts (`own_rows`): `run` returns the paused rows it holds (which
+rows paused anywhere is gathered, a few flags per slot), the host reads and answers only
+those (`turn_tokens` reads them from its own devices), and `answer` puts every process's
+replies into the global queue, each process giving its own rows'. With one process it
+holds every row.
 """
 
 import functools
@@ -37,9 +48,27 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from grpo_jax import parallel
 from grpo_jax.sampling._api import check_request, check_slots
 from grpo_jax.sampling._engine import _admit, engine_step, init_slots, prefill_prompts, rollout_of
-from grpo_jax.sampling._generate import _int32, _on_mesh, row_keys
+from grpo_jax.sampling._generate import _int32, _on_mesh, _shard_rows, row_keys
+
+# What `answer` does to a row (`_resume`'s action_b).
+KEEP, RESUME, END_STOPPED, END_TRUNCATED = 0, 1, 2, 3
+# The carry's per-row fields (`[B, ...]`), split over the mesh's row axes (`_split_rows`).
+_ROW_FIELDS = ("tokens", "logp", "sample_logp", "lengths", "stopped", "support_ids",
+               "support_size", "routing")
+_TURN_ROW_FIELDS = ("queue", "queued", "fed", "appended", "turn_len")
+
+
+def _split_rows(slots, batch_axes, ways):
+    """`slots` with its per-row fields split over the mesh's row axes as the prompts'
+    rows are, so a process holds the rows of its own prompts (left to XLA they came out
+    whole on every device); the slots' own fields stay as the decode step leaves them."""
+    rows, turn_rows = _shard_rows(({k: getattr(slots, k) for k in _ROW_FIELDS},
+                                   {k: getattr(slots.turns, k) for k in _TURN_ROW_FIELDS}),
+                                  batch_axes, ways)
+    return slots.replace(**rows, turns=slots.turns.replace(**turn_rows))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "num_slots",
@@ -49,7 +78,7 @@ def _start(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, queue, 
            record_routing):
     """Prefills the prompts and admits the first rows: `(carry, (prompt cache, prompt
     logits, row keys), prompt experts or None)`."""
-    state, _, _ = _on_mesh(state, rules)
+    state, batch_axes, ways = _on_mesh(state, rules)
     p, s = prompt_tokens.shape
     model = nnx.merge(graphdef, state)
     prompt_logits, prompt_cache, experts, records = prefill_prompts(
@@ -60,7 +89,8 @@ def _start(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, queue, 
                        num_slots=num_slots, pad_id=pad_id, queue=queue, queued=queued,
                        turn_budget=turn_budget, **records)
     slots = _admit(slots, prompt_cache, prompt_logits, group_size=group_size, num_rows=b)
-    return slots, (prompt_cache, prompt_logits, row_keys(rng, prompt_ids, group_size)), experts
+    return (_split_rows(slots, batch_axes, ways),
+            (prompt_cache, prompt_logits, row_keys(rng, prompt_ids, group_size)), experts)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "rules"),
@@ -83,30 +113,33 @@ def _run(graphdef, state, slots, prompt_cache, prompt_logits, keys_b, cap_b, met
 
     slots, _ = jax.lax.while_loop(cond, lambda carry: (step(carry[0]), carry[1] + 1),
                                   (slots, jnp.zeros((), jnp.int32)))
-    return slots
+    return _split_rows(slots, batch_axes, ways)
 
 
 @functools.partial(jax.jit, donate_argnames=("slots",))
-def _resume(slots, rows_r, tokens_rq, lengths_r, end_r, stop_r):
-    """Queues `tokens_rq[r, :lengths_r[r]]` for paused row `rows_r[r]` and resumes it, or
-    ends it where `end_r` (stopped where `stop_r`, else truncated); entries with a row id
-    >= B are padding."""
+def _resume(slots, action_b, tokens_bq, lengths_b):
+    """Answers paused rows: row b resumes with `tokens_bq[b, :lengths_b[b]]` queued where
+    `action_b[b]` is RESUME, ends stopped (END_STOPPED) or truncated (END_TRUNCATED), and
+    is left as it is where KEEP."""
     turns, b = slots.turns, slots.tokens.shape[0]
-    resume_r = (rows_r < b) & ~end_r
-    end_r = (rows_r < b) & end_r
-    at_r = jnp.where(resume_r, rows_r, b)   # dropped
-    resumed_c = turns.paused & jnp.isin(slots.row, jnp.where(resume_r, rows_r, -1))
-    ended_c = turns.paused & jnp.isin(slots.row, jnp.where(end_r, rows_r, -1))
-    return slots.replace(
+    action_c = jnp.where(slots.row < b, action_b[jnp.minimum(slots.row, b - 1)], KEEP)
+    resumed_c = turns.paused & (action_c == RESUME)
+    ended_c = turns.paused & ((action_c == END_STOPPED) | (action_c == END_TRUNCATED))
+    resume_b = action_b == RESUME
+    slots = slots.replace(
         live=slots.live | resumed_c,
-        stopped=slots.stopped.at[jnp.where(end_r & stop_r, rows_r, b)].set(True, mode="drop"),
+        stopped=slots.stopped | (action_b == END_STOPPED),
         turns=turns.replace(
             paused=turns.paused & ~(resumed_c | ended_c),
-            queue=turns.queue.at[at_r].set(tokens_rq, mode="drop"),
-            queued=turns.queued.at[at_r].set(lengths_r, mode="drop"),
-            fed=turns.fed.at[at_r].set(0, mode="drop"),
+            queue=jnp.where(resume_b[:, None], tokens_bq, turns.queue),
+            queued=jnp.where(resume_b, lengths_b, turns.queued),
+            fed=jnp.where(resume_b, 0, turns.fed),
         ),
     )
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return slots
+    return _split_rows(slots, parallel.row_axes(mesh), parallel.row_ways(mesh))
 
 
 class Engine:
@@ -117,6 +150,9 @@ class Engine:
       graphdef, state, prompt_tokens, prompt_mask, rng, method, group_size,
         max_new_tokens, stop_tokens, pad_id, prompt_ids, max_len_bucket, rules: as
         `generate` (max_new_tokens: the whole row's budget, appended tokens included).
+      keys: `[P*G]` PRNG keys, one per row, in place of `rng` (and `prompt_ids`): row b
+        draws its token t with ``fold_in(keys[b], t)``, so a row carried over from another
+        call (with its tokens so far `queued`) samples on from its own stream.
       slots: C, the rows decoding at once (a multiple of the mesh's row ways).
       pause_tokens: ids after which a sampled row pauses for the host (e.g. the end of a
         tool call); may be empty.
@@ -124,14 +160,22 @@ class Engine:
       turn_budget: a row also pauses each time it has sampled another `turn_budget`
         tokens since it last fed one (a per-turn budget: the host ends the row, or
         resumes it for another budget's worth); 0: no per-turn budget.
-      queued: None, or one token list per row (P*G) fed before the row first samples.
+      queued: None, or one token list per row (P*G) fed before the row first samples
+        (the same lists on every process).
       record_support, record_routing: as `generate` (fed tokens record no support).
+
+    Attributes:
+      own_rows: the rows this process holds (ascending ids; every row on one process):
+        those `run` returns, `turn_tokens` reads and `answer` takes.
     """
 
-    def __init__(self, graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size,
-                 max_new_tokens, stop_tokens, pad_id, slots, pause_tokens=(), max_append=64,
-                 turn_budget=0, queued=None, prompt_ids=None, max_len_bucket=None, rules="sampling",
-                 record_support=False, record_routing=False):
+    def __init__(self, graphdef, state, prompt_tokens, prompt_mask, *, method, group_size,
+                 max_new_tokens, stop_tokens, pad_id, slots, rng=None, keys=None, pause_tokens=(),
+                 max_append=64, turn_budget=0, queued=None, prompt_ids=None, max_len_bucket=None,
+                 rules="sampling", record_support=False, record_routing=False):
+        if (rng is None) == (keys is None):
+            raise ValueError("give the Engine rng (each row's key drawn from it) or keys (one "
+                             "per row), not both")
         max_len_bucket, prompt_ids = check_request(prompt_tokens, prompt_mask, group_size,
                                                    max_new_tokens, max_len_bucket, rules, prompt_ids)
         rows = np.shape(prompt_tokens)[0] * group_size
@@ -151,12 +195,20 @@ class Engine:
         self._stop_tokens = _int32(stop_tokens).reshape(-1)
         self._pause_tokens = _int32(pause_tokens).reshape(-1)
         self._cap_b = jnp.broadcast_to(_int32(max_new_tokens), (rows,))
+        if keys is not None and np.shape(keys) != (rows,):
+            raise ValueError(f"keys has shape {np.shape(keys)}; give one key per row ({rows},)")
         self._slots, self._prompt_state, self._prompt_experts = _start(
-            graphdef, state, *self._prompts, rng, _int32(prompt_ids), queue, lengths, self._pad_id,
+            graphdef, state, *self._prompts, jax.random.key(0) if rng is None else rng,
+            _int32(prompt_ids), queue, lengths, self._pad_id,
             method, _int32(turn_budget or int(max_len_bucket) + 1), group_size=group_size,
             buffer_len=int(max_len_bucket), num_slots=self.slots, rules=rules,
             record_support=bool(record_support), record_routing=bool(record_routing))
-        self._paused = np.zeros((0,), np.int64)
+        if keys is not None:   # `_start` drew keys from a placeholder: the rows' own replace them
+            self._prompt_state = (*self._prompt_state[:2], keys)
+        self._row_sharding = self._slots.lengths.sharding
+        self.own_rows = parallel.held_rows(self._row_sharding, rows)   # every row on one process
+        self._paused = np.zeros((0,), np.int64)   # this process's paused rows not yet answered
+        self._paused_anywhere = False
 
     def _queue(self, token_lists, *, rows, name):
         """`([len(rows), Q] int32, [len(rows)] int32)` from token lists, each <= Q long."""
@@ -173,7 +225,7 @@ class Engine:
 
     def run(self, max_steps=None):
         """Decodes until every row is done, a row pauses, or `max_steps` steps ran;
-        returns the paused rows (sorted row ids; empty when none paused)."""
+        returns the paused rows this process holds (sorted row ids; empty when none)."""
         if self._paused.size:
             raise ValueError(f"rows {self._paused.tolist()} are paused: give them tokens with "
                              "resume() or finish them with end() before run()")
@@ -182,27 +234,30 @@ class Engine:
                            self._cap_b, self._method, self._stop_tokens, self._pause_tokens,
                            self._pad_id, _int32(budget), group_size=self._group_size,
                            rules=self._rules)
-        paused, row = jax.device_get((self._slots.turns.paused, self._slots.row))
-        self._paused = np.sort(row[paused]).astype(np.int64)
+        paused, row = parallel.whole_on_host((self._slots.turns.paused, self._slots.row))
+        self._paused_anywhere = bool(paused.any())
+        self._paused = np.intersect1d(row[paused], self.own_rows).astype(np.int64)
         return self._paused.copy()
 
     @property
     def finished(self):
-        """Every row is done (no row live, paused or pending)."""
-        live, next_row = jax.device_get((self._slots.live, self._slots.next_row))
-        return not live.any() and not self._paused.size and int(next_row) >= self.rows
+        """Every row is done (no row live, paused or pending), the same on every process."""
+        live, paused, next_row = parallel.whole_on_host(
+            (self._slots.live, self._slots.turns.paused, self._slots.next_row))
+        return not live.any() and not paused.any() and int(next_row) >= self.rows
 
     def row_tokens(self, row):
-        """Row `row`'s tokens so far (a list of ids, appended ones included)."""
-        length = int(self._slots.lengths[row])
-        return np.asarray(self._slots.tokens[row, :length]).tolist()
+        """Row `row`'s tokens so far (a list of ids, appended ones included); a row this
+        process holds."""
+        length, tokens = (parallel.read_rows(x, [row])[0]
+                          for x in (self._slots.lengths, self._slots.tokens))
+        return tokens[:length].tolist()
 
     def turn_tokens(self, rows):
         """Each row's tokens since its last appended ones (its current turn): one list per
-        row of `rows`, read from the device in one transfer."""
-        at = np.asarray(rows, np.int32)
-        lengths, tokens, appended = jax.device_get((
-            self._slots.lengths[at], self._slots.tokens[at], self._slots.turns.appended[at]))
+        row of `rows` (rows this process holds), read from this process's devices."""
+        lengths, tokens, appended = (parallel.read_rows(x, rows) for x in (
+            self._slots.lengths, self._slots.tokens, self._slots.turns.appended))
         turns = []
         for n, row_tokens, row_appended in zip(lengths, tokens, appended):
             fed = np.flatnonzero(row_appended[:n])
@@ -212,31 +267,38 @@ class Engine:
     def resume(self, appended):
         """Gives paused rows their tokens and lets them go on: `{row: token ids}` (an
         empty list resumes a row with nothing appended)."""
-        self._answer(list(appended), list(appended.values()), end=False)
+        self.answer(appended)
 
     def end(self, rows, *, truncated=False):
         """Finishes paused rows: done (stop reason: stop token), or with `truncated` cut
         (stop reason: max_new_tokens, as a row at its budget)."""
-        rows = list(rows)
-        self._answer(rows, [[]] * len(rows), end=True, stop=not truncated)
+        self.answer(**{"truncate" if truncated else "end": rows})
 
-    def _answer(self, rows, token_lists, *, end, stop=True):
-        strangers = sorted(set(rows) - set(self._paused.tolist()))
+    def answer(self, replies=None, *, end=(), truncate=()):
+        """Answers paused rows this process holds, in one call: `replies` (`{row: token
+        ids}`) resume rows as `resume`, `end` rows finish as `end`, `truncate` rows as
+        `end(truncated=True)`. On several processes every process calls it at once, each
+        with its own rows (possibly none), and the replies go into the global queue."""
+        replies = {int(r): list(ids) for r, ids in (replies or {}).items()}
+        actions = {**{r: RESUME for r in replies}, **{int(r): END_STOPPED for r in end},
+                   **{int(r): END_TRUNCATED for r in truncate}}
+        strangers = sorted(set(actions) - set(self._paused.tolist()))
         if strangers:
             raise ValueError(f"rows {strangers} are not paused (paused: {self._paused.tolist()})")
-        queue, lengths = self._queue(token_lists, rows=rows, name="resume" if not end else "end")
-        pad = self.slots - len(rows)   # one compiled program: always C entries
-        rows_r = np.concatenate([np.asarray(rows, np.int32), np.full(pad, self.rows, np.int32)])
-        self._slots = _resume(self._slots, rows_r, np.pad(queue, ((0, pad), (0, 0))),
-                              np.pad(lengths, (0, pad)), np.full(self.slots, end),
-                              np.full(self.slots, stop))
-        self._paused = np.setdiff1d(self._paused, rows)
+        own = self.own_rows.tolist()
+        queue, lengths = self._queue([replies.get(r, []) for r in own], rows=own, name="resume")
+        action = np.asarray([actions.get(r, KEEP) for r in own], np.int32)
+        if self._paused_anywhere:   # every process knows it (`run`): all call `_resume` or none
+            local = dict(action_b=action, tokens_bq=queue, lengths_b=lengths)
+            self._slots = _resume(self._slots, **{k: jax.make_array_from_process_local_data(
+                self._row_sharding, v, (self.rows, *v.shape[1:])) for k, v in local.items()})
+        self._paused = np.setdiff1d(self._paused, list(actions))
 
     def unfinished(self):
         """Rows not done yet: decoding, paused or not yet admitted (sorted ids)."""
-        live, row, next_row = jax.device_get((self._slots.live, self._slots.row,
-                                              self._slots.next_row))
-        started = np.union1d(row[live], self._paused)
+        live, paused, row, next_row = parallel.whole_on_host((
+            self._slots.live, self._slots.turns.paused, self._slots.row, self._slots.next_row))
+        started = np.union1d(row[live], row[paused])
         return np.union1d(started, np.arange(int(next_row), self.rows)).astype(np.int64)
 
     def rollout(self):

@@ -351,7 +351,10 @@ def generate_continuous(graphdef, state, prompt_tokens, prompt_mask, rng, prompt
             return (live > 0) & ((slots.next_row < b) | (live > narrower))
 
         slots = jax.lax.while_loop(cond, step, slots)
-    return rollout_of(slots, prompt_tokens, prompt_mask, group_size, prompt_experts)
+    # Rows split over the row axes as the static sampler's: left to XLA they come out
+    # whole on every device, and each process must hold (and score) its own prompts' rows.
+    return _shard_rows(rollout_of(slots, prompt_tokens, prompt_mask, group_size, prompt_experts),
+                       batch_axes, ways)
 
 
 def rollout_of(slots, prompt_tokens, prompt_mask, group_size, prompt_experts=None):

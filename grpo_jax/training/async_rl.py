@@ -65,6 +65,8 @@ class Produced:
       data_position: the prompt stream's state after this step's draws (what a checkpoint
         of this step saves: the producer may have drawn further).
       seconds: the producer's wall time on them.
+      carry: with partial rollouts, the groups carried over after this step (the
+        producer's pool may be further on), else None.
     """
 
     step: int
@@ -74,12 +76,14 @@ class Produced:
     examples: Any
     data_position: Any
     seconds: float
+    carry: Any = None
 
 
 class Producer:
-    """The rollout thread: samples steps ``first..last`` in order with `sample(step,
-    trained_params) -> (batch, metrics, examples, data_position)`, each as soon as the
-    version it needs is published, and holds them until the learner takes them.
+    """The rollout thread: samples steps ``first..last`` in order with `sample(step, version,
+    trained_params) -> (batch, metrics, examples, data_position, carry)` (version: v of the
+    theta_v given; carry: `Produced.carry`), each as soon as the version it needs is
+    published, and holds them until the learner takes them.
 
     Args:
       sample: the sampling function (runs on this thread).
@@ -154,9 +158,9 @@ class Producer:
                     return
                 version, params = chosen
                 begin = self._clock()
-                batch, metrics, examples, position = self._sample(step, params)
+                batch, metrics, examples, position, carry = self._sample(step, version, params)
                 produced = Produced(step, version, batch, metrics, examples, position,
-                                    self._clock() - begin)
+                                    self._clock() - begin, carry)
                 with self._cond:
                     if self._stopping:
                         return

@@ -37,6 +37,7 @@ from etils import epath
 from grpo_jax import parallel, paths
 
 UNREADABLE_SUFFIX = ".unreadable"
+EXTRA_ITEM = "extra"   # the checkpoint item of `Checkpointer.save`'s host arrays
 
 
 def _word_checksum(x):
@@ -148,21 +149,31 @@ class Checkpointer:
         """The step of the newest complete checkpoint, or None."""
         return self._manager.latest_step()
 
-    def save(self, step, state, meta):
+    def save(self, step, state, meta, extra=None):
         """Starts writing `state` (a pytree of arrays) and `meta` (JSON) for `step`; the
-        `fingerprint` of `state` goes into the meta.
+        `fingerprint` of `state` goes into the meta. `extra`: None, or `(arrays, info)`,
+        host state whose shapes a resumed run cannot know beforehand (a partial-rollout
+        pool): `arrays` (a dict of non-empty numpy arrays, or None) is saved as an item of
+        its own, restored as saved (`restore_run(..., extra=True)`), and `info` (JSON)
+        in the meta; both are checked on restore like the state.
 
         Raises:
           OSError: the previous save, or the start of this one, failed to write; the
             message names the directory and the space a checkpoint needs.
         """
         meta = {**meta, "fingerprint": fingerprint(state)}
+        items = {"state": ocp.args.StandardSave(state)}
+        arrays, info = extra if extra is not None else (None, None)
+        if extra is not None:
+            meta["extra"] = info
+        if arrays:
+            meta["extra_fingerprint"] = fingerprint(arrays)
+            items[EXTRA_ITEM] = ocp.args.StandardSave(arrays)
         self.wait()
         self._remove_unfinished_save(step)
-        self._in_flight = (step, sum(x.nbytes for x in jax.tree.leaves(state)))
+        self._in_flight = (step, sum(x.nbytes for x in jax.tree.leaves((state, arrays))))
         with self._naming_write_failures():
-            self._manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+            self._manager.save(step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **items))
 
     def _remove_unfinished_save(self, step):
         """Deletes an unfinished save of `step` in an object store before `step` is saved
@@ -207,17 +218,20 @@ class Checkpointer:
                 f"{before[-1] if before else 0}.") from error
 
     def _try_restore(self, step, abstract_state):
-        """``((state, meta), None)``, or ``(None, what went wrong)``, agreed by every process.
+        """``((state, meta, (extra arrays, extra info)), None)``, or ``(None, what went
+        wrong)``, agreed by every process.
 
         `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with shardings (or of arrays,
         whose shapes, dtypes and shardings are used); every array lands in its sharding.
+        The extra arrays (`save`) come back as saved, or None.
         """
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+        path = epath.Path(self.directory) / str(step)
+        items = {"state": ocp.args.StandardRestore(target), "meta": ocp.args.JsonRestore()}
+        if (path / EXTRA_ITEM).exists():   # as saved: its shapes are the checkpoint's own
+            items[EXTRA_ITEM] = ocp.args.StandardRestore()
         try:
-            restored = self._handler.restore(epath.Path(self.directory) / str(step),
-                                             args=ocp.args.Composite(
-                                                 state=ocp.args.StandardRestore(target),
-                                                 meta=ocp.args.JsonRestore()))
+            restored = self._handler.restore(path, args=ocp.args.Composite(**items))
             error = ""
         except Exception as failure:   # any read error: the caller tries an older step
             error = _first_lines(failure)
@@ -226,24 +240,29 @@ class Checkpointer:
             return None, "; ".join(f"process {i}: {e}" if len(errors) > 1 else e
                                    for i, e in enumerate(errors) if e)
         state, meta = restored.state, restored.meta
-        saved = meta.get("fingerprint")   # absent from checkpoints that predate it
-        if saved is not None:
-            found = fingerprint(state)
+        arrays = restored[EXTRA_ITEM] if EXTRA_ITEM in items else None
+        for saved, found in ((meta.get("fingerprint"), state),   # absent before it existed
+                             (meta.get("extra_fingerprint"), arrays)):
+            if saved is None:
+                continue
+            found = fingerprint(found)
             changed = [path for path, value in saved.items() if found.get(path) != value]
             if changed:
                 return None, (f"{len(changed)} of {len(saved)} arrays differ from the checksums "
                               f"saved with them (first: {', '.join(changed[:3])}): damaged data")
-        return (state, meta), None
+        return (state, meta, (arrays, meta.get("extra"))), None
 
-    def save_run(self, step, state, data_iterator, **meta):
-        """Saves `state` and every process's position in its data stream at `step`."""
+    def save_run(self, step, state, data_iterator, extra=None, **meta):
+        """Saves `state` and every process's position in its data stream at `step` (and
+        `extra`, as `save`)."""
         positions = parallel.allgather_json(data_iterator.get_state())
-        self.save(step, state, {"step": step, "data": positions, **meta})
+        self.save(step, state, {"step": step, "data": positions, **meta}, extra)
 
-    def restore_run(self, state, data_iterator):
+    def restore_run(self, state, data_iterator, extra=False):
         """Restores the newest readable checkpoint into `state`'s shardings and moves
         `data_iterator` to where this process stopped; returns ``(step, state)``, or
-        ``(0, state)`` if there is no checkpoint.
+        ``(0, state)`` if there is no checkpoint; with `extra`, ``(step, state, (arrays,
+        info))``: what `save` was given as `extra` (``(None, None)`` where none).
 
         Unfinished saves are named and ignored; unreadable checkpoints are named, and set
         aside as ``N.unreadable`` once an older one reads.
@@ -269,16 +288,16 @@ class Checkpointer:
                     "wrote them, or use a new --workdir. If they are damaged, copy back a good "
                     f"checkpoint, or move them aside (mv {self.directory} "
                     f"{self.directory}.damaged) and re-run to start from step 0.")
-            return 0, state
+            return (0, state, (None, None)) if extra else (0, state)
         self._set_aside(unreadable, resume_step=step)
-        state, meta = restored
+        state, meta, saved_extra = restored
         positions = meta["data"]
         if len(positions) != jax.process_count():
             raise ValueError(f"the checkpoint of step {step} was written by {len(positions)} "
                              f"processes, this run has {jax.process_count()}; resume with the same "
                              "number of processes (each reads its own shard of the data)")
         data_iterator.set_state(positions[jax.process_index()])
-        return step, state
+        return (step, state, saved_extra) if extra else (step, state)
 
     def _report_unfinished_saves(self):
         root = epath.Path(self.directory)

@@ -59,19 +59,38 @@ def _padded(examples, mesh):
     return list(examples) + [examples[-1]] * (-len(examples) % multiple)
 
 
+def prompt_ids(count, share, start, width, processes):
+    """`[processes * width]` ids of the random streams of one sampler call's global prompt
+    rows (`sampling.row_keys`): process p's `width` rows hold its examples from its
+    `start`-th on, and p's share (`own_examples`: `share` examples of the first `count`)
+    begins at example min(p * share, count) of the held-out split; each row's id is its
+    example's place in the split, so an example draws the same samples on any number of
+    processes (the repeats that pad a share take the ids after its last example).
+
+    Example (5 examples, 2 processes of 3, rows padded to 4):
+      >>> prompt_ids(5, 3, 0, 4, 2)
+      array([0, 1, 2, 3, 3, 4, 5, 6])
+    """
+    return np.concatenate([min(p * share, count) + start + np.arange(width)
+                           for p in range(processes)])
+
+
 def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size, episodic=None):
     """`([len(examples) * group_size] bool correctness, episode counts)` of this process's
-    examples: with `episodic`, each `Episodes` field over the same rows, else None."""
+    examples (its share of the first ``eval.num_prompts``, `own_examples`): with
+    `episodic`, each `Episodes` field over the same rows, else None."""
     correct, counts = [], []
     for start in range(0, len(examples), EVAL_CHUNK):
         chunk = examples[start:start + EVAL_CHUNK]
         padded = _padded(chunk, mesh)
         texts, tokens, mask = task_lib.prompt_rows(config.task, padded, policy.tokenizer)
         prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
+        ids = prompt_ids(config.eval.num_prompts, len(examples), start, len(padded),
+                         jax.process_count())
         rollout, episodes = rollout_lib.sample_on_mesh(
             policy, mesh, prompts, rng=jax.random.fold_in(rng, start), method=method,
             group_size=group_size, max_new_tokens=config.rollout.max_new_tokens,
-            rules=config.rollout.rules, episodic=episodic, examples=padded)
+            rules=config.rollout.rules, episodic=episodic, examples=padded, prompt_ids=ids)
         _, ok, _ = rollout_lib.score_own_rows(rollout, texts, padded, scorer, policy.tokenizer,
                                               group_size)
         rows = len(chunk) * group_size
@@ -98,7 +117,7 @@ def evaluate(policy, mesh, scorer, own, config, *, step, method, episodic=None):
       samples at the rollout temperature, an estimate of sampled pass@1),
       ``eval_pass_at_k`` (share of prompts with at least one correct sample), ``eval_k``;
       with `episodic`, the greedy episodes' `Episodes.metrics` prefixed ``eval_``
-      (``eval_tool_use_rate``, ...; one process only, as multi-turn rollouts are).
+      (``eval_tool_use_rate``, ...), over every process's prompts.
     """
     examples, real = own
     k = config.eval.samples
@@ -119,8 +138,8 @@ def evaluate(policy, mesh, scorer, own, config, *, step, method, episodic=None):
         metrics.update(eval_mean_at_k=summed[2] / max(summed[1] * k, 1),
                        eval_pass_at_k=summed[3] / max(summed[1], 1), eval_k=float(k))
     if episodes is not None:
-        metrics.update({f"eval_{name}": value
-                        for name, value in episodes.first(real).metrics().items()})
+        every_row = rollout_lib.all_episodes(episodes.first(real))
+        metrics.update({f"eval_{name}": value for name, value in every_row.metrics().items()})
     return {name: float(value) for name, value in metrics.items()}
 
 

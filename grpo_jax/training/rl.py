@@ -23,7 +23,10 @@ With ``async_rl.enabled`` the rollouts come from a producer thread that samples 
 steps while this loop updates (`async_rl`, `start_producer`): the loop takes each step's
 batch from it instead of sampling, and the rest of the step is unchanged. With
 ``rollout.mesh`` the rollouts are sampled on devices of their own (`_collect`: the
-parameters copied there, the batch copied back), synchronous or not.
+parameters copied there, the batch copied back), synchronous or not. With
+``rollout.partial.enabled`` rows past a per-step token budget carry over to the next
+step (`partial`): the run (or its producer) holds the pool of groups in flight, and a
+checkpoint saves it.
 
 The config is read, never written: `train` works on a resolved, read-only copy
 (`paths.resolve_run_paths`), the warm start makes a new one, and the run's config is
@@ -48,7 +51,7 @@ from flax import nnx
 from grpo_jax import config_lib, models, objectives, parallel, paths
 from grpo_jax.training import async_rl, checkpoint, critic as critic_lib, evaluation, footprint
 from grpo_jax.training import batch as batch_lib, metrics as metrics_lib, packing, programs
-from grpo_jax.training import policy as policy_lib, preemption
+from grpo_jax.training import partial, policy as policy_lib, preemption
 from grpo_jax.training import rollout, steps, task as task_lib, warm_start
 
 OLD_LOGP = ("recompute", "sampler")
@@ -109,6 +112,7 @@ def check_config(config, mesh):
     check_critic_config(config)
     rollout.check_environment_config(config)
     async_rl.check_config(config, jax.process_count())
+    partial.check_config(config, jax.process_count())
 
 
 def check_critic_config(config):
@@ -211,6 +215,9 @@ class Run:
       producer: the `async_rl.Producer` of an asynchronous run (`start_producer`), else
         None; data_position: with a producer, the prompt stream's position after the
         last step taken (what a checkpoint saves; the stream itself may be further on).
+      carry: with partial rollouts (``rollout.partial.enabled``), the `partial.Pool` of
+        groups carried over after the last step taken (what a checkpoint saves; a
+        producer's own may be further on); else None.
     """
 
     config: Any
@@ -238,6 +245,7 @@ class Run:
     data_position: Any = None
     rollout_mesh: jax.sharding.Mesh | None = None
     rollout_frozen: Any = None
+    carry: partial.Pool | None = None
 
 
 def _copy(params):
@@ -267,6 +275,7 @@ def set_up(config, workdir, mesh, rollout_mesh=None):
     rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
     rollout_frozen = None if rollout_mesh is mesh else parallel.on_mesh(
         nnx.filter_state(policy.params, nnx.Not(policy_run.trained)), rollout_mesh)
+    scorer = _scorer(config)
     return Run(
         config=config, workdir=workdir, mesh=mesh, policy=policy,
         rollout_mesh=rollout_mesh, rollout_frozen=rollout_frozen,
@@ -274,7 +283,7 @@ def set_up(config, workdir, mesh, rollout_mesh=None):
         lagged=[_copy(trained) for _ in range(async_rl.lagged_copies(config))],
         ref_params=_copy(policy.params) if own_reference else None,
         critic=critic, policy_programs=policy_run, critic_programs=critic_run, objective=objective,
-        scorer=_scorer(config),
+        scorer=scorer, carry=partial.empty_pool(config, scorer),
         method=rollout.sampling_method(config),
         episodic=rollout.Episodic.of(config, policy.tokenizer),
         layout=programs.batch_layout(config, policy.model_config(), prompt_len=1),   # its keys
@@ -316,9 +325,12 @@ def checkpoint_state(run):
 
 
 def restore(run):
-    """Moves `run` to its newest checkpoint (its state and this process's data position);
-    returns that checkpoint's step, 0 when there is none."""
-    start, state = run.checkpointer.restore_run(checkpoint_state(run), run.train_iter)
+    """Moves `run` to its newest checkpoint (its state, this process's data position and
+    the partial rollouts' pool); returns that checkpoint's step, 0 when there is none."""
+    start, state, (arrays, info) = run.checkpointer.restore_run(
+        checkpoint_state(run), run.train_iter, extra=True)
+    if run.carry is not None and info is not None:   # a pool of partial rollouts
+        run.carry = partial.Pool.from_checkpoint(arrays, info)
     run.policy.params = nnx.merge_state(run.policy.params, state["params"])
     run.opt_state = state["opt_state"]
     run.lagged, run.ref_params = list(state["lagged"]), state.get("ref_params", run.ref_params)
@@ -365,38 +377,51 @@ def _rollouts(run, step):
     config, policy = run.config, run.policy
     behaviour = (policy_lib.Policy(policy.graphdef, nnx.merge_state(policy.params, run.lagged[0]),
                                    policy.tokenizer) if run.lagged else policy)
-    batch, metrics, examples = _collect(run, behaviour, step, scorer=run.scorer,
-                                        episodic=run.episodic)
-    metrics["staleness"] = float(min(len(run.lagged), step - 1))
+    staleness = min(len(run.lagged), step - 1)
+    batch, metrics, examples, run.carry = _collect(
+        run, behaviour, step, scorer=run.scorer, episodic=run.episodic, carry=run.carry,
+        version=step - 1 - staleness)
+    metrics["staleness"] = float(staleness)
     if run.lagged:
         run.lagged = run.lagged[1:] + [_copy(run.policy_programs.trained_part(policy.params))]
     _write_samples(config, run.workdir, step, batch, policy.tokenizer)
     return batch, metrics, examples, behaviour
 
 
-def _collect(run, behaviour, step, *, scorer, episodic):
-    """`rollout.collect` of step `step` by the `behaviour` policy, on the rollout mesh.
+def _collect(run, behaviour, step, *, scorer, episodic, carry, version):
+    """`rollout.collect` of step `step` by the `behaviour` policy (version `version`: the
+    parameters after that many steps), on the rollout mesh; with partial rollouts
+    (`carry`, the `partial.Pool` of the groups carried over) `partial.collect`. Returns
+    `(batch, metrics, examples, carry)`, carry the pool for the next step (None without).
 
     With split meshes (``rollout.mesh``) the trained part of its parameters is copied to
     the rollout mesh first (the frozen part is there already: ``run.rollout_frozen``) and
     the batch back to the training mesh after: JAX's cross-mesh transfers, each timed to
     its end (``time_weight_transfer``, ``time_batch_transfer`` in the metrics)."""
     config = run.config
-    common = dict(config=config, scorer=scorer, method=run.method, episodic=episodic,
+    common = dict(config=config, scorer=scorer, method=run.method,
                   rng=steps.step_rng(config.seed, "rollout", step))
+
+    def collect(policy, mesh):
+        if carry is None:
+            return (*rollout.collect(policy, mesh, run.train_iter, episodic=episodic, **common),
+                    None)
+        return partial.collect(policy, mesh, run.train_iter, carry, step=step, version=version,
+                               **common)
+
     if run.rollout_mesh is run.mesh:
-        return rollout.collect(behaviour, run.mesh, run.train_iter, **common)
+        return collect(behaviour, run.mesh)
     begin = time.time()
     trained = jax.block_until_ready(parallel.on_mesh(
         nnx.filter_state(behaviour.params, run.policy_programs.trained), run.rollout_mesh))
     sent = time.time() - begin
     sampler = policy_lib.Policy(behaviour.graphdef, nnx.merge_state(run.rollout_frozen, trained),
                                 behaviour.tokenizer)
-    batch, metrics, examples = rollout.collect(sampler, run.rollout_mesh, run.train_iter, **common)
+    batch, metrics, examples, carry = collect(sampler, run.rollout_mesh)
     begin = time.time()
     batch = jax.block_until_ready(parallel.on_mesh(batch, run.mesh))
     metrics.update(time_weight_transfer=sent, time_batch_transfer=time.time() - begin)
-    return batch, metrics, examples
+    return batch, metrics, examples, carry
 
 
 def _write_samples(config, workdir, step, batch, tokenizer):
@@ -422,6 +447,7 @@ def _produced_rollouts(run, step):
                                   policy.tokenizer)
     run.lagged = run.lagged[1:] + [current]
     run.data_position = async_rl.DataPosition(produced.data_position)
+    run.carry = produced.carry
     metrics = {**produced.metrics, "staleness": float(step - 1 - produced.version),
                "time_rollout_wait": waited}
     return produced.batch, metrics, produced.examples, behaviour
@@ -432,19 +458,24 @@ def start_producer(run, start, last):
     rollout mesh (`_collect`) with its own tokenizer copy, reward workers and environment,
     so nothing the learner's thread uses (evaluation) is shared; the frozen part of the
     parameters (a LoRA run's base) is read from the policy as it is now, which the update
-    does not donate in an asynchronous run. Returns `(producer, close)`."""
+    does not donate in an asynchronous run. With partial rollouts it carries the pool
+    from step to step itself, starting from the run's, and hands each step's pool over
+    with its batch (what that step's checkpoint saves). Returns `(producer, close)`."""
     config, policy = run.config, run.policy
     frozen = nnx.filter_state(policy.params, nnx.Not(run.policy_programs.trained))
     tokenizer = copy.deepcopy(policy.tokenizer)
     scorer = _scorer(config)
     episodic = rollout.Episodic.of(config, tokenizer)
 
-    def sample(step, trained):
+    carry = run.carry
+
+    def sample(step, version, trained):
+        nonlocal carry
         behaviour = policy_lib.Policy(policy.graphdef, nnx.merge_state(frozen, trained), tokenizer)
-        batch, metrics, examples = _collect(run, behaviour, step, scorer=scorer,
-                                            episodic=episodic)
+        batch, metrics, examples, carry = _collect(run, behaviour, step, scorer=scorer,
+                                                   episodic=episodic, carry=carry, version=version)
         _write_samples(config, run.workdir, step, batch, tokenizer)
-        return batch, metrics, examples, run.train_iter.get_state()
+        return batch, metrics, examples, run.train_iter.get_state(), carry
 
     k = config.async_rl.max_staleness
     versions = {max(0, start - k + i): trained for i, trained in enumerate(run.lagged)}
@@ -629,8 +660,10 @@ def train(config, workdir, *, seconds=None):
             if step % config.train.checkpoint_every == 0 or last or stopping:
                 writer.flush()   # the rows up to the step saved: what a resume keeps
                 position = run.train_iter if run.producer is None else run.data_position
-                run.checkpointer.save_run(step, checkpoint_state(run), position,
-                                          seed=config.seed, base=checkpoint.base_pointer(config))
+                run.checkpointer.save_run(
+                    step, checkpoint_state(run), position,
+                    extra=None if run.carry is None else run.carry.to_checkpoint(),
+                    seed=config.seed, base=checkpoint.base_pointer(config))
             if stopping:
                 raise preemption.Stopped(step, run.checkpointer.directory)
             if last:

@@ -18,9 +18,11 @@ add nothing to the loss or to any count, and `row_valid` says which rows are rea
 With an environment (``environment.name``, `Episodic`) each row is a multi-turn episode
 run on `sampling.Engine`: the environment answers the model's tool calls, and the batch's
 ``mask`` keeps the replies out of the loss while ``context_mask`` lets the forward
-passes read them (docs/environments.md).
+passes read them (docs/environments.md). Like the rewards, each process steps the
+environment for its own rows only, and the episodes' counts are gathered.
 """
 
+import dataclasses
 import functools
 import json
 import time
@@ -66,7 +68,7 @@ def record_layout(config, model_cfg, rows, prompt_len, new_tokens):
 
 def check_environment_config(config):
     """Raises ValueError naming the field unless ``environment.*`` can run: a registered
-    name ("" for none), budgets in range, one process, no critic."""
+    name ("" for none), budgets in range, no critic."""
     env = config.environment
     if not env.name:
         return
@@ -80,10 +82,6 @@ def check_environment_config(config):
         raise ValueError(f"environment.turn_budget must be >= 0 (0: none), got {env.turn_budget}")
     if not env.timeout_s > 0:
         raise ValueError(f"environment.timeout_s must be > 0, got {env.timeout_s}")
-    if jax.process_count() > 1:
-        raise ValueError(f"environment.name={env.name!r}: multi-turn rollouts run on one process "
-                         f"only (the host reads every paused row), but this run has "
-                         f"{jax.process_count()}; run on one host or set environment.name=''")
     if env.chat_role and not config.task.chat_template:
         raise ValueError(f"environment.chat_role={env.chat_role!r} puts the replies in chat turns, "
                          "but the prompts are plain text (task.chat_template=False); set "
@@ -119,16 +117,21 @@ class Episodic:
 
 def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules,
                    record_support=False, record_routing=False, slots=0, episodic=None,
-                   examples=None):
+                   examples=None, prompt_ids=None, buffer_len=None):
     """`sampling.generate` on global prompt rows (in `slots` decode slots when > 0), or
     with `episodic` the rows as episodes: `sampling.Engine` (all rows at once when
     `slots` is 0) with the environment answering the rows' calls (`run_episodes`;
-    `examples`: each prompt's example). Returns `(Rollout on the mesh, Episodes or None)`."""
+    `examples`: each of this process's prompts' example); `prompt_ids`: the global
+    prompts' random streams (default: their row numbers); `buffer_len`: the rows' width
+    (default `max_new_tokens`; a partial rollout's rows stop at a smaller budget in the
+    run's buffer). Returns `(Rollout on the mesh, Episodes of this process's rows or
+    None)`."""
     tokenizer = policy.tokenizer
     common = dict(rng=rng, method=method, group_size=group_size, max_new_tokens=max_new_tokens,
                   stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
-                  max_len_bucket=max_new_tokens, rules=rules,   # fixed buffer: one compile
-                  record_support=record_support, record_routing=record_routing)
+                  max_len_bucket=buffer_len or max_new_tokens,   # fixed buffer: one compile
+                  rules=rules, record_support=record_support, record_routing=record_routing,
+                  prompt_ids=prompt_ids)
     with jax.set_mesh(mesh):
         if episodic is None:
             return sampling.generate(policy.graphdef, policy.params, prompts["tokens"],
@@ -138,7 +141,7 @@ def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_to
                                  slots=slots or rows, pause_tokens=episodic.pause_tokens,
                                  max_append=episodic.max_append, turn_budget=episodic.turn_budget,
                                  **common)
-        examples_b = [example for example in examples for _ in range(group_size)]
+        examples_b = [example for example in examples for _ in range(group_size)]   # own rows
         episodes = environments.run_episodes(engine, episodic.environment, examples_b, tokenizer,
                                              pool=episodic.pool)
         return engine.rollout(), episodes
@@ -157,12 +160,26 @@ def score_own_rows(rollout, texts, examples, scorer, tokenizer, group_size):
     return scorer(repeat(texts), completions, repeat(examples), lengths)
 
 
-def combine_reward_metrics(per_process):
-    """Every process's reward metrics -> one dict: counts summed, means averaged."""
+def all_episodes(episodes):
+    """Every process's `Episodes` (each of its own rows) joined in process order: the
+    same counts on every process, so their metrics are those of every row."""
+    own = {k: v.tolist() for k, v in dataclasses.asdict(episodes).items()}
+    parts = parallel.allgather_json(own)
+    return environments.Episodes.concatenate([
+        environments.Episodes(**{k: np.asarray(v, np.int64) for k, v in part.items()})
+        for part in parts])
+
+
+def combine_reward_metrics(per_process, rows=None):
+    """Every process's reward metrics -> one dict: counts summed, means averaged (weighted
+    by `rows`, each part's row count, where given and unequal)."""
     keys = per_process[0].keys()
     is_count = lambda k: k.startswith(("reward_errors", "reward_timeouts", "environment_failures"))
+    equal = rows is None or len(set(rows)) == 1
+    weights = None if equal else np.asarray(rows, np.float64) / np.sum(rows)
+    mean = lambda values: np.mean(values) if weights is None else np.dot(values, weights)
     return {k: float(np.sum([m[k] for m in per_process]) if is_count(k)
-                     else np.mean([m[k] for m in per_process])) for k in keys}
+                     else mean([m[k] for m in per_process])) for k in keys}
 
 
 def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
@@ -193,14 +210,15 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
             "tokens": rollout.tokens, "mask": rollout.mask,
             "behaviour_logp": rollout.sample_logp if keep_mask else rollout.logp,
             "lengths": rollout.lengths, "truncated": rollout.truncated, **scored}
+    metrics = combine_reward_metrics(parallel.allgather_json(metrics))
     if episodes is not None:
         rows["mask"] = rollout.mask * ~rollout.appended
         rows["context_mask"] = rollout.mask
-        metrics = {**metrics, **episodes.metrics()}
+        metrics.update(all_episodes(episodes).metrics())
     for key in ("support_ids", "support_size", "prompt_routing", "routing"):
         if getattr(rollout, key) is not None:
             rows[key] = getattr(rollout, key)
-    return rows, combine_reward_metrics(parallel.allgather_json(metrics))
+    return rows, metrics
 
 
 def _signal_values(rows):

@@ -1,4 +1,7 @@
-"""Multi-turn rollouts: a tiny model's rows answered by an environment through `sampling.Engine`."""
+"""Multi-turn rollouts: a tiny model's rows answered by an environment through `sampling.Engine`;
+on several processes (layouts faked with a scripted engine), each answers its own rows."""
+
+import types
 
 import jax
 import jax.numpy as jnp
@@ -168,3 +171,83 @@ def test_a_turn_over_its_budget_ends_the_episode_truncated(model, tokenizer):
     done = ~over & (rollout.lengths < BUDGET)
     np.testing.assert_array_equal(got.tool_calls[done], 3)   # ended by the environment
     assert not rollout.truncated[done].any()
+
+
+# Several processes: `run_episodes` of each process on a scripted engine holding its rows.
+# Each row's turns, one per pause. AnswerEveryA answers a turn ending in "a" and ends the
+# episode at the third; example 1 (rows 2 and 3) crashes its step. Row 0: three calls,
+# two replies "<r>1</r>", "<r>2</r>" (8 tokens each), then done. Row 1: a pause that is
+# not a turn (resumed with nothing), a call and its reply, then its stop token. Row 2:
+# a call whose step crashes (reply "<f>", 3 tokens). Row 3: 4 tokens without a turn's
+# end, the turn budget: ended, truncated.
+SCRIPTS = [["ba", "ca", "da"], ["b", "a"], ["a"], ["bbbb"]]
+EXAMPLES = [{"id": row // 2} for row in range(4)]
+WANT = {"turns": [3, 2, 2, 1], "tool_calls": [3, 1, 1, 0], "tool_errors": [0, 0, 1, 0],
+        "environment_tokens": [16, 8, 3, 0], "failures": [0, 0, 1, 0],
+        "turns_over_budget": [0, 0, 0, 1]}
+
+
+class ScriptedEngine:
+    """`sampling.Engine`'s host side for one process holding `own_rows`: every row of it
+    not done pauses at each `run` with its next turn of `SCRIPTS`; a resumed row whose
+    script is over ends. Each answer must name exactly the rows it paused."""
+
+    rows, turn_budget, max_append = len(SCRIPTS), 4, 8
+
+    def __init__(self, own_rows, tokenizer):
+        self.own_rows, self._tokenizer = np.asarray(own_rows), tokenizer
+        self._turn = {r: 0 for r in own_rows}   # None once the row is done
+        self._appended = np.zeros(self.rows, np.int64)
+        self._paused, self.answers = [], []
+
+    @property
+    def finished(self):
+        return all(turn is None for turn in self._turn.values())
+
+    def run(self):
+        self._paused = [r for r, turn in self._turn.items() if turn is not None]
+        return np.asarray(self._paused)
+
+    def turn_tokens(self, rows):
+        return [self._tokenizer.encode(SCRIPTS[r][self._turn[r]]) for r in rows]
+
+    def answer(self, replies, *, end=(), truncate=()):
+        answered = sorted([*replies, *end, *truncate])
+        assert answered == self._paused, (answered, self._paused)
+        self.answers.append(answered)
+        for r, ids in replies.items():
+            self._appended[r] += len(ids)
+            self._turn[r] = self._turn[r] + 1 if self._turn[r] + 1 < len(SCRIPTS[r]) else None
+        for r in [*end, *truncate]:
+            self._turn[r] = None
+
+    def rollout(self):
+        appended = np.arange(16)[None, :] < self._appended[:, None]
+        return types.SimpleNamespace(appended=jnp.asarray(appended))
+
+
+@pytest.mark.parametrize("layout, answers", [
+    ([[0, 1, 2, 3]], [[[0, 1, 2, 3], [0, 1], [0]]]),   # one process
+    ([[0, 1], [2, 3]], [[[0, 1], [0, 1], [0]], [[2, 3]]]),   # two, two rows each
+])
+def test_each_process_answers_its_own_rows_and_the_counts_join(tokenizer, layout, answers):
+    environment = AnswerEveryA(crash_on=1)
+    parts = []
+    for own, want_answers in zip(layout, answers):
+        engine = ScriptedEngine(own, tokenizer)
+        parts.append(environments.run_episodes(engine, environment, [EXAMPLES[r] for r in own],
+                                               tokenizer))
+        assert engine.answers == want_answers   # its own rows, one answer per pause
+    joined = environments.Episodes.concatenate(parts)
+    for field, values in WANT.items():
+        np.testing.assert_array_equal(getattr(joined, field), values, err_msg=field)
+    metrics = joined.metrics()
+    assert metrics["tool_calls_per_episode"] == 1.25 and metrics["tool_use_rate"] == 0.75
+    assert metrics["environment_failures"] == 1.0 and metrics["turns_over_budget_rate"] == 0.25
+
+
+def test_the_examples_are_those_of_the_rows_a_process_holds(tokenizer):
+    with pytest.raises(ValueError, match=r"examples_b has 4 examples; give one per row this "
+                                         r"process holds \(2 of 4\)"):
+        environments.run_episodes(ScriptedEngine([2, 3], tokenizer), AnswerEveryA(), EXAMPLES,
+                                  tokenizer)

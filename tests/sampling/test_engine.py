@@ -13,12 +13,15 @@ STOPS = np.arange(0, 512, 16)
 PROMPTS = [[5, 6, 7], [8, 9], list(range(20, 30))]
 
 
-def run(model, slots, method=sampling.TopP(0.95, temperature=1.0), **kwargs):
+def run_on_device(model, slots, method=sampling.TopP(0.95, temperature=1.0), **kwargs):
     tokens, mask = sampling.pad_prompts(PROMPTS, pad_id=0)
     args = dict(group_size=4, max_new_tokens=40, stop_tokens=STOPS, pad_id=0) | kwargs
-    rollout = sampling.generate(*model, tokens, mask, rng=jax.random.key(7), method=method,
-                                slots=slots, **args)
-    return sampling.to_host(rollout)
+    return sampling.generate(*model, tokens, mask, rng=jax.random.key(7), method=method,
+                             slots=slots, **args)
+
+
+def run(model, slots, **kwargs):
+    return sampling.to_host(run_on_device(model, slots, **kwargs))
 
 
 def assert_same_rows(got, want, logp_tol=1e-5):
@@ -103,7 +106,12 @@ def test_on_a_mesh_slots_split_over_the_rows(static):
     with jax.set_mesh(mesh):
         with pytest.raises(ValueError, match=r"slots=4 do not split over the mesh's batch axes \(8 ways\)"):
             run(model, slots=4, group_size=8)
-        rows = run(model, slots=8, group_size=8, max_new_tokens=40)
+        on_mesh = run_on_device(model, slots=8, group_size=8, max_new_tokens=40)
+        # the rows come back split over the row axes, as the static sampler's do: on
+        # several processes each holds (and scores) its own prompts' rows
+        for name in ("tokens", "logp", "lengths", "prompt_tokens"):
+            assert getattr(on_mesh, name).sharding.spec[0] in ("fsdp", ("fsdp",)), name
+        rows = sampling.to_host(on_mesh)
     # 24 rows, 8 at a time; completions 0-3 of each prompt are the static run's
     for prompt in range(3):
         np.testing.assert_array_equal(rows.tokens[prompt * 8:prompt * 8 + 4],

@@ -174,3 +174,30 @@ def test_a_turn_budget_pauses_rows_every_k_sampled_tokens(tiny_model, static):
     got = sampling.to_host(eng.rollout())
     assert_same_rows(got, static)
     assert pauses == sum((n - 1) // 5 for n in static.lengths)
+
+
+@pytest.mark.slow
+def test_a_row_carried_into_another_engine_with_its_key_samples_on_as_before(tiny_model, static):
+    """A partial rollout's rows cut at 9 tokens, carried into a new engine in another order
+    (each its own prompt, its key, its tokens so far queued): they sample on exactly as the
+    uninterrupted rows did (the same stream at the same positions), and the queued tokens'
+    log-probs are the model's."""
+    tokens, mask = sampling.pad_prompts(PROMPTS, pad_id=0)
+    keys = sampling.row_keys(jax.random.key(7), jnp.arange(3), 4)
+    rows = np.flatnonzero(static.lengths > 9)[::-1]   # the carried rows, reversed
+    assert rows.size >= 4
+    carried = sampling.Engine(
+        *tiny_model, np.repeat(tokens, 4, axis=0)[rows], np.repeat(mask, 4, axis=0)[rows],
+        keys=keys[rows], method=METHOD, group_size=1, max_new_tokens=40, stop_tokens=STOPS,
+        pad_id=0, slots=3, max_append=9, queued=[static.tokens[r, :9].tolist() for r in rows])
+    carried.run()
+    got = sampling.to_host(carried.rollout())
+    for name in ("tokens", "lengths", "truncated", "logp"):
+        np.testing.assert_allclose(getattr(got, name), getattr(static, name)[rows], atol=1e-5,
+                                   rtol=0, err_msg=name)
+    assert got.appended[:, :9].all() and not got.appended[:, 9:].any()
+    with pytest.raises(ValueError, match=r"give the Engine rng .* or keys .*, not both"):
+        engine(tiny_model, slots=3, keys=keys)
+    with pytest.raises(ValueError, match=r"keys has shape \(3,\); give one key per row \(12,\)"):
+        sampling.Engine(*tiny_model, tokens, mask, keys=keys[:3], method=METHOD, group_size=4,
+                        max_new_tokens=40, stop_tokens=STOPS, pad_id=0, slots=3)

@@ -21,10 +21,11 @@ def _producer(k, fixed, last=8, versions=None, delay=0.0):
     """A producer over fake rollouts: step s's "batch" records the version that sampled."""
     calls = []
 
-    def sample(step, params):
+    def sample(step, version, params):
         calls.append((step, params))
+        assert params == f"theta{version}"
         time.sleep(delay)
-        return {"params": params}, {"m": float(step)}, [step], {"position": step}
+        return {"params": params}, {"m": float(step)}, [step], {"position": step}, None
 
     producer = async_rl.Producer(sample, first=1, last=last, max_staleness=k, fixed=fixed,
                                  versions=versions or {0: "theta0"})
@@ -86,7 +87,7 @@ def test_the_producer_waits_for_the_version_it_needs():
 
 
 def test_a_failed_rollout_reaches_the_learner_and_close_stops_a_waiting_producer():
-    def sample(step, params):
+    def sample(step, version, params):
         raise ValueError("grader exploded")
 
     producer = async_rl.Producer(sample, first=1, last=3, max_staleness=1, fixed=True,

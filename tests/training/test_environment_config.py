@@ -31,8 +31,8 @@ def test_no_environment_is_single_turn_and_checks_nothing():
     assert rollout.Episodic.of(config, tokenizer=None) is None
 
 
-def test_a_multi_process_run_is_refused(monkeypatch):
+def test_a_multi_process_run_is_accepted(monkeypatch):
+    """Each process steps the environment for its own rows (tests/training/test_multihost.py)."""
     config = config_lib.load_config(f"{REPO / 'configs' / 'tool_calculator.py'}")
     monkeypatch.setattr(rollout.jax, "process_count", lambda: 2)
-    with pytest.raises(ValueError, match=r"multi-turn rollouts run on one process only .* has 2"):
-        rollout.check_environment_config(config)
+    rollout.check_environment_config(config)

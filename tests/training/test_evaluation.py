@@ -18,6 +18,26 @@ def test_held_out_shares_are_equal_sized_and_cover_every_example():
     assert real == 7 and [e["question"] for e in examples] == [str(i) for i in range(7)]
 
 
+@pytest.mark.parametrize("processes", [1, 2, 3])
+def test_an_example_draws_from_the_same_stream_on_any_number_of_processes(monkeypatch, processes):
+    """The sampled evaluation's prompt ids (faked process layouts): every process's real
+    rows get their examples' places in the split, so each example samples alike on 1, 2
+    or 3 processes; a later chunk's rows continue from where the chunk starts."""
+    source = [{"task": "t", "question": str(i), "answer": str(i), "solution": ""} for i in range(7)]
+    monkeypatch.setattr(evaluation.jax, "process_count", lambda: processes)
+    for process in range(processes):
+        monkeypatch.setattr(evaluation.jax, "process_index", lambda: process)
+        examples, real = evaluation.own_examples(source, 5)
+        width = len(examples) + 1   # padded for the mesh
+        ids = evaluation.prompt_ids(5, len(examples), 0, width, processes)
+        assert ids.shape == (processes * width,)
+        assert ids[process * width:process * width + real].tolist() == \
+            [int(e["question"]) for e in examples[:real]]
+    assert evaluation.prompt_ids(5, 3, 0, 4, 2).tolist() == [0, 1, 2, 3, 3, 4, 5, 6]
+    assert evaluation.prompt_ids(600, 300, 256, 48, 2)[[0, 47, 48, 95]].tolist() == \
+        [256, 303, 556, 603]
+
+
 def test_more_prompts_than_the_held_out_split_has_is_refused():
     source = [{"task": "t", "question": str(i), "answer": str(i), "solution": ""} for i in range(7)]
     message = (r"eval.num_prompts=8 is more than the 7 examples of the held-out split "

@@ -206,14 +206,14 @@ def test_a_failed_write_mid_run_stops_it_and_the_rerun_equals_an_uninterrupted_r
     real_save = checkpoint.Checkpointer.save
     limit = contextlib.ExitStack()
 
-    def save_onto_a_full_disk(self, step, state, meta):
+    def save_onto_a_full_disk(self, step, state, meta, extra=None):
         if step == 4:
             self.wait()   # step 2 is on disk before the disk fills
             # Below any one large array (the embedding 256 KiB, an MLP matrix 192 KiB): the
             # write fails however the store batches the ~6 MiB of arrays into data files
             # (under load it may flush them in pieces, each smaller than one MiB).
             limit.enter_context(_file_size_limit(128 * 1024))
-        real_save(self, step, state, meta)
+        real_save(self, step, state, meta, extra)
 
     monkeypatch.setattr(checkpoint.Checkpointer, "save", save_onto_a_full_disk)
     with limit, pytest.raises(OSError, match=re.escape(

@@ -4,7 +4,8 @@ Each process has 4 CPU devices (gloo collectives between them); together they fo
 global mesh the config declares. The two-process run must sample the same tokens, score
 the same rewards, log the same metrics (from process 0 only) and end with the same
 parameters as the one-process run (the `reference` fixture: the fault tests' 12-step run),
-through kill -9 of both processes and SIGTERM to one of them.
+through kill -9 of both processes and SIGTERM to one of them; with a tool environment,
+each process answering the calls of its own rows, the same episodes.
 """
 
 import signal
@@ -13,11 +14,11 @@ import time
 import numpy as np
 import pytest
 
-from grpo_jax.training import preemption
+from grpo_jax.training import preemption, rl
 from tests.training.training_setups import (FAULTS, assert_rows_equal, assert_same_export,
                                              cli_config_file, finished_checkpoints,
-                                             main_commands, start_processes, step_lines,
-                                             wait_for_step)
+                                             main_commands, read_metrics, start_processes,
+                                             step_lines, tiny_config, wait_for_step)
 
 
 def _start(commands, tmp_path, name):
@@ -85,3 +86,33 @@ def test_two_processes_equal_one_process_through_kill_and_sigterm(data_dir, refe
     assert len(list(workdir.glob("metrics.jsonl*"))) == 1
     assert "over 8 cpu device(s) in 2 processes" in log0 and "step    12/12" in log0
     assert "step " not in log1 and "mesh" not in log1
+
+
+# Two steps of the tool recipe with 8 prompts (their rows split over both processes' mesh),
+# one draw per step, and the greedy held-out evaluation at step 2.
+TOOL_RUN = {"rollout.prompts_per_batch": 8, "train.steps": 2, "train.eval_every": 2,
+            "train.log_rollouts_every": 1, "filtering.max_gen_batches": 1, "eval.samples": 0}
+
+
+@pytest.mark.slow
+def test_two_processes_answer_the_tool_calls_of_their_own_rows_as_one_process(data_dir, tmp_path):
+    """The calculator answers the model's calls on two processes, each stepping the
+    environment for its own rows and the engine taking both processes' replies: the same
+    rollouts row for row (every row's text, replies included, and reward) and the same
+    metrics, the episode counts (`tool_calls_per_episode`, ...) and the held-out
+    evaluation's (`eval_tool_use_rate`, ...) among them, as one process with 8 devices."""
+    one = tmp_path / "one"
+    rl.train(tiny_config("tool_calculator", data_dir, **TOOL_RUN), str(one))
+    rows = read_metrics(one)
+    assert min(r["tool_calls_per_episode"] for r in rows) > 0 and "eval_tool_use_rate" in rows[-1]
+    workdir = tmp_path / "two"
+    config_file = cli_config_file(tmp_path, data_dir, TOOL_RUN, "tool_calculator")
+    processes, logs, files = _start(main_commands(config_file, workdir, 2), tmp_path, "tools")
+    codes, (log0, log1) = _wait(processes, logs, files)
+    assert codes == [0, 0], log0[-3000:] + log1[-3000:]
+    assert "over 8 cpu device(s) in 2 processes" in log0
+    for step in (1, 2):
+        rollouts = (workdir / "rollouts" / f"{step}.jsonl").read_text()
+        assert rollouts == (one / "rollouts" / f"{step}.jsonl").read_text()
+        assert "</calculator><result>" in rollouts   # answered calls, in the rows' text
+    assert_rows_equal(workdir, one, [1, 2], rtol=2e-4, atol=1e-6)

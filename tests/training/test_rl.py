@@ -107,6 +107,11 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
     # from the checkpoint's prompt position and lagged copies.
     ("dapo", {"train.steps": 5, "async_rl.enabled": True, "async_rl.max_staleness": 2,
               "async_rl.fixed": True, "train.export": True}),
+    # Partial rollouts (10 tokens a step, dynamic sampling padding short batches): the
+    # checkpoint holds groups carried over, which the resumed run takes up where they were.
+    ("dapo", {"train.steps": 5, "rollout.partial.enabled": True,
+              "rollout.partial.tokens_per_step": 10, "filtering.max_gen_batches": 2,
+              "filtering.short_batch": "pad", "train.export": True}),
 ])
 def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
         data_dir, tmp_path, recipe, overrides):
@@ -136,6 +141,8 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
     logged = [r["step"] for r in read_metrics(workdir)]
     resume_from = finished_checkpoints(workdir)[-1]
     assert resume_from < max(expected) and logged[-1] >= resume_from
+    if overrides.get("rollout.partial.enabled"):   # rows were in flight at the checkpoint
+        assert expected[resume_from]["carried_groups"] > 0
 
     resumed = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600, **where)
     assert f"resumed from the checkpoint of step {resume_from} in {workdir}" in resumed.stdout
@@ -285,6 +292,8 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
     ({"filtering.short_batch": "skip"}, ValueError, r"filtering.short_batch must be one of"),
     ({"rollout.policy_lag": -1}, ValueError, r"rollout.policy_lag must be >= 0"),
     ({"rollout.slots": -2}, ValueError, r"rollout.slots must be an int >= 0"),
+    ({"rollout.partial.enabled": True, "rollout.partial.tokens_per_step": 0}, ValueError,
+     r"rollout.partial.tokens_per_step must be an int >= 1"),
     ({"train.packing": "yes"}, ValueError,
      r"train.packing must be one of \('auto', 'on', 'off'\), got 'yes'"),
     ({"train.ref_reset_every": 5}, ValueError, r"train.ref_reset_every replaces the KL reference"),

@@ -1,0 +1,239 @@
+"""Partial rollouts: a per-step token budget; rows not done by it carry over to the next step.
+
+Kimi k1.5 (Kimi Team, arXiv:2501.12599, sec. 2.6.2, "partial rollouts") gives every
+trajectory a fixed token budget per rollout iteration: a longer one is saved and goes on
+in the next iteration, so a few long answers do not hold up a step. APRIL (Zhou et al.,
+arXiv:2509.18521) draws more than a batch needs, trains on what finishes first and
+recycles the unfinished rows into the next step. With ``rollout.partial.enabled``
+(D = ``tokens_per_step``, m = ``max_carries``, P = ``rollout.prompts_per_batch``), step t:
+
+1. **Resumes** every row carried over, under the parameters that sample step t: its
+   tokens so far are fed into its cache (`sampling.Engine`'s queued tokens, one per decode
+   step, not counted in D) and it samples at most D more, or runs to its end when its
+   group was drawn m steps ago (a row is carried over at most m times).
+2. **Draws** P new prompts while fewer than P groups are ready, each row sampling at
+   most D tokens: at most ``filtering.max_gen_batches`` times, and only while the pool
+   stays within (m + 1) P groups (the pipeline's depth, APRIL's over-provisioning). A
+   group is ready once all its G rows are done (stop token or
+   ``rollout.max_new_tokens``) and scored; with dynamic sampling also its rewards must
+   differ (a done group without signal is dropped, as DAPO drops it).
+3. **Forces**: still short, the oldest groups not done run to their end until P are ready.
+4. **Trains** on the P oldest ready groups (carried ones before new ones, in draw order):
+   a batch of P whole groups, always. Rows not done and ready groups beyond P wait in the
+   pool for step t + 1 (the pool carries over; `partial_pool.run_step` is the host's part).
+
+Every token keeps the behaviour log-prob and the version of the parameters that sampled
+it; the new tokens of a resumed row get the new parameters'. With
+``train.old_logp="recompute"`` the trainer's pi_old is the proximal policy of decoupled
+PPO (Hilton et al., arXiv:2110.00641): the parameters that sample step t, for every
+token, and `objective.importance` / M2PO weigh each token against its own sampler. A
+row draws token t with ``fold_in(its key, t)`` whatever step samples it, its key being
+its draw's (rng, prompt index, completion index) as in `sampling.row_keys`.
+"""
+
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import parallel, sampling
+from grpo_jax.training import partial_pool, rollout, task as task_lib
+from grpo_jax.training.partial_pool import Pool
+
+
+def check_config(config, process_count):
+    """Raises ValueError naming the field for partial-rollout settings the loop cannot run."""
+    cfg = config.rollout.partial   # enabled is a bool: the config's types hold it
+    if not cfg.enabled:
+        return
+    if not isinstance(cfg.tokens_per_step, int) or cfg.tokens_per_step < 1:
+        raise ValueError(f"rollout.partial.tokens_per_step must be an int >= 1 (the tokens a row "
+                         f"samples per step), got {cfg.tokens_per_step!r}")
+    if not isinstance(cfg.max_carries, int) or cfg.max_carries < 1:
+        raise ValueError(f"rollout.partial.max_carries must be an int >= 1 (0 carries nothing: "
+                         f"set rollout.partial.enabled=False), got {cfg.max_carries!r}")
+    if config.filtering.max_gen_batches < 2:
+        raise ValueError(f"rollout.partial.enabled needs filtering.max_gen_batches >= 2, got "
+                         f"{config.filtering.max_gen_batches}: with one draw a step runs every "
+                         "group it drew to its end to fill the batch, and nothing carries over")
+    for field in ("keep_sampling_mask", "keep_routing"):
+        if config.rollout[field]:
+            raise ValueError(f"rollout.partial.enabled with rollout.{field}: the sampler's records "
+                             "of a carried row are not kept across steps yet; set "
+                             f"rollout.{field}=False")
+    if config.environment.name:
+        raise ValueError(f"rollout.partial.enabled with environment.name="
+                         f"{config.environment.name!r}: multi-turn episodes run their own engine "
+                         "loop, which does not carry rows over; set one of them off")
+    if process_count > 1:
+        raise ValueError(f"rollout.partial.enabled runs on one process (the carried rows live on "
+                         f"its host); this run has {process_count}. Set rollout.partial.enabled"
+                         "=False")
+
+
+def empty_pool(config, scorer):
+    """The pool of a run's start: no groups (a run that carries nothing keeps None)."""
+    if not config.rollout.partial.enabled:
+        return None
+    columns = (len(scorer.weights),) if scorer.separate else ()
+    return Pool.empty(config.objective.group_size, config.rollout.max_new_tokens, columns)
+
+
+def budget(config):
+    """The run's `partial_pool.Budget`."""
+    cfg = config.rollout.partial
+    return partial_pool.Budget(
+        tokens_per_step=cfg.tokens_per_step, max_carries=cfg.max_carries,
+        num_groups=config.rollout.prompts_per_batch, max_draws=config.filtering.max_gen_batches,
+        dynamic=config.filtering.dynamic_sampling)
+
+
+def _row_bucket(rows, ways):
+    """Rows of a resumption, padded: `ways` times a power of two (few compiled shapes)."""
+    return ways * 2 ** math.ceil(math.log2(max(1, math.ceil(rows / ways))))
+
+
+class _Sampler:
+    """One step's sampling for `partial_pool.run_step`: new prompt batches (`draw`) and
+    carried rows going on (`resume`), by `policy` (parameters of version `version`) on
+    `mesh`; rows in and out as host numpy."""
+
+    def __init__(self, policy, mesh, train_iter, *, config, method, rng, step, version,
+                 reward_columns):
+        self.policy, self.mesh, self.train_iter, self.config = policy, mesh, train_iter, config
+        self.method, self.rng, self.step, self.version = method, rng, step, version
+        self.group_size = config.objective.group_size
+        self.buffer_len = config.rollout.max_new_tokens
+        self.reward_columns = reward_columns
+
+    def draw(self, index, cap):
+        """The step's `index`-th prompt batch, sampled with ``fold_in(rng, index)`` (as
+        `rollout.collect`'s draws), each row up to `cap` tokens."""
+        config, g, n = self.config, self.group_size, self.buffer_len
+        examples = next(self.train_iter)
+        rng = jax.random.fold_in(self.rng, index)
+        texts, tokens, mask = task_lib.prompt_rows(config.task, examples, self.policy.tokenizer)
+        prompts = parallel.global_rows(self.mesh, {"tokens": tokens, "mask": mask})
+        out, _ = rollout.sample_on_mesh(
+            self.policy, self.mesh, prompts, rng=rng, method=self.method, group_size=g,
+            max_new_tokens=cap, buffer_len=n, rules=config.rollout.rules,
+            slots=config.rollout.slots)
+        out = jax.device_get({"tokens": out.tokens, "logp": out.logp, "lengths": out.lengths,
+                              "truncated": out.truncated})
+        p = len(examples)
+        keys = jax.random.key_data(sampling.row_keys(rng, jnp.arange(p, dtype=jnp.int32), g))
+        grouped = lambda x: np.asarray(x).reshape(p, g, *np.shape(x)[1:])
+        return Pool(
+            prompt_tokens=np.asarray(tokens, np.int32), prompt_mask=np.asarray(mask, np.int32),
+            prompt_width=np.full(p, tokens.shape[1], np.int32),
+            drawn=np.full(p, self.step, np.int32),
+            scored=np.zeros(p, bool), keys=grouped(keys).astype(np.uint32),
+            tokens=grouped(out["tokens"]), logp=grouped(out["logp"]),
+            version=np.full((p, g, n), self.version, np.int32), lengths=grouped(out["lengths"]),
+            stopped=~grouped(out["truncated"]), start=np.zeros((p, g), np.int32),
+            rewards=np.zeros((p, g, *self.reward_columns), np.float32),
+            correct=np.zeros((p, g), bool), examples=tuple(examples), texts=tuple(texts))
+
+    def resume(self, pool, cap):
+        """`pool` with every row whose cap (`[n, G]`) is above its length gone on to it:
+        the row's tokens so far fed, then sampled on under this step's parameters; the
+        tokens it had keep their log-probs and versions."""
+        group, row = np.nonzero(cap > pool.lengths)
+        lengths = pool.lengths[group, row]
+        out = self._continue(pool, group, row, cap[group, row])
+        new = np.arange(pool.buffer_len)[None] >= lengths[:, None]   # this step's tokens
+        fields = {k: getattr(pool, k).copy() for k in ("tokens", "logp", "version", "lengths",
+                                                       "stopped")}
+        fields["tokens"][group, row] = np.where(new, out.tokens, pool.tokens[group, row])
+        fields["logp"][group, row] = np.where(new, out.logp, pool.logp[group, row])
+        fields["version"][group, row] = np.where(new, self.version, pool.version[group, row])
+        fields["lengths"][group, row] = out.lengths
+        fields["stopped"][group, row] = ~out.truncated
+        return pool.replace(**fields)
+
+    def _continue(self, pool, group, row, cap):
+        """The host `Rollout` of rows (`group`, `row`) of `pool` continued to `cap` tokens in
+        one `sampling.Engine` (each row its own prompt, key and queued tokens), padded to
+        `_row_bucket` rows with one-token rows."""
+        config, policy, n = self.config, self.policy, self.buffer_len
+        count = group.size
+        total = _row_bucket(count, parallel.row_ways(self.mesh))
+        pad = lambda x: np.concatenate([x, np.repeat(x[:1], total - count, axis=0)])
+        width = int(pool.prompt_width[group].max())
+        queued = [pool.tokens[g, r, :pool.lengths[g, r]].tolist() for g, r in zip(group, row)]
+        slots = config.rollout.slots if 0 < config.rollout.slots < total else total
+        with jax.set_mesh(self.mesh):
+            engine = sampling.Engine(
+                policy.graphdef, policy.params, pad(pool.prompt_tokens[group, -width:]),
+                pad(pool.prompt_mask[group, -width:]),
+                keys=jax.random.wrap_key_data(jnp.asarray(pad(pool.keys[group, row]))),
+                method=self.method, group_size=1,
+                max_new_tokens=np.concatenate([cap, np.ones(total - count, np.int32)]),
+                stop_tokens=[policy.tokenizer.eos_token_id], pad_id=policy.tokenizer.pad_token_id,
+                slots=slots, max_append=n, queued=queued + [[]] * (total - count),
+                max_len_bucket=n, rules=config.rollout.rules)
+            while not engine.finished:
+                engine.run()
+            out = sampling.to_host(engine.rollout())
+        return jax.tree.map(lambda x: x[:count], out)
+
+
+def _scorer_of(scorer, tokenizer):
+    """`run_step`'s `score`: the done groups' rows decoded and scored (`rollout.draw`'s
+    call), rewards and correctness per group."""
+    def score(groups):
+        rows = partial_pool.batch_rows(groups)
+        completions = task_lib.decode_completions(tokenizer, rows["tokens"], rows["mask"])
+        repeat = lambda items: [item for item in items for _ in range(groups.group_size)]
+        rewards, correct, metrics = scorer(repeat(groups.texts), completions,
+                                           repeat(groups.examples), rows["lengths"])
+        grouped = lambda x: x.reshape(groups.size, groups.group_size, *x.shape[1:])
+        return (grouped(rewards), grouped(correct),
+                rollout.combine_reward_metrics(parallel.allgather_json(metrics)))
+    return score
+
+
+def collect(policy, mesh, train_iter, carry, *, config, scorer, rng, method, step, version):
+    """`rollout.collect` with partial rollouts: one train batch of P x G rows on the mesh
+    from the groups carried over (`carry`, a `Pool`) and new prompts, with version
+    `version` of the parameters (`policy`) sampling at step `step`.
+
+    Returns `(batch, metrics, examples, carry)`: the batch (`rollout.select_groups`'
+    layout), the step's rollout metrics, the batch's examples and the pool for step + 1.
+    The rollout statistics (`rollout.rollout_statistics`: reward, accuracy, lengths) are
+    over the groups completed this step (absent from a step that completed none);
+    ``generated_tokens`` counts the tokens sampled this step.
+    """
+    begin = time.time()
+    group_size, num_groups = config.objective.group_size, config.rollout.prompts_per_batch
+    sampler = _Sampler(policy, mesh, train_iter, config=config, method=method, rng=rng, step=step,
+                       version=version, reward_columns=carry.rewards.shape[2:])
+    spend = budget(config)
+    result = partial_pool.run_step(
+        carry, step=step, budget=spend, draw=sampler.draw, resume=sampler.resume,
+        score=_scorer_of(scorer, policy.tokenizer), reward_columns=sampler.reward_columns,
+        short_batch=config.filtering.short_batch)
+    pad_id = int(policy.tokenizer.pad_token_id)
+    rows = parallel.global_rows(mesh, partial_pool.batch_rows(result.batch))
+    batch = rollout.select_groups((rows,), mesh=mesh, group_size=group_size,
+                                  num_groups=num_groups, dynamic=spend.dynamic, pad_id=pad_id)
+    metrics = {}
+    if result.completed:
+        parts = tuple(parallel.global_rows(mesh, partial_pool.batch_rows(groups))
+                      for groups in result.completed)
+        stats = rollout.rollout_statistics(parts, jnp.asarray(scorer.weights),
+                                           group_size=group_size)
+        metrics = {k: float(v) for k, v in jax.device_get(stats).items()}
+        metrics.update(rollout.combine_reward_metrics(result.reward_metrics,
+                                                      rows=result.rows_scored))
+    seconds = time.time() - begin
+    metrics.update(partial_pool.token_metrics(result.batch, result.valid, step))
+    metrics.update(
+        gen_batches=float(result.draws), time_rollout=seconds,
+        generated_tokens=float(result.generated),
+        rollout_tokens_per_s=result.generated / max(seconds, 1e-9),
+        batch_filled=float(result.valid.sum()) / num_groups if spend.dynamic else 1.0,
+        carried_groups=float(result.pool.size), forced_groups=float(result.forced))
+    return batch, metrics, list(result.batch.examples), result.pool

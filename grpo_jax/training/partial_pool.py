@@ -1,0 +1,321 @@
+"""The groups a partial-rollout run holds between steps (`Pool`) and how one step moves them
+(`run_step`): host numpy, no model; `partial` samples for it.
+
+A group is one prompt's G rows. A row is *done* when it sampled a stop token or has
+``rollout.max_new_tokens`` tokens; a group is *ready* when all its rows are done and
+scored (with dynamic sampling, also when its rewards differ: a done group without signal
+is dropped). Every row keeps, per token, the behaviour log-prob and the parameters'
+version it was sampled with, however many steps it took.
+"""
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import objectives
+
+
+def key_words():
+    """How many uint32 words a PRNG key of the default implementation holds (2: threefry)."""
+    return jax.random.key_data(jax.random.key(0)).shape[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """Groups in flight between steps, oldest first (n groups of G rows, N = the buffer).
+
+    Attributes:
+      prompt_tokens, prompt_mask: `[n, S]` int32, left-padded to the widest group's.
+      prompt_width: `[n]` int32, the prompt bucket each group was drawn with.
+      drawn: `[n]` int32, the step that drew the group.
+      scored: `[n]` bool, every row is done and the rewards are in.
+      keys: `[n, G, W]` uint32, each row's random stream (`jax.random.key_data`).
+      tokens: `[n, G, N]` int32 (pad after the row's length).
+      logp: `[n, G, N]` float32, each token's behaviour log-prob (0 past the length).
+      version: `[n, G, N]` int32, v of the theta_v that sampled each token.
+      lengths: `[n, G]` int32; stopped: `[n, G]` bool, the row sampled a stop token.
+      start: `[n, G]` int32, the row's length when the current step began.
+      rewards: `[n, G]` (or `[n, G, K]` for several reward columns) float32, once scored.
+      correct: `[n, G]` bool, once scored.
+      examples, texts: n dataset examples and prompt texts.
+    """
+
+    prompt_tokens: np.ndarray
+    prompt_mask: np.ndarray
+    prompt_width: np.ndarray
+    drawn: np.ndarray
+    scored: np.ndarray
+    keys: np.ndarray
+    tokens: np.ndarray
+    logp: np.ndarray
+    version: np.ndarray
+    lengths: np.ndarray
+    stopped: np.ndarray
+    start: np.ndarray
+    rewards: np.ndarray
+    correct: np.ndarray
+    examples: tuple = ()
+    texts: tuple = ()
+
+    ARRAYS = ("prompt_tokens", "prompt_mask", "prompt_width", "drawn", "scored", "keys", "tokens",
+              "logp", "version", "lengths", "stopped", "start", "rewards", "correct")
+
+    @classmethod
+    def empty(cls, group_size, buffer_len, reward_columns=()):
+        """No groups; rows of `buffer_len` tokens, rewards of shape `reward_columns` each."""
+        g, n = group_size, buffer_len
+        zeros = lambda *shape, dtype=np.int32: np.zeros((0, *shape), dtype)
+        return cls(prompt_tokens=zeros(1), prompt_mask=zeros(1), prompt_width=zeros(),
+                   drawn=zeros(), scored=zeros(dtype=bool),
+                   keys=zeros(g, key_words(), dtype=np.uint32),
+                   tokens=zeros(g, n), logp=zeros(g, n, dtype=np.float32), version=zeros(g, n),
+                   lengths=zeros(g), stopped=zeros(g, dtype=bool), start=zeros(g),
+                   rewards=zeros(g, *reward_columns, dtype=np.float32),
+                   correct=zeros(g, dtype=bool))
+
+    @property
+    def size(self):
+        return self.drawn.shape[0]
+
+    @property
+    def group_size(self):
+        return self.tokens.shape[1]
+
+    @property
+    def buffer_len(self):
+        return self.tokens.shape[2]
+
+    @property
+    def done(self):
+        """`[n, G]` bool: the row sampled a stop token or has the whole buffer."""
+        return self.stopped | (self.lengths >= self.buffer_len)
+
+    def replace(self, **fields):
+        return dataclasses.replace(self, **fields)
+
+    def take(self, index):
+        """The groups at `index` (ints), in that order."""
+        index = np.asarray(index, np.int64)
+        return self.replace(**{k: getattr(self, k)[index] for k in self.ARRAYS},
+                            examples=tuple(self.examples[i] for i in index),
+                            texts=tuple(self.texts[i] for i in index))
+
+    @classmethod
+    def concatenate(cls, pools):
+        """The groups of `pools` in order; prompts left-padded to the widest."""
+        width = max(p.prompt_tokens.shape[1] for p in pools)
+        pad = lambda x: np.pad(x, ((0, 0), (width - x.shape[1], 0)))   # pad id 0, mask 0
+        fields = {k: np.concatenate([getattr(p, k) for p in pools]) for k in cls.ARRAYS
+                  if not k.startswith("prompt_") or k == "prompt_width"}
+        for k in ("prompt_tokens", "prompt_mask"):
+            fields[k] = np.concatenate([pad(getattr(p, k)) for p in pools])
+        return cls(**fields, examples=sum((p.examples for p in pools), ()),
+                   texts=sum((p.texts for p in pools), ()))
+
+    def to_checkpoint(self):
+        """`(arrays, info)`: the arrays (None for an empty pool: nothing to write) and the
+        JSON-able rest, for `Checkpointer.save_run(extra=...)`."""
+        arrays = {k: getattr(self, k) for k in self.ARRAYS} if self.size else None
+        info = {"groups": self.size, "group_size": self.group_size, "buffer_len": self.buffer_len,
+                "reward_columns": list(self.rewards.shape[3:]),
+                "examples": list(self.examples), "texts": list(self.texts)}
+        return arrays, info
+
+    @classmethod
+    def from_checkpoint(cls, arrays, info):
+        """The pool `to_checkpoint` wrote."""
+        if not info["groups"]:
+            return cls.empty(info["group_size"], info["buffer_len"], tuple(info["reward_columns"]))
+        return cls(**{k: np.asarray(arrays[k]) for k in cls.ARRAYS},
+                   examples=tuple(info["examples"]), texts=tuple(info["texts"]))
+
+
+def signal(pool, reward_columns):
+    """`[n]` bool: the group's rewards differ (with several reward columns, its correctness),
+    the test of DAPO's dynamic sampling (`objectives.group_has_signal`)."""
+    if not pool.size:
+        return np.zeros((0,), bool)
+    values = pool.correct.astype(np.float32) if reward_columns else pool.rewards
+    return np.asarray(objectives.group_has_signal(jnp.asarray(values.reshape(-1)),
+                                                  pool.group_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How a step spends tokens: `tokens_per_step` (D) new tokens per row and step, to its
+    end at the step after its group's `max_carries`-th carry; `num_groups` (P) groups per
+    batch; at most `max_draws` new prompt batches per step; `dynamic`: DAPO's test."""
+
+    tokens_per_step: int
+    max_carries: int
+    num_groups: int
+    max_draws: int
+    dynamic: bool
+
+    @property
+    def capacity(self):
+        """The most groups the pool holds after a draw, (m + 1) P: the pipeline's depth
+        (APRIL's over-provisioning). A group is then done m steps after its draw and in
+        a batch at most m steps after that."""
+        return (self.max_carries + 1) * self.num_groups
+
+
+def caps(pool, step, budget):
+    """`[n, G]` token caps of this step's resumption: D more than the row's length, or the
+    whole buffer once its group was drawn `max_carries` steps ago or earlier; 0 for done rows."""
+    n = pool.buffer_len
+    last = (step - pool.drawn) >= budget.max_carries
+    cap = np.where(last[:, None], n, np.minimum(n, pool.lengths + budget.tokens_per_step))
+    return np.where(pool.done, 0, cap).astype(np.int32)
+
+
+@dataclasses.dataclass
+class StepResult:
+    """One step's rollouts (`run_step`).
+
+    Attributes:
+      batch: the batch's groups in batch order: the P oldest ready ones, then (dynamic
+        sampling short of groups, ``filtering.short_batch="pad"``) done groups without
+        signal to fill it; `valid`: `[len(batch)]` bool, False on those.
+      pool: what carries over to the next step (rows not done, ready groups beyond P).
+      completed: per sampling call, the groups it completed (scored in that call).
+      reward_metrics, rows_scored: each call's reward metrics and rows.
+      draws: new prompt batches drawn; forced: groups run to their end to fill the batch.
+      generated: tokens sampled this step (fed ones not counted).
+    """
+
+    batch: Pool
+    valid: np.ndarray
+    pool: Pool
+    completed: list
+    reward_metrics: list
+    rows_scored: list
+    draws: int
+    forced: int
+    generated: int
+
+
+def run_step(pool, *, step, budget, draw: Callable, resume: Callable, score: Callable,
+             reward_columns=(), short_batch="error"):
+    """One step of partial rollouts over `pool` (module docstring of `partial`).
+
+    The rows carried over go on first (`caps`); then, while fewer than P groups are ready,
+    the step draws a new prompt batch when it may (`budget.max_draws`, the pool within
+    `budget.capacity`), else runs the oldest groups not done to their end.
+
+    Args:
+      pool: the groups carried over from the last step.
+      step: this step (the caps count carries from `Pool.drawn`).
+      budget: the step's `Budget`.
+      draw: `draw(index, cap) -> Pool` samples the step's `index`-th new prompt batch,
+        each row up to `cap` tokens.
+      resume: `resume(pool, caps) -> Pool` goes on with every row whose cap (`[n, G]`)
+        is above its length, to that cap.
+      score: `score(groups) -> (rewards, correct, metrics)` for done groups
+        (`[k, G(, K)]`, `[k, G]`).
+      reward_columns: `()` or `(K,)`, the shape of a row's rewards.
+      short_batch: dynamic sampling short of groups with signal: "error" or "pad".
+
+    Returns:
+      A `StepResult`.
+    """
+    p = budget.num_groups
+    pool = pool.replace(start=pool.lengths.copy())
+    calls = dict(completed=[], reward_metrics=[], rows_scored=[])
+    generated = 0
+
+    def settle(pool, before):   # scores the groups this call completed
+        nonlocal generated
+        generated += int(pool.lengths.sum() - before)
+        new = np.flatnonzero(pool.done.all(axis=1) & ~pool.scored)
+        if not new.size:
+            return pool
+        rewards, correct, metrics = score(pool.take(new))
+        fields = {k: getattr(pool, k).copy() for k in ("rewards", "correct", "scored")}
+        for name, value in (("rewards", rewards), ("correct", correct), ("scored", True)):
+            fields[name][new] = value
+        pool = pool.replace(**fields)
+        calls["completed"].append(pool.take(new))
+        calls["reward_metrics"].append(metrics)
+        calls["rows_scored"].append(new.size * pool.group_size)
+        return pool
+
+    def ready(pool):
+        return pool.scored & (signal(pool, reward_columns) if budget.dynamic else True)
+
+    def go_on(pool, cap):
+        if not (cap > pool.lengths).any():
+            return pool
+        return settle(resume(pool, cap), pool.lengths.sum())
+
+    def dropped(pool):   # done without signal (dynamic sampling): never in a batch
+        return pool.scored & ~ready(pool)
+
+    pool = go_on(pool, caps(pool, step, budget))
+    draws = forced = 0
+    while ready(pool).sum() < p:
+        if draws < budget.max_draws and pool.size - dropped(pool).sum() + p <= budget.capacity:
+            fresh = draw(draws, min(budget.tokens_per_step, pool.buffer_len))
+            pool = settle(Pool.concatenate([pool, fresh]), pool.lengths.sum())
+            draws += 1
+        elif not pool.done.all():   # the oldest groups not done run to their end
+            unready = np.flatnonzero(~pool.done.all(axis=1))[:p - ready(pool).sum()]
+            cap = np.zeros_like(pool.lengths)
+            cap[unready] = np.where(pool.done[unready], 0, pool.buffer_len)
+            pool = go_on(pool, cap)
+            forced += unready.size
+        else:
+            break
+    chosen = np.flatnonzero(ready(pool))[:p]
+    filler = np.zeros((0,), np.int64)
+    dropped = np.flatnonzero(dropped(pool))
+    if chosen.size < p:
+        if short_batch == "error":
+            raise RuntimeError(
+                f"dynamic sampling found {chosen.size} groups with signal in {draws} draws of "
+                f"{p} prompts and the groups carried over, fewer than the {p} a batch needs. "
+                "Raise filtering.max_gen_batches, use harder prompts, or set "
+                "filtering.short_batch='pad' to train on the groups found")
+        filler = dropped[:p - chosen.size]
+    batch = pool.take(np.concatenate([chosen, filler]))
+    valid = np.arange(batch.size) < chosen.size
+    leaving = np.zeros(pool.size, bool)
+    leaving[chosen], leaving[dropped] = True, True
+    return StepResult(batch=batch, valid=valid, pool=pool.take(np.flatnonzero(~leaving)),
+                      draws=draws, forced=forced, generated=generated, **calls)
+
+
+def token_metrics(batch, valid, step):
+    """The batch's per-token staleness: over the completion tokens of its real rows, the
+    mean and max of (step - 1) - v, theta_v the parameters that sampled the token
+    (``token_staleness_mean``, ``token_staleness_max``), and the share sampled at an
+    earlier step than this one (``carried_token_share``)."""
+    n = batch.buffer_len
+    position = np.arange(n)
+    tokens = (position < batch.lengths[..., None]) & valid[:, None, None]
+    count = max(int(tokens.sum()), 1)
+    stale = (step - 1) - batch.version
+    carried = position < batch.start[..., None]
+    return {"token_staleness_mean": float((stale * tokens).sum() / count),
+            "token_staleness_max": float(stale[tokens].max()) if tokens.any() else 0.0,
+            "carried_token_share": float((carried & tokens).sum() / count)}
+
+
+def batch_rows(batch):
+    """The groups' rows as the sampler's `[B, ...]` row arrays (`rollout.draw`'s keys),
+    B = groups x G; prompts cut to the widest group's bucket."""
+    g, n = batch.group_size, batch.buffer_len
+    width = int(batch.prompt_width.max())
+    lengths = batch.lengths.reshape(-1)
+    repeat = lambda x: np.repeat(x[:, -width:], g, axis=0)
+    return {"prompt_tokens": repeat(batch.prompt_tokens), "prompt_mask": repeat(batch.prompt_mask),
+            "tokens": batch.tokens.reshape(-1, n),
+            "mask": (np.arange(n)[None] < lengths[:, None]).astype(np.int32),
+            "behaviour_logp": batch.logp.reshape(-1, n), "lengths": lengths,
+            "truncated": ~batch.stopped.reshape(-1),
+            "rewards": batch.rewards.reshape(-1, *batch.rewards.shape[2:]),
+            "correct": batch.correct.reshape(-1)}
+

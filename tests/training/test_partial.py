@@ -1,0 +1,379 @@
+"""Partial rollouts: the pool's bookkeeping step by step (a fake sampler, hand-computed
+steps), its checkpoint, the config's errors, and the trainer with it on the tiny model."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from grpo_jax.objectives import token_logprobs
+from grpo_jax.training import checkpoint, partial, partial_pool, rl
+from grpo_jax.training.partial_pool import Budget, Pool
+from tests.training.training_setups import (assert_rows_equal, assert_same_export, read_metrics,
+                                            tiny_config)
+
+N, G = 10, 2
+# Each example's rows stop after these many tokens (12 > N: cut at N, not stopped).
+LENGTHS = {0: (3, 4), 1: (6, 2), 2: (5, 7), 3: (12, 3), 4: (2, 2), 5: (9, 9), 6: (1, 1),
+           7: (1, 1), **{e: (1 + e % 4, 2 + e % 3) for e in range(8, 100)}}
+
+
+def logp_of(version, position):
+    """The fake sampler's log-prob of a token: says which version sampled it, and where."""
+    return -(version + 1.0) - position / 100.0
+
+
+class FakeSampler:
+    """`run_step`'s draw and resume over rows of set lengths (`LENGTHS`): token t of
+    example e's row g is 100 e + 10 g + t, sampled by version `version` at step `step`."""
+
+    def __init__(self, stream, step, version, reward_columns=()):
+        self.stream, self.step, self.version = stream, step, version
+        self.reward_columns = reward_columns
+
+    def draw(self, index, cap):
+        ids = next(self.stream)
+        width = 8 * (1 + ids[0] % 2)   # prompt buckets of 8 and 16
+        p = len(ids)
+        empty = Pool.empty(G, N, self.reward_columns)
+        pool = Pool(
+            prompt_tokens=np.full((p, width), 5, np.int32),
+            prompt_mask=np.ones((p, width), np.int32),
+            prompt_width=np.full(p, width, np.int32), drawn=np.full(p, self.step, np.int32),
+            scored=np.zeros(p, bool), keys=np.zeros((p, G, empty.keys.shape[2]), np.uint32),
+            tokens=np.zeros((p, G, N), np.int32), logp=np.zeros((p, G, N), np.float32),
+            version=np.zeros((p, G, N), np.int32), lengths=np.zeros((p, G), np.int32),
+            stopped=np.zeros((p, G), bool), start=np.zeros((p, G), np.int32),
+            rewards=np.zeros((p, G, *self.reward_columns), np.float32),
+            correct=np.zeros((p, G), bool), examples=tuple({"id": e} for e in ids),
+            texts=tuple(f"prompt {e}" for e in ids))
+        return self.resume(pool, np.full((p, G), cap, np.int32))
+
+    def resume(self, pool, cap):
+        tokens, logp, version = pool.tokens.copy(), pool.logp.copy(), pool.version.copy()
+        lengths, stopped = pool.lengths.copy(), pool.stopped.copy()
+        for i, example in enumerate(pool.examples):
+            for g in range(G):
+                natural, have = LENGTHS[example["id"]][g], lengths[i, g]
+                if cap[i, g] <= have:
+                    continue
+                end = min(natural, cap[i, g], N)
+                for t in range(have, end):
+                    tokens[i, g, t] = 100 * example["id"] + 10 * g + t
+                    logp[i, g, t], version[i, g, t] = logp_of(self.version, t), self.version
+                lengths[i, g], stopped[i, g] = end, end == natural
+        return pool.replace(tokens=tokens, logp=logp, version=version, lengths=lengths,
+                            stopped=stopped)
+
+
+def score_by_parity(groups):
+    """Reward 1 for a row of even length (so a group has signal when its parities differ)."""
+    rewards = (groups.lengths % 2 == 0).astype(np.float32)
+    return rewards, rewards > 0, {"rewards/parity": float(rewards.mean())}
+
+
+def steps(budget, count, short_batch="error"):
+    """`count` steps from an empty pool over examples 0, 1, 2, ... (P per draw)."""
+    p = budget.num_groups
+    stream = iter([list(range(i, i + p)) for i in range(0, 100, p)])
+    pool, results = Pool.empty(G, N), []
+    for step in range(1, count + 1):
+        fake = FakeSampler(stream, step, version=step - 1)
+        result = partial_pool.run_step(pool, step=step, budget=budget, draw=fake.draw,
+                                       resume=fake.resume, score=score_by_parity,
+                                       short_batch=short_batch)
+        results.append(result)
+        pool = result.pool
+    return results
+
+
+def ids(pool):
+    return [e["id"] for e in pool.examples]
+
+
+BUDGET = Budget(tokens_per_step=4, max_carries=2, num_groups=2, max_draws=2, dynamic=False)
+
+
+class TestRunStep:
+
+    def test_four_steps_by_hand(self):
+        """P = 2 groups of G = 2, a 10-token buffer, 4 tokens a step, 2 carries, 2 draws:
+        each step's batch, pool, draws, forced groups and token counts as worked out from
+        `LENGTHS` by hand (in the comments)."""
+        r1, r2, r3, r4 = steps(BUDGET, 4)
+        # Step 1: draw [0, 1] (0 done; 1's first row at 4 of 6), draw [2, 3] (nothing
+        # ready); force the oldest unready group, 1, to its end: batch [0, 1].
+        assert (r1.draws, r1.forced, ids(r1.batch), ids(r1.pool)) == (2, 1, [0, 1], [2, 3])
+        assert r1.generated == 7 + 6 + 8 + 7 + 2
+        # Step 2: 2 goes on to 5 and 7 (done), 3's first row to 8; one draw [4, 5] (4 done).
+        assert (r2.draws, r2.forced, ids(r2.batch), ids(r2.pool)) == (1, 0, [2, 4], [3, 5])
+        assert r2.generated == 4 + 4 + 4 + 8
+        # Step 3: 3 was drawn 2 steps ago: its row runs to the end (cut at 10); draw
+        # [6, 7] (both done): three ready, the batch takes the oldest two, 7 waits.
+        assert (r3.draws, r3.forced, ids(r3.batch), ids(r3.pool)) == (1, 0, [3, 6], [5, 7])
+        # Step 4: 5 (drawn at step 2) runs to its end; with 7 waiting, no draw.
+        assert (r4.draws, r4.forced, ids(r4.batch), ids(r4.pool)) == (0, 0, [5, 7], [])
+        assert r4.generated == 2
+        for result in (r1, r2, r3, r4):   # whole groups, every row done and scored
+            assert result.batch.done.all() and result.batch.scored.all() and result.valid.all()
+        three = r3.batch
+        np.testing.assert_array_equal(three.lengths, [[10, 3], [1, 1]])
+        np.testing.assert_array_equal(three.stopped, [[False, True], [True, True]])
+        np.testing.assert_array_equal(three.version[0, 0], [0] * 4 + [1] * 4 + [2] * 2)
+        np.testing.assert_array_equal(three.start, [[8, 3], [0, 0]])
+
+    def test_carried_tokens_keep_what_they_were_sampled_with(self):
+        """A row's earlier tokens, log-probs and versions are the ones the pool held after
+        the step that sampled them; its new tokens carry the new version's."""
+        results = steps(BUDGET, 4)
+        for before, after in zip(results, results[1:]):
+            for i, example in enumerate(after.batch.examples):
+                if example not in before.pool.examples:
+                    continue
+                j = before.pool.examples.index(example)
+                for g in range(G):
+                    n = before.pool.lengths[j, g]
+                    for field in ("tokens", "logp", "version"):
+                        np.testing.assert_array_equal(getattr(after.batch, field)[i, g, :n],
+                                                      getattr(before.pool, field)[j, g, :n])
+                    new = slice(n, after.batch.lengths[i, g])
+                    assert (after.batch.version[i, g, new] > before.pool.version[j, g, :n].max(
+                        initial=-1)).all()
+                    positions = np.arange(N)[new]
+                    np.testing.assert_allclose(after.batch.logp[i, g, new], logp_of(
+                        after.batch.version[i, g, new], positions))
+
+    def test_token_staleness_is_counted_per_token(self):
+        """Step 3's batch: group 3's long row holds 4 tokens of version 0, 4 of 1 and 2
+        of 2, its short row 3 of version 0; group 6, 2 tokens of version 2. Against the
+        current parameters (version 2): staleness 2, 1, 0."""
+        r3 = steps(BUDGET, 3)[-1]
+        metrics = partial_pool.token_metrics(r3.batch, r3.valid, step=3)
+        tokens = 10 + 3 + 2
+        assert metrics == {"token_staleness_mean": pytest.approx((4 * 2 + 4 * 1 + 3 * 2) / tokens),
+                           "token_staleness_max": 2.0,
+                           "carried_token_share": pytest.approx((8 + 3) / tokens)}
+        r4 = steps(BUDGET, 4)[-1]   # 5: 4 tokens of v1, 4 of v2, 1 of v3 a row; 7 waited
+        metrics = partial_pool.token_metrics(r4.batch, r4.valid, step=4)
+        assert metrics["token_staleness_mean"] == pytest.approx((2 * (4 * 2 + 4) + 2) / 20)
+        assert metrics["carried_token_share"] == pytest.approx((16 + 2) / 20)
+
+    def test_a_group_carried_max_carries_times_runs_to_its_end(self):
+        """With one carry, group 3 (drawn at step 1) runs to its end at step 2 (cut at 10)."""
+        _, r2 = steps(dataclasses.replace(BUDGET, max_carries=1), 2)
+        assert ids(r2.batch) == [2, 3] and r2.pool.size == 0
+        np.testing.assert_array_equal(r2.batch.lengths, [[5, 7], [10, 3]])
+        assert not r2.batch.stopped[1, 0]
+
+    def test_draws_stop_at_the_pools_capacity(self):
+        """With one carry the pool holds (1 + 1) P = 4 groups after a draw: step 1 draws
+        twice (not the 5 draws allowed) and then forces group 1 to its end."""
+        wide = dataclasses.replace(BUDGET, max_carries=1, max_draws=5)
+        assert wide.capacity == 4
+        r1, r2 = steps(wide, 2)
+        assert (r1.draws, r1.forced, ids(r1.batch), ids(r1.pool)) == (2, 1, [0, 1], [2, 3])
+        # Step 2: both groups carried once, so they run to their end: nothing to draw.
+        assert (r2.draws, r2.forced, ids(r2.batch), r2.pool.size) == (0, 0, [2, 3], 0)
+
+    def test_dynamic_sampling_drops_done_groups_without_signal(self):
+        """Rewards by length parity: groups 0 (3, 4), 2 (5, 7), 3 (12 -> 10, 3), ... Done
+        groups whose rewards agree never enter a batch or the pool."""
+        dynamic = dataclasses.replace(BUDGET, dynamic=True)
+        results = steps(dynamic, 4, short_batch="pad")
+        for result in results:
+            signal = partial_pool.signal(result.batch, ())
+            np.testing.assert_array_equal(signal, result.valid)
+            assert not (result.pool.scored & ~partial_pool.signal(result.pool, ())).any()
+        padded = [r for r in results if not r.valid.all()]
+        assert padded, "no step ran short of groups with signal"
+        assert all(r.batch.size == 2 for r in results)
+        with pytest.raises(RuntimeError, match=r"found \d groups with signal in 2 draws .* "
+                                                r"filtering.short_batch='pad'"):
+            steps(dynamic, 4, short_batch="error")
+
+
+def test_the_pool_survives_a_checkpoint(tmp_path):
+    """`Pool.to_checkpoint` through `Checkpointer.save_run(extra=...)` and back, bit for bit;
+    an empty pool writes no arrays."""
+    pool = steps(BUDGET, 2)[-1].pool
+    assert pool.size == 2
+
+    class Position:
+        def get_state(self):
+            return {"position": 1}
+
+        def set_state(self, state):
+            pass
+
+    saver = checkpoint.Checkpointer(str(tmp_path / "ckpt"), asynchronous=False)
+    state = {"w": jax.numpy.ones(3)}
+    saver.save_run(1, state, Position(), extra=Pool.empty(G, N).to_checkpoint())
+    saver.save_run(2, state, Position(), extra=pool.to_checkpoint())
+    saver.close()
+    assert not (tmp_path / "ckpt" / "1" / checkpoint.EXTRA_ITEM).exists()
+    assert Pool.from_checkpoint(*Pool.empty(G, N).to_checkpoint()).size == 0
+    reader = checkpoint.Checkpointer(str(tmp_path / "ckpt"))
+    step, _, (arrays, info) = reader.restore_run(state, Position(), extra=True)
+    reader.close()
+    back = Pool.from_checkpoint(arrays, info)
+    assert step == 2
+    for field in Pool.ARRAYS:
+        np.testing.assert_array_equal(getattr(back, field), getattr(pool, field), err_msg=field)
+        assert getattr(back, field).dtype == getattr(pool, field).dtype, field
+    assert back.examples == pool.examples and back.texts == pool.texts
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"rollout.partial.tokens_per_step": 0},
+     r"rollout.partial.tokens_per_step must be an int >= 1"),
+    ({"rollout.partial.max_carries": 0}, r"rollout.partial.max_carries must be an int >= 1"),
+    ({"filtering.max_gen_batches": 1}, r"needs filtering.max_gen_batches >= 2"),
+    ({"rollout.keep_sampling_mask": True, "rollout.top_p": 0.9},
+     r"with rollout.keep_sampling_mask: .* set rollout.keep_sampling_mask=False"),
+    ({"environment.name": "calculator"}, r"environment.name='calculator': multi-turn"),
+])
+def test_config_errors_name_the_field(overrides, match):
+    config = tiny_config("dapo", "/nonexistent", **{"rollout.partial.enabled": True, **overrides})
+    with pytest.raises(ValueError, match=match):
+        partial.check_config(config, 1)
+    with pytest.raises(ValueError, match=r"rollout.partial.enabled runs on one process"):
+        partial.check_config(tiny_config("dapo", "/x", **{"rollout.partial.enabled": True}), 2)
+    partial.check_config(tiny_config("dapo", "/x", **{"rollout.partial.enabled": True}), 1)
+
+
+# The tiny model's runs: 2-digit additions of 15-27 tokens in a 34-token buffer, 4
+# groups of 4 a batch, no dynamic sampling (its surplus groups with signal would wait
+# instead of being dropped, which changes later steps; see docs/async.md).
+PARTIAL = {"filtering.dynamic_sampling": False, "filtering.max_gen_batches": 2,
+           "train.eval_every": 100, "rollout.partial.enabled": True}
+PARTIAL_METRICS = ("token_staleness_mean", "token_staleness_max", "carried_token_share",
+                   "carried_groups", "forced_groups")
+
+
+@pytest.mark.slow
+def test_a_budget_that_cuts_nothing_gives_the_run_without_partial_rollouts(data_dir, tmp_path):
+    """tokens_per_step = rollout.max_new_tokens: every row ends in its first step, so the
+    run is the one without partial rollouts, bit for bit: every metric (the partial ones
+    besides: nothing stale, nothing carried), the rollouts, the exported parameters."""
+    common = {**PARTIAL, "rollout.partial.enabled": False, "train.steps": 3,
+              "train.eval_every": 3, "train.export": True, "train.log_rollouts_every": 1}
+    rl.train(tiny_config("dapo", data_dir, **common), str(tmp_path / "whole"))
+    config = tiny_config("dapo", data_dir, **{**common, "rollout.partial.enabled": True,
+                                              "rollout.partial.tokens_per_step": 34})
+    assert config.rollout.partial.tokens_per_step == config.rollout.max_new_tokens
+    rl.train(config, str(tmp_path / "partial"))
+    assert_rows_equal(tmp_path / "partial", tmp_path / "whole", range(1, 4), extra=PARTIAL_METRICS)
+    assert_same_export(tmp_path / "partial", tmp_path / "whole")
+    for step in range(1, 4):
+        assert (tmp_path / "partial" / "rollouts" / f"{step}.jsonl").read_text() == \
+            (tmp_path / "whole" / "rollouts" / f"{step}.jsonl").read_text()
+    for row in read_metrics(tmp_path / "partial"):
+        assert {k: row[k] for k in PARTIAL_METRICS} == dict.fromkeys(PARTIAL_METRICS, 0.0)
+
+
+def _teacher_forced_logp(graphdef, params, batch):
+    """`[B, N]` log-probs of the batch's completion tokens under `params`, one forward
+    pass over prompt + completion (temperature 1, the runs' rollout temperature)."""
+    s = batch["prompt_tokens"].shape[1]
+    tokens = np.concatenate([batch["prompt_tokens"], batch["tokens"]], axis=1)
+    mask = np.concatenate([batch["prompt_mask"], batch["mask"]], axis=1)
+    logits = nnx.merge(graphdef, params)(tokens, attention_mask=mask)[:, s - 1:-1]
+    return np.asarray(token_logprobs(logits, batch["tokens"], temperature=1.0))
+
+
+def _sampled_at(records, step, example, g, length):
+    """`[length]`: the step that sampled each token of row g of `example`'s group trained
+    at `step`, read off the lengths the pool held after each earlier step."""
+    at = np.full(length, step)
+    for record in records[:step - 1][::-1]:   # step - 1, step - 2, ...
+        pool = record["carry_out"]
+        if example not in pool.examples:
+            break
+        at[:pool.lengths[pool.examples.index(example), g]] = record["step"]
+    return at
+
+
+@pytest.mark.slow
+def test_carried_rows_keep_their_tokens_and_log_probs_and_go_on_under_new_parameters(
+        data_dir, tmp_path, monkeypatch):
+    """10 tokens a step, 2 carries, 4 steps: rows carried over come back with the tokens
+    and behaviour log-probs the pool held after the step before (exactly); each token's
+    behaviour log-prob is the one-forward-pass log-prob under the parameters of the step
+    that sampled it (the new tokens under the new parameters), not under the current
+    ones; the batches hold whole groups of done rows; the staleness metrics equal a count
+    of each token's age from the pools' lengths."""
+    records, collect = [], partial.collect
+
+    def recording(policy, mesh, train_iter, carry, **kwargs):
+        params = jax.tree.map(np.asarray, policy.params)   # before the update donates them
+        batch, metrics, examples, out = collect(policy, mesh, train_iter, carry, **kwargs)
+        records.append({"step": kwargs["step"], "graphdef": policy.graphdef, "params": params,
+                        "batch": jax.device_get(batch), "metrics": metrics,
+                        "examples": examples, "carry_out": out})
+        return batch, metrics, examples, out
+
+    monkeypatch.setattr(partial, "collect", recording)
+    config = tiny_config("dapo", data_dir, **{**PARTIAL, "train.steps": 4,
+                                              "rollout.partial.tokens_per_step": 10})
+    rl.train(config, str(tmp_path))
+    g, n = config.objective.group_size, config.rollout.max_new_tokens
+    ages, moved = set(), 0.0
+    for record in records:
+        step, batch, metrics = record["step"], record["batch"], record["metrics"]
+        assert batch["tokens"].shape == (config.rollout.prompts_per_batch * g, n)
+        assert batch["row_valid"].all()
+        assert (~batch["truncated"] | (batch["lengths"] == n)).all()   # every row done
+        for k in range(config.rollout.prompts_per_batch):   # whole groups, one prompt each
+            prompts = batch["prompt_tokens"][k * g:(k + 1) * g]
+            assert (prompts == prompts[0]).all()
+        forced = {s: _teacher_forced_logp(records[s - 1]["graphdef"], records[s - 1]["params"],
+                                          batch) for s in range(1, step + 1)}
+        stale, carried = [], 0
+        for row in range(batch["tokens"].shape[0]):
+            length, example = batch["lengths"][row], record["examples"][row // g]
+            at = _sampled_at(records, step, example, row % g, length)
+            before = records[step - 2]["carry_out"] if step > 1 else None
+            if before is not None and example in before.examples:   # exactly as the pool held it
+                j = before.examples.index(example)
+                m = before.lengths[j, row % g]
+                np.testing.assert_array_equal(batch["tokens"][row, :m],
+                                              before.tokens[j, row % g, :m])
+                np.testing.assert_array_equal(batch["behaviour_logp"][row, :m],
+                                              before.logp[j, row % g, :m])
+            logp = batch["behaviour_logp"][row, :length]
+            for s in set(at.tolist()):   # each token under the parameters that sampled it
+                np.testing.assert_allclose(logp[at == s], forced[s][row, :length][at == s],
+                                           atol=2e-5, err_msg=f"step {step} row {row} from {s}")
+            if (at < step).any():   # ... which the current ones no longer are
+                moved = max(moved, np.abs(logp - forced[step][row, :length])[at < step].max())
+            stale += (step - at).tolist()
+            carried += int((at < step).sum())
+            ages.update((step - at).tolist())
+        assert metrics["token_staleness_mean"] == pytest.approx(np.mean(stale))
+        assert metrics["token_staleness_max"] == max(stale)
+        assert metrics["carried_token_share"] == pytest.approx(carried / len(stale))
+    assert ages == {0, 1, 2}, ages   # carried once and twice (then run to the end)
+    assert moved > 1e-3
+
+
+@pytest.mark.slow
+def test_fixed_async_partial_rollouts_equal_the_synchronous_loop_with_policy_lag(data_dir,
+                                                                                 tmp_path):
+    """The producer carries its own pool from batch to batch: with every batch exactly 1
+    step stale (async_rl.fixed) the run equals the synchronous loop with
+    rollout.policy_lag = 1 and the same partial rollouts, bit for bit (every metric, the
+    exported parameters). A token sampled at step t is min(1, t - 1) steps stale there
+    (version max(0, t - 2)), one carried over from the step before a step more."""
+    common = {**PARTIAL, "train.steps": 3, "rollout.partial.tokens_per_step": 10,
+              "train.export": True}
+    rl.train(tiny_config("dapo", data_dir, **common, **{"rollout.policy_lag": 1}),
+             str(tmp_path / "sync"))
+    rl.train(tiny_config("dapo", data_dir, **common, **{
+        "async_rl.enabled": True, "async_rl.max_staleness": 1, "async_rl.fixed": True}),
+        str(tmp_path / "async"))
+    assert_rows_equal(tmp_path / "async", tmp_path / "sync", range(1, 4))
+    assert_same_export(tmp_path / "async", tmp_path / "sync")
+    rows = read_metrics(tmp_path / "async")
+    assert [r["token_staleness_max"] for r in rows] == [0.0, 1.0, 2.0]
