@@ -61,7 +61,9 @@ that calls the tool) and every token of the reply is out of the loss. Reward: 1 
 right product after the last ``####`` (``integer_answer``; the ``gsm8k`` reward's "last
 number written" would pay a model that calls the tool and stops, since the reply holds
 the product) plus the 0.25 format bonus. Measured: 2 steps, to show it runs end to end
-(docs/environments.md); no accuracy is claimed.
+(7.4 minutes on 2 CPU cores; docs/environments.md); no accuracy is claimed: the base
+model calls the tool in ~5% of episodes, and only by echoing the system prompt's
+"between <calculator> and </calculator>", which the tool answers with an error.
 
     python -m grpo_jax.main --config configs/smollm2.py:path=~/ckpt/smollm2,tool=True \\
       --workdir ~/runs/smollm2_tool

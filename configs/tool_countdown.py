@@ -32,8 +32,13 @@ problems in all). The recipe is itself the tiny CPU setting (``runlocal`` is acc
 and changes nothing); the scaling is in the task: the game show's numbers round has 6
 numbers (1-10, 25, 50, 75, 100) and a target from 100 to 999.
 
-Hardware and time: 2 CPU cores (shared), MEASURED_TIME.
-Expected result (3 seeds, docs/environments.md "Measured"): MEASURED_RESULT
+Hardware and time: 2 CPU cores (shared), about 15 minutes (the warm start ~11, the 40
+steps 4-13 with other jobs on the cores).
+Expected result (3 seeds, docs/environments.md "Measured"): with the tool the warm start
+answers 0.42 of the held-out problems greedily, twice its 0.21 without; 40 RL steps raise
+the share of sampled episodes that call the check from 0.69 to 0.97 but not the accuracy
+(0.40 greedy, mean@4 0.26 against 0.25): on this task the recipe teaches the tool's use,
+not a better search.
 Load: `config_lib.load_config("configs/tool_countdown.py")`.
 """
 
