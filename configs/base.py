@@ -152,6 +152,11 @@ def get_config(arg=None):
     config.environment.turn_budget = 0   # > 0: a turn that samples this many tokens ends it
     config.environment.max_append = 32   # tokens of one reply (longer ones are cut)
     config.environment.timeout_s = 10.0  # per step, in the worker processes
+    # "" : a tool's output in the environment's own format inside the model's turn
+    # (`<result>...</result>`); a role ("tool", "user"): each reply a turn of that role in
+    # the tokenizer's chat template, closing the model's turn and opening its next one
+    # (needs task.chat_template).
+    config.environment.chat_role = ""
 
     config.train = config_dict.ConfigDict()
     config.train.steps = 200

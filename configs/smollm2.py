@@ -41,6 +41,32 @@ right answer to learn from.
 ``quantize=int8`` (or ``int4``, with ``lora=True``) also stores the frozen base in 8 (4) bit
 integers with one scale per output channel (QLoRA, Dettmers et al., arXiv:2305.14314).
 docs/models.md compares the three in the same 45-minute budget.
+
+``tool=True`` gives the model a calculator in its own chat turns (docs/environments.md,
+"A chat model's tool turns"): 3-digit multiplication (``478*256``, beyond a 135M model's
+arithmetic), a system prompt that describes the tool, and each call's result given back
+as a ``tool`` turn of the chat template, 128 new tokens per episode (the reply's 17
+included). SmolLM2's template (the GGUF's ``tokenizer.chat_template``) is plain ChatML
+with no tool branch of its own: it renders every message as
+``<|im_start|>{role}\n{content}<|im_end|>\n``, whatever the role. So the reply is the
+turn ``role="tool"`` renders, the role transformers' chat convention gives a tool's
+output (a ``user`` turn would present the tool's words as the user's):
+
+    model:  ...<calculator>478*256</calculator>
+    reply:  <|im_end|>\n<|im_start|>tool\n122368<|im_end|>\n<|im_start|>assistant\n
+
+``<|im_end|>`` and ``<|im_start|>`` are the template's special tokens (ids 2 and 1;
+``<|im_end|>`` is also the stop token, so the environment, not the model, closes a turn
+that calls the tool) and every token of the reply is out of the loss. Reward: 1 for the
+right product after the last ``####`` (``integer_answer``; the ``gsm8k`` reward's "last
+number written" would pay a model that calls the tool and stops, since the reply holds
+the product) plus the 0.25 format bonus. Measured: 2 steps, to show it runs end to end
+(7.4 minutes on 2 CPU cores; docs/environments.md); no accuracy is claimed: the base
+model calls the tool in ~5% of episodes, and only by echoing the system prompt's
+"between <calculator> and </calculator>", which the tool answers with an error.
+
+    python -m grpo_jax.main --config configs/smollm2.py:path=~/ckpt/smollm2,tool=True \\
+      --workdir ~/runs/smollm2_tool
 """
 
 from ml_collections import config_dict
@@ -49,7 +75,7 @@ from grpo_jax import config_lib
 
 
 def get_config(arg=None):
-    arg = config_lib.parse_arg(arg, path="", steps=40, lora=False, quantize="")
+    arg = config_lib.parse_arg(arg, path="", steps=40, lora=False, quantize="", tool=False)
     config = config_lib.load_sibling(__file__, "dapo").get_config("runlocal=False")
     config_lib.load_sibling(__file__, "base").set_regime(
         config, prompts=8, group_size=8, updates=2, max_new_tokens=96, learning_rate=1e-5,
@@ -83,4 +109,26 @@ def get_config(arg=None):
     config.filtering.short_batch = "pad"
     config.eval.num_prompts = 200
     config.eval.samples = 1
+    if arg.tool:
+        _with_calculator(config)
     return config
+
+
+CALCULATOR_PROMPT = (
+    "You have a calculator. To use it, write the expression between <calculator> and "
+    "</calculator>, for example <calculator>12*34</calculator>, and its result comes back in "
+    "the next message.")
+
+
+def _with_calculator(config):
+    """3-digit multiplication with the calculator answering in chat turns (the docstring)."""
+    config.task.knobs.digits = 3
+    config.task.knobs.ops = ("*",)
+    config.task.system_prompt = CALCULATOR_PROMPT
+    config.environment.name = "calculator"
+    config.environment.chat_role = "tool"
+    config.environment.max_calls = 2
+    config.rollout.max_new_tokens = 128
+    config.reward.specs = (("integer_answer", 1.0), ("integer_format", 0.25),
+                           ("overlong", 1.0, {"cache_fraction": 0.2}))
+    config.reward.correct = "integer_answer"

@@ -12,6 +12,8 @@ from grpo_jax import sampling
 
 GROUP_SIZE = 8
 PROMPT_LEN = 32
+# (B, new tokens) of the torch thread probe (`pick_torch_threads`), and of --quick's
+PROBE, QUICK_PROBE = (64, 32), (16, 4)
 
 
 def torch_or_none():
@@ -65,17 +67,18 @@ def transformers_generate(torch, torch_model, ids, new_tokens, seed, mask=None, 
     return out
 
 
-def pick_torch_threads(torch, torch_model, ids):
-    """Sets torch to the faster of 1 and 2 threads on a short generate, and says so."""
+def pick_torch_threads(torch, torch_model, ids, new_tokens):
+    """Sets torch to the faster of 1 and 2 threads on a short generate (`ids` x G rows,
+    `new_tokens` each), and says so."""
     rates = {}
     for threads in (1, 2):
         torch.set_num_threads(threads)
         transformers_generate(torch, torch_model, ids, 4, 0)
-        rates[threads] = ids.shape[0] * GROUP_SIZE * 32 / seconds(
-            lambda: transformers_generate(torch, torch_model, ids, 32, 0))
+        rates[threads] = ids.shape[0] * GROUP_SIZE * new_tokens / seconds(
+            lambda: transformers_generate(torch, torch_model, ids, new_tokens, 0))
     best = max(rates, key=rates.get)
     torch.set_num_threads(best)
-    print(f"# torch threads: {best} (probe, B=64, 32 new tokens: "
+    print(f"# torch threads: {best} (probe, B={ids.shape[0] * GROUP_SIZE}, {new_tokens} new tokens: "
           + ", ".join(f"{t} thread(s) {r:,.0f} tok/s" for t, r in rates.items()) + ")\n")
 
 

@@ -5,6 +5,7 @@
                                                    # tables 4-5: real vocabularies
     python experiments/bench_sampler.py --quick    # tables 1-3 on tiny shapes, 1 repeat: a smoke run
     python experiments/bench_sampler.py --quick --tables vocab,step --smollm2 DIR   # 4-5 likewise
+                                                   # (table 4: top-p 0.95 only)
 
 The model is the named "tiny" config (qwen3: V=512, D=128, 3 layers, float32), randomly
 initialised, saved with save_pretrained and loaded by both libraries from that directory.
@@ -67,8 +68,8 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from grpo_jax import models, parallel  # noqa: E402  (runs from a checkout, uninstalled)
 from grpo_jax.models import layers  # noqa: E402
 from grpo_jax.objectives import token_logprobs  # noqa: E402
-from _bench_common import (GROUP_SIZE, PROMPT_LEN, ours, pick_torch_threads, prompts,  # noqa: E402
-                           seconds, table, torch_or_none, transformers_generate)
+from _bench_common import (GROUP_SIZE, PROBE, PROMPT_LEN, QUICK_PROBE, ours, pick_torch_threads,  # noqa: E402
+                           prompts, seconds, table, torch_or_none, transformers_generate)
 
 parallel.use_cpu_cores()   # before JAX runs anything; a no-op when XLA_FLAGS sets the count
 
@@ -94,7 +95,7 @@ def header(argv):
     print(f"# load average at start {os.getloadavg()[0]:.1f} (other processes share the cores)\n")
 
 
-def bench_throughput(path, cases, repeats):
+def bench_throughput(path, cases, repeats, probe=PROBE):
     model, _ = models.from_pretrained(path)
     single = nnx.split(model)   # the default device, no mesh
     mesh = parallel.make_mesh([("data", -1), ("tensor", 1)])
@@ -104,7 +105,7 @@ def bench_throughput(path, cases, repeats):
     if torch is not None:
         import transformers
         torch_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
-        pick_torch_threads(torch, torch_model, prompts(64, model.cfg.vocab_size))
+        pick_torch_threads(torch, torch_model, prompts(probe[0], model.cfg.vocab_size), probe[1])
     rows = []
     for batch, new, prompt_len in cases:
         ids = prompts(batch, model.cfg.vocab_size, prompt_len)
@@ -233,11 +234,12 @@ def main(argv=None):
     if tables - {"tiny", "vocab", "step"}:
         parser.error(f"--tables takes tiny, vocab, step; got {args.tables}")
     repeats = 1 if args.quick else args.repeats
+    probe = QUICK_PROBE if args.quick else PROBE
     header(argv)
     if "tiny" in tables:
         with tempfile.TemporaryDirectory() as path:
             models.save_pretrained(models.init_model(models.get_model_config("tiny"), seed=0), path)
-            bench_throughput(path, QUICK_CASES if args.quick else CASES, repeats)
+            bench_throughput(path, QUICK_CASES if args.quick else CASES, repeats, probe)
             bench_logp(path, 16, 16 if args.quick else 128)
             bench_attention(path, 16 if args.quick else 256, (64,) if args.quick else (96, 544))
     if tables & {"vocab", "step"}:
@@ -254,7 +256,11 @@ def main(argv=None):
             if "vocab" in tables:
                 batches = [16] if args.quick else [int(b) for b in args.batches.split(",")]
                 dtypes = ["float32"] if args.quick else args.dtypes.split(",")
-                vocab.bench_real_vocab(chosen, batches, dtypes, 4 if args.quick else 64, repeats)
+                # --quick: the nucleus alone (the table's subject; no cut and top-k are other
+                # values of the same knobs), each model still a row
+                methods = [m for m in vocab.METHODS if m[0] == "top-p 0.95"] if args.quick else None
+                vocab.bench_real_vocab(chosen, batches, dtypes, 4 if args.quick else 64, repeats,
+                                       methods or vocab.METHODS, probe)
             if "step" in tables:
                 vocab.bench_sampling_step(chosen, 8 if args.quick else 64, repeats)
 

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from _bench_common import (GROUP_SIZE, ours, pick_torch_threads, prompts, seconds, table, torch_or_none,
-                           transformers_generate)
+from _bench_common import (GROUP_SIZE, PROBE, ours, pick_torch_threads, prompts, seconds, table,
+                           torch_or_none, transformers_generate)
 from grpo_jax import models, parallel, sampling
 
 QWEN3_VOCAB = 151_936
@@ -62,9 +62,9 @@ def wall_and_cpu_seconds(fn):
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def bench_real_vocab(named_paths, batches, dtypes, new_tokens, repeats):
+def bench_real_vocab(named_paths, batches, dtypes, new_tokens, repeats, methods=METHODS, probe=PROBE):
     """Table 4: tokens/s of grpo_jax (one device per core) and transformers per model,
-    dtype, B and method; within a round the two run back to back. The CPU-time ratio
+    dtype, B and method (of `methods`); within a round the two run back to back. The CPU-time ratio
     (transformers' CPU seconds over ours, of the fastest rounds) is the work each does,
     which other processes on the machine disturb less than wall time."""
     mesh = parallel.make_mesh([("data", -1), ("tensor", 1)])
@@ -74,10 +74,10 @@ def bench_real_vocab(named_paths, batches, dtypes, new_tokens, repeats):
             (graphdef, state), tokenizer, torch, torch_model = load(path, dtype, mesh)
             vocab_size = models.load_config(path).vocab_size
             if torch_model is not None and dtype == "float32":
-                pick_torch_threads(torch, torch_model, batch_prompts(tokenizer, 64, vocab_size)[0])
+                pick_torch_threads(torch, torch_model, batch_prompts(tokenizer, probe[0], vocab_size)[0], probe[1])
             for batch in batches:
                 ids, mask, pad_id = batch_prompts(tokenizer, batch, vocab_size)
-                for label, knobs in METHODS:
+                for label, knobs in methods:
                     method = sampling.make_method(temperature=1.0, **knobs)
 
                     def run_ours(new, seed):

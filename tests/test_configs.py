@@ -47,9 +47,10 @@ def test_every_recipe_of_the_design_table_has_a_config():
     assert set(RECIPES) <= {name[:-3] for name in CONFIGS}
 
 
-# smollm2 is sized for a CPU already and has no runlocal scaling
+# smollm2 is sized for a CPU already and has no runlocal scaling; its tool variant is loaded too
 @pytest.mark.parametrize("name,arg", [(name, arg) for name in CONFIGS for arg in (None, "runlocal=True")
-                                      if not (name == "smollm2.py" and arg)])
+                                      if not (name == "smollm2.py" and arg)]
+                         + [("smollm2.py", "tool=True")])
 def test_config_builds_its_objective_and_runs(name, arg):
     config = _load(name, arg)
     module = config_lib.load_module(REPO / "configs" / name)

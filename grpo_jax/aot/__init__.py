@@ -63,6 +63,22 @@ def compiler_versions(topology):
     return versions
 
 
+def meshes(config, devices):
+    """`(training mesh, rollout mesh or None, reason)` of the run on `devices`, as the
+    trainer builds them (`parallel.setup_meshes`): "auto" chosen against the devices' HBM
+    (`reason`: its one line, or None), and with ``rollout.mesh`` the last devices for the
+    sampler's mesh."""
+    spec, reason = parallel.choose_mesh(
+        config.mesh, state_bytes=lambda: footprint.replicated_state_bytes(config),
+        device_memory=report_lib.hbm_bytes(devices[0]))
+    rollout_mesh = None
+    if config.rollout.mesh:   # split meshes: the sampler's programs on the last devices
+        devices, rollout_devices = parallel.split_devices(config.rollout.mesh, devices)
+        rollout_mesh = parallel.make_mesh(parallel.with_standard_axes(config.rollout.mesh),
+                                          devices=rollout_devices)
+    return parallel.make_mesh(spec, devices=devices), rollout_mesh, reason
+
+
 def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
     """Compiles the run's `programs` for `topology`; returns the report as a dict.
 
@@ -89,16 +105,10 @@ def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
         raise ValueError(f"unknown programs {unknown}; choose from {PROGRAMS}")
     devices = topology_devices(topology)
     hbm = report_lib.hbm_bytes(devices[0])
-    spec, reason = parallel.choose_mesh(
-        config.mesh, state_bytes=lambda: footprint.replicated_state_bytes(config), device_memory=hbm)
+    mesh, rollout_mesh, reason = meshes(config, devices)
     if reason:
         log(reason)
-    rollout_mesh = None
-    if config.rollout.mesh:   # split meshes: the sampler's programs on the last devices
-        devices, rollout_devices = parallel.split_devices(config.rollout.mesh, devices)
-        rollout_mesh = parallel.make_mesh(parallel.with_standard_axes(config.rollout.mesh),
-                                          devices=rollout_devices)
-    mesh = parallel.make_mesh(spec, devices=devices)
+    devices = list(mesh.devices.flat)
     host = host_lib.compile_memory(footprint.model_config(config))
     if host.warning:
         log(host.warning)

@@ -1,13 +1,19 @@
-"""The fit report from the command line.
+"""The fit report (and the split plan) from the command line.
 
     python -m grpo_jax.aot --config configs/gspo.py --topology v5p:2x2x2 \\
         [--config.field=value ...] [--prompt_len 1024] [--json FILE]
+        [--plan_splits default|2,4,6 [--plan_bandwidth GB/s]]
 
 Prints one table row per program (per-device argument, output, aliased, temporary, held
 and total bytes against the chip's HBM, TFLOPs, the compiler's estimated time, compile
 time), whether the run fits and, if not, what to change. Exits 0 when the run fits (or
 cannot be checked: CPU devices), 1 when a program does not fit or does not compile (the
 report and its advice printed all the same), and 1 with one line on bad input.
+
+With ``--plan_splits`` it prints the split plan instead (`grpo_jax.aot.plan`): for one mesh
+and for each split of the chips between the sampler and the learner, what each side needs
+against the HBM and the estimated step time, synchronous on one mesh and asynchronous
+split, the fastest that fits marked; exit 1 when nothing fits.
 """
 
 import json
@@ -23,6 +29,11 @@ _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 1024, "S, the prompt bucket the
 _PROGRAMS = flags.DEFINE_list("programs", None, "Programs to compile (default: all the run has: "
                               "train, logprob, prefill, decode; critic_train, values with a critic).")
 _JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
+_PLAN = flags.DEFINE_list("plan_splits", None, "The split plan instead of the report: rollout "
+                          "chip counts to try (e.g. 2,4,6), or 'default' (a quarter, half and "
+                          "three quarters of the chips).")
+_BANDWIDTH = flags.DEFINE_float("plan_bandwidth", None, "GB/s into one chip for the split plan's "
+                                "per-step copies (default: one ICI port of the chip, one way).")
 flags.mark_flags_as_required(["config", "topology"])
 
 
@@ -30,6 +41,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     from grpo_jax import aot   # jax starts here, after flag parsing
+    if _PLAN.value is not None:
+        return _plan()
     try:
         result = aot.report(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
                             programs=tuple(_PROGRAMS.value or aot.PROGRAMS))
@@ -52,6 +65,36 @@ def main(argv):
         with open(_JSON.value, "w") as f:
             json.dump({k: v for k, v in result.items() if k != "table"}, f, indent=2)
     if result["fits"] is False:
+        sys.exit(1)
+
+
+def _plan():
+    from grpo_jax.aot import plan
+    splits = None if _PLAN.value == ["default"] else _PLAN.value
+    try:
+        if splits and not all(chips.isdigit() for chips in splits):
+            raise ValueError(f"--plan_splits {','.join(splits)}: give rollout chip counts "
+                             "(e.g. 2,4,6) or 'default'")
+        splits = splits and [int(chips) for chips in splits]
+        bandwidth = _BANDWIDTH.value and _BANDWIDTH.value * 1e9
+        result = plan.plan(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
+                           splits=splits, bandwidth=bandwidth)
+    except ValueError as error:   # bad input: the message names the flag or field and the fix
+        sys.exit(f"error: {error}")
+    print(f"\n{result['topology']}: {result['devices']} x {result['device_kind']}; copies at "
+          f"{result['bandwidth'] / 1e9:.0f} GB/s into a chip\n")
+    print(result["table"])
+    print("\nStep times: the compiler's cost model from 1- and 2-layer variants, plus splash "
+          "attention and the LM head at the chip's peak FLOP/s (grpo_jax/aot/plan.py): "
+          "estimates to compare splits, not measurements.")
+    for row in result["rows"]:
+        for line in row.get("advice", []):
+            print(f"- {row['rollout_chips']} rollout chip(s): {line}")
+    if _JSON.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
+        with open(_JSON.value, "w") as f:
+            json.dump({k: v for k, v in result.items() if k != "table"}, f, indent=1)
+    if result["best"] is None:
         sys.exit(1)
 
 

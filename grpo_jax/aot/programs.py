@@ -102,7 +102,7 @@ def _cache_sharding(x, mesh, stacked):
     return jax.NamedSharding(mesh, sharding_lib.activation_spec(x.shape, axes, mesh))
 
 
-def build(config, mesh, *, prompt_len, rollout_mesh=None):
+def build(config, mesh, *, prompt_len, rollout_mesh=None, layers=None):
     """The run's programs for `config` on `mesh`, lowered (not compiled).
 
     Args:
@@ -111,6 +111,8 @@ def build(config, mesh, *, prompt_len, rollout_mesh=None):
       prompt_len: S, the prompt bucket (the completion buffer N is rollout.max_new_tokens).
       rollout_mesh: with split meshes (``rollout.mesh``), the devices the sampler runs
         on: prefill and decode are lowered there, holding nothing of the training state.
+      layers: the model's first `layers` layers only (None: all): the split plan's time
+        estimates extrapolate from 1- and 2-layer programs (`aot.plan`).
 
     Returns:
       A list of `Program`s: train, logprob, prefill, decode (and critic_train, values
@@ -118,6 +120,8 @@ def build(config, mesh, *, prompt_len, rollout_mesh=None):
     """
     rl.check_config(config, mesh)
     cfg = model_config(config, mesh)
+    if layers is not None:
+        cfg = dataclasses.replace(cfg, n_layers=layers)
     rl.check_model(config, cfg)
     graphdef, state = models.abstract_model(cfg)
     params = models.quantize_base(_params(state, mesh, config.model.rules), cfg.lora)

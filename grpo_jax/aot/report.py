@@ -62,6 +62,8 @@ def needed_bytes(message):
     return None
 
 PROGRAMS = ("train", "logprob", "prefill", "decode", "critic_train", "values")
+# XLA:TPU's refusal (libtpu 0.0.42.1) of a program on part of a v5e slice's devices.
+WHOLE_SLICE = "device assignment should include all slice devices"
 
 
 @dataclasses.dataclass
@@ -283,6 +285,11 @@ def _cache_fixes(result, hbm, config, mesh):
 def advice(result, hbm, config, mesh):
     """What to change when `result` does not fit in `hbm` bytes: one line naming the
     program, by how much, and each cause with the flags that fix it (largest first)."""
+    if result.failed and WHOLE_SLICE in result.message:
+        return (f"{result.name} does not compile on part of the slice: this chip's "
+                "compiler (limited ICI routing: v5e) assigns a program to a whole slice only, "
+                "so the slice cannot be split between sampler and learner (a v5p slice can); "
+                "set rollout.mesh=''")
     if result.failed:
         return (f"{result.name} does not compile, for a reason other than memory: "
                 f"{result.message}. Check the config's model and sharding fields; if they are "

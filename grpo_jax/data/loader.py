@@ -28,6 +28,7 @@ import tensorflow_datasets as tfds
 from grpo_jax import paths
 from grpo_jax.data import _records
 from grpo_jax.data import arithmetic
+from grpo_jax.data import countdown
 from grpo_jax.data import gsm8k
 from grpo_jax.data import math500
 from grpo_jax.data import reasoning_gym_tasks
@@ -35,12 +36,13 @@ from grpo_jax.data import rpt
 
 BUILDERS = {
     builder.name: builder
-    for builder in (arithmetic.Arithmetic, reasoning_gym_tasks.ReasoningGym,
-                    gsm8k.Gsm8k, math500.Math500, rpt.Rpt)
+    for builder in (arithmetic.Arithmetic, countdown.Countdown,
+                    reasoning_gym_tasks.ReasoningGym, gsm8k.Gsm8k, math500.Math500, rpt.Rpt)
 }
 
 # The builders whose examples are generated from knobs (a run's ``config.task.knobs``).
 CONFIG_CLASSES = {"arithmetic": arithmetic.ArithmeticConfig,
+                  "countdown": countdown.CountdownConfig,
                   "reasoning_gym": reasoning_gym_tasks.ReasoningGymConfig,
                   "rpt": rpt.RptConfig}
 
@@ -69,8 +71,8 @@ def data_source(name: str, *, split: str, data_dir: str,
     run) and open with ``prepare=False`` elsewhere, so processes do not race to write.
 
     Args:
-      name: one of ``BUILDERS`` (``"arithmetic"``, ``"reasoning_gym"``, ``"gsm8k"``,
-        ``"math500"``, ``"rpt"``).
+      name: one of ``BUILDERS`` (``"arithmetic"``, ``"countdown"``, ``"reasoning_gym"``,
+        ``"gsm8k"``, ``"math500"``, ``"rpt"``).
       split: ``"train"`` or ``"test"``.
       data_dir: where the array_record files are written and read.
       config: the builder config (an instance, or the name of a predefined one);

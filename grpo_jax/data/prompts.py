@@ -4,7 +4,8 @@ A prompt is built from an example (see ``_records``) in one of two ways:
 
 * plain: ``TaskFormat.plain_template`` filled with the question and the task's
   answer instruction, optionally preceded by a system prompt; for base models and the
-  tiny CPU models (arithmetic's plain prompt is just ``"478+256="``);
+  tiny CPU models (arithmetic's plain prompt is just ``"478+256="``, the small countdown's
+  ``"3 7 9 -> 30:"``);
 * chat: the tokenizer's own chat template (``tokenizer.apply_chat_template``) over an
   optional system message and one user message, ending with the generation prompt.
 
@@ -13,7 +14,7 @@ Answer formats (the final answer a completion must give; every ``solution`` give
   arithmetic, chain_sum                     ``#### <integer>`` (at the end)
   basic_arithmetic, gsm8k, gsm_symbolic     ``#### <number>`` (at the end)
   math500                                   ``\\boxed{<answer>}`` (the last one counts)
-  countdown                                 ``<answer><expression></answer>``
+  countdown, countdown_compact              ``<answer><expression></answer>``
   rpt                                       ``\\boxed{<the next token(s)>}``
 
 e.g. arithmetic ``8+6+0=14 7+5+1=13 4+2+1=7 #### 734``, countdown
@@ -72,6 +73,7 @@ TASK_FORMATS = {
     "gsm8k": TaskFormat(HASHES),
     "math500": TaskFormat(BOXED),
     "countdown": TaskFormat(ANSWER_TAGS),
+    "countdown_compact": TaskFormat(ANSWER_TAGS, plain_template="{question}:"),
     "rpt": TaskFormat(NEXT_TOKENS),
 }
 

@@ -23,6 +23,7 @@ import tensorflow_datasets as tfds
 
 from grpo_jax.data import _procedural
 from grpo_jax.data import _records
+from grpo_jax.data import countdown
 from grpo_jax.data import prompts
 
 TASKS = ("basic_arithmetic", "chain_sum", "countdown", "gsm_symbolic")
@@ -58,7 +59,7 @@ def to_example(task: str, item: dict[str, Any]) -> dict[str, Any]:
 def example_key(example: dict[str, Any]) -> str:
     """Countdown: the multiset of numbers and the target; other tasks: the question."""
     if example["task"] == "countdown":
-        return f"{sorted(example['numbers'])}->{example['target']}"
+        return countdown.example_key(example)
     return example["question"]
 
 

@@ -12,6 +12,7 @@ from grpo_jax import _extras
 
 _extras.require("grpo_jax.environments")   # before the imports it guards
 
+from grpo_jax.environments._chat import chat_reply
 from grpo_jax.environments._episodes import Episodes
 from grpo_jax.environments._episodes import pause_ids
 from grpo_jax.environments._episodes import run_episodes

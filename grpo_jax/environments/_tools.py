@@ -6,6 +6,7 @@ text the model reads back; bad input is an answer ("error: ..."), not an excepti
 """
 
 import collections
+import dataclasses
 import fractions
 
 from grpo_jax import rewards
@@ -80,9 +81,17 @@ def _countdown(max_calls):
 ENVIRONMENTS = {"calculator": _calculator, "countdown": _countdown}
 
 
-def make(name, *, max_calls):
-    """The environment registered as `name` (`ENVIRONMENTS`), `max_calls` calls per episode."""
+def make(name, *, max_calls, reply=None):
+    """The environment registered as `name` (`ENVIRONMENTS`), `max_calls` calls per episode;
+    with `reply` (a format string, e.g. `chat_reply`'s), its tools' outputs shown that way."""
     if name not in ENVIRONMENTS:
         raise ValueError(f"environment.name={name!r} is not one of {sorted(ENVIRONMENTS)} "
                          "(\"\": no environment)")
-    return ENVIRONMENTS[name](max_calls)
+    environment = ENVIRONMENTS[name](max_calls)
+    if reply is None:
+        return environment
+    if not isinstance(environment, ToolEnvironment):
+        raise ValueError(f"environment.name={name!r} writes its own observations (it is no "
+                         "ToolEnvironment), so environment.chat_role cannot format them; set "
+                         "environment.chat_role=''")
+    return dataclasses.replace(environment, reply=reply)

@@ -17,6 +17,7 @@ import math
 import os
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 NOT_ROW_AXES = ("tensor",)   # weights split over it, rows never are
@@ -102,7 +103,12 @@ def make_mesh(axes, devices=None):
     """`jax.sharding.Mesh` from ``"data=-1,tensor=1"`` or ``[(name, size), ...]`` (one size may be -1)."""
     devices = jax.devices() if devices is None else devices
     names, sizes = _resolve_sizes(parse_mesh(axes), len(devices))
-    return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
+    axis_types = (AxisType.Auto,) * len(names)
+    try:
+        return jax.make_mesh(sizes, names, axis_types=axis_types, devices=devices)
+    except AssertionError:   # TPU devices that form no box of the torus (6 chips of a 2x2x2
+        # slice: a split mesh's share): jax finds no physical layout; take them in order
+        return jax.sharding.Mesh(np.asarray(devices).reshape(sizes), names, axis_types=axis_types)
 
 
 STANDARD_AXES = ("data", "fsdp", "tensor")   # every mesh built from a spec has these

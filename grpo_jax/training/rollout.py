@@ -81,6 +81,10 @@ def check_environment_config(config):
         raise ValueError(f"environment.turn_budget must be >= 0 (0: none), got {env.turn_budget}")
     if not env.timeout_s > 0:
         raise ValueError(f"environment.timeout_s must be > 0, got {env.timeout_s}")
+    if env.chat_role and not config.task.chat_template:
+        raise ValueError(f"environment.chat_role={env.chat_role!r} puts the replies in chat turns, "
+                         "but the prompts are plain text (task.chat_template=False); set "
+                         "task.chat_template=True or environment.chat_role=''")
     if config.critic.enabled:
         raise ValueError("environment.name with critic.enabled: GAE over a multi-turn row (values "
                          "across the environment's replies) is not built; use a critic-free "
@@ -93,7 +97,9 @@ class Episodic:
     and the worker processes its steps run in (each under ``environment.timeout_s``)."""
 
     def __init__(self, env_cfg, tokenizer):
-        self.environment = environments.make(env_cfg.name, max_calls=env_cfg.max_calls)
+        reply = environments.chat_reply(tokenizer, env_cfg.chat_role) if env_cfg.chat_role else None
+        self.environment = environments.make(env_cfg.name, max_calls=env_cfg.max_calls,
+                                             reply=reply)
         self.pause_tokens = environments.pause_ids(tokenizer, self.environment)
         self.max_append, self.turn_budget = env_cfg.max_append, env_cfg.turn_budget
         self.pool = rewards_lib.GraderPool(timeout_s=env_cfg.timeout_s)

@@ -187,7 +187,7 @@ def test_value_model_with_a_scanned_trunk(tmp_path):
     critic.head[...] = jnp.asarray(np.random.default_rng(1).normal(0, 0.3, cfg.d_model), jnp.float32)
     models.save_value_model(critic, str(tmp_path))
     unscanned = models.load_value_model(str(tmp_path))
-    hidden, _ = policy.hidden_states(tokens, attention_mask=mask)
+    hidden, _ = nnx.jit(lambda m, t, a: m.hidden_states(t, attention_mask=a))(policy, tokens, mask)
     expected = np.asarray(hidden) @ np.asarray(critic.head[...])
     for model in (critic, unscanned, models.load_value_model(str(tmp_path), scan_layers=True)):
         values, _ = nnx.jit(lambda m, t, a: m(t, attention_mask=a))(model, tokens, mask)

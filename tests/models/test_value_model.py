@@ -38,7 +38,7 @@ def test_values_are_the_trunks_hidden_states_through_the_head():
     critic = _with_random_head(models.value_model_from(policy))
     tokens, mask = _tokens()
     values, aux = jax.jit(lambda t, m: critic(t, attention_mask=m))(tokens, mask)
-    hidden, _ = policy.hidden_states(tokens, attention_mask=mask)
+    hidden, _ = nnx.jit(lambda m, t, a: m.hidden_states(t, attention_mask=a))(policy, tokens, mask)
     expected = np.asarray(hidden) @ np.asarray(critic.head[...]) + 0.25
     np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-5)
     assert values.shape == (3, 7) and values.dtype == jnp.float32 and float(aux) == 0.0

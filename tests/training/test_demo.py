@@ -12,9 +12,9 @@ from tests.training.training_setups import tiny_config
 
 @pytest.mark.slow
 def test_demo_pipeline_runs_each_stage_once_and_prints_the_table(data_dir, tmp_path, capsys):
-    # The pipeline, not the accuracy, is under test: a 50-step SFT stage.
-    config = tiny_config("demo", data_dir, **{"train.export": True, "eval.num_prompts": 8,
-                                              "sft.steps": 50, "sft.eval_every": 50})
+    # The pipeline, not the accuracy, is under test: a 10-step SFT stage.
+    config = tiny_config("demo", data_dir, **{"train.export": True, "sft.steps": 10,
+                                              "sft.eval_every": 10})
     config.mode = "demo"
     results = demo.run(config, str(tmp_path))
     assert [r["stage"] for r in results] == [

@@ -14,6 +14,9 @@ from tests.training.training_setups import REPO
     ({"environment.turn_budget": -2}, r"environment.turn_budget must be >= 0"),
     ({"environment.timeout_s": 0.0}, r"environment.timeout_s must be > 0"),
     ({"critic.enabled": True}, r"environment.name with critic.enabled"),
+    ({"environment.chat_role": "tool"},
+     r"environment.chat_role='tool' puts the replies in chat turns, but the prompts are plain "
+     r"text \(task.chat_template=False\); set task.chat_template=True"),
 ])
 def test_environment_settings_that_cannot_run_are_named(overrides, error):
     config = config_lib.load_config(f"{REPO / 'configs' / 'tool_calculator.py'}")

@@ -103,7 +103,9 @@ def test_the_updates_dropout_key_draws_the_masks_of_its_micro_batches():
     """With a key, SGD(1) moves the adapters by the gradient of micro-batch m's loss with
     dropout_key = fold_in(key, m) (rows m, m + 2, ... of the minibatch, the global counts),
     summed: the gradient as the loss function computes it with those keys by hand. The
-    same key gives the same update; without one the update is dropout-free."""
+    same key gives the same update; without one it is the update of the same adapters on a
+    dropout-free model (the program whose gradient test_only_the_adapters_move_by_their_gradient
+    checks by hand)."""
     mesh = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
     graphdef, params = _lora_model(mesh, dropout=0.3)
     objective = objectives.policy_objective(config_lib.load_config("configs/base.py").objective)
@@ -116,27 +118,31 @@ def test_the_updates_dropout_key_draws_the_masks_of_its_micro_batches():
     def summed_loss(adapters, keys):
         model = nnx.merge(graphdef, nnx.merge_state(params, adapters))
         micro = lambda m: {**{k: v[m::2] for k, v in host.items()}, **counts,
-                           **({} if keys is None else {"dropout_key": keys[m]})}
+                           "dropout_key": keys[m]}
         return sum(loss_fn(model, micro(m))[0] for m in range(2))
 
-    def expected(keys):
-        grads = jax.jit(jax.grad(summed_loss))(lora.adapters(params), keys)
-        return jax.device_get(jax.tree.map(jnp.subtract, lora.adapters(params), grads))
-
-    by_hand = expected(tuple(jax.random.fold_in(key, m) for m in range(2)))
-    plain = expected(None)
+    keys = tuple(jax.random.fold_in(key, m) for m in range(2))
+    grads = jax.jit(jax.grad(summed_loss))(lora.adapters(params), keys)
+    by_hand = jax.device_get(jax.tree.map(jnp.subtract, lora.adapters(params), grads))
     tx = optax.sgd(1.0)
-    update = make_update_step(graphdef, tx, loss_fn, count_fn, mesh=mesh,
-                              param_shardings=shardings_of(params),
-                              opt_shardings=shardings_of(init_optimizer_state(
-                                  tx, lora.adapters(params), mesh)),
-                              micro_batches=2, trained=nnx.LoRAParam)
 
-    def updated(**rng):
-        fresh = jax.tree.map(jnp.copy, params)   # the update donates its parameters
-        state = init_optimizer_state(tx, lora.adapters(fresh), mesh)
-        return jax.device_get(lora.adapters(update(fresh, state, batch, jnp.arange(B), **rng)[0]))
+    def update_of(graphdef, params):
+        """`updated(**rng)`: the adapters after one update of fresh copies of `params`."""
+        update = make_update_step(graphdef, tx, loss_fn, count_fn, mesh=mesh,
+                                  param_shardings=shardings_of(params),
+                                  opt_shardings=shardings_of(init_optimizer_state(
+                                      tx, lora.adapters(params), mesh)),
+                                  micro_batches=2, trained=nnx.LoRAParam)
 
+        def updated(**rng):
+            fresh = jax.tree.map(jnp.copy, params)   # the update donates its parameters
+            state = init_optimizer_state(tx, lora.adapters(fresh), mesh)
+            return jax.device_get(lora.adapters(update(fresh, state, batch, jnp.arange(B),
+                                                       **rng)[0]))
+        return updated
+
+    updated = update_of(graphdef, params)
+    plain = update_of(*_lora_model(mesh))()
     close = lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
     with_key = updated(rng=key)
     jax.tree.map(close, with_key, by_hand)

@@ -14,11 +14,13 @@ import pytest
 import tokenizers
 import transformers
 
-from grpo_jax import config_lib, models
+from grpo_jax import config_lib, data, models
 from grpo_jax.data import prompts
 from grpo_jax.training import rl
 from tests.training.training_setups import REPO
 
+CALCULATOR_PROMPT = config_lib.load_module(REPO / "configs" / "smollm2.py").CALCULATOR_PROMPT
+INSTRUCTION = prompts.task_format("arithmetic").answer.instruction
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
                  "{% if add_generation_prompt %}<assistant>{% endif %}")
 
@@ -127,3 +129,96 @@ def test_smollm2_cpu_compare_table_reads_kept_runs(tmp_path):
     assert row[8:] == ["0.500", "0.500", "0.250", "25.0"]
     with pytest.raises(ValueError, match="4 kept answers for 3"):
         script.compare_table([f"lora={run}"], golds[:3])
+
+
+def bigram_checkpoint(path, tokenizer, successor):
+    """A one-layer model whose next token is ``successor[current token]`` (greedy, and at
+    temperature 1 with probability > 0.99): attention and MLP write nothing (zero output
+    projections), so the last position's state is its token's one-hot embedding, and the
+    untied head maps it to its successor's logit sqrt(d) (the final RMSNorm's scale)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    vocab = len(tokenizer)
+    cfg = dataclasses.replace(models.get_model_config("tiny"), vocab_size=vocab, n_layers=1,
+                              tie_embeddings=False, eos_token_id=tokenizer.eos_token_id)
+    assert cfg.d_model >= vocab
+    model = models.init_model(cfg, seed=0)
+    head = np.zeros((cfg.d_model, vocab), np.float32)
+    for token, after in successor.items():
+        head[token, after] = 1.0
+    model.embed.set_value(jnp.eye(vocab, cfg.d_model))
+    model.lm_head.set_value(jnp.asarray(head))
+    model.layers[0].attn.o.set_value(jnp.zeros_like(model.layers[0].attn.o.get_value()))
+    model.layers[0].mlp.down.set_value(jnp.zeros_like(model.layers[0].mlp.down.get_value()))
+    models.save_pretrained(model, path, tokenizer=tokenizer)
+    return path
+
+
+@pytest.mark.slow
+def test_smollm2_tool_episode_is_the_chat_template_with_tool_turns_out_of_the_loss(tmp_path):
+    """``tool=True`` through the trainer's own draw (`rollout.draw`), on a ChatML tokenizer
+    whose markers are special tokens (SmolLM2's template) and a model scripted to call
+    ``<calculator>7*8</calculator>`` whenever a turn opens: the prompt is the template over
+    the system prompt and the question, each call is answered by a ``tool`` turn in the
+    template's form (its markers single special ids), the third call ends the episode
+    (max_calls=2), the row is exactly the template's rendering of that conversation, and
+    the loss mask is 0 on every token of the tool turns, 1 on the model's."""
+    import jax
+    import numpy as np
+
+    from grpo_jax import sampling
+    from grpo_jax.training import evaluation, rollout, task as task_lib
+    from tests.environments.test_chat import chat_tokenizer
+
+    tokenizer = chat_tokenizer()
+    tokenizer.add_tokens(["<calculator>", "</calculator>"])   # one id each: a bigram chain
+    ids = lambda text: tokenizer.encode(text, add_special_tokens=False)
+    call = ids("<calculator>7*8</calculator>")
+    chain = [ids("\n")[0], *call]
+    path = bigram_checkpoint(str(tmp_path / "bigram"), tokenizer, dict(zip(chain, chain[1:])))
+    config = config_lib.load_config(f"{REPO / 'configs' / 'smollm2.py'}:path={path},tool=True")
+    config = config_lib.apply_overrides(config, {
+        "task.data_dir": str(tmp_path / "data"), "task.knobs.num_train": 8,
+        "task.knobs.num_test": 4, "objective.group_size": 4, "eval.num_prompts": 2})
+    mesh, policy, source = evaluation.load_for_evaluation(config, path)
+    examples = [data.decode_example(source[i]) for i in range(2)]
+    episodic = rollout.Episodic.of(config, policy.tokenizer)
+    scorer = task_lib.Scorer(config.reward, separate=False, max_new_tokens=128)
+    try:
+        rows, metrics = rollout.draw(policy, mesh, examples, config=config, scorer=scorer,
+                                     rng=jax.random.key(0), method=sampling.Greedy(),
+                                     episodic=episodic)
+    finally:
+        scorer.close()
+        episodic.close()
+    rows = {k: np.asarray(v) for k, v in rows.items()}
+
+    end, start = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>")
+    reply = [end, *ids("\n"), start, *ids("tool\n56"), end, *ids("\n"), start, *ids("assistant\n")]
+    assert tokenizer.decode(reply) == "<|im_end|>\n<|im_start|>tool\n56<|im_end|>\n<|im_start|>assistant\n"
+    for row in range(8):
+        example = examples[row // 4]
+        question = example["question"]
+        prompt = rows["prompt_tokens"][row][rows["prompt_mask"][row] > 0].tolist()
+        assert prompt == [start, *ids(f"system\n{CALCULATOR_PROMPT}"), end, *ids("\n"), start,
+                          *ids(f"user\n{question}\n\n{INSTRUCTION}"), end, *ids("\n"), start,
+                          *ids("assistant\n")]
+        n = int(rows["lengths"][row])
+        tokens, mask = rows["tokens"][row][:n].tolist(), rows["mask"][row][:n].tolist()
+        assert tokens == call + reply + call + reply + call
+        model, tool = [1] * len(call), [0] * len(reply)
+        assert mask == model + tool + model + tool + model
+        assert rows["context_mask"][row][:n].tolist() == [1] * n
+        assert not rows["truncated"][row]   # ended by the environment, not the budget
+        turn = "<calculator>7*8</calculator>"
+        messages = [{"role": "system", "content": CALCULATOR_PROMPT},
+                    {"role": "user", "content": prompts.user_message(example)},
+                    {"role": "assistant", "content": turn}, {"role": "tool", "content": "56"},
+                    {"role": "assistant", "content": turn}, {"role": "tool", "content": "56"}]
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False,
+                                                 add_generation_prompt=True)
+        assert tokenizer.decode(prompt + tokens) == rendered + turn
+    assert metrics["tool_calls_per_episode"] == 3.0 and metrics["tool_use_rate"] == 1.0
+    assert metrics["environment_tokens_per_episode"] == 2 * len(reply)
+    assert metrics["tool_errors_per_episode"] == 1.0   # the call past max_calls

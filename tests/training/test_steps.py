@@ -60,8 +60,9 @@ def test_eight_device_mesh_equals_one_device():
     one = parallel.make_mesh((("data", 1), ("fsdp", 1), ("tensor", 1)), devices=jax.devices()[:1])
     eight = parallel.make_mesh((("data", 2), ("fsdp", 4), ("tensor", 1)))
     rows = update_rows(1)
-    p1, m1 = _step(one, rows, 2, "token-mean")
-    p8, m8 = _step(eight, rows, 2, "token-mean")
+    # 4 micro-batches: on one device, the program of test_four_micro_batches_equal_the_full_batch
+    p1, m1 = _step(one, rows, 4, "token-mean")
+    p8, m8 = _step(eight, rows, 4, "token-mean")
     np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=1e-5)
     _close(p8, p1, rtol=2e-4)
 
@@ -230,18 +231,21 @@ def test_clip_cov_draws_through_the_update_with_the_trainers_row_seeds():
                               param_shardings=shardings_of(params),
                               opt_shardings=shardings_of(opt_state), micro_batches=1)
     rows = update_rows(4)
-    logp = batch_lib.completion_logprobs(nnx.merge(graphdef, params),
-                                         {k: jnp.asarray(v) for k, v in rows.items()})
+    # jitted: one program each, where op-by-op dispatch compiled some 150 small ones
+    logp = jax.jit(lambda p, r: batch_lib.completion_logprobs(nnx.merge(graphdef, p), r))(
+        params, {k: jnp.asarray(v) for k, v in rows.items()})
     logp = jnp.copy(logp)   # the update donates the parameters
+    objective_metrics = jax.jit(lambda logp, batch: objective(logp, batch)[1])
     losses = []
     for step in (1, 2):
         seeded = {**rows, "loss_seed": np.asarray(loss_seeds(jnp.asarray(rows["mask"]), step))}
         assert seeded["loss_seed"][0] == step * B
         fresh = jax.tree.map(jnp.copy, (params, opt_state))
         metrics = update(*fresh, parallel.global_rows(mesh, seeded), jnp.arange(B))[2]
-        want = objective(logp, {**{k: jnp.asarray(v) for k, v in seeded.items()},
-                                "num_tokens": jnp.sum(jnp.asarray(rows["mask"]), dtype=jnp.float32),
-                                "num_seqs": jnp.float32(B)})[1]
+        want = objective_metrics(logp, {
+            **{k: jnp.asarray(v) for k, v in seeded.items()},
+            "num_tokens": jnp.sum(jnp.asarray(rows["mask"]), dtype=jnp.float32),
+            "num_seqs": jnp.float32(B)})
         np.testing.assert_allclose(metrics["loss"], want["loss"], rtol=1e-5)
         np.testing.assert_allclose(metrics["cov_detached"], want["cov_detached"], rtol=1e-5)
         assert float(want["cov_detached"]) > 0

@@ -32,7 +32,8 @@ TIMING = ("time", "tokens_per_s", "s/step")
 def runlocal_config(recipe, data_dir, **overrides):
     """`configs/<recipe>.py:runlocal=True` as it is (prompts, G, updates per rollout batch,
     learning rate), on 2-digit addition with a 34-token budget and a shorter warm start
-    (rpt: on the builtin corpus, every 31st position)."""
+    (rpt: on the builtin corpus, every 31st position; countdown: fewer problems, the
+    recipe's budget)."""
     config = config_lib.load_config(f"{REPO / 'configs' / recipe}.py:runlocal=True")
     config.task.data_dir = data_dir
     if config.task.name == "arithmetic":
@@ -44,6 +45,9 @@ def runlocal_config(recipe, data_dir, **overrides):
         # a calculator call, its reply and the answer are at most 62 with the stop token.
         config.rollout.max_new_tokens = (56 if config.task.knobs.get("verdicts") else
                                          64 if config.task.knobs.get("calculator_fraction") else 34)
+    elif config.task.name == "countdown":   # a check trace needs the recipe's budget
+        config.task.knobs.num_train = 512
+        config.task.knobs.num_test = 16
     else:   # rpt on the builtin corpus: fewer positions per document
         config.task.knobs.stride = 31
     config.train.steps = 2
@@ -56,8 +60,10 @@ def runlocal_config(recipe, data_dir, **overrides):
     # rpt's rows are 8x wider (its instruction takes a 256-token prompt bucket; half the
     # rows too) and its answers a token or two (its SFT loss is flat after ~40 steps); the
     # MoE model runs 8 experts per layer; the calculator's and the verdicts' rows are twice
-    # as long (64 and 56 tokens), and 100 steps already call the tool or write a verdict.
-    longer = config.task.knobs.get("calculator_fraction") or config.task.knobs.get("verdicts")
+    # as long (64 and 56 tokens), countdown's check traces 5x, and 100 steps already call the
+    # tool or write a verdict.
+    longer = any(config.task.knobs.get(k) for k in ("calculator_fraction", "verdicts",
+                                                     "check_fraction"))
     config.sft.steps = ({"rpt": 40}.get(config.task.name) or
                         (100 if config.model.name == "tiny_moe" or longer else 200))
     config.sft.batch_size = 16 if config.task.name == "rpt" else 32
