@@ -206,3 +206,23 @@ def test_process_roles_killed_stopped_and_resumed_end_as_the_uninterrupted_run(
     assert codes == [0, 0], log0[-3000:] + log1[-3000:]
     assert step_lines(log0) == list(range(stopped + 1, 6))
     _assert_equal_to_one_process(workdir, one_process_split, log0, log1)
+
+
+@pytest.mark.slow
+def test_a_sampling_process_that_fails_stops_the_learner_with_its_error(data_dir, tmp_path):
+    """Dynamic sampling out of draws at step 1 (one draw of 4 prompts finds fewer than 4
+    groups with signal) raises on the sampling process; the learner, waiting for step 1's
+    batch, raises the sampler's error in turn, and both processes end at once."""
+    overrides = {**ROLES_RUN, "filtering.max_gen_batches": 1, "filtering.short_batch": "error"}
+    commands = main_commands(cli_config_file(tmp_path, data_dir, overrides), tmp_path / "w", 2)
+    processes, logs, files = _start(commands, tmp_path, "failed")
+    deadline, failed = time.time() + 600, None
+    while time.time() < deadline and any(p.poll() is None for p in processes):
+        if failed is None and "dynamic sampling found" in logs[1].read_text():
+            failed = time.time()
+        time.sleep(0.05)
+    codes, (log0, log1) = _wait(processes, logs, files, timeout=1)
+    assert codes == [1, 1], (codes, log0[-3000:])
+    assert failed is not None and time.time() - failed < 60   # not JAX's 5-minute timeouts
+    assert "RuntimeError: the sampling processes (1,) failed before step 1:" in log0
+    assert "dynamic sampling found 3 groups with signal in 1 draws" in log0
