@@ -6,6 +6,7 @@ every batch exactly k steps stale it must equal the synchronous loop with
 parameters).
 """
 
+import doctest
 import threading
 import time
 
@@ -215,3 +216,4 @@ def test_the_roles_send_each_version_just_before_the_first_batch_it_samples(star
     the fixed schedule's: step s sampled by theta_{max(0, s-1-k)}."""
     assert roles.starting_versions(start, k) == lagged
     assert roles.transfer_order(start, last, k) == order
+    assert doctest.testmod(roles) == (0, 1)   # (failed, attempted): its k = 1 example
