@@ -144,7 +144,7 @@ LOCAL_FILE_APIS = ("open", "os.path", "os.makedirs", "os.mkdir", "os.remove", "o
 
 # The functions that may use them, each on paths that are never in a workdir.
 LOCAL_ONLY = {
-    "aot/__main__.py:main": "--json, a local report file",
+    "aot/__main__.py:_write_json": "--json, a local report file",
     "aot/host.py:available_bytes": "/proc/meminfo",
     "config_lib.py:load_module": "a config file of the checkout",
     "config_lib.py:load_sibling": "a config file of the checkout",

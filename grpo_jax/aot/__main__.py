@@ -60,10 +60,7 @@ def main(argv):
         print(f"\nfits: {'yes' if result['fits'] else 'NO'}")
     for line in result["advice"]:
         print(f"- {line}")
-    if _JSON.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
-        with open(_JSON.value, "w") as f:
-            json.dump({k: v for k, v in result.items() if k != "table"}, f, indent=2)
+    _write_json(result)
     if result["fits"] is False:
         sys.exit(1)
 
@@ -90,12 +87,17 @@ def _plan():
     for row in result["rows"]:
         for line in row.get("advice", []):
             print(f"- {row['rollout_chips']} rollout chip(s): {line}")
+    _write_json(result)
+    if result["best"] is None:
+        sys.exit(1)
+
+
+def _write_json(result):
+    """`result` but its printed table, as JSON to the ``--json`` file when given."""
     if _JSON.value:
         os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
         with open(_JSON.value, "w") as f:
-            json.dump({k: v for k, v in result.items() if k != "table"}, f, indent=1)
-    if result["best"] is None:
-        sys.exit(1)
+            json.dump({k: v for k, v in result.items() if k != "table"}, f, indent=2)
 
 
 if __name__ == "__main__":

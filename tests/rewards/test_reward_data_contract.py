@@ -39,6 +39,7 @@ TASK_REWARDS = [
     ("gsm8k", "gsm8k", "72", {}),
     ("math500", "math", r"\left( 4, \frac{3 \pi}{2} \right)", {}),
     ("countdown", "countdown", "(6 - 2) * 25", {"numbers": [25, 6, 2, 9], "target": 100}),
+    ("countdown_compact", "countdown", "3*(7+9)", {"numbers": [3, 7, 9], "target": 48}),
     ("rpt", "rpt", "brown fox", {"continuation": "brown fox"}),
 ]
 
