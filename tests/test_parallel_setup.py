@@ -168,7 +168,8 @@ def test_a_rollout_mesh_takes_the_last_devices_and_the_training_mesh_the_rest():
             mesh_lib.split_devices(spec, devices)
 
 
-def test_a_config_with_a_rollout_mesh_gets_two_meshes_of_disjoint_devices(capsys):
+def test_a_config_with_a_rollout_mesh_gets_two_meshes_of_disjoint_devices(capsys, monkeypatch):
+    monkeypatch.setattr(hosts, "_ANNOUNCED_MESHES", set())   # printed once per process
     config = config_lib.load_config(f"{REPO / 'configs' / 'dapo.py'}:runlocal=True")
     config.rollout.mesh = "data=4"
     train, sample = hosts.setup_meshes(config)

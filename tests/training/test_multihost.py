@@ -10,6 +10,7 @@ each process answering the calls of its own rows, the same episodes. With split 
 whose 8 devices split 4/4.
 """
 
+import re
 import signal
 import time
 
@@ -225,4 +226,5 @@ def test_a_sampling_process_that_fails_stops_the_learner_with_its_error(data_dir
     assert codes == [1, 1], (codes, log0[-3000:])
     assert failed is not None and time.time() - failed < 60   # not JAX's 5-minute timeouts
     assert "RuntimeError: the sampling processes (1,) failed before step 1:" in log0
-    assert "dynamic sampling found 3 groups with signal in 1 draws" in log0
+    found = re.search(r"dynamic sampling found (\d+) groups with signal in 1 draws", log0)
+    assert found and int(found.group(1)) < 4, log0[-3000:]   # fewer than the batch's 4
