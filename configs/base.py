@@ -34,6 +34,11 @@ def get_config(arg=None):
     config.distributed.coordinator_address = config_dict.placeholder(str)   # "host:port"
     config.distributed.num_processes = config_dict.placeholder(int)
     config.distributed.process_id = config_dict.placeholder(int)
+    # "host:port" where this process serves the arrays other processes' devices copy from
+    # it (split meshes on several processes: the parameters and the batch cross between the
+    # roles); reachable from the other processes. "": the address this host reaches the
+    # coordinator from, and a free port.
+    config.distributed.transfer_address = ""
 
     # The policy: a local HF checkpoint directory, or a named shape initialised at random
     # with a character tokenizer trained on the task (the tiny CPU models).

@@ -10,6 +10,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -167,7 +168,8 @@ def test_a_rollout_mesh_takes_the_last_devices_and_the_training_mesh_the_rest():
             mesh_lib.split_devices(spec, devices)
 
 
-def test_a_config_with_a_rollout_mesh_gets_two_meshes_of_disjoint_devices(capsys):
+def test_a_config_with_a_rollout_mesh_gets_two_meshes_of_disjoint_devices(capsys, monkeypatch):
+    monkeypatch.setattr(hosts, "_ANNOUNCED_MESHES", set())   # printed once per process
     config = config_lib.load_config(f"{REPO / 'configs' / 'dapo.py'}:runlocal=True")
     config.rollout.mesh = "data=4"
     train, sample = hosts.setup_meshes(config)
@@ -181,14 +183,41 @@ def test_a_config_with_a_rollout_mesh_gets_two_meshes_of_disjoint_devices(capsys
     assert one is same and one.size == 8
 
 
-def test_split_meshes_are_refused_across_processes(monkeypatch):
-    config = config_lib.load_config(f"{REPO / 'configs' / 'dapo.py'}:runlocal=True")
-    config.rollout.mesh = "data=4"
-    monkeypatch.setattr(hosts, "initialize", lambda distributed: None)
-    monkeypatch.setattr(hosts.jax, "process_count", lambda: 2)
-    with pytest.raises(ValueError, match=r"rollout.mesh='data=4' splits the devices of one "
-                                         r"process; this run has 2 processes"):
-        hosts.setup_meshes(config)
+def _processes(count, per_process):
+    """Stand-ins for `count` processes' devices, `per_process` each, in process order."""
+    return [types.SimpleNamespace(id=i, process_index=i // per_process)
+            for i in range(count * per_process)]
+
+
+@pytest.mark.parametrize("processes, spec, message", [
+    (2, "data=2", r"rollout.mesh='data=2' takes the last 2 devices, which splits process 1's 4 "
+                  r"devices between the training and the rollout mesh.*a multiple of the devices "
+                  r"per process \(4\), or rollout.mesh=''"),
+    (4, "data=4", r"rollout.mesh='data=4' takes 4 devices and leaves 12 to train: .*as many "
+                  r"devices each.*make rollout.mesh's size 8, or rollout.mesh=''"),
+    (3, "data=4", r"takes 4 devices and leaves 8 to train: .*run an even number of processes"),
+])
+def test_a_rollout_mesh_on_several_processes_must_take_half_of_them_whole(processes, spec, message):
+    devices = _processes(processes, 4)
+    with pytest.raises(ValueError, match=message):
+        mesh_lib.check_process_split(spec, *mesh_lib.split_devices(spec, devices))
+    train, sample = mesh_lib.split_devices("data=8", _processes(4, 4))   # processes 2, 3 sample
+    mesh_lib.check_process_split("data=8", train, sample)
+    assert {d.process_index for d in sample} == {2, 3}
+
+
+def test_a_process_group_counts_and_gathers_among_its_processes(monkeypatch):
+    """Within a role's group the data split counts its processes only (process 2 of 0..3
+    is the first of the group (2, 3)); a group of one gathers nothing from the others."""
+    monkeypatch.setattr(hosts.jax, "process_count", lambda: 4)
+    monkeypatch.setattr(hosts.jax, "process_index", lambda: 2)
+    assert (hosts.process_count(), hosts.process_index()) == (4, 2)
+    with hosts.process_group([3, 2]):
+        assert hosts.acting_processes() == (2, 3)
+        assert (hosts.process_count(), hosts.process_index()) == (2, 0)
+    with hosts.process_group([2]):
+        assert hosts.allgather_json({"a": 1}) == [{"a": 1}] and hosts.agree_max(5) == 5
+    assert hosts.acting_processes() == (0, 1, 2, 3)
 
 
 def test_on_mesh_keeps_each_spec_where_it_divides_and_replicates_elsewhere():

@@ -18,9 +18,8 @@ import jax
 import numpy as np
 import transformers
 from flax import nnx
-from jax.experimental import multihost_utils
 
-from grpo_jax import paths
+from grpo_jax import parallel, paths
 from grpo_jax.models import config as config_lib
 from grpo_jax.models import decoder
 from grpo_jax.models import lora
@@ -283,7 +282,7 @@ def _host_tensors(value, entry):
     per_layer = value if scanned else [value]
     names = iter(entry.hf_names)
     for chunk in per_layer:
-        array = np.asarray(multihost_utils.process_allgather(chunk, tiled=True))
+        array = parallel.whole_on_host(chunk)
         n_lead = entry.n_stacked - scanned
         for part in array.reshape(-1, *array.shape[n_lead:]):
             yield next(names), part

@@ -42,9 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 import qwix
 from flax import nnx
-from jax.experimental import multihost_utils
 
-from grpo_jax import paths
+from grpo_jax import parallel, paths
 from grpo_jax.models import layers
 from grpo_jax.models.safetensors_io import save_file
 
@@ -349,8 +348,7 @@ def save_peft_adapter(model, path, *, base_path):
     and ``adapter_model.safetensors`` in `path`, which
     ``peft.PeftModel.from_pretrained(<transformers model of base_path>, path)`` loads."""
     state = nnx.state(model)
-    tensors = {name: np.asarray(multihost_utils.process_allgather(value, tiled=True))
-               for name, value in peft_tensors(state, model.cfg).items()}
+    tensors = parallel.whole_on_host(peft_tensors(state, model.cfg))
     if jax.process_index() != 0:
         return
     paths.path(path).mkdir(parents=True, exist_ok=True)

@@ -6,18 +6,28 @@ Each process reads its own shard of the data, and a batch crosses into the mesh 
 global array whose rows are the processes' local rows in process order (`global_rows`);
 a process reads back only the rows it holds (`local_rows`), the rows of its own
 examples, so it can score them. With one process both are a plain device transfer.
+
+Split meshes on several processes give the processes roles (`setup_meshes`): some
+train, the others sample. Within `process_group` the collectives here (`agree_max`,
+`allgather_json`, `sync`) and the data split (`process_count`, `process_index`) span one
+role's processes only, so each role runs its own programs in its own order.
 """
 
+import contextlib
 import json
 import os
+import socket
+import zlib
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 from grpo_jax.parallel import mesh as mesh_lib
 
 _EXPLICIT = ("coordinator_address", "num_processes", "process_id")
+_GROUP = None   # the processes `process_group` set, or None: all of them
 
 
 def initialize(cfg):
@@ -46,6 +56,42 @@ def initialize(cfg):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(**given)
     return enabled
+
+
+def enable_transfers(address):
+    """Lets `jax.device_put` copy arrays to a mesh of other processes' devices (split
+    meshes on several processes: `parallel.transfer`), through JAX's socket transfer
+    server: ``jax_cross_host_transfer_socket_address``, read when the backend starts.
+
+    Args:
+      address: "host:port" this process serves transfers on (``distributed.transfer_address``),
+        or "": the address this host reaches the coordinator from, and a free port.
+
+    Every process publishes its address (the key-value store) and the others connect to
+    it, so it must be reachable from them; "" picks a port per process, so several
+    processes on one host do not collide.
+
+    Raises:
+      RuntimeError: JAX started before (another stage of this process): it reads the
+        setting once.
+    """
+    from jax._src import distributed, xla_bridge   # no public accessors for either
+    if xla_bridge.CROSS_HOST_TRANSFER_SOCKET_ADDRESS.value:
+        return
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError("split meshes on several processes (rollout.mesh) copy arrays between "
+                           "processes, which JAX sets up when it starts, but it started before "
+                           "(an earlier stage of this process): run the RL stage in a process of "
+                           "its own, or set rollout.mesh=''")
+    if not address:
+        host = distributed.global_state.coordinator_address.rsplit(":", 1)[0].strip("[]")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 1))   # UDP: sends nothing, picks the route's interface
+            local = probe.getsockname()[0]
+        with socket.socket() as free:
+            free.bind((local, 0))
+            address = f"{local}:{free.getsockname()[1]}"
+    jax.config.update("jax_cross_host_transfer_socket_address", address)
 
 
 _ANNOUNCED_MESHES = set()   # the demo builds one mesh per stage; each is printed once
@@ -85,16 +131,18 @@ def setup_meshes(config, state_bytes=None):
     """`(training mesh, rollout mesh)` of an RL run. With ``rollout.mesh`` "" they are one
     mesh (`setup_mesh`) over every device; with name=size pairs (e.g. "data=4") the last
     that many devices form the rollout mesh (axes it leaves out have size 1) and the
-    config's mesh is built over the others. Split meshes run on one process."""
+    config's mesh is built over the others. On several processes each mesh takes whole
+    processes (`mesh.check_process_split`): those of the rollout mesh sample, the others
+    (process 0 among them) train."""
     spec = config.rollout.mesh
     if not spec:
         mesh = setup_mesh(config, state_bytes)
         return mesh, mesh
-    initialize(config.distributed)
-    if jax.process_count() > 1:
-        raise ValueError(f"rollout.mesh={spec!r} splits the devices of one process; this run "
-                         f"has {jax.process_count()} processes. Set rollout.mesh=''")
+    if initialize(config.distributed):
+        enable_transfers(config.distributed.transfer_address)   # before jax.devices() starts JAX
     train_devices, rollout_devices = mesh_lib.split_devices(spec, jax.devices())
+    if jax.process_count() > 1:
+        mesh_lib.check_process_split(spec, train_devices, rollout_devices)
     mesh = setup_mesh(config, state_bytes, devices=train_devices, role="training")
     rollout_mesh = mesh_lib.make_mesh(mesh_lib.with_standard_axes(spec), devices=rollout_devices)
     _announce(rollout_mesh, role="rollout")
@@ -112,41 +160,92 @@ def device_memory(device):
 
 
 def is_main():
-    """True on process 0, the one that prints and writes metrics and exports."""
+    """True on process 0, the one that prints and writes metrics and exports (with roles,
+    a training process)."""
     return jax.process_index() == 0
 
 
+@contextlib.contextmanager
+def process_group(processes):
+    """Within it, the processes that act together are `processes` (ids, e.g. a role's:
+    `mesh_processes` of its mesh): `sync`, `agree_max` and `allgather_json` gather over
+    them only, and `process_count`, `process_index` count among them (each reads its
+    share of the data). The other processes must not join their collectives."""
+    global _GROUP
+    previous, _GROUP = _GROUP, tuple(sorted(processes))
+    try:
+        yield
+    finally:
+        _GROUP = previous
+
+
+def acting_processes():
+    """The ids of the processes acting together, ascending: all of them, or those of
+    `process_group`."""
+    return _GROUP if _GROUP is not None else tuple(range(jax.process_count()))
+
+
+def process_count():
+    """How many processes act together (all of them, or those of `process_group`)."""
+    return len(acting_processes())
+
+
+def process_index():
+    """This process's place among those acting together: its share of the data."""
+    return acting_processes().index(jax.process_index())
+
+
+def mesh_processes(mesh):
+    """The ids of the processes that hold devices of `mesh`, ascending."""
+    return tuple(sorted({device.process_index for device in mesh.devices.flat}))
+
+
+def _gather(value):
+    """`[n, ...]`: `value` (a numpy array of the same shape on every process) of each of
+    the n processes acting together, in order; a program over their devices only."""
+    value = np.asarray(value)
+    group = acting_processes()
+    if len(group) == 1:
+        return value[None]
+    devices = [d for d in jax.devices() if d.process_index in group]
+    mesh = jax.sharding.Mesh(np.array(devices).reshape(len(group), -1), ("processes", "local"))
+    stacked = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, PartitionSpec("processes")), value[None], (len(group), *value.shape))
+    whole = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, PartitionSpec()))(stacked)
+    return np.asarray(whole.addressable_data(0))
+
+
 def sync(name):
-    """Waits until every process reaches this point (a no-op with one process)."""
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
+    """Waits until every process acting together reaches this point (a no-op for one);
+    raises if another reached a point of another name."""
+    if process_count() > 1 and len(set(_gather(np.uint32(zlib.crc32(name.encode()))))) > 1:
+        raise RuntimeError(f"processes out of step: this one is at {name!r}, another elsewhere")
 
 
 def agree_max(value):
     """The largest of every process's integer `value` (e.g. a prompt width)."""
-    if jax.process_count() == 1:
-        return int(value)
-    return int(np.max(multihost_utils.process_allgather(np.asarray(value, np.int64))))
+    return int(np.max(_gather(np.asarray(value, np.int64))))
 
 
 def allgather_json(obj):
-    """`[obj of process 0, obj of process 1, ...]` for a JSON-serialisable `obj`."""
-    if jax.process_count() == 1:
+    """`[obj of process 0, obj of process 1, ...]` for a JSON-serialisable `obj` (the
+    processes acting together, in order)."""
+    if process_count() == 1:
         return [obj]
     data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
     width = agree_max(len(data))
     padded = np.zeros(width + 1, np.int32)
     padded[0], padded[1:len(data) + 1] = len(data), data
-    gathered = np.asarray(multihost_utils.process_allgather(padded))
-    return [json.loads(bytes(row[1:row[0] + 1].astype(np.uint8)).decode()) for row in gathered]
+    return [json.loads(bytes(row[1:row[0] + 1].astype(np.uint8)).decode())
+            for row in _gather(padded)]
 
 
 def _row_sharding(mesh, rows):
     """Rows over the row axes; a single process may replicate rows that do not split."""
-    if rows % mesh_lib.row_ways(mesh) and jax.process_count() > 1:
+    if rows % mesh_lib.row_ways(mesh) and process_count() > 1:
         raise ValueError(
             f"{rows} rows per process do not split over the mesh's {mesh_lib.row_ways(mesh)}-way "
-            f"row axes {mesh_lib.row_axes(mesh)} across {jax.process_count()} processes; make "
+            f"row axes {mesh_lib.row_axes(mesh)} across {process_count()} processes; make "
             "rollout.prompts_per_batch (and sft.batch_size) a multiple of the row ways")
     return mesh_lib.rows_sharding(mesh, rows)
 
@@ -160,7 +259,7 @@ def global_rows(mesh, local):
     """
     def put(x):
         x = np.asarray(x)
-        sharding = _row_sharding(mesh, x.shape[0] * jax.process_count())
+        sharding = _row_sharding(mesh, x.shape[0] * process_count())
         return jax.make_array_from_process_local_data(sharding, x)
 
     return jax.tree.map(put, local)
@@ -217,9 +316,10 @@ def read_rows(array, rows):
 
 def whole_on_host(tree):
     """Every array of `tree` whole, as numpy, on every process: gathered from all
-    processes where this one holds only part of it (`process_allgather`, a collective:
-    every process calls it at once), so small arrays (a decode slot's flags) read the
-    same everywhere; with one process a plain `jax.device_get`."""
+    processes where this one holds only part of it (`process_allgather`, a collective of
+    the processes of the array's mesh: each calls it at once), so small arrays (a decode
+    slot's flags) read the same everywhere; an array on this process's devices alone
+    (every array with one process) a plain `jax.device_get`, no other process involved."""
     def get(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -129,6 +129,41 @@ def split_devices(spec, devices):
     return devices[:len(devices) - count], devices[len(devices) - count:]
 
 
+def check_process_split(spec, train_devices, rollout_devices):
+    """Raises ValueError naming ``rollout.mesh`` unless the split (`split_devices`) falls
+    on a process boundary, with as many devices on each side.
+
+    On several processes each mesh takes whole processes, its roles: those of the rollout
+    mesh only sample and the others only train, each issuing its own programs in its own
+    order (a process in both would run two orders of collectives). The batch and the
+    parameters cross between them shard for shard, device i to device i, hence the same
+    device count on both sides (`parallel.transfer`).
+    """
+    def processes(devices):
+        return sorted({d.process_index for d in devices})
+
+    shared = set(processes(train_devices)) & set(processes(rollout_devices))
+    if shared:
+        per_process = sum(d.process_index == min(shared) for d in (*train_devices, *rollout_devices))
+        raise ValueError(
+            f"rollout.mesh={spec!r} takes the last {len(rollout_devices)} devices, which splits "
+            f"process {min(shared)}'s {per_process} devices between the training and the rollout "
+            "mesh. On several processes each mesh takes whole processes (the rollout processes "
+            "sample, the others train): give rollout.mesh a multiple of the devices per "
+            f"process ({per_process}), or rollout.mesh='' to sample on the training mesh")
+    if len(train_devices) != len(rollout_devices):
+        total = len(train_devices) + len(rollout_devices)
+        per_process = len([d for d in rollout_devices
+                           if d.process_index == rollout_devices[0].process_index])
+        fix = (f"make rollout.mesh's size {total // 2}" if total // 2 % per_process == 0 else
+               "run an even number of processes (the rollout mesh takes half of them)")
+        raise ValueError(
+            f"rollout.mesh={spec!r} takes {len(rollout_devices)} devices and leaves "
+            f"{len(train_devices)} to train: on several processes the two meshes need as many "
+            f"devices each (the parameters and the batch cross device for device); {fix}, or "
+            "rollout.mesh='' to sample on the training mesh")
+
+
 def with_standard_axes(spec):
     """``spec``'s (name, size) pairs plus every `STANDARD_AXES` name it leaves out, at size 1,
     so the weights' and activations' sharding rules find their axes on the mesh."""
@@ -137,21 +172,22 @@ def with_standard_axes(spec):
     return axes + tuple((name, 1) for name in STANDARD_AXES if name not in names)
 
 
-def on_mesh(tree, mesh):
-    """`tree` (jax arrays, e.g. on another mesh) copied to the devices of `mesh`: each leaf
-    keeps its `PartitionSpec` where `mesh` has those axes and its dimensions divide, and is
-    replicated otherwise. Between meshes of different devices this is JAX's cross-mesh
-    transfer (`jax.device_put`)."""
-    def sharding(x):
-        spec = getattr(x.sharding, "spec", PartitionSpec())
-        for dim, entry in zip(x.shape, spec):
-            axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-            if any(a not in mesh.shape for a in axes) or dim % math.prod(
-                    mesh.shape[a] for a in axes):
-                return NamedSharding(mesh, PartitionSpec())
-        return NamedSharding(mesh, spec)
+def sharding_on(x, mesh):
+    """The `NamedSharding` on `mesh` of an array `x` on another mesh: its `PartitionSpec`
+    where `mesh` has those axes and its dimensions divide, else replicated."""
+    spec = getattr(x.sharding, "spec", PartitionSpec())
+    for dim, entry in zip(x.shape, spec):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        if any(a not in mesh.shape for a in axes) or dim % math.prod(mesh.shape[a] for a in axes):
+            return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(mesh, spec)
 
-    return jax.device_put(tree, jax.tree.map(sharding, tree))
+
+def on_mesh(tree, mesh):
+    """`tree` (jax arrays, e.g. on another mesh) copied to the devices of `mesh`, each leaf
+    in its `sharding_on` `mesh`. Between meshes of different devices of one process this is
+    JAX's cross-mesh transfer (`jax.device_put`); between processes, `parallel.transfer`."""
+    return jax.device_put(tree, jax.tree.map(lambda x: sharding_on(x, mesh), tree))
 
 
 def row_axes(mesh):

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
-from jax.experimental import multihost_utils
 
 from grpo_jax import parallel
 from grpo_jax.models import KVCache, sharding
@@ -309,5 +308,5 @@ def _int32(x):
 
 def to_host(rollout):
     """The whole `Rollout` as numpy arrays on every host, gathered once
-    (`multihost_utils.process_allgather`; on one host simply a copy to host memory)."""
-    return multihost_utils.process_allgather(rollout, tiled=True)
+    (`parallel.whole_on_host`; on one host simply a copy to host memory)."""
+    return parallel.whole_on_host(rollout)

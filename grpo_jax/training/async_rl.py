@@ -16,7 +16,8 @@ policy of decoupled PPO (Fu et al., "AReaL", arXiv:2505.24298, sec. 4; Hilton et
 arXiv:2110.00641), separate from the proximal pi_old only when the objective asks for it.
 
 `Producer` is the thread and its hand-over; `lagged_copies` what a run keeps. The trainer
-(`rl.train`) builds the producer's sampling function.
+(`rl.train`) builds the producer's sampling function. On several processes the sampler
+is processes of its own instead of a thread, on the fixed schedule (`roles`).
 """
 
 import dataclasses
@@ -33,8 +34,17 @@ def lagged_copies(config):
 
 
 def check_config(config, process_count):
-    """Raises ValueError naming the field for asynchronous settings the trainer cannot run."""
+    """Raises ValueError naming the field for asynchronous settings the trainer cannot run.
+    On several processes split meshes run only as process roles (`roles`): the fixed
+    asynchronous schedule, the rollout processes sampling and the others training."""
     cfg = config.async_rl   # enabled and fixed are bools: the config's types hold them
+    several = process_count > 1
+    if several and config.rollout.mesh and not (cfg.enabled and cfg.fixed):
+        raise ValueError(f"rollout.mesh={config.rollout.mesh!r} on {process_count} processes "
+                         "gives the rollout mesh's processes the sampling and the others the "
+                         "training, which runs the fixed asynchronous schedule: set "
+                         "async_rl.enabled=True and async_rl.fixed=True (or rollout.mesh='' to "
+                         "sample on the training mesh)")
     if not cfg.enabled:
         return
     if not isinstance(cfg.max_staleness, int) or cfg.max_staleness < 1:
@@ -44,10 +54,12 @@ def check_config(config, process_count):
         raise ValueError("async_rl.enabled with rollout.policy_lag > 0: the asynchronous run "
                          "sets its own staleness (async_rl.max_staleness; async_rl.fixed=True "
                          "for exactly that many steps); set rollout.policy_lag=0")
-    if process_count > 1:
-        raise ValueError(f"async_rl.enabled runs on one process; this run has {process_count} "
-                         "(both threads' programs would have to be issued in the same order on "
-                         "every process). Set async_rl.enabled=False")
+    if several and not config.rollout.mesh:
+        raise ValueError(f"async_rl.enabled on {process_count} processes needs split meshes, "
+                         "whole processes each: set rollout.mesh to the sampling processes' "
+                         "devices (e.g. rollout.mesh=data=4 with 4 devices a process and 2 "
+                         "processes: process 1 samples, process 0 trains), or "
+                         "async_rl.enabled=False")
 
 
 def version_for(step, max_staleness):

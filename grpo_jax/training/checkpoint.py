@@ -133,17 +133,37 @@ def _whole_shards_on_cpu():
             jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
 
 
+def _acting_processes():
+    """orbax's options for the processes acting together (`parallel.process_group`: with
+    process roles, the learner's processes save and restore alone)."""
+    group = parallel.acting_processes()
+    if len(group) == jax.process_count():
+        return ocp.options.MultiprocessingOptions()
+    return ocp.options.MultiprocessingOptions(primary_host=group[0], active_processes=set(group))
+
+
 class Checkpointer:
     """Saves and restores ``(state_tree, meta_json)`` pairs under ``workdir/checkpoints``."""
 
     def __init__(self, directory, *, keep=3, asynchronous=True):
         _whole_shards_on_cpu()
         self.directory = paths.resolve(directory)
+        processes = _acting_processes()
+        if processes.active_processes:   # orbax leaves the directory to a subset's caller
+            paths.path(self.directory).mkdir(parents=True, exist_ok=True)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep,
-                                               enable_async_checkpointing=asynchronous)
+                                               enable_async_checkpointing=asynchronous,
+                                               multiprocessing_options=processes,
+                                               create=not processes.active_processes)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
-        self._handler = ocp.CompositeCheckpointHandler()   # restores without orbax's barrier
+        self._handler = ocp.CompositeCheckpointHandler(   # restores without orbax's barrier
+            composite_options=ocp.CompositeOptions(multiprocessing_options=processes))
         self._in_flight = None   # (step, bytes) of the save being written
+        # One process of several saving alone (the learner of process roles) holds every
+        # shard, which orbax refuses to write as a jax.Array on several processes (the
+        # arrays of pmap, different on each): it writes a host copy, which restores into
+        # the state's shardings like any checkpoint.
+        self._host_copy = len(parallel.acting_processes()) == 1 < jax.process_count()
 
     def latest_step(self):
         """The step of the newest complete checkpoint, or None."""
@@ -162,7 +182,7 @@ class Checkpointer:
             message names the directory and the space a checkpoint needs.
         """
         meta = {**meta, "fingerprint": fingerprint(state)}
-        items = {"state": ocp.args.StandardSave(state)}
+        items = {"state": ocp.args.StandardSave(jax.device_get(state) if self._host_copy else state)}
         arrays, info = extra if extra is not None else (None, None)
         if extra is not None:
             meta["extra"] = info
@@ -292,11 +312,11 @@ class Checkpointer:
         self._set_aside(unreadable, resume_step=step)
         state, meta, saved_extra = restored
         positions = meta["data"]
-        if len(positions) != jax.process_count():
+        if len(positions) != parallel.process_count():
             raise ValueError(f"the checkpoint of step {step} was written by {len(positions)} "
-                             f"processes, this run has {jax.process_count()}; resume with the same "
-                             "number of processes (each reads its own shard of the data)")
-        data_iterator.set_state(positions[jax.process_index()])
+                             f"processes, this run has {parallel.process_count()}; resume with the "
+                             "same number of processes (each reads its own shard of the data)")
+        data_iterator.set_state(positions[parallel.process_index()])
         return (step, state, saved_extra) if extra else (step, state)
 
     def _report_unfinished_saves(self):

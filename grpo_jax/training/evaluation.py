@@ -44,8 +44,8 @@ def own_examples(source, count):
     than `count` examples (`check_num_prompts`).
     """
     check_num_prompts(count, source)
-    share = -(-count // jax.process_count())
-    start = min(jax.process_index() * share, count)
+    share = -(-count // parallel.process_count())
+    start = min(parallel.process_index() * share, count)
     stop = min(start + share, count)
     indices = list(range(start, stop)) or [count - 1]
     examples = [data.decode_example(source[i]) for i in indices]
@@ -55,7 +55,7 @@ def own_examples(source, count):
 def _padded(examples, mesh):
     """`examples` topped up (repeating the last) so that every process's prompt rows, and
     so the completions, split over the mesh's row axes."""
-    multiple = max(parallel.row_ways(mesh) // jax.process_count(), 1)
+    multiple = max(parallel.row_ways(mesh) // parallel.process_count(), 1)
     return list(examples) + [examples[-1]] * (-len(examples) % multiple)
 
 
@@ -86,7 +86,7 @@ def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size,
         texts, tokens, mask = task_lib.prompt_rows(config.task, padded, policy.tokenizer)
         prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
         ids = prompt_ids(config.eval.num_prompts, len(examples), start, len(padded),
-                         jax.process_count())
+                         parallel.process_count())
         rollout, episodes = rollout_lib.sample_on_mesh(
             policy, mesh, prompts, rng=jax.random.fold_in(rng, start), method=method,
             group_size=group_size, max_new_tokens=config.rollout.max_new_tokens,

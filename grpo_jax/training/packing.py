@@ -65,11 +65,8 @@ def row_lengths(rows):
     """`(prompt lengths [B], completion lengths [B])` of the rows, as numpy on every
     process (the rows may be split over processes). Raises ValueError for a row whose
     prompt is not left-padded or whose completion mask has a hole."""
-    lengths = _lengths(rows["prompt_mask"], read_mask(rows))
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        lengths = multihost_utils.process_allgather(lengths, tiled=True)
-    prompt, completion, laid_out = np.asarray(lengths)
+    prompt, completion, laid_out = parallel.whole_on_host(
+        _lengths(rows["prompt_mask"], read_mask(rows)))
     if not laid_out.all():
         raise ValueError(f"rows {np.flatnonzero(laid_out == 0)[:8].tolist()} are not the sampler's "
                          "layout (prompt left-padded, completion mask a prefix), which packed "

@@ -55,11 +55,15 @@ class Preemption:
     """Holds SIGTERM for the loop: `requested()` at each step boundary, `close()` after.
 
     Installs its handler on construction (from the main thread); `close` puts back the
-    handler that was there before.
+    handler that was there before. `passed_on`: a function saying whether another process
+    passed a SIGTERM on to this one (process roles: a sampling process to the learner,
+    `roles.Learner.sigterm_passed_on`), asked at each boundary; the run then stops as if
+    this process had got it.
     """
 
-    def __init__(self):
+    def __init__(self, passed_on=None):
         self.signalled = False
+        self._passed_on = passed_on
         self._boundaries = 0   # calls of `requested`: what JAX's service counts in
         self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -77,6 +81,8 @@ class Preemption:
         that came before the loop stops it at its first boundary, resumed or not).
         """
         self._boundaries += 1
+        if self._passed_on is not None and self._passed_on():
+            self.signalled = True
         return bool(parallel.agree_max(int(self.signalled)) or _notice_from_jax(self._boundaries))
 
     def close(self):

@@ -23,7 +23,8 @@ With ``async_rl.enabled`` the rollouts come from a producer thread that samples 
 steps while this loop updates (`async_rl`, `start_producer`): the loop takes each step's
 batch from it instead of sampling, and the rest of the step is unchanged. With
 ``rollout.mesh`` the rollouts are sampled on devices of their own (`_collect`: the
-parameters copied there, the batch copied back), synchronous or not. With
+parameters copied there, the batch copied back), synchronous or not; on several
+processes the rollout mesh's processes sample and the others run this loop (`roles`). With
 ``rollout.partial.enabled`` rows past a per-step token budget carry over to the next
 step (`partial`): the run (or its producer) holds the pool of groups in flight, and a
 checkpoint saves it.
@@ -52,7 +53,7 @@ from grpo_jax import config_lib, models, objectives, parallel, paths
 from grpo_jax.training import async_rl, checkpoint, critic as critic_lib, evaluation, footprint
 from grpo_jax.training import batch as batch_lib, metrics as metrics_lib, packing, programs
 from grpo_jax.training import partial, policy as policy_lib, preemption
-from grpo_jax.training import rollout, steps, task as task_lib, warm_start
+from grpo_jax.training import roles, rollout, steps, task as task_lib, warm_start
 
 OLD_LOGP = ("recompute", "sampler")
 
@@ -212,7 +213,8 @@ class Run:
       checkpointer: the run's `checkpoint.Checkpointer`.
       advantages_fn, mismatch_fn, seeds_fn: jitted functions of the batch: the
         advantages, sampler-vs-trainer log-prob metrics, a random loss's row seeds.
-      producer: the `async_rl.Producer` of an asynchronous run (`start_producer`), else
+      producer: the `async_rl.Producer` of an asynchronous run (`start_producer`), or
+        with process roles the `roles.Learner` taking the sampling processes' batches, else
         None; data_position: with a producer, the prompt stream's position after the
         last step taken (what a checkpoint saves; the stream itself may be further on).
       carry: with partial rollouts (``rollout.partial.enabled``), the `partial.Pool` of
@@ -241,7 +243,7 @@ class Run:
     advantages_fn: Callable
     mismatch_fn: Callable
     seeds_fn: Callable
-    producer: async_rl.Producer | None = None
+    producer: async_rl.Producer | roles.Learner | None = None
     data_position: Any = None
     rollout_mesh: jax.sharding.Mesh | None = None
     rollout_frozen: Any = None
@@ -628,7 +630,11 @@ def train(config, workdir, *, seconds=None):
     as it is: the run reads a resolved, read-only copy.
 
     With `seconds`, the run also ends after the first step that finishes past that much
-    wall time (for comparisons at equal time): that step is saved and exported."""
+    wall time (for comparisons at equal time): that step is saved and exported.
+
+    On several processes with ``rollout.mesh`` (process roles, `roles`) the processes of
+    the rollout mesh only sample (`roles.sample`; they return None) and the others run
+    this loop, taking each step's batch from them."""
     # --- set-up: mesh, warm start, data, policy, objective, optimizer, checkpoint --------
     config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
     mesh, rollout_mesh = parallel.setup_meshes(
@@ -637,18 +643,36 @@ def train(config, workdir, *, seconds=None):
     config = warm_start.prepared(config)   # its own phase: an SFT run, cached
     if parallel.is_main():
         config_lib.record(config, workdir)
+    if not roles.split(mesh, rollout_mesh):
+        return _learn(config, workdir, mesh, rollout_mesh, seconds)
+    with roles.acting(mesh, rollout_mesh):   # each role's collectives among its processes
+        if roles.samples(rollout_mesh):
+            return roles.sample(config, workdir, mesh, rollout_mesh, scorer=_scorer(config),
+                                last=config.critic.pretrain_steps + config.train.steps)
+        with roles.learning(rollout_mesh) as learner:
+            return _learn(config, workdir, mesh, mesh, seconds, learner=learner)
+
+
+def _learn(config, workdir, mesh, rollout_mesh, seconds, learner=None):
+    """`train`'s loop on `mesh` after the set-up, the rollouts sampled on `rollout_mesh`
+    (`mesh` itself, or the last devices of this process), or by the sampling processes
+    (`learner`: `roles.Learner` but for the run and its arguments)."""
     run = set_up(config, workdir, mesh, rollout_mesh)
     start = restore(run)
     total_steps = config.critic.pretrain_steps + config.train.steps
-    close_producer = lambda: None
-    if config.async_rl.enabled:
+    close_producer, passed_on = (lambda: None), None
+    if learner is not None:
+        run.producer = learner(run, start=start, last=total_steps, taken=lambda step, batch:
+                               _write_samples(config, workdir, step, batch, run.policy.tokenizer))
+        passed_on = run.producer.sigterm_passed_on   # a sampling process's SIGTERM
+    elif config.async_rl.enabled:
         run.producer, close_producer = start_producer(run, start, total_steps)
     writer = metrics_lib.MetricWriter(workdir, total_steps=total_steps, start_step=start,
                                       total_seconds=seconds)
     started, step = time.time(), start
 
     # --- the loop: value pre-training, then RL (`schedule`) ------------------------------
-    stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
+    stop = preemption.Preemption(passed_on)   # SIGTERM: finish the step, save it, raise Stopped
     try:
         for step, take_step in schedule(config, start):
             metrics = take_step(run, step)

@@ -30,7 +30,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 
 from grpo_jax import environments, objectives, parallel, paths, sampling
 from grpo_jax import rewards as rewards_lib
@@ -357,7 +356,7 @@ def write_samples(batch, tokenizer, path):
     whole batch to every host, so it is not free on a large run. Process 0 writes.
     """
     keys = ("prompt_tokens", "prompt_mask", "tokens", "rewards", "correct", "row_valid", "lengths")
-    rows = {k: np.asarray(multihost_utils.process_allgather(batch[k], tiled=True)) for k in keys}
+    rows = parallel.whole_on_host({k: batch[k] for k in keys})
     if not parallel.is_main():
         return
     prompts = task_lib.decode_completions(tokenizer, rows["prompt_tokens"], rows["prompt_mask"])

@@ -1,7 +1,6 @@
 """The task side of a run: its datasets, prompts as token rows, completions back to text, rewards."""
 
 import grain
-import jax
 import numpy as np
 
 from grpo_jax import data, parallel, paths, rewards, sampling
@@ -50,7 +49,7 @@ def loader(source, config, *, batch_size):
     ``[i b / n, (i + 1) b / n)``. So the global batch of a step is the same on any number
     of processes, and their rows join in process order (`parallel.global_rows`).
     """
-    count, index = jax.process_count(), jax.process_index()
+    count, index = parallel.process_count(), parallel.process_index()
     if batch_size % count:
         raise ValueError(f"a batch of {batch_size} examples does not split over {count} "
                          "processes; make rollout.prompts_per_batch (sft.batch_size) a multiple")

@@ -6,6 +6,7 @@ every batch exactly k steps stale it must equal the synchronous loop with
 parameters).
 """
 
+import doctest
 import threading
 import time
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import paths
-from grpo_jax.training import async_rl, rl
+from grpo_jax.training import async_rl, rl, roles
 from tests.training.training_setups import (assert_rows_equal, assert_same_export,
                                             read_metrics, tiny_config)
 
@@ -114,8 +115,16 @@ def test_config_errors_name_the_field(overrides, match):
     config = tiny_config("dapo", "/nonexistent", **{"async_rl.enabled": True, **overrides})
     with pytest.raises(ValueError, match=match):
         async_rl.check_config(config, 1)
-    with pytest.raises(ValueError, match="runs on one process"):
-        async_rl.check_config(tiny_config("dapo", "/x", **{"async_rl.enabled": True}), 2)
+    for several, match in [
+        ({"async_rl.enabled": True}, r"async_rl.enabled on 2 processes needs split meshes.*set "
+                                     r"rollout.mesh to the sampling processes' devices"),
+        ({"rollout.mesh": "data=4"}, r"rollout.mesh='data=4' on 2 processes .* set "
+                                     r"async_rl.enabled=True and async_rl.fixed=True"),
+        ({"rollout.mesh": "data=4", "async_rl.enabled": True}, r"async_rl.fixed=True")]:
+        with pytest.raises(ValueError, match=match):
+            async_rl.check_config(tiny_config("dapo", "/x", **several), 2)
+    async_rl.check_config(tiny_config("dapo", "/x", **{   # process roles
+        "rollout.mesh": "data=4", "async_rl.enabled": True, "async_rl.fixed": True}), 2)
     assert async_rl.lagged_copies(tiny_config("dapo", "/x", **{"async_rl.enabled": True,
                                                                "async_rl.max_staleness": 3})) == 3
 
@@ -193,3 +202,18 @@ def test_free_running_trains_within_its_bound(data_dir, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(0 <= r["staleness"] <= 2 and r["grad_norm"] > 0 for r in rows), rows
     assert all(np.isfinite(r["loss"]) for r in rows)
+
+
+@pytest.mark.parametrize("start, k, last, lagged, order", [
+    (0, 2, 5, [0, 0], [("batch", 1), ("batch", 2), ("batch", 3), ("params", 1), ("batch", 4),
+               ("params", 2), ("batch", 5)]),
+    # resumed after step 3: the lagged copies hold theta_1 and theta_2 (steps 4 and 5)
+    (3, 2, 6, [1, 2], [("batch", 4), ("batch", 5), ("params", 3), ("batch", 6)]),
+])
+def test_the_roles_send_each_version_just_before_the_first_batch_it_samples(start, k, last,
+                                                                          lagged, order):
+    """Process roles (rollout.mesh on several processes) issue their copies in one order,
+    the fixed schedule's: step s sampled by theta_{max(0, s-1-k)}."""
+    assert roles.starting_versions(start, k) == lagged
+    assert roles.transfer_order(start, last, k) == order
+    assert doctest.testmod(roles) == (0, 1)   # (failed, attempted): its k = 1 example

@@ -5,9 +5,12 @@ global mesh the config declares. The two-process run must sample the same tokens
 the same rewards, log the same metrics (from process 0 only) and end with the same
 parameters as the one-process run (the `reference` fixture: the fault tests' 12-step run),
 through kill -9 of both processes and SIGTERM to one of them; with a tool environment,
-each process answering the calls of its own rows, the same episodes.
+each process answering the calls of its own rows, the same episodes. With split meshes
+(process roles), process 1 samples and process 0 trains: the same run as one process
+whose 8 devices split 4/4.
 """
 
+import re
 import signal
 import time
 
@@ -116,3 +119,112 @@ def test_two_processes_answer_the_tool_calls_of_their_own_rows_as_one_process(da
         assert rollouts == (one / "rollouts" / f"{step}.jsonl").read_text()
         assert "</calculator><result>" in rollouts   # answered calls, in the rows' text
     assert_rows_equal(workdir, one, [1, 2], rtol=2e-4, atol=1e-6)
+
+
+# Process roles: 5 steps of the tiny recipe, asynchronous with every batch exactly 1 step
+# stale, sampled on the last 4 devices (process 1's) and trained on the first 4 (process 0's).
+ROLES_RUN = {"train.steps": 5, "train.eval_every": 5, "train.export": True,
+             "train.log_rollouts_every": 1, "rollout.mesh": "data=4", "async_rl.enabled": True,
+             "async_rl.max_staleness": 1, "async_rl.fixed": True}
+
+
+@pytest.fixture(scope="module")
+def one_process_split(data_dir, tmp_path_factory):
+    """The workdir of `ROLES_RUN` on one process with 8 devices, split 4/4."""
+    workdir = tmp_path_factory.mktemp("one_process_split")
+    rl.train(tiny_config("dapo", data_dir, **ROLES_RUN), str(workdir))
+    return workdir
+
+
+def _assert_equal_to_one_process(workdir, reference, log0, log1):
+    """The two-process run's rollouts equal the one-process run's row for row (text and
+    rewards), every step 1 stale after the first; its metrics and exported parameters
+    equal them up to the rounding of the gloo all-reduce of two processes against the
+    in-process one of one (metrics by up to rtol 7.4e-6, the export by up to 1.2e-7);
+    every step timed both copies; process 0 alone printed and wrote."""
+    for step in range(1, 6):
+        assert (workdir / "rollouts" / f"{step}.jsonl").read_text() == \
+            (reference / "rollouts" / f"{step}.jsonl").read_text()
+    assert_rows_equal(workdir, reference, range(1, 6), rtol=5e-5, atol=1e-6)
+    assert_same_export(workdir, reference, rtol=1e-5, atol=5e-7)
+    rows = read_metrics(workdir)
+    assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert all(r["time_weight_transfer"] > 0 and r["time_batch_transfer"] > 0 for r in rows)
+    assert "training mesh {'data': 4, 'fsdp': 1, 'tensor': 1} over 4 cpu device(s) in 2 " \
+           "processes" in log0 and "step     5/5" in log0
+    assert "step " not in log1 and len(list(workdir.glob("metrics.jsonl*"))) == 1
+
+
+@pytest.mark.slow
+def test_a_sampling_process_and_a_training_process_equal_one_process_split_in_two(
+        one_process_split, data_dir, tmp_path):
+    """rollout.mesh=data=4 on 2 processes of 4 devices: process 1 samples, process 0
+    trains, parameters and batches crossing between them, as one process does between
+    the two halves of its 8 devices."""
+    workdir = tmp_path / "roles"
+    commands = main_commands(cli_config_file(tmp_path, data_dir, ROLES_RUN), workdir, 2)
+    processes, logs, files = _start(commands, tmp_path, "roles")
+    codes, (log0, log1) = _wait(processes, logs, files, timeout=600)
+    assert codes == [0, 0], log0[-3000:] + log1[-3000:]
+    _assert_equal_to_one_process(workdir, one_process_split, log0, log1)
+
+
+@pytest.mark.slow
+def test_process_roles_killed_stopped_and_resumed_end_as_the_uninterrupted_run(
+        one_process_split, data_dir, tmp_path):
+    """Both processes killed (-9) once step 2's checkpoint is on disk, the sampler a step
+    ahead of the learner; run again, the learner resumes from its checkpoint and sends the
+    sampler the step, the prompt stream's position and the lagged parameters. The sampling
+    process alone then gets SIGTERM: it passes it on, the learner saves its step and both
+    exit 75. The third run ends as the uninterrupted one."""
+    workdir = tmp_path / "roles"
+    commands = main_commands(cli_config_file(tmp_path, data_dir, ROLES_RUN), workdir, 2)
+    processes, logs, files = _start(commands, tmp_path, "killed")
+    deadline = time.time() + 600
+    while time.time() < deadline and 2 not in finished_checkpoints(workdir):
+        assert all(p.poll() is None for p in processes), "a process ended before the kill"
+        time.sleep(0.05)
+    for p in processes:
+        p.kill()
+    codes, _ = _wait(processes, logs, files)
+    assert codes == [-9, -9] and not (workdir / "export").exists()
+    resumed = finished_checkpoints(workdir)[-1]
+    assert resumed == 2, "step 3 was done and saved within 50 ms of the kill"
+
+    processes, logs, files = _start(commands, tmp_path, "sigterm")
+    wait_for_step(processes[0], logs[0], 3)   # the sampler is sampling; the learner learns
+    processes[1].send_signal(signal.SIGTERM)  # of it at a step boundary, 3's or 4's
+    codes, (log0, log1) = _wait(processes, logs, files, timeout=600)
+    assert codes == [preemption.EXIT_STATUS] * 2, log0[-3000:] + log1[-3000:]
+    assert f"resumed from the checkpoint of step {resumed} in" in log0
+    assert "SIGTERM: passed on to the learner" in log1
+    stopped = step_lines(log0)[-1]
+    assert f"stopped by SIGTERM after step {stopped}; its checkpoint is" in log0
+    assert stopped in (3, 4) and finished_checkpoints(workdir)[-1] == stopped
+
+    processes, logs, files = _start(commands, tmp_path, "finished")
+    codes, (log0, log1) = _wait(processes, logs, files, timeout=600)
+    assert codes == [0, 0], log0[-3000:] + log1[-3000:]
+    assert step_lines(log0) == list(range(stopped + 1, 6))
+    _assert_equal_to_one_process(workdir, one_process_split, log0, log1)
+
+
+@pytest.mark.slow
+def test_a_sampling_process_that_fails_stops_the_learner_with_its_error(data_dir, tmp_path):
+    """Dynamic sampling out of draws at step 1 (one draw of 4 prompts finds fewer than 4
+    groups with signal) raises on the sampling process; the learner, waiting for step 1's
+    batch, raises the sampler's error in turn, and both processes end at once."""
+    overrides = {**ROLES_RUN, "filtering.max_gen_batches": 1, "filtering.short_batch": "error"}
+    commands = main_commands(cli_config_file(tmp_path, data_dir, overrides), tmp_path / "w", 2)
+    processes, logs, files = _start(commands, tmp_path, "failed")
+    deadline, failed = time.time() + 600, None
+    while time.time() < deadline and any(p.poll() is None for p in processes):
+        if failed is None and "dynamic sampling found" in logs[1].read_text():
+            failed = time.time()
+        time.sleep(0.05)
+    codes, (log0, log1) = _wait(processes, logs, files, timeout=1)
+    assert codes == [1, 1], (codes, log0[-3000:])
+    assert failed is not None and time.time() - failed < 60   # not JAX's 5-minute timeouts
+    assert "RuntimeError: the sampling processes (1,) failed before step 1:" in log0
+    found = re.search(r"dynamic sampling found (\d+) groups with signal in 1 draws", log0)
+    assert found and int(found.group(1)) < 4, log0[-3000:]   # fewer than the batch's 4
