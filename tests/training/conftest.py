@@ -4,7 +4,7 @@ import pytest
 
 from grpo_jax import paths
 from grpo_jax.training import rl
-from tests.training.training_setups import faults_config
+from tests.training.training_setups import LAG_RUN, faults_config, tiny_config
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +26,20 @@ def reference(data_dir, shared_tmp_dir):
         if not (workdir / "export" / "model.safetensors").exists():
             rl.train(config, str(workdir))
     return workdir
+
+
+@pytest.fixture(scope="session")
+def lag_run(data_dir, shared_tmp_dir):
+    """`lag_run(k, rollout_mesh)`: the workdir of the synchronous loop with
+    rollout.policy_lag = k (`LAG_RUN`), on one mesh (`rollout_mesh` "") or split meshes,
+    run once per session (every worker reuses it). The fixed asynchronous loop equals it
+    bit for bit (test_async_rl.py), so runs on several processes compare with it too."""
+    def run(k, rollout_mesh):
+        workdir = shared_tmp_dir(f"sync_lag{k}_{rollout_mesh or 'one_mesh'}")
+        with paths.exclusive(f"{workdir}.lock"):
+            if not (workdir / "export" / "model.safetensors").exists():
+                rl.train(tiny_config("dapo", data_dir, **LAG_RUN, **{
+                    "rollout.policy_lag": k, "rollout.mesh": rollout_mesh}), str(workdir))
+        return workdir
+
+    return run

@@ -13,10 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from grpo_jax import paths
 from grpo_jax.training import async_rl, rl, roles
-from tests.training.training_setups import (assert_rows_equal, assert_same_export,
-                                            read_metrics, tiny_config)
+from tests.training.training_setups import (LAG_RUN, LAG_STEPS, assert_rows_equal,
+                                            assert_same_export, read_metrics, tiny_config)
 
 
 def _producer(k, fixed, last=8, versions=None, delay=0.0):
@@ -129,44 +128,27 @@ def test_config_errors_name_the_field(overrides, match):
                                                                "async_rl.max_staleness": 3})) == 3
 
 
-# The runs the synchronous and asynchronous loops are compared in: 4 steps, evaluated, exported,
-# every step's rollouts logged.
-COMMON = {"train.steps": 4, "train.eval_every": 4, "train.export": True,
-          "train.log_rollouts_every": 1}
-
-
-def _synchronous_run(data_dir, shared_tmp_dir, k, rollout_mesh):
-    """The workdir of the synchronous loop with rollout.policy_lag = k, on one mesh
-    (`rollout_mesh` "") or split meshes: run once per session (every worker reuses it)."""
-    workdir = shared_tmp_dir(f"sync_lag{k}_{rollout_mesh or 'one_mesh'}")
-    with paths.exclusive(f"{workdir}.lock"):
-        if not (workdir / "export" / "model.safetensors").exists():
-            rl.train(tiny_config("dapo", data_dir, **COMMON, **{
-                "rollout.policy_lag": k, "rollout.mesh": rollout_mesh}), str(workdir))
-    return workdir
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("k, rollout_mesh", [(1, ""), (1, "data=4"), (2, "data=4")])
-def test_fixed_async_equals_the_synchronous_loop_with_policy_lag_k(data_dir, shared_tmp_dir,
+def test_fixed_async_equals_the_synchronous_loop_with_policy_lag_k(data_dir, lag_run,
                                                                     tmp_path, k, rollout_mesh):
     """Every batch exactly k steps stale: the same rollouts (their text row for row), every
     metric but timings, and the same exported parameters, bit for bit, as the synchronous
     loop with rollout.policy_lag = k; staleness min(k, t - 1) in both. On one mesh, and on
     split meshes (the 8 devices 4/4: the sampler on the last 4, the learner on the first
     4; both loops copy the parameters over and the batch back every step)."""
-    sync = _synchronous_run(data_dir, shared_tmp_dir, k, rollout_mesh)
+    sync = lag_run(k, rollout_mesh)
     asynchronous = tmp_path / "async"
-    rl.train(tiny_config("dapo", data_dir, **COMMON, **{
+    rl.train(tiny_config("dapo", data_dir, **LAG_RUN, **{
         "rollout.mesh": rollout_mesh, "async_rl.enabled": True, "async_rl.max_staleness": k,
         "async_rl.fixed": True}), str(asynchronous))
-    assert_rows_equal(asynchronous, sync, range(1, 5))
+    assert_rows_equal(asynchronous, sync, LAG_STEPS)
     assert_same_export(asynchronous, sync)
-    for step in range(1, 5):
+    for step in LAG_STEPS:
         assert (asynchronous / "rollouts" / f"{step}.jsonl").read_text() == \
             (sync / "rollouts" / f"{step}.jsonl").read_text()
     assert [r["staleness"] for r in read_metrics(asynchronous)] == \
-        [float(min(k, t - 1)) for t in range(1, 5)]
+        [float(min(k, t - 1)) for t in LAG_STEPS]
     assert all(r["time_rollout_wait"] >= 0 for r in read_metrics(asynchronous))
     for run in (sync, asynchronous):   # the cross-mesh copies are timed where they happen
         rows = read_metrics(run)
@@ -177,16 +159,16 @@ def test_fixed_async_equals_the_synchronous_loop_with_policy_lag_k(data_dir, sha
 
 
 @pytest.mark.slow
-def test_split_meshes_sample_what_one_mesh_samples(data_dir, shared_tmp_dir):
+def test_split_meshes_sample_what_one_mesh_samples(lag_run):
     """The synchronous loop sampling on 4 devices and training on the other 4 draws the
     same rollouts, row for row, as on one 8-device mesh, and logs the same metrics up to
     the rounding of a 4-way against an 8-way gradient sum (the runs with policy_lag = 1
     that the asynchronous loop is compared with)."""
-    one, split = (_synchronous_run(data_dir, shared_tmp_dir, 1, mesh) for mesh in ("", "data=4"))
-    for step in range(1, 5):
+    one, split = (lag_run(1, mesh) for mesh in ("", "data=4"))
+    for step in LAG_STEPS:
         assert (split / "rollouts" / f"{step}.jsonl").read_text() == \
             (one / "rollouts" / f"{step}.jsonl").read_text()
-    assert_rows_equal(split, one, range(1, 5), rtol=1e-4, atol=1e-6)
+    assert_rows_equal(split, one, LAG_STEPS, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.slow

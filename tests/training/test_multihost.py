@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from grpo_jax.training import preemption, rl
-from tests.training.training_setups import (FAULTS, assert_rows_equal, assert_same_export,
-                                             cli_config_file, finished_checkpoints,
-                                             main_commands, read_metrics, start_processes,
-                                             step_lines, tiny_config, wait_for_step)
+from tests.training.training_setups import (FAULTS, LAG_RUN, assert_rows_equal,
+                                             assert_same_export, cli_config_file,
+                                             finished_checkpoints, main_commands, read_metrics,
+                                             start_processes, step_lines, tiny_config,
+                                             wait_for_step)
 
 
 def _start(commands, tmp_path, name):
@@ -123,17 +124,18 @@ def test_two_processes_answer_the_tool_calls_of_their_own_rows_as_one_process(da
 
 # Process roles: 5 steps of the tiny recipe, asynchronous with every batch exactly 1 step
 # stale, sampled on the last 4 devices (process 1's) and trained on the first 4 (process 0's).
-ROLES_RUN = {"train.steps": 5, "train.eval_every": 5, "train.export": True,
-             "train.log_rollouts_every": 1, "rollout.mesh": "data=4", "async_rl.enabled": True,
+# The process-roles runs: the synchronous loop's lag-1 comparison run (`LAG_RUN`: 5 steps,
+# its rollouts logged, evaluated at step 5, exported) as fixed asynchronous runs on split meshes.
+ROLES_RUN = {**LAG_RUN, "rollout.mesh": "data=4", "async_rl.enabled": True,
              "async_rl.max_staleness": 1, "async_rl.fixed": True}
 
 
-@pytest.fixture(scope="module")
-def one_process_split(data_dir, tmp_path_factory):
-    """The workdir of `ROLES_RUN` on one process with 8 devices, split 4/4."""
-    workdir = tmp_path_factory.mktemp("one_process_split")
-    rl.train(tiny_config("dapo", data_dir, **ROLES_RUN), str(workdir))
-    return workdir
+@pytest.fixture
+def one_process_split(lag_run):
+    """What `ROLES_RUN` gives on one process with 8 devices split 4/4: the synchronous
+    loop with rollout.policy_lag = 1 on the same split, which the fixed asynchronous loop
+    equals bit for bit (test_async_rl.py), run once per session."""
+    return lag_run(1, "data=4")
 
 
 def _assert_equal_to_one_process(workdir, reference, log0, log1):

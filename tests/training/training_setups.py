@@ -84,6 +84,12 @@ def tiny_config(recipe, data_dir, **overrides):
 # processes' 8-way mesh; 12 steps. Every interrupted run uses these settings (the
 # learning-rate schedule depends on train.steps), varying only what does not change the
 # numbers: checkpoints, export and the rollouts logged.
+# The runs the synchronous and asynchronous loops are compared in (`lag_run` of conftest.py):
+# 5 steps, evaluated at the last, exported, every step's rollouts logged.
+LAG_RUN = {"train.steps": 5, "train.eval_every": 5, "train.export": True,
+           "train.log_rollouts_every": 1}
+LAG_STEPS = range(1, 6)
+
 FAULTS = {"rollout.prompts_per_batch": 8, "train.steps": 12, "train.eval_every": 100}
 
 
