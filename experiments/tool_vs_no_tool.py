@@ -141,6 +141,7 @@ def main():
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
+    sys.path.insert(0, REPO)   # the commit named is this checkout's, which the runs import
     from grpo_jax import sweep   # imports no JAX
     workdir = os.path.abspath(args.workdir)
     load = os.getloadavg()[0]

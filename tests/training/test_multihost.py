@@ -39,6 +39,20 @@ def _wait(processes, logs, files, timeout=900):
     return codes, [log.read_text() for log in logs]
 
 
+def _kill_after_checkpoint(commands, tmp_path, workdir, step=2):
+    """Starts both processes and kills them (-9) once `step`'s checkpoint is on disk;
+    asserts both died by the kill, before the run could export."""
+    processes, logs, files = _start(commands, tmp_path, "killed")
+    deadline = time.time() + 900
+    while time.time() < deadline and step not in finished_checkpoints(workdir):
+        assert all(p.poll() is None for p in processes), "a process ended before the kill"
+        time.sleep(0.05)
+    for p in processes:
+        p.kill()
+    codes, _ = _wait(processes, logs, files)
+    assert codes == [-9, -9] and not (workdir / "export").exists()
+
+
 @pytest.mark.slow
 def test_two_processes_equal_one_process_through_kill_and_sigterm(data_dir, reference, tmp_path):
     """The two-process run is killed (-9, both processes) once step 2's checkpoint is on
@@ -53,16 +67,7 @@ def test_two_processes_equal_one_process_through_kill_and_sigterm(data_dir, refe
     workdir = tmp_path / "two"
     commands = main_commands(cli_config_file(tmp_path, data_dir, overrides), workdir, 2)
 
-    processes, logs, files = _start(commands, tmp_path, "killed")
-    deadline = time.time() + 900
-    while time.time() < deadline and 2 not in finished_checkpoints(workdir):
-        assert all(p.poll() is None for p in processes), "a process ended before the kill"
-        time.sleep(0.05)
-    for p in processes:
-        p.kill()
-    codes, _ = _wait(processes, logs, files)
-    assert codes == [-9, -9]
-    assert not (workdir / "export").exists()
+    _kill_after_checkpoint(commands, tmp_path, workdir)
     # Step 1's rollout: the same prompts, completions and rewards, row for row.
     assert (workdir / "rollouts" / "1.jsonl").read_text() == \
         (reference / "rollouts" / "1.jsonl").read_text()
@@ -181,15 +186,7 @@ def test_process_roles_killed_stopped_and_resumed_end_as_the_uninterrupted_run(
     exit 75. The third run ends as the uninterrupted one."""
     workdir = tmp_path / "roles"
     commands = main_commands(cli_config_file(tmp_path, data_dir, ROLES_RUN), workdir, 2)
-    processes, logs, files = _start(commands, tmp_path, "killed")
-    deadline = time.time() + 600
-    while time.time() < deadline and 2 not in finished_checkpoints(workdir):
-        assert all(p.poll() is None for p in processes), "a process ended before the kill"
-        time.sleep(0.05)
-    for p in processes:
-        p.kill()
-    codes, _ = _wait(processes, logs, files)
-    assert codes == [-9, -9] and not (workdir / "export").exists()
+    _kill_after_checkpoint(commands, tmp_path, workdir)
     resumed = finished_checkpoints(workdir)[-1]
     assert resumed == 2, "step 3 was done and saved within 50 ms of the kill"
 
