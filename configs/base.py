@@ -174,6 +174,7 @@ def get_config(arg=None):
     # log-probs themselves (no extra forward pass, no correction possible).
     config.train.old_logp = "recompute"
     config.train.eval_every = 50
+    config.train.eval_at_start = False   # also evaluate the starting policy, as step 0's row
     config.train.checkpoint_every = 25
     config.train.keep_checkpoints = 3
     config.train.ref_reset_every = 0     # > 0: the KL reference becomes the policy every N steps

@@ -40,10 +40,10 @@ def _parse_like_the_trainer(argv):
     return flag_values.config
 
 
-def test_each_of_the_seven_ablations_has_a_config_with_a_sweep():
+def test_each_ablation_has_a_config_with_a_sweep():
     assert {s.split("/")[-1][:-3] for s in SWEPT if "ablations" in s} == {
         "loss_aggregation", "advantage_scale", "clip_higher", "dynamic_sampling", "overlong",
-        "ratio_level", "baselines"}
+        "ratio_level", "baselines", "stability_frontier"}
 
 
 @pytest.mark.parametrize("spec", SWEPT)

@@ -125,9 +125,10 @@ def progress_bar(done, total, width=20):
 
 def kept_lines(text, step):
     """The lines of a metrics.jsonl's `text` whose rows are of steps up to `step`: a
-    resumed run redoes the later ones, and each step keeps one row."""
+    resumed run redoes the later ones, and each step keeps one row. A run starting at
+    step 0 keeps none (it redoes ``train.eval_at_start``'s step-0 row too)."""
     return [line + "\n" for line in (text or "").splitlines()
-            if line.strip() and json.loads(line)["step"] <= step]
+            if line.strip() and step > 0 and json.loads(line)["step"] <= step]
 
 
 class MetricWriter:

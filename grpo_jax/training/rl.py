@@ -618,11 +618,16 @@ def rl_step(run, step):
         run.ref_params = _copy(policy.params)   # DeepSeek-R1: the reference follows the policy
     # 4. Held-out evaluation.
     if rl_steps % config.train.eval_every == 0:
-        begin = time.time()
-        metrics.update(evaluation.evaluate(policy, run.mesh, run.scorer, run.held_out, config,
-                                           step=step, method=run.method, episodic=run.episodic))
-        metrics["time_eval"] = time.time() - begin
+        metrics.update(_evaluate(run, step))
     return metrics
+
+
+def _evaluate(run, step):
+    """The held-out evaluation of the policy as it is at `step`, with its time_eval."""
+    begin = time.time()
+    metrics = evaluation.evaluate(run.policy, run.mesh, run.scorer, run.held_out, run.config,
+                                  step=step, method=run.method, episodic=run.episodic)
+    return {**metrics, "time_eval": time.time() - begin}
 
 
 def train(config, workdir, *, seconds=None):
@@ -669,6 +674,8 @@ def _learn(config, workdir, mesh, rollout_mesh, seconds, learner=None):
         run.producer, close_producer = start_producer(run, start, total_steps)
     writer = metrics_lib.MetricWriter(workdir, total_steps=total_steps, start_step=start,
                                       total_seconds=seconds)
+    if start == 0 and config.train.eval_at_start:
+        writer.write(0, _evaluate(run, 0))   # the starting policy: step 0's row
     started, step = time.time(), start
 
     # --- the loop: value pre-training, then RL (`schedule`) ------------------------------

@@ -52,6 +52,19 @@ def test_a_resumed_run_drops_the_rows_it_redoes(tmp_path):
     assert [(r["step"], r["loss"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 0.75)]
 
 
+def test_a_fresh_start_redoes_step_0_and_a_resume_keeps_it(tmp_path):
+    """``train.eval_at_start`` logs the starting policy as step 0: a run that starts over
+    (no checkpoint) writes it again, a run resumed at step 2 keeps it."""
+    path = tmp_path / "metrics.jsonl"
+    old = "".join(json.dumps({"step": s, "eval_accuracy": s / 10}) + "\n" for s in (0, 1, 2, 3))
+    for start, kept in ((0, []), (2, [(0, 0.0), (1, 0.1), (2, 0.2)])):
+        path.write_text(old)
+        metrics_lib.MetricWriter(str(tmp_path), total_steps=6, start_step=start,
+                                 stream=io.StringIO()).close()
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [(r["step"], r["eval_accuracy"]) for r in rows] == kept
+
+
 def test_rows_reach_the_file_at_each_flush_and_a_minute_after_the_last(tmp_path, monkeypatch):
     """In a bucket (here its way on a local workdir: whole_file) metrics.jsonl is
     rewritten whole, as an object cannot be appended to: when the loop flushes at a

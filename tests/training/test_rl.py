@@ -14,7 +14,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from grpo_jax import config_lib, objectives, parallel, sampling
-from grpo_jax.training import policy as policy_lib, programs, rl, rollout, task as task_lib
+from grpo_jax.training import (evaluation, policy as policy_lib, programs, rl, rollout,
+                               task as task_lib, warm_start)
 from tests import readme_metrics
 from tests.training.training_setups import (REPO, assert_metric_close, cli, cli_config_file,
                                             comparable, faults_config, finished_checkpoints,
@@ -188,20 +189,28 @@ def test_continuous_batching_and_packing_give_the_reference_step(data_dir, refer
 @pytest.mark.slow
 def test_lagged_rollouts_and_reference_resets_resume_exactly(data_dir, tmp_path):
     """The state beyond parameters (lagged rollout parameters, a reset KL reference) is
-    checkpointed: a run stopped at step 2 and resumed equals an uninterrupted one."""
+    checkpointed: a run stopped at step 2 and resumed equals an uninterrupted one. With
+    ``train.eval_at_start`` the starting policy's evaluation is step 0's row, kept (not
+    redone) by the resume, and equal to the "eval" mode's score of the warm start."""
     overrides = {"train.steps": 4, "train.checkpoint_every": 2, "train.eval_every": 100,
-                 "rollout.policy_lag": 2, "objective.kl.beta": 0.01, "train.ref_reset_every": 3}
-    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "whole"))
+                 "rollout.policy_lag": 2, "objective.kl.beta": 0.01, "train.ref_reset_every": 3,
+                 "train.eval_at_start": True}
+    config = tiny_config("dapo", data_dir, **overrides)
+    rl.train(config, str(tmp_path / "whole"))
     rl.train(tiny_config("dapo", data_dir, **{**overrides, "train.steps": 2}), str(tmp_path / "cut"))
     rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "cut"))
     whole, cut = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "cut")
-    assert [r["step"] for r in cut] == [1, 2, 3, 4]
+    assert [r["step"] for r in cut] == [0, 1, 2, 3, 4]
+    start = evaluation.evaluate_export(config, os.path.join(warm_start.warm_start_dir(config),
+                                                            "export"))
+    assert set(start) == {"eval_accuracy", "eval_mean_at_k", "eval_pass_at_k", "eval_k"}
+    assert {key: whole[0][key] for key in start} == start
     for got, want in zip(cut, whole):
         for key, value in comparable(want).items():
             np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
     # With a lag of 2, steps 1 and 2 sample with the starting parameters, which the update
     # of step 1 has already left by step 2: the ratio moves off 1 before any minibatch.
-    assert whole[0]["kl_old"] < whole[1]["kl_old"]
+    assert whole[1]["kl_old"] < whole[2]["kl_old"]
 
 
 @pytest.mark.slow
