@@ -15,7 +15,10 @@ directory holds everything needed to regenerate its report. It writes:
   ± their sample standard deviation;
 - one PNG per plot: each entry's mean over seeds against the step, or against a metric
   accumulated over steps (generated tokens, seconds), with a band from the lowest to the
-  highest seed.
+  highest seed;
+- with a ``"frontier"`` entry in ``get_report()``, a stability frontier: which runs
+  collapsed, the share of seeds that did per cell of a grid of swept fields, as tables and
+  heat maps (`report_frontier`).
 
 The measures and plots come from the sweep config's ``get_report()`` (`DEFAULT_REPORT`
 when it has none)::
@@ -62,7 +65,7 @@ _extras.require("grpo_jax.report")   # before the imports it guards
 import ml_collections
 import numpy as np
 
-from grpo_jax import config_lib, paths, report_stats, sweep
+from grpo_jax import config_lib, paths, report_frontier, report_stats, sweep
 
 DEFAULT_REPORT = {
     "table": (("eval_accuracy", "final"), ("accuracy", "final"), ("reward_mean", "mean")),
@@ -206,11 +209,12 @@ def report_spec(module, num_entries):
     if labels is not None and len(labels) != num_entries:
         raise ValueError(f"get_report() gives {len(labels)} labels for {num_entries} sweep "
                          "entries; give one per entry, in get_sweep() order")
-    unknown = set(raw) - {"table", "plots", "labels", "paired", "last_k", "gaps"}
+    unknown = set(raw) - {"table", "plots", "labels", "paired", "last_k", "gaps", "frontier"}
     if unknown:
         raise ValueError(f"get_report() has unknown keys {sorted(unknown)}; it takes table, "
-                         "plots, labels, paired, last_k and gaps")
-    return ReportSpec(table, plots, labels, paired, last_k, gaps)
+                         "plots, labels, paired, last_k, gaps and frontier")
+    frontier = report_frontier.parse(raw["frontier"]) if "frontier" in raw else None
+    return ReportSpec(table, plots, labels, paired, last_k, gaps, frontier)
 
 
 def with_summary(table):
@@ -233,6 +237,7 @@ class ReportSpec:
     paired: list
     last_k: int
     gaps: dict
+    frontier: Any = None   # report_frontier.Frontier, or None
 
 
 # --- numbers ----------------------------------------------------------------------------
@@ -505,8 +510,8 @@ def plot_bands(entries, names, metric, x):
     return [(name, band) for name, band in bands if band is not None]
 
 
-def draw_plot(path, bands, metric, x):
-    """Writes one PNG: each entry's seed mean and band of `metric` against `x`, in the
+def draw_plot(bands, metric, x):
+    """One PNG's bytes: each entry's seed mean and band of `metric` against `x`, in the
     colour of its position in the sweep."""
     import matplotlib
     matplotlib.use("Agg")
@@ -528,7 +533,7 @@ def draw_plot(path, bands, metric, x):
         png = io.BytesIO()
         figure.savefig(png, format="png", metadata={"Software": None})
         plt.close(figure)
-    paths.write_whole(path, png.getvalue())
+    return png.getvalue()
 
 
 # --- report.md --------------------------------------------------------------------------
@@ -540,9 +545,9 @@ def entry_names(entries, labels):
             or name for _, name, overrides, _ in entries]
 
 
-def render(runs, module, *, write_plot):
-    """The text of report.md; calls ``write_plot(file_name, bands, metric, x)`` for each
-    plot it links (`plot_bands`)."""
+def render(runs, module, *, write_png):
+    """The text of report.md; calls ``write_png(file_name, png_bytes)`` for each plot and
+    heat map it links."""
     config_path = runs[0].record["sweep_config"]
     entries = entries_of(runs)
     spec = report_spec(module, len(entries))
@@ -567,6 +572,8 @@ def render(runs, module, *, write_plot):
               f"last {spec.last_k} = the mean of the last {spec.last_k} values; auc = the "
               "trapezoid mean over the logged steps; mean; sum; std = the population std over "
               "steps; cv = that std divided by the mean over steps." + summary_note(spec), ""]
+    if spec.frontier is not None:
+        lines += report_frontier.lines(entries, spec.frontier, write_png)
     paired = paired_lines(entries, names, spec)
     if paired:
         lines += ["## Paired comparisons", ""] + paired
@@ -588,7 +595,7 @@ def render(runs, module, *, write_plot):
             lines += [f"No finished run logged {needed}: no plot.", ""]
             continue
         file_name = plot_file(metric, x)
-        write_plot(file_name, bands, metric, x)
+        write_png(file_name, draw_plot(bands, metric, x))
         lines += [f"![{metric} against {x_name(x)}]({file_name})", ""]
     return "\n".join(lines)
 
@@ -599,7 +606,7 @@ def write_report(root, out=None):
     out = paths.path(out or root)
     runs = load_runs(root)
     module = config_module(runs[0].record["sweep_config"])
-    text = render(runs, module, write_plot=lambda name, *args: draw_plot(out / name, *args))
+    text = render(runs, module, write_png=lambda name, data: paths.write_whole(out / name, data))
     path = out / "report.md"
     paths.write_whole(path, text)
     return path

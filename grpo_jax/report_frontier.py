@@ -1,0 +1,219 @@
+"""The stability frontier in a sweep's report: which runs collapsed, the share of seeds
+that did in each cell of a grid, and one heat map per value of the first panel field.
+
+A sweep config turns it on with a ``"frontier"`` entry in its `get_report()`::
+
+    "frontier": {"collapse": {"metric": "eval_accuracy", "below": 0.5, "evaluations": 2},
+                 "rows": "optimizer.learning_rate", "columns": "train.minibatches",
+                 "panels": ("objective.loss.kind", "optimizer.warmup_steps")}
+
+A run **collapsed** when `evaluations` consecutive values of `metric` after its first are
+below `below` times that first value, which must be the starting policy's (step 0:
+``train.eval_at_start``); its collapse step is the first of them. Each cell of the grid
+(one value of every field in `rows`, `columns` and `panels`, all swept fields) shows
+``k/n``: k of its n finished seeds collapsed. The first panel field gets a heat map each
+(``frontier_<value>.png``: one panel per value of the other panel fields, the share of
+seeds collapsed as the colour, ``k/n`` and the seeds' mean final `metric` written in each
+cell), and report.md a table each with the same numbers and the median collapse step.
+"""
+
+import dataclasses
+import io
+import itertools
+import re
+import statistics
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Collapse:
+    """When a run has collapsed: `evaluations` consecutive values of `metric` below
+    `below` x its step-0 value."""
+
+    metric: str
+    below: float
+    evaluations: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Frontier:
+    """`get_report()`'s "frontier" entry, checked."""
+
+    collapse: Collapse
+    rows: str
+    columns: str
+    panels: tuple
+
+
+def parse(raw):
+    """The "frontier" entry of `get_report()` as a `Frontier`; ValueError naming the key."""
+    if not isinstance(raw, dict) or set(raw) != {"collapse", "rows", "columns", "panels"}:
+        raise ValueError("get_report() frontier: give a dict with the keys collapse, rows, "
+                         f"columns and panels, got {raw!r}")
+    collapse = raw["collapse"]
+    if not isinstance(collapse, dict) or set(collapse) != {"metric", "below", "evaluations"}:
+        raise ValueError("get_report() frontier.collapse: give {'metric': ..., 'below': ..., "
+                         f"'evaluations': ...}}, got {collapse!r}")
+    below, evaluations = collapse["below"], collapse["evaluations"]
+    if not isinstance(below, (int, float)) or not 0 < below <= 1:
+        raise ValueError(f"get_report() frontier.collapse.below={below!r}: give the fraction "
+                         "of the starting value, in (0, 1]")
+    if not isinstance(evaluations, int) or isinstance(evaluations, bool) or evaluations < 1:
+        raise ValueError(f"get_report() frontier.collapse.evaluations={evaluations!r}: give "
+                         "the number of consecutive evaluations, an int >= 1")
+    panels = (raw["panels"],) if isinstance(raw["panels"], str) else tuple(raw["panels"])
+    if not panels:
+        raise ValueError("get_report() frontier.panels: name at least one swept field")
+    return Frontier(Collapse(collapse["metric"], float(below), evaluations), raw["rows"],
+                    raw["columns"], panels)
+
+
+def collapse_step(steps, values, collapse):
+    """The step at which the run's collapse begins, or None when it did not collapse.
+
+    steps, values: [num_evaluations] of `collapse.metric` in step order; the first must be
+    of step 0 (the starting policy). Collapse: `collapse.evaluations` consecutive values
+    after the first below `collapse.below` x the first; the step of the first of them.
+
+    Example (below 0.5, 2 evaluations; the start scores 0.6, so the threshold is 0.3):
+      >>> collapse_step([0, 3, 6, 9, 12], [0.6, 0.2, 0.7, 0.1, 0.0], Collapse("a", 0.5, 2))
+      9
+    """
+    if not steps or steps[0] != 0:
+        raise ValueError(f"the collapse of {collapse.metric!r} is measured against the "
+                         "starting policy's value, a row of step 0: run with "
+                         "--config.train.eval_at_start=True")
+    threshold = collapse.below * values[0]
+    streak = []
+    for step, value in zip(steps[1:], values[1:]):
+        streak = streak + [step] if value < threshold else []
+        if len(streak) == collapse.evaluations:
+            return streak[0]
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One grid cell's finished seeds: how many, which collapsed (their steps), and their
+    final values of the collapse metric."""
+
+    seeds: int
+    collapse_steps: tuple
+    finals: tuple
+
+    @property
+    def collapsed(self):
+        return len(self.collapse_steps)
+
+    @property
+    def share(self):
+        return self.collapsed / self.seeds if self.seeds else float("nan")
+
+    def text(self):
+        """``2/3 · 0.41``: collapsed of finished seeds, and their mean final value."""
+        if not self.seeds:
+            return "–"
+        return f"{self.collapsed}/{self.seeds} · {np.mean(self.finals):.2f}"
+
+
+def cells(entries, frontier):
+    """``{(panel values..., row value, column value): Cell}`` over `entries`
+    (`report.entries_of`), and the values of each field in sweep order."""
+    fields = (*frontier.panels, frontier.rows, frontier.columns)
+    grid, values = {}, {field: [] for field in fields}
+    for _, name, overrides, runs in entries:
+        missing = [field for field in fields if field not in overrides]
+        if missing:
+            raise ValueError(f"get_report() frontier names {missing}, which entry {name} does "
+                             "not sweep; rows, columns and panels must be swept fields")
+        key = tuple(_hashable(overrides[field]) for field in fields)
+        for field, value in zip(fields, key):
+            if value not in values[field]:
+                values[field].append(value)
+        done = [run for run in runs if run.finished]
+        steps_values = [run.values(frontier.collapse.metric) for run in done]
+        collapsed = [collapse_step(s, v, frontier.collapse) for s, v in steps_values]
+        previous = grid.get(key, Cell(0, (), ()))
+        grid[key] = Cell(previous.seeds + len(done),
+                         previous.collapse_steps + tuple(s for s in collapsed if s is not None),
+                         previous.finals + tuple(v[-1] for _, v in steps_values))
+    return grid, values
+
+
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _leaf(field):
+    return field.rsplit(".", 1)[-1]
+
+
+def lines(entries, frontier, write_png):
+    """report.md's "Stability frontier" section; calls ``write_png(file_name, bytes)`` for
+    each heat map it links."""
+    grid, values = cells(entries, frontier)
+    first, others = frontier.panels[0], frontier.panels[1:]
+    sub_panels = list(itertools.product(*(values[field] for field in others)))
+    rows, columns = values[frontier.rows], values[frontier.columns]
+    c = frontier.collapse
+    out = ["## Stability frontier", "",
+           f"A run collapsed when {c.evaluations} consecutive evaluations of `{c.metric}` fell "
+           f"below {c.below:g} x its starting value (step 0: the policy before the first "
+           f"update). Each cell: k/n = k of its n finished seeds collapsed · the seeds' mean "
+           f"final `{c.metric}`. Median collapse step: over the seeds that collapsed.", ""]
+    for panel in values[first]:
+        title = f"`{_leaf(first)}` = `{panel}`"
+        header = [f"{_leaf(frontier.rows)} \\ " + ", ".join(
+            [_leaf(frontier.columns)] + [_leaf(f) for f in others])]
+        for sub in sub_panels:
+            header += [", ".join(map(str, (column, *sub))) for column in columns]
+        table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for row in rows:
+            cells_text = [str(row)]
+            for sub in sub_panels:
+                for column in columns:
+                    cell = grid.get((panel, *sub, row, column), Cell(0, (), ()))
+                    median = (f" (step {statistics.median(cell.collapse_steps):g})"
+                              if cell.collapsed else "")
+                    cells_text.append(cell.text() + median)
+            table.append("| " + " | ".join(cells_text) + " |")
+        file_name = "frontier_" + re.sub(r"[^A-Za-z0-9._-]+", "-", str(panel)) + ".png"
+        write_png(file_name, heat_map(grid, panel, sub_panels, rows, columns, frontier))
+        out += [f"### {title}", ""] + table + ["", f"![{title}]({file_name})", ""]
+    return out
+
+
+def heat_map(grid, panel, sub_panels, rows, columns, frontier):
+    """PNG bytes: one heat map per sub-panel, rows x columns, coloured by the share of
+    seeds collapsed (0 white to 1 dark red), each cell labelled `Cell.text`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    others = frontier.panels[1:]
+    with matplotlib.style.context("default"):
+        figure, axes = plt.subplots(1, len(sub_panels), squeeze=False, dpi=100,
+                                    figsize=(1.0 + 2.6 * len(sub_panels), 3.2))
+        for axis, sub in zip(axes[0], sub_panels):
+            found = [[grid.get((panel, *sub, row, column), Cell(0, (), ())) for column in columns]
+                     for row in rows]
+            shares = np.array([[cell.share for cell in line] for line in found])
+            axis.imshow(shares, cmap="Reds", vmin=0.0, vmax=1.0, aspect="auto")
+            for i, line in enumerate(found):
+                for j, cell in enumerate(line):
+                    axis.text(j, i, cell.text().replace(" · ", "\n"), ha="center",
+                              va="center", fontsize="small",
+                              color="white" if cell.share > 0.6 else "black")
+            axis.set_xticks(range(len(columns)), [str(c) for c in columns])
+            axis.set_yticks(range(len(rows)), [str(r) for r in rows])
+            axis.set_xlabel(frontier.columns)
+            axis.set_ylabel(frontier.rows)
+            axis.set_title(", ".join(f"{_leaf(f)}={v}" for f, v in zip(others, sub))
+                           or str(panel), fontsize="medium")
+        figure.suptitle(f"{_leaf(frontier.panels[0])}={panel}: seeds collapsed, mean final "
+                        f"{frontier.collapse.metric}", fontsize="medium")
+        figure.tight_layout()
+        png = io.BytesIO()
+        figure.savefig(png, format="png", metadata={"Software": None})
+        plt.close(figure)
+    return png.getvalue()
