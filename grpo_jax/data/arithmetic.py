@@ -17,7 +17,10 @@ With ``extra_columns = k`` each addition or subtraction solution works 0..k (uni
 drawn) more columns past the operands' digits, on zeros: ``478+256`` ->
 ``8+6+0=14 7+5+1=13 4+2+1=7 0+0+0=0 #### 734``. Same answer, more tokens: a policy
 trained on such targets can change the length of its answers without changing their
-correctness, which is what length claims need to be measurable.
+correctness, which is what length claims need to be measurable. With
+``ramble_columns = r`` the forgetful teacher's solutions (below) work 0..r more columns
+on top of those: its answers, wrong whenever it dropped a carry, are longer, so answer
+length and error are correlated, as wrong reasoning that rambles is in large models.
 
 SFT targets from an imperfect teacher: with probability ``teacher_fraction`` an
 example's ``solution`` is written by a teacher that drops each carry (or borrow) with
@@ -165,6 +168,8 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
         (uniformly drawn per example) more columns, on zeros: longer answers, same result.
       calculator_fraction: share of solutions that call the calculator tool
         (`CALCULATOR_CALL`) instead of working the problem.
+      ramble_columns: the forgetful teacher's addition or subtraction solutions work
+        0..ramble_columns (uniformly drawn) more columns on top of ``extra_columns``'.
     """
 
     PREFIX: ClassVar[str] = "arithmetic"
@@ -177,13 +182,15 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
     verdicts: bool = False
     extra_columns: int = 0
     calculator_fraction: float = 0.0
+    ramble_columns: int = 0
 
     def __post_init__(self):
         self.ops = tuple(self.ops)
         if self.digits < 1:
             raise ValueError(f"arithmetic.digits must be >= 1, got {self.digits}")
-        if self.extra_columns < 0:
-            raise ValueError(f"arithmetic.extra_columns must be >= 0, got {self.extra_columns}")
+        for field in ("extra_columns", "ramble_columns"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"arithmetic.{field} must be >= 0, got {getattr(self, field)}")
         if not self.ops or not set(self.ops) <= set(OPS):
             raise ValueError(f"arithmetic.ops must be a non-empty subset of {OPS}, got {self.ops}")
         for field in ("teacher_fraction", "forget_carry_p", "calculator_fraction"):
@@ -202,6 +209,8 @@ def generate(config: ArithmeticConfig) -> Iterator[dict[str, Any]]:
         extra = int(rng.integers(config.extra_columns + 1)) if config.extra_columns else 0
         forget = functools.partial(_coin, rng, config.forget_carry_p if noisy else 0.0)
         calculator = _coin(rng, config.calculator_fraction)
+        if noisy and config.ramble_columns:   # drawn last: the other draws stay as they were
+            extra += int(rng.integers(config.ramble_columns + 1))
         yield make_example(a, op, b, scratchpad=config.scratchpad, forget=forget,
                            verdict=config.verdicts, extra_columns=extra, calculator=calculator)
 

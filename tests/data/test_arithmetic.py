@@ -132,6 +132,25 @@ class TestGenerate:
         counts = np.bincount(extra, minlength=3)
         assert len(counts) == 3 and all(counts > 150), counts   # 0, 1, 2 about equally often
 
+    def test_ramble_columns_lengthen_only_the_forgetful_teachers_solutions(self):
+        plain = self.take(data.ArithmeticConfig(digits=3, teacher_fraction=0.5), 1000)
+        rambling = self.take(data.ArithmeticConfig(digits=3, teacher_fraction=0.5,
+                                                   ramble_columns=6), 1000)
+        extra = {True: [], False: []}   # columns past the operands', by whether it is wrong
+        for short, long in zip(plain, rambling):
+            assert (short["question"], short["answer"]) == (long["question"], long["answer"])
+            assert stated(short["solution"]) == stated(long["solution"])   # same teacher, same slips
+            a, b = re.fullmatch(r"(\d+)\+(\d+)", long["question"]).groups()
+            columns = long["solution"].split(" ####")[0].split(" ")
+            extra[stated(long["solution"]) != int(long["answer"])].append(
+                len(columns) - len(short["solution"].split(" ####")[0].split(" ")))
+        # Every wrong target is the forgetful teacher's: 0..6 more columns, 3 on average.
+        wrong = np.array(extra[True])
+        assert set(np.unique(wrong)) == set(range(7)) and 2.6 < wrong.mean() < 3.4
+        # Right targets: the exact teacher's (none) and the forgetful one's without a carry.
+        right = np.array(extra[False])
+        assert 0.1 < right.mean() < 1.5 and (right == 0).mean() > 0.6
+
     def test_calculator_fraction_makes_that_share_call_the_tool_and_changes_nothing_else(self):
         plain = self.take(data.ArithmeticConfig(digits=3, ops=("*",)), 1000)
         tools = self.take(data.ArithmeticConfig(digits=3, ops=("*",), calculator_fraction=0.3), 1000)
