@@ -23,7 +23,11 @@ import itertools
 import re
 import statistics
 
+from typing import Any
+
 import numpy as np
+
+from grpo_jax import report_stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +98,32 @@ def collapse_step(steps, values, collapse):
 
 
 @dataclasses.dataclass(frozen=True)
-class Cell:
-    """One grid cell's finished seeds: how many, which collapsed (their steps), and their
-    final values of the collapse metric."""
+class Outcome:
+    """One finished run of a cell: its seed, its collapse step (None: it did not
+    collapse) and its final value of the collapse metric."""
 
-    seeds: int
-    collapse_steps: tuple
-    finals: tuple
+    seed: int
+    collapse_step: Any
+    final: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One grid cell's finished runs, in the order the report read them."""
+
+    outcomes: tuple = ()
+
+    @property
+    def seeds(self):
+        return len(self.outcomes)
+
+    @property
+    def collapse_steps(self):
+        return tuple(o.collapse_step for o in self.outcomes if o.collapse_step is not None)
+
+    @property
+    def finals(self):
+        return tuple(o.final for o in self.outcomes)
 
     @property
     def collapsed(self):
@@ -131,13 +154,14 @@ def cells(entries, frontier):
         for field, value in zip(fields, key):
             if value not in values[field]:
                 values[field].append(value)
-        done = [run for run in runs if run.finished]
-        steps_values = [run.values(frontier.collapse.metric) for run in done]
-        collapsed = [collapse_step(s, v, frontier.collapse) for s, v in steps_values]
-        previous = grid.get(key, Cell(0, (), ()))
-        grid[key] = Cell(previous.seeds + len(done),
-                         previous.collapse_steps + tuple(s for s in collapsed if s is not None),
-                         previous.finals + tuple(v[-1] for _, v in steps_values))
+        outcomes = []
+        for run in runs:
+            if run.finished:
+                steps, scores = run.values(frontier.collapse.metric)
+                outcomes.append(Outcome(run.record["seed"],
+                                        collapse_step(steps, scores, frontier.collapse),
+                                        scores[-1]))
+        grid[key] = Cell(grid.get(key, Cell()).outcomes + tuple(outcomes))
     return grid, values
 
 
@@ -162,6 +186,7 @@ def lines(entries, frontier, write_png):
            f"below {c.below:g} x its starting value (step 0: the policy before the first "
            f"update). Each cell: k/n = k of its n finished seeds collapsed · the seeds' mean "
            f"final `{c.metric}`. Median collapse step: over the seeds that collapsed.", ""]
+    out += summary_lines(grid, values[first], first)
     for panel in values[first]:
         title = f"`{_leaf(first)}` = `{panel}`"
         header = [f"{_leaf(frontier.rows)} \\ " + ", ".join(
@@ -173,7 +198,7 @@ def lines(entries, frontier, write_png):
             cells_text = [str(row)]
             for sub in sub_panels:
                 for column in columns:
-                    cell = grid.get((panel, *sub, row, column), Cell(0, (), ()))
+                    cell = grid.get((panel, *sub, row, column), Cell())
                     median = (f" (step {statistics.median(cell.collapse_steps):g})"
                               if cell.collapsed else "")
                     cells_text.append(cell.text() + median)
@@ -182,6 +207,47 @@ def lines(entries, frontier, write_png):
         write_png(file_name, heat_map(grid, panel, sub_panels, rows, columns, frontier))
         out += [f"### {title}", ""] + table + ["", f"![{title}]({file_name})", ""]
     return out
+
+
+def paired_collapses(grid, panel, reference):
+    """[pairs] of collapsed(panel) - collapsed(reference) (each 0 or 1) over the runs of
+    `panel` and `reference` at the same other fields and seed, in grid order."""
+    flags = lambda key: {o.seed: o.collapse_step is not None for o in grid[key].outcomes}
+    differences = []
+    for key in grid:
+        if key[0] != panel or (reference, *key[1:]) not in grid:
+            continue
+        mine, theirs = flags(key), flags((reference, *key[1:]))
+        differences += [int(mine[s]) - int(theirs[s]) for s in sorted(set(mine) & set(theirs))]
+    return np.array(differences, np.float64)
+
+
+def summary_lines(grid, panels, field):
+    """Per value of the first panel field: its runs collapsed of those finished, its cells
+    where no seed collapsed, and its collapses paired with the first value's (the control)
+    at the same cell and seed: the mean difference and its bootstrap interval."""
+    reference = panels[0]
+    table = [f"| {_leaf(field)} | runs collapsed | cells where no seed collapsed | "
+             f"collapse rate − `{reference}`'s, paired by cell and seed |", "|---|---|---|---|"]
+    for panel in panels:
+        mine = [cell for key, cell in grid.items() if key[0] == panel]
+        runs = sum(cell.seeds for cell in mine)
+        collapsed = sum(cell.collapsed for cell in mine)
+        stable = sum(1 for cell in mine if cell.seeds and not cell.collapsed)
+        paired = "–"
+        differences = paired_collapses(grid, panel, reference)
+        if panel != reference and differences.size:
+            lo, hi = report_stats.bootstrap_ci(differences)
+            paired = (f"{differences.mean():+.3f} over {differences.size} pairs "
+                      f"({report_stats.format_ci(lo, hi)})")
+        table.append(f"| `{panel}` | {collapsed}/{runs} | {stable}/{len(mine)} | {paired} |")
+    return table + ["", f"Paired: each run minus the `{reference}` run of the same cell (every "
+                    "other swept field equal) and seed, 1 when only it collapsed, -1 when only "
+                    f"the `{reference}` run did; the mean over the pairs and the percentile "
+                    f"bootstrap CI over pairs ({report_stats.RESAMPLES:,} resamples, "
+                    f"{report_stats.LEVEL:.0%}), which treats the pairs as independent: cells "
+                    "share seeds and neighbouring settings, so read it as a summary, not a "
+                    "test.", ""]
 
 
 def heat_map(grid, panel, sub_panels, rows, columns, frontier):
@@ -195,7 +261,7 @@ def heat_map(grid, panel, sub_panels, rows, columns, frontier):
         figure, axes = plt.subplots(1, len(sub_panels), squeeze=False, dpi=100,
                                     figsize=(1.0 + 2.6 * len(sub_panels), 3.2))
         for axis, sub in zip(axes[0], sub_panels):
-            found = [[grid.get((panel, *sub, row, column), Cell(0, (), ())) for column in columns]
+            found = [[grid.get((panel, *sub, row, column), Cell()) for column in columns]
                      for row in rows]
             shares = np.array([[cell.share for cell in line] for line in found])
             axis.imshow(shares, cmap="Reds", vmin=0.0, vmax=1.0, aspect="auto")

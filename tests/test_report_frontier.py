@@ -93,10 +93,17 @@ def test_the_frontier_counts_collapsed_seeds_per_cell(tmp_path):
     # pg: at lr 0.3 without warm-up seed 1 collapsed from step 4, finals 0.8, 0.1, 0.9.
     assert "| learning_rate \\ warmup_steps | 0 | 5 |" in section
     assert "| 0.1 | 0/3 · 0.85 | 0/3 · 0.85 |" in section   # finals 0.8, 0.85, 0.9
-    pg = section[section.index("`pg`"):section.index("`cispo`")]
+    pg = section[section.index("### `kind` = `pg`"):section.index("### `kind` = `cispo`")]
     assert "| 0.3 | 1/3 · 0.60 (step 4) | 0/3 · 0.85 |" in pg
-    cispo = section[section.index("`cispo`"):]
+    cispo = section[section.index("### `kind` = `cispo`"):]
     assert "| 0.3 | 3/3 · 0.00 (step 2) | 0/3 · 0.80 |" in cispo
+    # pg: 1 of its 12 runs collapsed, 3 of 4 cells clean; cispo: 3 runs, in one cell.
+    # Paired with pg by cell and seed: +1 at (0.3, 0) seeds 0 and 2, 0 elsewhere: mean
+    # 2/12. A resample's mean is k/12 with k ~ Binomial(12, 1/6): P(k = 0) = (5/6)^12 = 11%
+    # > 2.5%, so the interval starts at 0; P(k <= 4) = 0.964 < 97.5% < P(k <= 5) = 0.992,
+    # so it ends at 5/12.
+    assert "| `pg` | 1/12 | 3/4 | – |" in section
+    assert "| `cispo` | 3/12 | 3/4 | +0.167 over 12 pairs (CI [0.000, 0.417]) |" in section
     for kind in ("pg", "cispo"):
         png = root / f"frontier_{kind}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -119,7 +126,9 @@ def test_cells_hold_each_seed_once_with_its_collapse_step(tmp_path):
     grid, values = report_frontier.cells(report.entries_of(runs), spec)
     assert values == {"objective.loss.kind": ["pg", "cispo"],
                       "optimizer.learning_rate": [0.1, 0.3], "optimizer.warmup_steps": [0, 5]}
-    assert grid[("pg", 0.3, 0)] == report_frontier.Cell(3, (4,), (0.8, 0.1, 0.9))
+    Outcome = report_frontier.Outcome
+    assert grid[("pg", 0.3, 0)] == report_frontier.Cell(
+        (Outcome(0, None, 0.8), Outcome(1, 4, 0.1), Outcome(2, None, 0.9)))
     assert grid[("cispo", 0.3, 0)].share == 1.0 and grid[("cispo", 0.3, 5)].share == 0.0
 
 
