@@ -189,24 +189,33 @@ def lines(entries, frontier, write_png):
     out += summary_lines(grid, values[first], first)
     for panel in values[first]:
         title = f"`{_leaf(first)}` = `{panel}`"
-        header = [f"{_leaf(frontier.rows)} \\ " + ", ".join(
-            [_leaf(frontier.columns)] + [_leaf(f) for f in others])]
-        for sub in sub_panels:
-            header += [", ".join(map(str, (column, *sub))) for column in columns]
-        table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for row in rows:
-            cells_text = [str(row)]
-            for sub in sub_panels:
-                for column in columns:
-                    cell = grid.get((panel, *sub, row, column), Cell())
-                    median = (f" (step {statistics.median(cell.collapse_steps):g})"
-                              if cell.collapsed else "")
-                    cells_text.append(cell.text() + median)
-            table.append("| " + " | ".join(cells_text) + " |")
         file_name = "frontier_" + re.sub(r"[^A-Za-z0-9._-]+", "-", str(panel)) + ".png"
         write_png(file_name, heat_map(grid, panel, sub_panels, rows, columns, frontier))
-        out += [f"### {title}", ""] + table + ["", f"![{title}]({file_name})", ""]
+        out += ([f"### {title}", ""] + panel_table(grid, panel, sub_panels, rows, columns, frontier)
+                + ["", f"![{title}]({file_name})", ""])
     return out
+
+
+def panel_table(grid, panel, sub_panels, rows, columns, frontier):
+    """One value of the first panel field as a markdown table: a line per `rows` value, a
+    column per (`columns` value, other panel values); each cell `Cell.text` and the
+    median collapse step."""
+    others = frontier.panels[1:]
+    header = [f"{_leaf(frontier.rows)} \\ " + ", ".join(
+        [_leaf(frontier.columns)] + [_leaf(f) for f in others])]
+    for sub in sub_panels:
+        header += [", ".join(map(str, (column, *sub))) for column in columns]
+    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        texts = [str(row)]
+        for sub in sub_panels:
+            for column in columns:
+                cell = grid.get((panel, *sub, row, column), Cell())
+                median = (f" (step {statistics.median(cell.collapse_steps):g})"
+                          if cell.collapsed else "")
+                texts.append(cell.text() + median)
+        table.append("| " + " | ".join(texts) + " |")
+    return table
 
 
 def paired_collapses(grid, panel, reference):
