@@ -48,6 +48,7 @@ so the same runs give the same bytes (with the same matplotlib and FreeType).
 
 import argparse
 import dataclasses
+import functools
 import gzip
 import inspect
 import json
@@ -100,7 +101,7 @@ class RunData:
     record: dict[str, Any]
     rows: tuple[dict[str, float], ...]
 
-    @property
+    @functools.cached_property   # building the ConfigDict is most of a report's time
     def final_step(self):
         return sweep.final_step(ml_collections.ConfigDict(self.record["config"]))
 
