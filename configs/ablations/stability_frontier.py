@@ -17,9 +17,11 @@ plain importance-weighted policy gradient (loss "pg", no clip or gate) as the co
 learning rate {3e-5, 1e-4, 3e-4} x optimizer updates per rollout batch {1, 4, 16} (one
 epoch of that many minibatches: 64, 16 and 4 answers each; from the second update on the
 policy is off the one that sampled) x warm-up {none, linear over the first 20 optimizer
-updates}. `STEPS` rollout steps each, scaled down from the papers' hundreds: collapse
-at the cliff comes within 2-6 steps (and is then permanent: the policy emits no correct
-answer to learn from).
+updates}. `STEPS` rollout steps each, scaled down from the papers' hundreds: past the
+cliff, collapse came at a median step of 3 to 12 and was permanent (the policy emits no
+correct answer to learn from). A run that collapses after its last evaluations is not
+counted; the tables' mean final accuracy shows such runs (falling, not yet below the
+threshold twice).
 
 Collapse (`COLLAPSE`): held-out greedy accuracy below half the warm start's (the run's
 step-0 evaluation, `train.eval_at_start`) at 2 consecutive evaluations. Evaluated every
