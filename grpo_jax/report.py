@@ -36,8 +36,9 @@ over the logged steps). Beside ``("eval_accuracy", "final")`` the table always s
 ``("eval_accuracy", "last_k")``, the per-seed value the paired comparisons take, as the
 mean over seeds with its percentile bootstrap interval (`report_stats.bootstrap_ci`).
 A plot's x is "step", a metric whose running sum over steps is the x
-(``"generated_tokens"``), or a tuple of metrics whose per-step sum is accumulated. At each step the curve is the mean
-over seeds of x and of y, over the steps that every seed of the entry logged.
+(``"generated_tokens"``), or a tuple of metrics whose per-step sum is accumulated. At
+each step the curve is the mean over seeds of x and of y, over the steps that every seed
+of the entry logged.
 
 Only finished runs enter the table and the plots: those whose metrics.jsonl reaches the
 config's last step. The others are listed. Nothing in the output depends on anything but
@@ -341,7 +342,8 @@ def entries_of(runs):
     entries = {}
     for run in runs:
         r = run.record
-        entries.setdefault(r["entry"], (r["entry"], r["entry_name"], r["overrides"], []))[3].append(run)
+        entry = entries.setdefault(r["entry"], (r["entry"], r["entry_name"], r["overrides"], []))
+        entry[3].append(run)
     return [entries[k] for k in sorted(entries)]
 
 

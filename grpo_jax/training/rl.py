@@ -105,7 +105,8 @@ def check_config(config, mesh):
                          "sampled position, but none is configured (top_p=1, top_k=0, min_p=0); "
                          "set one, or keep_sampling_mask=False")
     if not isinstance(r.slots, int) or r.slots < 0:
-        raise ValueError(f"rollout.slots must be an int >= 0 (0: no continuous batching), got {r.slots!r}")
+        raise ValueError("rollout.slots must be an int >= 0 (0: no continuous batching), "
+                         f"got {r.slots!r}")
     if config.filtering.short_batch not in rollout.SHORT_BATCH:
         raise ValueError(f"filtering.short_batch must be one of {rollout.SHORT_BATCH}, got "
                          f"{config.filtering.short_batch!r}")

@@ -190,8 +190,8 @@ def assert_rows_equal(workdir, reference, steps, rtol=0.0, atol=0.0, extra=()):
 def assert_same_export(workdir, reference, rtol=0.0, atol=0.0):
     """The exported policy of `workdir` (local or in a bucket) equals the reference's,
     tensor by tensor."""
-    got, want = (safetensors.numpy.load((paths.path(w) / "export" / "model.safetensors").read_bytes())
-                 for w in (workdir, reference))
+    exported = lambda w: (paths.path(w) / "export" / "model.safetensors").read_bytes()
+    got, want = (safetensors.numpy.load(exported(w)) for w in (workdir, reference))
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
