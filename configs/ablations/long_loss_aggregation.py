@@ -34,4 +34,8 @@ get_sweep = runlocal.get_sweep
 def get_report():
     spec = runlocal.get_report()
     spec["table"] += (("truncation_rate", "early"), ("truncation_rate", "late"))
+    # The claim's own measure, paired per seed: the length of wrong answers late in training.
+    spec["paired"] = (("response_length_wrong", "late"), ("response_length_correct", "late"),
+                      ("eval_accuracy", "last_k"), ("eval_accuracy", "auc"))
+    spec["gaps"] = {"eval_accuracy": 0.05, "response_length_wrong": 5.0}
     return spec
