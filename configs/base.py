@@ -81,6 +81,9 @@ def get_config(arg=None):
     config.task.manual_dir = ""          # official files for gsm8k / math500
     config.task.chat_template = False    # format prompts with the tokenizer's chat template
     config.task.system_prompt = ""
+    # Worked examples before the question, ((question, answer text), ...): earlier chat
+    # turns, or prompt + answer paragraphs in a plain prompt (e.g. a base model's one-shot).
+    config.task.shots = ()
     config.task.eval_split = "test"
     # Several processes: "main" builds the dataset in process 0 while the others wait (a
     # data_dir every host shares); "every" builds it in each process (per-host local dirs).

@@ -98,26 +98,46 @@ def user_message(example: dict[str, Any]) -> str:
     return f"{example['question']}\n\n{instruction}"
 
 
-def plain_prompt(example: dict[str, Any], *, system_prompt: str | None = None) -> str:
-    """The task's plain template filled from ``example``, after ``system_prompt`` if any.
+def plain_prompt(example: dict[str, Any], *, system_prompt: str | None = None,
+                 shots: tuple = ()) -> str:
+    """The task's plain template filled from ``example``, after ``system_prompt`` if any
+    and the worked ``shots`` (``(question, answer text)`` pairs, each its own prompt
+    followed by its answer and a blank line).
 
     >>> plain_prompt({"task": "arithmetic", "question": "478+256"})
     '478+256='
     """
     fmt = task_format(example["task"])
-    body = fmt.plain_template.format(
-        question=example["question"], instruction=fmt.answer.instruction)
+    fill = lambda question: fmt.plain_template.format(
+        question=question, instruction=fmt.answer.instruction)
+    parts = [fill(question) + answer for question, answer in _checked_shots(shots)]
+    body = "\n\n".join(parts + [fill(example["question"])])
     return body if system_prompt is None else f"{system_prompt}\n\n{body}"
 
 
+def _checked_shots(shots) -> list[tuple[str, str]]:
+    """``shots`` as a list of ``(question, answer text)`` string pairs, or a clear error."""
+    pairs = [shot if isinstance(shot, str) else tuple(shot) for shot in shots]
+    for shot in pairs:
+        if isinstance(shot, str) or len(shot) != 2 or not all(
+                isinstance(part, str) for part in shot):
+            raise ValueError(
+                f"task.shots: each shot is a (question, answer text) pair of strings, got "
+                f"{shot!r}; e.g. (('23+45', '23+45=68\\n#### 68'),)")
+    return pairs
+
+
 def chat_prompt(example: dict[str, Any], tokenizer, *,
-                system_prompt: str | None = None) -> str:
+                system_prompt: str | None = None, shots: tuple = ()) -> str:
     """The example as a chat prompt rendered by ``tokenizer``'s chat template.
 
     Args:
       example: an example dict (``task`` and ``question`` are read).
       tokenizer: a ``transformers`` tokenizer whose ``chat_template`` is set.
       system_prompt: an optional system message placed before the user turn.
+      shots: worked examples, ``(question, answer text)`` pairs, each rendered as an
+        earlier user turn (the question with the task's instruction) and the assistant's
+        answer (a few-shot prompt, as Brown et al., arXiv:2005.14165).
 
     Returns:
       The prompt text, ending with the template's generation prompt (the start of the
@@ -127,7 +147,11 @@ def chat_prompt(example: dict[str, Any], tokenizer, *,
         raise ValueError(
             "tokenizer has no chat_template; pass tokenizer=None for a plain prompt or "
             "set tokenizer.chat_template")
-    messages = [{"role": "user", "content": user_message(example)}]
+    messages = []
+    for question, answer in _checked_shots(shots):
+        messages += [{"role": "user", "content": user_message({**example, "question": question})},
+                     {"role": "assistant", "content": answer}]
+    messages.append({"role": "user", "content": user_message(example)})
     if system_prompt is not None:
         messages.insert(0, {"role": "system", "content": system_prompt})
     return tokenizer.apply_chat_template(
@@ -135,8 +159,8 @@ def chat_prompt(example: dict[str, Any], tokenizer, *,
 
 
 def format_prompt(example: dict[str, Any], *, tokenizer=None,
-                  system_prompt: str | None = None) -> str:
+                  system_prompt: str | None = None, shots: tuple = ()) -> str:
     """``chat_prompt`` when a tokenizer is given, else ``plain_prompt``."""
     if tokenizer is None:
-        return plain_prompt(example, system_prompt=system_prompt)
-    return chat_prompt(example, tokenizer, system_prompt=system_prompt)
+        return plain_prompt(example, system_prompt=system_prompt, shots=shots)
+    return chat_prompt(example, tokenizer, system_prompt=system_prompt, shots=shots)

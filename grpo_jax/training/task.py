@@ -62,7 +62,8 @@ def loader(source, config, *, batch_size):
 def prompt_text(task_cfg, example, tokenizer):
     """The prompt string of `example`: the plain template or the tokenizer's chat template."""
     return data.format_prompt(example, tokenizer=tokenizer if task_cfg.chat_template else None,
-                              system_prompt=task_cfg.system_prompt or None)
+                              system_prompt=task_cfg.system_prompt or None,
+                              shots=task_cfg.shots)
 
 
 def prompt_rows(task_cfg, examples, tokenizer):

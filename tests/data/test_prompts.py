@@ -44,6 +44,16 @@ class TestPlain:
     def test_system_prompt_comes_first(self):
         assert data.plain_prompt(ARITHMETIC, system_prompt="Add.") == "Add.\n\n478+256="
 
+    def test_shots_come_before_the_question_after_the_system_prompt(self):
+        shots = (("1+2", "#### 3"), ("40+2", "40+2=42\n#### 42"))
+        assert data.plain_prompt(ARITHMETIC, system_prompt="Add.", shots=shots) == (
+            "Add.\n\n1+2=#### 3\n\n40+2=40+2=42\n#### 42\n\n478+256=")
+
+    @pytest.mark.parametrize("shots", [("1+2", "#### 3"), (("1+2",),), ((1, "#### 1"),)])
+    def test_a_malformed_shot_is_a_clear_error(self, shots):
+        with pytest.raises(ValueError, match=r"task.shots: each shot is a \(question, answer"):
+            data.plain_prompt(ARITHMETIC, shots=shots)
+
     def test_format_prompt_without_tokenizer_is_plain(self):
         assert data.format_prompt(GSM8K) == data.plain_prompt(GSM8K)
 
@@ -64,6 +74,18 @@ class TestChat:
         assert "<answer> </answer>" in prompt
         assert prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
         assert "system" not in prompt
+
+    def test_one_shot_is_an_earlier_user_and_assistant_turn(self, tokenizer):
+        prompt = data.chat_prompt(ARITHMETIC, tokenizer, system_prompt="Be exact.",
+                                  shots=(("12+30", "12+30=42\n#### 42"),))
+        instruction = ("Think step by step, then write the final answer on the last line as "
+                       "'#### <answer>'.")
+        assert prompt == (
+            "<|im_start|>system\nBe exact.<|im_end|>\n"
+            f"<|im_start|>user\n12+30\n\n{instruction}<|im_end|>\n"
+            "<|im_start|>assistant\n12+30=42\n#### 42<|im_end|>\n"
+            f"<|im_start|>user\n478+256\n\n{instruction}<|im_end|>\n"
+            "<|im_start|>assistant\n")
 
     def test_tokenizer_without_template_is_a_clear_error(self, tokenizer):
         bare = transformers.PreTrainedTokenizerFast(
