@@ -19,6 +19,11 @@ a right answer would rarely be seen. Accuracy counts the first. Measured (docs/m
 real model on CPU"): 45 minutes take greedy held-out accuracy from 7.0% to 79.0%, but the
 format bonus was earned by one answer in 55 steps: the model learned to end with the
 right number, not the format.
+With controls (experiments/smollm2_controls.py, 3 seeds, 20 minutes per run on one core,
+500 held-out prompts; docs/models.md, "Controls"): the base model scores 15.2% graded on
+its first line and 22.0% with a one-shot prompt; RL reached 45.6% / 3.8% / 61.2% in 8-9
+steps (seed 1 learned the format bonus on wrong answers), an SFT control at equal
+compute 62-68% (RL - SFT -0.287, CI [-0.580, -0.060]).
 
 Regime: DAPO's objective and filtering (Yu et al., arXiv:2503.14476: clip 0.2/0.28,
 token-mean, dynamic sampling, the soft overlong penalty over the last fifth of the

@@ -90,16 +90,12 @@ def test_smollm2_lora_variants_set_rank_learning_rate_and_quantized_base():
         config_lib.load_config(f"{recipe}:path=/ckpt,quantize=int8")
 
 
-def test_smollm2_cpu_compare_table_reads_kept_runs(tmp_path):
+def test_smollm2_cpu_compare_table_reads_kept_runs(tmp_path, monkeypatch):
     """experiments/smollm2_cpu.py's --compare: steps = metric rows, s/step = the median gap
     between consecutive steps' times, accuracies from the kept answers (hand values)."""
     import gzip
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("smollm2_cpu",
-                                                  REPO / "experiments" / "smollm2_cpu.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _experiment_script("smollm2_cpu", monkeypatch)
     answers = lambda correct, completions: {
         "correct": correct, "strict": [0] * 4, "format": [0] * 4, "length": [10, 20, 30, 40],
         "truncated": [0] * 4, "completion": completions}
@@ -129,6 +125,52 @@ def test_smollm2_cpu_compare_table_reads_kept_runs(tmp_path):
     assert row[8:] == ["0.500", "0.500", "0.250", "25.0"]
     with pytest.raises(ValueError, match="4 kept answers for 3"):
         script.compare_table([f"lora={run}"], golds[:3])
+
+
+def _experiment_script(name, monkeypatch):
+    import importlib.util
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))   # it imports smollm2_cpu
+    spec = importlib.util.spec_from_file_location(name, REPO / "experiments" / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_smollm2_controls_grade_first_lines_and_pair_rl_with_sft(monkeypatch):
+    """experiments/smollm2_controls.py: the first non-empty line graded alone, the SFT
+    control's update size and optimizer taken from the recipe, and the table's means and
+    paired differences (hand values)."""
+    script = _experiment_script("smollm2_controls", monkeypatch)
+    assert script.first_line("\n 1. 98 + 99 = 197.\n2. 197 + 1 = 198") == " 1. 98 + 99 = 197."
+    golds = [{"task": "arithmetic", "question": "98+99", "answer": "197"},
+             {"task": "arithmetic", "question": "1+2", "answer": "3"}]
+    rows = {"completion": ["1. 98 + 99 = 197.\n2. 197 + 1 = 198", "1 + 2 = 4\n#### 3"]}
+    # first lines: "... = 197." right; "1 + 2 = 4" wrong (the whole answer would be right)
+    assert script.graded(rows, golds)["first_line"] == [True, False]
+
+    config = config_lib.load_config(f"{REPO / 'configs' / 'smollm2.py'}:path=/unused")
+    control = script.sft_control_config(config)
+    assert control.sft.batch_size == 8 * 8 // 2   # the RL run's answers per update
+    assert control.sft.optimizer.to_dict() == config.optimizer.to_dict()
+    assert control.sft.steps == 10**9 and config.sft.steps != 10**9   # a new config
+
+    summary = lambda accuracy, length: {
+        "accuracy": accuracy, "first_line": accuracy, "strict_accuracy": 0.0, "format": 1.0,
+        "mean_length": length, "truncated": 0.0}
+    per_seed = {0: {"rl": (summary(0.5, 10.0), 8), "sft": (summary(0.6, 5.0), 28)},
+                1: {"rl": (summary(0.2, 12.0), 9), "sft": (summary(0.6, 5.0), 30)}}
+    args = type("Args", (), {"minutes": 20.0, "seeds": "0,1", "prompts": 500})()
+    machine = {"commit": "abc1234", "machine": "a CPU", "load": 0.0}
+    table = script.format_table(args, machine, [("base", summary(0.1, 50.0))], per_seed)
+    lines = table.splitlines()
+    assert next(l for l in lines if l.startswith("DAPO (RL), mean of 2")).split()[-7:] == [
+        "8", "0.350", "0.350", "0.000", "1.000", "11.0", "0.000"]   # steps round(8.5) = 8
+    assert next(l for l in lines if l.startswith("SFT control, mean of 2")).split()[-7] == "29"
+    accuracy = next(l for l in lines if l.startswith("#   accuracy"))
+    # RL - SFT: -0.1 and -0.4, mean -0.25; the 2-seed bootstrap interval is their range
+    assert accuracy.split()[2:5] == ["-0.100", "-0.400", "mean"]
+    assert accuracy.endswith("RL lower than SFT by 0.250 (CI [-0.400, -0.100])")
+    assert lines[-1].endswith("binomial standard error of 0.022")
 
 
 def bigram_checkpoint(path, tokenizer, successor):
