@@ -117,9 +117,11 @@ class Run:
 
 
 def final_step(config):
-    """The step whose checkpoint ends a run of `config`."""
+    """The step whose checkpoint ends a run of `config`: in mode "rl" the critic's
+    pre-training steps come first (`training.rl.schedule`), then ``train.steps``."""
     if config.mode == "rl":
-        return config.train.steps
+        critic = config.get("critic") or {}
+        return critic.get("pretrain_steps", 0) + config.train.steps
     if config.mode == "sft":
         return config.sft.steps
     raise ValueError(f"a sweep runs configs of mode 'rl' or 'sft', whose runs end at a "

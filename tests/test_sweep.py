@@ -89,6 +89,18 @@ def test_names_and_flags():
         "--config.a.b=x y", "--config.c=True", "--config.d=(1, 'z')"]
 
 
+def test_a_run_ends_after_the_critics_pretraining_and_the_rl_steps():
+    """VAPO's value pre-training steps come before train.steps in the step count, so its
+    run's last checkpoint is step pretrain_steps + train.steps (5 + 100 here)."""
+    vapo = config_lib.load_config(str(REPO / "configs" / "vapo.py") + ":runlocal=True")
+    vapo.train.steps = 100
+    assert vapo.critic.pretrain_steps == 5 and sweep.final_step(vapo) == 105
+    grpo = config_lib.load_config(str(REPO / "configs" / "grpo.py") + ":runlocal=True")
+    assert sweep.final_step(grpo) == grpo.train.steps
+    grpo.mode = "sft"
+    assert sweep.final_step(grpo) == grpo.sft.steps
+
+
 def _recipe(tmp_path, body):
     path = tmp_path / "recipe.py"
     path.write_text("from ml_collections import config_dict\n"
