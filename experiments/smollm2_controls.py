@@ -1,8 +1,9 @@
 """SmolLM2-135M-Instruct with controls: is RL's gain more than learning to stop, or than SFT?
 
-    python experiments/smollm2_controls.py --checkpoint ~/ckpt/smollm2 --minutes 25 \\
+    python experiments/smollm2_controls.py --checkpoint ~/ckpt/smollm2 --minutes 20 \\
         --seeds 0,1,2 --workdir /tmp/smollm2_controls \\
-        --results experiments/results/smollm2_controls --out experiments/results/smollm2_controls.txt
+        --results experiments/results/smollm2_controls \\
+        --out experiments/results/smollm2_controls.txt
 
 `configs/smollm2.py` (DAPO, 2-digit addition in chat; see its docstring) takes greedy
 held-out accuracy from 7% to 79% in 45 minutes, but the base model's score is held down by
@@ -45,6 +46,7 @@ import smollm2_cpu   # noqa: E402  (held-out answers, stages, summaries)
 
 ONE_SHOT = (("12+30", "12+30=42\n#### 42"),)
 CHILDREN = ("rl", "sft")   # run side by side, one core each
+LABELS = {"rl": "DAPO (RL)", "sft": "SFT control"}
 
 
 def recipe_config(checkpoint, prompts, seed):
@@ -127,13 +129,17 @@ def load(path):
         return json.load(f)
 
 
+def summarised(rows, examples):
+    """`smollm2_cpu.summary` of kept answers, with the first lines' accuracy."""
+    return {**smollm2_cpu.summary(rows), "first_line": mean(graded(rows, examples)["first_line"])}
+
+
 def seed_rows(args, seed, examples):
     """{child: (summary with first_line, steps)} of one seed's finished pair."""
     out = {}
     for name in CHILDREN:
         base = os.path.join(args.workdir, f"seed-{seed}", name)
-        rows = graded(load(base + "_answers.json"), examples)
-        out[name] = ({**smollm2_cpu.summary(rows), "first_line": mean(rows["first_line"])},
+        out[name] = (summarised(load(base + "_answers.json"), examples),
                      load(base + ".json")["steps"])
     return out
 
@@ -168,14 +174,12 @@ def format_table(args, machine, base_rows, per_seed):
     for seed, pair in sorted(per_seed.items()):
         for name in CHILDREN:
             s, steps = pair[name]
-            label = "DAPO (RL)" if name == "rl" else "SFT control"
-            lines.append(line(f"{label}, seed {seed}", s, steps))
+            lines.append(line(f"{LABELS[name]}, seed {seed}", s, steps))
     for name in CHILDREN:
-        label = "DAPO (RL)" if name == "rl" else "SFT control"
         keys = ("accuracy", "first_line", "strict_accuracy", "format", "mean_length", "truncated")
         avg = {k: mean([pair[name][0][k] for pair in per_seed.values()]) for k in keys}
         steps = round(mean([pair[name][1] for pair in per_seed.values()]))
-        lines.append(line(f"{label}, mean of {len(per_seed)}", avg, steps))
+        lines.append(line(f"{LABELS[name]}, mean of {len(per_seed)}", avg, steps))
     lines.append("# RL - SFT control, paired by seed (percentile bootstrap over seeds, "
                  f"{report_stats.RESAMPLES:,} resamples):")
     for key in ("accuracy", "first_line", "mean_length"):
@@ -190,7 +194,7 @@ def format_table(args, machine, base_rows, per_seed):
     return "\n".join(lines) + "\n"
 
 
-def keep_results(args, seeds, results, table):
+def keep_results(args, seeds, results):
     """Copies every kept answer file and each run's metrics to `results`."""
     os.makedirs(results, exist_ok=True)
     for name in ("base.json", "base_one_shot.json", "machine.json"):
@@ -203,14 +207,12 @@ def keep_results(args, seeds, results, table):
             with open(os.path.join(source, "metrics.jsonl"), "rb") as src, \
                     gzip.open(target + "_metrics.jsonl.gz", "wb") as dst:
                 shutil.copyfileobj(src, dst)
-    with open(os.path.join(results, "table.txt"), "w") as f:
-        f.write(table)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True, help="the converted SmolLM2 directory")
-    parser.add_argument("--minutes", type=float, default=25.0,
+    parser.add_argument("--minutes", type=float, default=20.0,
                         help="wall-time budget of each run (RL and SFT alike)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--prompts", type=int, default=500, help="held-out prompts")
@@ -252,9 +254,8 @@ def main():
         print(f"seed {seed} done in {time.time() - begin:.0f} s", flush=True)
 
     examples = smollm2_cpu.held_out_examples(config)
-    summarise = lambda rows: {**smollm2_cpu.summary(rows),
-                              "first_line": mean(graded(rows, examples)["first_line"])}
-    base_rows = [("base", summarise(base)), ("base, one-shot prompt", summarise(base_one_shot))]
+    base_rows = [("base", summarised(base, examples)),
+                 ("base, one-shot prompt", summarised(base_one_shot, examples))]
     per_seed = {seed: seed_rows(args, seed, examples) for seed in seeds}
     table = format_table(args, machine, base_rows, per_seed)
     print(table, end="", flush=True)
@@ -262,7 +263,7 @@ def main():
         with open(args.out, "w") as f:
             f.write(table)
     if args.results:
-        keep_results(args, seeds, args.results, table)
+        keep_results(args, seeds, args.results)
 
 
 if __name__ == "__main__":

@@ -166,6 +166,13 @@ def _read_only_items(items):
                  for item in items)
 
 
+def last_rl_step(config):
+    """The last step of an RL run of `config`: the critic's pre-training steps come first
+    (``critic.pretrain_steps``, VAPO's value pre-training), then ``train.steps``."""
+    critic = config.get("critic") or {}
+    return critic.get("pretrain_steps", 0) + config.train.steps
+
+
 def replaced(config, changes):
     """A `frozen` copy of `config` with ``{"section.field": value}`` changes (as
     `apply_overrides`); `config` is left as is."""

@@ -117,11 +117,10 @@ class Run:
 
 
 def final_step(config):
-    """The step whose checkpoint ends a run of `config`: in mode "rl" the critic's
-    pre-training steps come first (`training.rl.schedule`), then ``train.steps``."""
+    """The step whose checkpoint ends a run of `config` (in mode "rl",
+    `config_lib.last_rl_step`: value pre-training, then the RL steps)."""
     if config.mode == "rl":
-        critic = config.get("critic") or {}
-        return critic.get("pretrain_steps", 0) + config.train.steps
+        return config_lib.last_rl_step(config)
     if config.mode == "sft":
         return config.sft.steps
     raise ValueError(f"a sweep runs configs of mode 'rl' or 'sft', whose runs end at a "

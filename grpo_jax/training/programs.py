@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax import objectives, parallel, rewards
+from grpo_jax import config_lib, objectives, parallel, rewards
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import critic as critic_lib, optimizer, steps
 
@@ -132,7 +132,7 @@ def policy_programs(config, mesh, graphdef, params, objective):
 def critic_programs(config, mesh, graphdef, params):
     """PPO's critic: its own optimizer (over value pre-training and the RL steps), its
     update on the policy's minibatches and its value function."""
-    total = (config.critic.pretrain_steps + config.train.steps) * updates_per_step(config)
+    total = config_lib.last_rl_step(config) * updates_per_step(config)
     tx = optimizer.make_optimizer(config.critic.optimizer, total)
     values = critic_lib.make_value_fn(graphdef, mesh, num_pieces=_pieces(config))
     return _programs(tx, graphdef, params, mesh, critic_lib.make_loss(config.critic.value_clip),

@@ -362,7 +362,7 @@ def schedule(config, start):
     (T = ``train.steps``). The function is chosen once per phase."""
     pretrain = config.critic.pretrain_steps
     phases = ((critic_pretraining_step, 1, pretrain),
-              (rl_step, pretrain + 1, pretrain + config.train.steps))
+              (rl_step, pretrain + 1, config_lib.last_rl_step(config)))
     for take_step, first, last in phases:
         for step in range(max(first, start + 1), last + 1):
             yield step, take_step
@@ -654,7 +654,7 @@ def train(config, workdir, *, seconds=None):
     with roles.acting(mesh, rollout_mesh):   # each role's collectives among its processes
         if roles.samples(rollout_mesh):
             return roles.sample(config, workdir, mesh, rollout_mesh, scorer=_scorer(config),
-                                last=config.critic.pretrain_steps + config.train.steps)
+                                last=config_lib.last_rl_step(config))
         with roles.learning(rollout_mesh) as learner:
             return _learn(config, workdir, mesh, mesh, seconds, learner=learner)
 
@@ -665,7 +665,7 @@ def _learn(config, workdir, mesh, rollout_mesh, seconds, learner=None):
     (`learner`: `roles.Learner` but for the run and its arguments)."""
     run = set_up(config, workdir, mesh, rollout_mesh)
     start = restore(run)
-    total_steps = config.critic.pretrain_steps + config.train.steps
+    total_steps = config_lib.last_rl_step(config)
     close_producer, passed_on = (lambda: None), None
     if learner is not None:
         run.producer = learner(run, start=start, last=total_steps, taken=lambda step, batch:
