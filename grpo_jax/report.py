@@ -16,6 +16,9 @@ directory holds everything needed to regenerate its report. It writes:
 - one PNG per plot: each entry's mean over seeds against the step, or against a metric
   accumulated over steps (generated tokens, seconds), with a band from the lowest to the
   highest seed;
+- with a ``"tuned"`` entry in ``get_report()``, a comparison of methods each at its own
+  best setting: the candidates of each method ranked by a training measure (never a
+  held-out one), the pick, and the picks' paired differences (`tuned_lines`);
 - with a ``"frontier"`` entry in ``get_report()``, a stability frontier: which runs
   collapsed, the share of seeds that did per cell of a grid of swept fields, as tables and
   heat maps (`report_frontier`).
@@ -28,7 +31,8 @@ when it has none)::
                 "plots": (("entropy", "step"), ("eval_accuracy", "generated_tokens")),
                 "labels": ("0.2/0.2", "0.2/0.28")}   # optional: one name per entry
 
-A measure reduces one run's metric over the steps that logged it: "final" (the last
+A measure reduces one run's metric over the steps that logged it (a NaN, a metric
+undefined at its step, counts as not logged): "final" (the last
 value), "early" / "late" (the mean of the first / last fifth of the values, rounded up),
 "mean", "sum", "std" (the population standard deviation over steps), "cv" (that std over
 the mean), "last_k" (the mean of the last ``last_k`` values) or "auc" (the trapezoid mean
@@ -111,9 +115,15 @@ class RunData:
         return bool(self.rows) and self.rows[-1]["step"] == self.final_step
 
     def values(self, metric):
-        """`(steps, values)` of the rows that logged `metric`."""
-        rows = [r for r in self.rows if metric in r]
+        """`(steps, values)` of the rows that logged `metric`; a NaN counts as not logged
+        (the metric is undefined at that step: ``explained_variance`` when every return of
+        the batch is equal)."""
+        rows = [r for r in self.rows if metric in r and not _is_nan(r[metric])]
         return [r["step"] for r in rows], [r[metric] for r in rows]
+
+
+def _is_nan(value):
+    return isinstance(value, float) and math.isnan(value)
 
 
 def read_metrics(workdir):
@@ -211,12 +221,39 @@ def report_spec(module, num_entries):
     if labels is not None and len(labels) != num_entries:
         raise ValueError(f"get_report() gives {len(labels)} labels for {num_entries} sweep "
                          "entries; give one per entry, in get_sweep() order")
-    unknown = set(raw) - {"table", "plots", "labels", "paired", "last_k", "gaps", "frontier"}
+    unknown = set(raw) - {"table", "plots", "labels", "paired", "last_k", "gaps", "frontier",
+                          "tuned"}
     if unknown:
         raise ValueError(f"get_report() has unknown keys {sorted(unknown)}; it takes table, "
-                         "plots, labels, paired, last_k, gaps and frontier")
+                         "plots, labels, paired, last_k, gaps, frontier and tuned")
     frontier = report_frontier.parse(raw["frontier"]) if "frontier" in raw else None
-    return ReportSpec(table, plots, labels, paired, last_k, gaps, frontier)
+    tuned = parse_tuned(raw["tuned"], num_entries) if "tuned" in raw else None
+    return ReportSpec(table, plots, labels, paired, last_k, gaps, frontier, tuned)
+
+
+def parse_tuned(raw, num_entries):
+    """``{"by": (metric, how), "methods": ((name, (entry index, ...)), ...)}`` checked."""
+    if not isinstance(raw, dict) or set(raw) != {"by", "methods"}:
+        raise ValueError("get_report() tuned: give {'by': (metric, how), 'methods': "
+                         "((name, (entry index, ...)), ...)}")
+    metric, how = raw["by"]
+    if how not in REDUCTIONS and how not in CURVE_REDUCTIONS:
+        raise ValueError(f"get_report() tuned by ({metric!r}, {how!r}): the reduction must be "
+                         f"one of {sorted(REDUCTIONS) + list(CURVE_REDUCTIONS)}")
+    if metric.startswith("eval_"):
+        raise ValueError(f"get_report() tuned by {metric!r}: pick each method's setting by a "
+                         "training measure (e.g. ('reward_mean', 'late')), not by the held-out "
+                         "evaluation the comparison then reports")
+    methods = tuple((str(name), tuple(int(i) for i in indices))
+                    for name, indices in raw["methods"])
+    if len(methods) < 2 or any(not indices for _, indices in methods):
+        raise ValueError("get_report() tuned methods: give at least two methods, each with "
+                         "at least one entry index")
+    used = [i for _, indices in methods for i in indices]
+    if len(set(used)) != len(used) or not all(0 <= i < num_entries for i in used):
+        raise ValueError(f"get_report() tuned methods {methods}: each entry index (0 .. "
+                         f"{num_entries - 1}, get_sweep() order) belongs to one method")
+    return TunedSpec((metric, how), methods)
 
 
 def with_summary(table):
@@ -240,6 +277,17 @@ class ReportSpec:
     last_k: int
     gaps: dict
     frontier: Any = None   # report_frontier.Frontier, or None
+    tuned: Any = None      # TunedSpec, or None
+
+
+@dataclasses.dataclass(frozen=True)
+class TunedSpec:
+    """Methods compared each at its best entry: `by` = the (metric, how) that ranks a
+    method's entries (mean over seeds, highest wins, the first on a tie), `methods` =
+    ``((name, (entry index, ...)), ...)``; every pick is paired with the first method's."""
+
+    by: tuple
+    methods: tuple
 
 
 # --- numbers ----------------------------------------------------------------------------
@@ -387,51 +435,108 @@ def paired_lines(entries, names, spec):
     needs for ``spec.gaps[metric]`` and the generated reading."""
     if len(entries) < 2 or not spec.paired:
         return []
-    reference = names[0]
+    lines = paired_header()
+    for metric, how in spec.paired:
+        for (_, _, _, runs), name in zip(entries[1:], names[1:]):
+            lines.append(paired_row(entries[0][3], runs, name, names[0], metric, how, spec))
+    return lines + ["", f"Each row: the variant minus {names[0]} on the same seed (a seed's "
+                    "variants start from the same SFT warm start), for the seeds both "
+                    "finished. " + paired_note(spec), ""]
+
+
+def paired_header():
     header = ["comparison", "measure", "seeds", "per-seed differences", "mean difference",
               f"{report_stats.LEVEL:.0%} CI", "seeds for the gap", "reading"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for metric, how in spec.paired:
-        base = seed_values(entries[0][3], metric, how, spec.last_k)
-        for (_, _, _, runs), name in zip(entries[1:], names[1:]):
-            seeds, diffs = report_stats.paired_differences(
-                base, seed_values(runs, metric, how, spec.last_k))
-            measure = measure_name(metric, how, spec.last_k)
-            if not seeds:
-                lines.append("| " + " | ".join(_markdown_cell(c) for c in (
-                    f"{name} − {reference}", measure, "0", "–", "–", "–", "–",
-                    "no seed finished both")) + " |")
-                continue
-            mean = float(diffs.mean())
-            lo, hi = report_stats.bootstrap_ci(diffs)
-            digits = decimals_for([*diffs, lo, hi])
-            gap = spec.gaps.get(metric)
-            sd = float(diffs.std(ddof=1)) if len(diffs) > 1 else None
-            needed = None if gap is None else report_stats.seeds_needed(sd, gap)
-            cells = [f"{name} − {reference}", measure, ", ".join(map(str, seeds)),
-                     ", ".join(f"{d:+.{digits}f}" for d in diffs), f"{mean:+.{digits}f}",
-                     report_stats.format_ci(lo, hi, digits),
-                     "–" if needed is None else f"{needed} (gap {gap:g}, sd {sd:.{digits}f})",
-                     report_stats.verdict(name, reference, mean, lo, hi, digits)]
-            lines.append("| " + " | ".join(_markdown_cell(c) for c in cells) + " |")
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+
+def paired_row(reference_runs, runs, name, reference, metric, how, spec):
+    """One markdown row: `runs` minus `reference_runs` per seed on ``(metric, how)``."""
+    seeds, diffs = report_stats.paired_differences(
+        seed_values(reference_runs, metric, how, spec.last_k),
+        seed_values(runs, metric, how, spec.last_k))
+    measure = measure_name(metric, how, spec.last_k)
+    if not seeds:
+        cells = [f"{name} − {reference}", measure, "0", "–", "–", "–", "–",
+                 "no seed finished both"]
+    else:
+        mean = float(diffs.mean())
+        lo, hi = report_stats.bootstrap_ci(diffs)
+        digits = decimals_for([*diffs, lo, hi])
+        gap = spec.gaps.get(metric)
+        sd = float(diffs.std(ddof=1)) if len(diffs) > 1 else None
+        needed = None if gap is None else report_stats.seeds_needed(sd, gap)
+        cells = [f"{name} − {reference}", measure, ", ".join(map(str, seeds)),
+                 ", ".join(f"{d:+.{digits}f}" for d in diffs), f"{mean:+.{digits}f}",
+                 report_stats.format_ci(lo, hi, digits),
+                 "–" if needed is None else f"{needed} (gap {gap:g}, sd {sd:.{digits}f})",
+                 report_stats.verdict(name, reference, mean, lo, hi, digits)]
+    return "| " + " | ".join(_markdown_cell(c) for c in cells) + " |"
+
+
+def paired_note(spec):
+    """What a paired row's columns mean."""
     z = "z_{1-alpha/2} + z_{power}"
-    lines += ["", f"Each row: the variant minus {reference} on the same seed (a seed's variants "
-              "start from the same SFT warm start), for the seeds both finished. "
-              f"last {spec.last_k} = the mean of a run's last {spec.last_k} logged values (its "
-              "last evaluations, for an eval metric); auc = the trapezoid area under the run's "
-              "curve over its logged steps divided by their range (the curve's mean height). "
-              f"CI: percentile bootstrap of the mean difference over seeds, "
-              f"{report_stats.RESAMPLES:,} resamples drawn with numpy's default_rng("
-              f"{report_stats.BOOTSTRAP_SEED}), {report_stats.LEVEL:.0%} two-sided; the "
-              "reading says \"no difference detected\" when the interval holds 0. With n "
-              "seeds the interval cannot be wider than the range of the n differences, and "
-              "with 3 seeds it excludes 0 whenever the three share a sign, which happens "
-              "1 time in 4 when there is no effect: read \"higher\" or \"lower\" as "
-              "\"consistent over these seeds\", not as a 5% test. Seeds for the gap: the n of a "
-              "paired two-sided test at alpha 0.05 with power 0.8 for that mean difference, "
-              f"n = ceil((({z}) · sd / gap)^2) = ceil((2.80 · sd / gap)^2), sd = the sample "
-              "sd (ddof=1) of the per-seed differences (normal approximation).", ""]
-    return lines
+    return (f"last {spec.last_k} = the mean of a run's last {spec.last_k} logged values (its "
+            "last evaluations, for an eval metric); auc = the trapezoid area under the run's "
+            "curve over its logged steps divided by their range (the curve's mean height). "
+            f"CI: percentile bootstrap of the mean difference over seeds, "
+            f"{report_stats.RESAMPLES:,} resamples drawn with numpy's default_rng("
+            f"{report_stats.BOOTSTRAP_SEED}), {report_stats.LEVEL:.0%} two-sided; the "
+            "reading says \"no difference detected\" when the interval holds 0. With n "
+            "seeds the interval cannot be wider than the range of the n differences, and "
+            "with 3 seeds it excludes 0 whenever the three share a sign, which happens "
+            "1 time in 4 when there is no effect: read \"higher\" or \"lower\" as "
+            "\"consistent over these seeds\", not as a 5% test. Seeds for the gap: the n of a "
+            "paired two-sided test at alpha 0.05 with power 0.8 for that mean difference, "
+            f"n = ceil((({z}) · sd / gap)^2) = ceil((2.80 · sd / gap)^2), sd = the sample "
+            "sd (ddof=1) of the per-seed differences (normal approximation).")
+
+
+def tuned_pick(entries, indices, by, last_k):
+    """`(picked index, [(index, mean over seeds or None)])`: the entry of `indices` whose
+    finished runs have the highest mean of the `by` measure (the first on a tie)."""
+    scores = []
+    for i in indices:
+        values = list(seed_values(entries[i][3], *by, last_k).values())
+        scores.append((i, float(np.mean(values)) if values else None))
+    scored = [(score, -position) for position, (_, score) in enumerate(scores)
+              if score is not None]
+    if not scored:
+        return None, scores
+    return indices[-max(scored)[1]], scores
+
+
+def tuned_lines(entries, names, spec):
+    """Each method at its own best entry (ranked by ``spec.tuned.by``, a training measure),
+    then every method's pick minus the first method's pick, per seed."""
+    tuned = spec.tuned
+    metric, how = tuned.by
+    by_name = measure_name(metric, how, spec.last_k)
+    header = ["method", "candidate", f"{by_name}, mean over seeds", "picked"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    picks = []
+    for method, indices in tuned.methods:
+        pick, scores = tuned_pick(entries, indices, tuned.by, spec.last_k)
+        picks.append((method, pick))
+        for i, score in scores:
+            cells = [method, names[i], "–" if score is None else f"{score:.4f}",
+                     "yes" if i == pick else ""]
+            lines.append("| " + " | ".join(_markdown_cell(c) for c in cells) + " |")
+    lines += ["", f"Each method's setting is the candidate with the highest {by_name} (a "
+              "training measure, so the held-out evaluation below plays no part in the "
+              "choice), mean over its finished seeds.", ""]
+    (first, first_pick), rest = picks[0], picks[1:]
+    if first_pick is None or any(pick is None for _, pick in rest):
+        return lines + ["A method has no finished run: no comparison.", ""]
+    lines += paired_header()
+    for metric, how in spec.paired:
+        for method, pick in rest:
+            lines.append(paired_row(entries[first_pick][3], entries[pick][3],
+                                    f"{method} ({names[pick]})",
+                                    f"{first} ({names[first_pick]})", metric, how, spec))
+    return lines + ["", f"Each row: a method at its pick minus {first} at its pick on the "
+                    "same seed. " + paired_note(spec), ""]
 
 
 def eval_noise_lines(entries, names, spec):
@@ -580,6 +685,8 @@ def render(runs, module, *, write_png):
     paired = paired_lines(entries, names, spec)
     if paired:
         lines += ["## Paired comparisons", ""] + paired
+    if spec.tuned is not None:
+        lines += ["## Methods at their tuned settings", ""] + tuned_lines(entries, names, spec)
     noise = eval_noise_lines(entries, names, spec)
     if noise:
         lines += ["## Evaluation noise", ""] + noise

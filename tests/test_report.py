@@ -216,6 +216,64 @@ def test_the_summary_column_is_the_seeds_mean_of_the_last_k_evals_with_its_ci():
     assert report.table_lines([(0, "00_x", {}, runs[:1])], spec)[2] == "| 1 | 0.600 | 0.500 |"
 
 
+def _tuned_run(entry, seed, rewards, accuracies):
+    """A finished 2-step run of `entry`: reward_mean `rewards`, eval_accuracy `accuracies`."""
+    rows = tuple({"step": step, "reward_mean": r, "eval_accuracy": a}
+                 for step, (r, a) in enumerate(zip(rewards, accuracies), 1))
+    record = {"entry": entry, "entry_name": f"{entry:02d}", "overrides": {}, "seed": seed,
+              "config": {"mode": "rl", "train": {"steps": 2}}}
+    return report.RunData(f"{entry:02d}/seed-{seed}", record, rows)
+
+
+def test_methods_are_compared_at_the_setting_their_training_reward_picks():
+    # Entries 0, 1 = method A at two rates, 2, 3 = method B. Late reward_mean (the last
+    # fifth of 2 steps = step 2), mean over seeds 0, 1: A 0.5 / 0.7 -> entry 1; B 0.6 / 0.6
+    # -> a tie, the first (entry 2). Entry 3 has the best held-out accuracy and is not picked.
+    runs = {0: [(0.0, 0.5), (0.0, 0.5)], 1: [(0.0, 0.7), (0.0, 0.7)],
+            2: [(0.0, 0.6), (0.0, 0.6)], 3: [(0.0, 0.6), (0.0, 0.6)]}
+    accuracy = {0: (0.9, 0.9), 1: (0.4, 0.6), 2: (0.5, 0.8), 3: (0.99, 0.99)}
+    entries = [(i, f"{i:02d}", {}, [_tuned_run(i, seed, runs[i][seed], (0.0, accuracy[i][seed]))
+                                    for seed in (0, 1)]) for i in range(4)]
+    spec = report.report_spec(type("M", (), {"get_report": staticmethod(lambda: {
+        "paired": (("eval_accuracy", "final"),),
+        "tuned": {"by": ("reward_mean", "late"), "methods": (("A", (0, 1)), ("B", (2, 3)))},
+    })}), 4)
+    names = ["A lo", "A hi", "B lo", "B hi"]
+    lines = report.tuned_lines(entries, names, spec)
+    assert lines[2:6] == ["| A | A lo | 0.5000 |  |", "| A | A hi | 0.7000 | yes |",
+                          "| B | B lo | 0.6000 | yes |", "| B | B hi | 0.6000 |  |"]
+    # B lo - A hi per seed: 0.5 - 0.4 = +0.1, 0.8 - 0.6 = +0.2; with 2 seeds the 95%
+    # percentile interval is [min, max]; sd 0.0707 -> ceil((2.8016 * 0.0707 / 0.05)^2) = 16.
+    row = next(line for line in lines if line.startswith("| B (B lo) − A (A hi)"))
+    assert row == ("| B (B lo) − A (A hi) | eval_accuracy (final) | 0, 1 | +0.100, +0.200 | "
+                   "+0.150 | CI [0.100, 0.200] | 16 (gap 0.05, sd 0.071) | B (B lo) higher "
+                   "than A (A hi) by 0.150 (CI [0.100, 0.200]) |")
+
+
+@pytest.mark.parametrize("tuned, message", [
+    ({"by": ("eval_accuracy", "last_k"), "methods": (("A", (0,)), ("B", (1,)))},
+     "not by the held-out evaluation"),
+    ({"by": ("reward_mean", "late"), "methods": (("A", (0, 1)), ("B", (1,)))},
+     "belongs to one method"),
+    ({"by": ("reward_mean", "late"), "methods": (("A", (0,)),)}, "at least two methods"),
+    ({"methods": ()}, "give {'by'"),
+])
+def test_a_bad_tuned_spec_names_the_problem(tuned, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        report.parse_tuned(tuned, 2)
+
+
+def test_a_nan_step_counts_as_not_logged():
+    # explained_variance is NaN where the batch's returns are all equal: the late mean of
+    # steps 1-5 is the last fifth of the defined values (steps 1, 2, 4, 5 -> step 5 alone).
+    rows = tuple({"step": s, "explained_variance": v}
+                 for s, v in enumerate([0.1, 0.2, float("nan"), 0.3, 0.5], 1))
+    run = report.RunData("00_x/seed-0", {"config": {"mode": "rl", "train": {"steps": 5}}}, rows)
+    assert run.values("explained_variance") == ([1, 2, 4, 5], [0.1, 0.2, 0.3, 0.5])
+    assert report.reduce_run(run, "explained_variance", "late") == 0.5
+    assert report.reduce_run(run, "explained_variance", "mean") == pytest.approx(0.275)
+
+
 def test_the_summary_column_is_added_once_beside_the_final_accuracy():
     final, last = ("eval_accuracy", "final"), ("eval_accuracy", "last_k")
     loss = ("loss", "mean")
