@@ -7,7 +7,9 @@ memory, per seed; VAPO beside DAPO by default.
         --run sync=dapo --run async_k1=dapo,async_rl.enabled=True,async_rl.max_staleness=1
 
 ``--run NAME=RECIPE[,key=value...]`` names a row and its own overrides (after the
-``--override`` ones every run gets); ``--recipes R`` is ``--run R=R``.
+``--override`` ones every run gets); ``--recipes R`` is ``--run R=R``. A RECIPE with its
+own argument, ``RECIPE:ARG``, loads ``configs/<recipe>.py:ARG`` instead of runlocal's
+(SmolLM2 from a converted checkpoint, ``--run sync=smollm2:path=$HOME/ckpt/smollm2``).
 
 Each (run, seed) trains `configs/<recipe>.py:runlocal=True` (the tiny model on 3-digit
 addition, from the seed's cached SFT warm start) for `--seconds` of wall time, counted
@@ -57,13 +59,19 @@ def parse_run(text):
     return name, recipe, overrides
 
 
+def config_spec(recipe):
+    """``RECIPE`` -> configs/RECIPE.py:runlocal=True; ``RECIPE:ARG`` -> configs/RECIPE.py:ARG."""
+    name, colon, arg = recipe.partition(":")
+    return os.path.join(REPO, "configs", f"{name}.py:{arg if colon else 'runlocal=True'}")
+
+
 def run_one(args):
     """One (run, seed) run in this process; prints its result as the last JSON line."""
     from grpo_jax import config_lib, parallel, paths
     parallel.use_cpu_cores()
     import jax
     from grpo_jax.training import evaluation, rl, warm_start
-    config = config_lib.load_config(os.path.join(REPO, "configs", f"{args.recipe}.py:runlocal=True"))
+    config = config_lib.load_config(config_spec(args.recipe))
     config_lib.apply_overrides(config, {
         "seed": args.seed, "train.steps": 10**6, "train.eval_every": 10**9,
         "train.checkpoint_every": 10**9, "train.export": True,
@@ -153,24 +161,24 @@ def format_table(results, header):
 # an asynchronous producer, the staleness, and split meshes' cross-mesh copies.
 STEP_METRICS = ("time_rollout", "time_update", "time_rollout_wait", "staleness",
                 "time_weight_transfer", "time_batch_transfer")
-FROM_STEP = 6   # the first steps compile
+FROM_STEP = 6   # the first steps compile (--from_step: 2 for a run of a few long steps)
 
 
-def format_step_table(results, workdir):
+def format_step_table(results, workdir, from_step=FROM_STEP):
     """Each run's per-step `STEP_METRICS` (those it logs), the mean over steps from
-    `FROM_STEP` on, one column per metric, one value per seed."""
+    `from_step` on, one column per metric, one value per seed."""
     from grpo_jax import report
     names = list(dict.fromkeys(r["recipe"] for r in results))
     means = {}
     for r in results:
         rows = [row for row in report.read_metrics(
-            os.path.join(workdir, f"{r['recipe']}_seed{r['seed']}")) if row["step"] >= FROM_STEP]
+            os.path.join(workdir, f"{r['recipe']}_seed{r['seed']}")) if row["step"] >= from_step]
         means[r["recipe"], r["seed"]] = {
             key: statistics.mean(row[key] for row in rows) for key in STEP_METRICS
             if rows and all(key in row for row in rows)}
     keys = [k for k in STEP_METRICS if any(k in m for m in means.values())]
     seeds = lambda name: [r["seed"] for r in results if r["recipe"] == name]
-    lines = [f"# per step, mean over steps {FROM_STEP}.. of each run, per seed "
+    lines = [f"# per step, mean over steps {from_step}.. of each run, per seed "
              f"{' / '.join(map(str, seeds(names[0])))} (seconds; from metrics.jsonl):",
              f"{'run':14s}" + "".join(f"{k:>24s}" for k in keys)]
     for name in names:
@@ -191,6 +199,8 @@ def main():
     parser.add_argument("--workdir", default="workdirs/vapo_vs_dapo")
     parser.add_argument("--override", action="append", default=[],
                         help="config field=value for every run (e.g. eval.num_prompts=100)")
+    parser.add_argument("--from_step", type=int, default=FROM_STEP,
+                        help="the per-step table's first step (the steps before compile)")
     parser.add_argument("--one", nargs=2, metavar=("RECIPE", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -203,7 +213,7 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     header = ["# python " + " ".join(shlex.quote(a) for a in sys.argv),
               "# " + _describe_machine(),
-              f"# configs/<recipe>.py:runlocal=True, {args.seconds:.0f} s of wall time per run "
+              f"# configs/<recipe>.py:runlocal=True (or :ARG), {args.seconds:.0f} s of wall time per run "
               "from the first RL step; held-out accuracy of the exported policy (mean ± std "
               "over seeds)"]
     record = os.path.join(args.workdir, "results.jsonl")
@@ -225,7 +235,8 @@ def main():
             with open(record, "a") as f:
                 f.write(json.dumps(result) + "\n")
             print(json.dumps(result), flush=True)
-    table = format_table(results, header) + "\n\n" + format_step_table(results, args.workdir)
+    table = format_table(results, header) + "\n\n" + format_step_table(results, args.workdir,
+                                                                args.from_step)
     with open(os.path.join(args.workdir, "table.txt"), "w") as f:
         f.write(table + "\n")
     print(table)

@@ -74,3 +74,17 @@ def test_the_step_table_averages_each_seeds_steps_from_the_sixth(tmp_path):
     # steps 6, 7, 8: mean 7 (seed 0), 8 (seed 1)
     assert table[2].split() == ["split", "7.00", "/", "8.00", "1.00", "/", "1.00",
                                 "0.50", "/", "0.50"]
+    # From step 2 (a run of a few long steps): steps 2-5 take the 100 s of the first steps.
+    table = equal_time.format_step_table(results, str(tmp_path), from_step=2).splitlines()
+    assert table[0].startswith("# per step, mean over steps 2.. of each run")
+    # seed 0: (4 x 100 + 6 + 7 + 8) / 7 = 60.14; seed 1: (400 + 7 + 8 + 9) / 7 = 60.57
+    assert table[2].split()[1:4] == ["60.14", "/", "60.57"]
+
+
+def test_a_recipe_with_its_own_argument_replaces_runlocal():
+    equal_time = _script("vapo_vs_dapo")
+    assert equal_time.config_spec("dapo") == str(REPO / "configs" / "dapo.py:runlocal=True")
+    assert equal_time.config_spec("smollm2:path=/ckpt") == str(REPO / "configs" /
+                                                                "smollm2.py:path=/ckpt")
+    assert equal_time.parse_run("sync=smollm2:path=/ckpt,async_rl.enabled=True") == (
+        "sync", "smollm2:path=/ckpt", ["async_rl.enabled=True"])
