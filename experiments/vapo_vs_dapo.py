@@ -157,10 +157,10 @@ def format_table(results, header):
     return "\n".join(lines)
 
 
-# Per-step timings, where a run logs them: the rollout, the update, the learner's wait for
-# an asynchronous producer, the staleness, and split meshes' cross-mesh copies.
-STEP_METRICS = ("time_rollout", "time_update", "time_rollout_wait", "staleness",
-                "time_weight_transfer", "time_batch_transfer")
+# Per-step timings, where a run logs them: the rollout, the old log-probs, the update, the
+# learner's wait for an asynchronous producer, the staleness, and split meshes' copies.
+STEP_METRICS = ("time_rollout", "time_old_logp", "time_update", "time_rollout_wait",
+                "staleness", "time_weight_transfer", "time_batch_transfer")
 FROM_STEP = 6   # the first steps compile (--from_step: 2 for a run of a few long steps)
 
 
@@ -213,9 +213,9 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     header = ["# python " + " ".join(shlex.quote(a) for a in sys.argv),
               "# " + _describe_machine(),
-              f"# configs/<recipe>.py:runlocal=True (or :ARG), {args.seconds:.0f} s of wall time per run "
-              "from the first RL step; held-out accuracy of the exported policy (mean ± std "
-              "over seeds)"]
+              f"# configs/<recipe>.py:runlocal=True (or :ARG), {args.seconds:.0f} s of wall "
+              "time per run from the first RL step; held-out accuracy of the exported policy "
+              "(mean ± std over seeds)"]
     record = os.path.join(args.workdir, "results.jsonl")
     done = []
     if os.path.exists(record):

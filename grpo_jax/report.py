@@ -500,11 +500,11 @@ def tuned_pick(entries, indices, by, last_k):
     for i in indices:
         values = list(seed_values(entries[i][3], *by, last_k).values())
         scores.append((i, float(np.mean(values)) if values else None))
-    scored = [(score, -position) for position, (_, score) in enumerate(scores)
-              if score is not None]
-    if not scored:
+    finished = [(i, score) for i, score in scores if score is not None]
+    if not finished:
         return None, scores
-    return indices[-max(scored)[1]], scores
+    best = max(score for _, score in finished)
+    return next(i for i, score in finished if score == best), scores
 
 
 def tuned_lines(entries, names, spec):
