@@ -15,14 +15,18 @@ synchronous loop) to recompute pi_old under the parameters that sampled: the beh
 policy of decoupled PPO (Fu et al., "AReaL", arXiv:2505.24298, sec. 4; Hilton et al.,
 arXiv:2110.00641), separate from the proximal pi_old only when the objective asks for it.
 
-`Producer` is the thread and its hand-over; `lagged_copies` what a run keeps. The trainer
-(`rl.train`) builds the producer's sampling function. On several processes the sampler
+`Producer` is the thread and its hand-over; `lagged_copies` what a run keeps; `DeviceTurns`
+how the two threads share one mesh. The trainer (`rl.train`) builds the producer's
+sampling function. On several processes the sampler
 is processes of its own instead of a thread, on the fixed schedule (`roles`).
 """
 
+import contextlib
 import dataclasses
 import threading
 from typing import Any, Callable
+
+import jax
 
 
 def lagged_copies(config):
@@ -182,6 +186,62 @@ class Producer:
             with self._cond:
                 self._error = error
                 self._cond.notify_all()
+
+
+class DeviceTurns:
+    """The learner's and the producer's turns on the devices they share (one mesh).
+
+    XLA's CPU runtime can deadlock when two threads run programs on the same devices at
+    once and one of them has a collective: its all-reduce waits for a device that is busy
+    with the other thread's program, and after 40 s the runtime aborts the process
+    ("Termination timeout for `all reduce` ... Exiting to ensure a consistent program
+    state"). So on one mesh one thread at a time runs programs: the learner holds the turn
+    through its step and gives it up only while it waits for its batch (`given_up`); the
+    producer holds it while it samples (`held`). Each waits for its programs' outputs
+    before passing the turn on. What overlaps is the learner's wait with the sampling: on
+    one mesh the devices (and a CPU's cores) cannot do both at once anyway. On split meshes
+    (disjoint devices) both run freely: ``shared=False`` makes every method a no-op.
+    """
+
+    def __init__(self, shared):
+        self._lock = threading.Lock() if shared else None
+        self._learner_holds = False
+
+    def take(self):
+        """The learner takes the turn (waits while the producer samples)."""
+        if self._lock is not None and not self._learner_holds:
+            self._lock.acquire()
+            self._learner_holds = True
+
+    def give_back(self, outputs=()):
+        """The learner gives the turn up for good, once `outputs` are computed."""
+        if self._lock is not None and self._learner_holds:
+            try:
+                jax.block_until_ready(outputs)
+            finally:
+                self._learner_holds = False
+                self._lock.release()
+
+    @contextlib.contextmanager
+    def given_up(self, outputs=()):
+        """The learner's wait for its batch: the turn given up (once `outputs`, every array
+        the learner's last programs write, are computed) and taken back after."""
+        held = self._learner_holds
+        self.give_back(outputs)
+        try:
+            yield
+        finally:
+            if held:
+                self.take()
+
+    @contextlib.contextmanager
+    def held(self):
+        """The producer's turn, for a block that waits for its own outputs before it ends."""
+        if self._lock is None:
+            yield
+            return
+        with self._lock:
+            yield
 
 
 @dataclasses.dataclass

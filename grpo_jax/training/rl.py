@@ -245,6 +245,8 @@ class Run:
     mismatch_fn: Callable
     seeds_fn: Callable
     producer: async_rl.Producer | roles.Learner | None = None
+    device_turns: async_rl.DeviceTurns = dataclasses.field(
+        default_factory=lambda: async_rl.DeviceTurns(shared=False))
     data_position: Any = None
     rollout_mesh: jax.sharding.Mesh | None = None
     rollout_frozen: Any = None
@@ -440,7 +442,8 @@ def _produced_rollouts(run, step):
     current = _copy(run.policy_programs.trained_part(policy.params))
     run.producer.publish(step - 1, current)
     begin = time.time()
-    produced = run.producer.take(step)
+    with run.device_turns.given_up((checkpoint_state(run), current)):
+        produced = run.producer.take(step)
     waited = time.time() - begin
     k = len(run.lagged)   # lagged[i] holds version step - 1 - k + i (0 before the start)
     held = {max(0, step - 1 - k + i): trained for i, trained in enumerate(run.lagged)}
@@ -474,10 +477,14 @@ def start_producer(run, start, last):
 
     def sample(step, version, trained):
         nonlocal carry
-        behaviour = policy_lib.Policy(policy.graphdef, nnx.merge_state(frozen, trained), tokenizer)
-        batch, metrics, examples, carry = _collect(run, behaviour, step, scorer=scorer,
-                                                   episodic=episodic, carry=carry, version=version)
-        _write_samples(config, run.workdir, step, batch, tokenizer)
+        with run.device_turns.held():   # on one mesh the learner waits meanwhile
+            behaviour = policy_lib.Policy(policy.graphdef, nnx.merge_state(frozen, trained),
+                                          tokenizer)
+            batch, metrics, examples, carry = _collect(
+                run, behaviour, step, scorer=scorer, episodic=episodic, carry=carry,
+                version=version)
+            _write_samples(config, run.workdir, step, batch, tokenizer)
+            jax.block_until_ready(batch)
         return batch, metrics, examples, run.train_iter.get_state(), carry
 
     k = config.async_rl.max_staleness
@@ -672,7 +679,10 @@ def _learn(config, workdir, mesh, rollout_mesh, seconds, learner=None):
                                _write_samples(config, workdir, step, batch, run.policy.tokenizer))
         passed_on = run.producer.sigterm_passed_on   # a sampling process's SIGTERM
     elif config.async_rl.enabled:
+        # One mesh: the learner and the producer take turns on its devices (`DeviceTurns`).
+        run.device_turns = async_rl.DeviceTurns(shared=rollout_mesh is mesh)
         run.producer, close_producer = start_producer(run, start, total_steps)
+        run.device_turns.take()
     writer = metrics_lib.MetricWriter(workdir, total_steps=total_steps, start_step=start,
                                       total_seconds=seconds)
     if start == 0 and config.train.eval_at_start:
@@ -701,6 +711,7 @@ def _learn(config, workdir, mesh, rollout_mesh, seconds, learner=None):
             if last:
                 break
     finally:
+        run.device_turns.give_back(checkpoint_state(run))   # the producer may finish its turn
         close_producer()   # the rollouts in flight are dropped; a resume samples them again
         stop.close()
         writer.close()

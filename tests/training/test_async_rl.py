@@ -199,3 +199,43 @@ def test_the_roles_send_each_version_just_before_the_first_batch_it_samples(star
     assert roles.starting_versions(start, k) == lagged
     assert roles.transfer_order(start, last, k) == order
     assert doctest.testmod(roles) == (0, 1)   # (failed, attempted): its k = 1 example
+
+
+def test_on_one_mesh_the_learner_and_the_producer_take_turns_on_the_devices():
+    """`DeviceTurns(shared=True)`: the producer's sampling (`held`) waits while the learner
+    holds the turn, runs while the learner waits for its batch (`given_up`), and the
+    learner takes the turn back only once the producer's block has ended; `give_back`
+    lets a last sampling finish. (Two threads running programs on the same CPU devices
+    at once can deadlock XLA's all-reduce, which aborts the process after 40 s.)"""
+    turns, order = async_rl.DeviceTurns(shared=True), []
+    producer_may_end = threading.Event()
+
+    def producer():
+        with turns.held():
+            order.append("producer samples")
+            producer_may_end.wait(5)
+            order.append("producer ends")
+
+    turns.take()
+    thread = threading.Thread(target=producer)
+    thread.start()
+    time.sleep(0.2)
+    order.append("learner steps")   # the producer is still waiting for the turn
+    with turns.given_up():
+        time.sleep(0.2)
+        producer_may_end.set()
+        thread.join(5)
+    order.append("learner steps again")
+    assert order == ["learner steps", "producer samples", "producer ends", "learner steps again"]
+    turns.give_back()
+    with turns.held():   # free again: a producer's last sampling after the learner stops
+        pass
+
+
+def test_on_split_meshes_the_turns_wait_for_nothing():
+    turns = async_rl.DeviceTurns(shared=False)
+    turns.take()
+    with turns.held():      # the learner "holds" it, yet the producer runs at once
+        with turns.given_up():
+            pass
+    turns.give_back()
