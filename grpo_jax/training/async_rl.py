@@ -214,10 +214,13 @@ class DeviceTurns:
             self._learner_holds = True
 
     def give_back(self, outputs=()):
-        """The learner gives the turn up for good, once `outputs` are computed."""
+        """The learner gives the turn up, once `outputs` are computed (an array that a
+        failed step deleted has nothing left to wait for: its error is the step's)."""
         if self._lock is not None and self._learner_holds:
             try:
                 jax.block_until_ready(outputs)
+            except RuntimeError:
+                pass
             finally:
                 self._learner_holds = False
                 self._lock.release()

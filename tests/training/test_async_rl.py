@@ -10,6 +10,7 @@ import doctest
 import threading
 import time
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -229,6 +230,12 @@ def test_on_one_mesh_the_learner_and_the_producer_take_turns_on_the_devices():
     assert order == ["learner steps", "producer samples", "producer ends", "learner steps again"]
     turns.give_back()
     with turns.held():   # free again: a producer's last sampling after the learner stops
+        pass
+    turns.take()   # a failed step's deleted (donated) array: given back all the same
+    deleted = jnp.ones(3)
+    deleted.delete()
+    turns.give_back(deleted)
+    with turns.held():
         pass
 
 
