@@ -441,8 +441,8 @@ def _produced_rollouts(run, step):
     policy = run.policy
     current = _copy(run.policy_programs.trained_part(policy.params))
     run.producer.publish(step - 1, current)
-    begin = time.time()
     with run.device_turns.given_up((checkpoint_state(run), current)):
+        begin = time.time()   # the wait for the batch, not for the learner's own programs
         produced = run.producer.take(step)
     waited = time.time() - begin
     k = len(run.lagged)   # lagged[i] holds version step - 1 - k + i (0 before the start)

@@ -202,6 +202,20 @@ def test_the_roles_send_each_version_just_before_the_first_batch_it_samples(star
     assert doctest.testmod(roles) == (0, 1)   # (failed, attempted): its k = 1 example
 
 
+def _producer_gets_the_turn(turns, seconds=5.0):
+    """Whether a producer thread enters `turns.held()` within `seconds` (a test that
+    would otherwise hang on a turn never given fails instead)."""
+    entered = threading.Event()
+
+    def producer():
+        with turns.held():
+            entered.set()
+
+    thread = threading.Thread(target=producer, daemon=True)
+    thread.start()
+    return entered.wait(seconds)
+
+
 def test_on_one_mesh_the_learner_and_the_producer_take_turns_on_the_devices():
     """`DeviceTurns(shared=True)`: the producer's sampling (`held`) waits while the learner
     holds the turn, runs while the learner waits for its batch (`given_up`), and the
@@ -228,21 +242,19 @@ def test_on_one_mesh_the_learner_and_the_producer_take_turns_on_the_devices():
         thread.join(5)
     order.append("learner steps again")
     assert order == ["learner steps", "producer samples", "producer ends", "learner steps again"]
+    assert not _producer_gets_the_turn(turns, seconds=0.2)   # the learner holds it again
     turns.give_back()
-    with turns.held():   # free again: a producer's last sampling after the learner stops
-        pass
+    assert _producer_gets_the_turn(turns)   # a producer's last sampling after the learner stops
     turns.take()   # a failed step's deleted (donated) array: given back all the same
     deleted = jnp.ones(3)
     deleted.delete()
     turns.give_back(deleted)
-    with turns.held():
-        pass
+    assert _producer_gets_the_turn(turns)
 
 
 def test_on_split_meshes_the_turns_wait_for_nothing():
     turns = async_rl.DeviceTurns(shared=False)
     turns.take()
-    with turns.held():      # the learner "holds" it, yet the producer runs at once
-        with turns.given_up():
-            pass
+    assert _producer_gets_the_turn(turns)   # the learner "holds" it, yet the producer runs
     turns.give_back()
+    assert _producer_gets_the_turn(turns)
