@@ -67,6 +67,12 @@ class KVCache:
                             valid=pad(self.valid, 1))
 
 
+def kv_row_axis(x):
+    """The row axis of a cache's keys or values, `[..., B, K, H, L]` / `[..., B, K, L, H]`:
+    0 per layer, 1 in a scanned model's stack (`[n, B, ...]`)."""
+    return x.ndim - 4
+
+
 def default_positions(attention_mask, offset=0):
     """Positions that count only real tokens: `offset + cumsum(mask) - 1`, at least 0.
 

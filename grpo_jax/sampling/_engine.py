@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from grpo_jax.models.decoder import kv_row_axis
 from grpo_jax.objectives import token_logprobs
 from grpo_jax.sampling._generate import (MAX_NEW_TOKENS, STOP_TOKEN, Rollout, _on_mesh,
                                          _shard_rows, _support_bound, row_keys)
@@ -88,12 +89,6 @@ def _set_rows(old, new, admit_c, axis):
 TAIL_HALVINGS = 2   # the tail decodes in C, then C/2, then C/4 slots (`tail_widths`)
 
 
-def _slot_axis(x):
-    """The slot axis of a cache's keys or values: `[..., C, K, H, L]` / `[..., C, K, L, H]`
-    (a leading axis of scanned layers or none)."""
-    return x.ndim - 4
-
-
 def tail_widths(num_slots, ways=1, halvings=TAIL_HALVINGS):
     """The slot counts the engine decodes with: `num_slots` while rows are pending, then
     each half of the last, at most `halvings` times, while it stays a multiple of `ways`
@@ -117,8 +112,8 @@ def _narrow(slots, width):
     order_c = jnp.argsort(~slots.live, stable=True)[:width]
     take = lambda x, axis: jnp.take(x, order_c, axis=axis)
     cache = slots.cache
-    cache = cache.replace(k=tuple(take(k, _slot_axis(k)) for k in cache.k),
-                          v=tuple(take(v, _slot_axis(v)) for v in cache.v),
+    cache = cache.replace(k=tuple(take(k, kv_row_axis(k)) for k in cache.k),
+                          v=tuple(take(v, kv_row_axis(v)) for v in cache.v),
                           valid=take(cache.valid, 0))
     return slots.replace(cache=cache, logits=take(slots.logits, 0), row=take(slots.row, 0),
                          t=take(slots.t, 0), live=take(slots.live, 0))
@@ -130,12 +125,12 @@ def _copy_prompts(cache, prompt_cache, admit_c, prompt_c):
     s = prompt_cache.valid.shape[1]
 
     def keys(slot_k, prompt_k):
-        axis = _slot_axis(slot_k)
+        axis = kv_row_axis(slot_k)
         head = _set_rows(slot_k[..., :s], jnp.take(prompt_k, prompt_c, axis=axis), admit_c, axis)
         return slot_k.at[..., :s].set(head)
 
     def values(slot_v, prompt_v):
-        axis = _slot_axis(slot_v)
+        axis = kv_row_axis(slot_v)
         head = _set_rows(slot_v[..., :s, :], jnp.take(prompt_v, prompt_c, axis=axis), admit_c, axis)
         return slot_v.at[..., :s, :].set(head)
 

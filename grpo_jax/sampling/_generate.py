@@ -19,6 +19,7 @@ from flax import nnx, struct
 
 from grpo_jax import parallel
 from grpo_jax.models import KVCache, sharding
+from grpo_jax.models.decoder import kv_row_axis
 from grpo_jax.objectives import token_logprobs
 from grpo_jax.sampling._sample import sample
 
@@ -112,20 +113,30 @@ def row_multiple():
 
 
 def _shard_rows(tree, batch_axes, ways=1):
-    """Constrains every array's leading (row) axis to `batch_axes`, the rest left to XLA.
+    """Constrains every array's row axis to `batch_axes`, the rest left to XLA: the
+    leading axis, or for a `KVCache`'s keys and values `kv_row_axis` (after a scanned
+    model's layer axis).
 
     An array whose rows do not split `ways` ways (the P rows of the shared prompt cache
     when P < ways) is left to XLA."""
     if not batch_axes:
         return tree
 
-    def constrain(x):
-        if x.ndim == 0 or x.shape[0] % ways:
+    def constrain(x, axis=0):
+        if x.ndim == 0 or x.shape[axis] % ways:
             return x
-        spec = jax.P(batch_axes, *[jax.P.UNCONSTRAINED] * (x.ndim - 1))
+        spec = jax.P(*[jax.P.UNCONSTRAINED] * axis, batch_axes,
+                     *[jax.P.UNCONSTRAINED] * (x.ndim - axis - 1))
         return jax.lax.with_sharding_constraint(x, spec)
 
-    return jax.tree.map(constrain, tree)
+    def visit(x):
+        if not isinstance(x, KVCache):
+            return constrain(x)
+        kv = lambda arrays: tuple(constrain(a, kv_row_axis(a)) for a in arrays)
+        return x.replace(k=kv(x.k), v=kv(x.v), valid=constrain(x.valid),
+                         prefix=None if x.prefix is None else visit(x.prefix))
+
+    return jax.tree.map(visit, tree, is_leaf=lambda x: isinstance(x, KVCache))
 
 
 def _weights_in(state, rules):
@@ -163,19 +174,6 @@ def _segment_ends(buffer_len):
         ends.append(end)
         end += -(-max(end // 4, SEGMENT) // SEGMENT) * SEGMENT
     return ends + [buffer_len]
-
-
-def _grow(cache, slots):
-    """`cache` with empty slots appended up to `slots` (one copy per segment); the shared
-    prompt cache is left as it is."""
-    def pad(x, axis):
-        widths = [(0, 0)] * x.ndim
-        widths[axis] = (0, slots - x.shape[axis])
-        return jnp.pad(x, widths)
-
-    return cache.replace(k=tuple(pad(k, 3) for k in cache.k),  # [B, K, H, L]
-                         v=tuple(pad(v, 2) for v in cache.v),  # [B, K, L, H]
-                         valid=pad(cache.valid, 1))
 
 
 def row_keys(rng, prompt_ids, group_size):
@@ -289,7 +287,7 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, meth
         return step(_shard_rows(loop.replace(logits=logits_bv, cache=cache), batch_axes, ways))
 
     for end in ends:
-        cache = _shard_rows(_grow(loop.cache, end), batch_axes, ways)
+        cache = _shard_rows(loop.cache.grow(end), batch_axes, ways)
         loop = jax.lax.while_loop(functools.partial(cond, end=end), body, loop.replace(cache=cache))
     mask_bn = (jnp.arange(buffer_len)[None, :] < loop.lengths[:, None]).astype(jnp.int32)
     return Rollout(
