@@ -215,12 +215,13 @@ class DeviceTurns:
 
     def give_back(self, outputs=()):
         """The learner gives the turn up, once `outputs` are computed (an array that a
-        failed step deleted has nothing left to wait for: its error is the step's)."""
+        failed step deleted, donated, has nothing left to wait for: its error is the
+        step's). The turn is given up even when waiting raises."""
         if self._lock is not None and self._learner_holds:
+            live = [x for x in jax.tree.leaves(outputs)
+                    if not (isinstance(x, jax.Array) and x.is_deleted())]
             try:
-                jax.block_until_ready(outputs)
-            except RuntimeError:
-                pass
+                jax.block_until_ready(live)
             finally:
                 self._learner_holds = False
                 self._lock.release()
