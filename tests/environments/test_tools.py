@@ -4,6 +4,7 @@ import pytest
 
 from grpo_jax import environments
 from grpo_jax.environments import Step, ToolEnvironment, calculator, countdown_check
+from tests.doctest_numbers import run_examples
 
 CALC = ToolEnvironment(tools={"calculator": calculator, "check": countdown_check}, max_calls=2)
 EXAMPLE = {"numbers": [25, 6, 2, 9], "target": 100}
@@ -67,11 +68,10 @@ def test_tool_names_must_be_tag_names():
 
 
 def test_docstring_examples():
-    import doctest
     from grpo_jax.environments import _tools
     from grpo_jax.sampling import _engine
     for module in (_tools, _engine):
-        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+        result = run_examples(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
 

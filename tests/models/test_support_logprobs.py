@@ -1,7 +1,6 @@
 """support_token_logprobs: the log-prob renormalised over a recorded support, from gathered
 unembedding columns, equals a float64 numpy computation on the full logits (values and gradients)."""
 
-import doctest
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +9,7 @@ import pytest
 
 from grpo_jax import models
 from grpo_jax.models import support_logprobs
+from tests.doctest_numbers import run_examples
 
 B, T, D, V, K = 3, 10, 16, 50, 6
 
@@ -94,5 +94,5 @@ class TestSupportTokenLogprobs:
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
     def test_docstring_example(self):
-        result = doctest.testmod(support_logprobs, extraglobs={"jnp": jnp})
+        result = run_examples(support_logprobs, optionflags=0, extraglobs={"jnp": jnp})
         assert result.attempted > 0 and result.failed == 0

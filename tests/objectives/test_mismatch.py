@@ -14,7 +14,6 @@ Three kinds of evidence, each independent of the others:
 3. The gradient contract and the argument checks.
 """
 
-import doctest
 import json
 import pathlib
 
@@ -27,6 +26,7 @@ from grpo_jax.objectives import _mismatch
 from grpo_jax.objectives._mismatch import decoupled_ppo_loss, mismatch_metrics, rollout_correction
 from grpo_jax.objectives._policy_losses import ppo_clip_loss
 from grpo_jax.objectives._shaping import importance_weights
+from tests.doctest_numbers import run_examples
 
 PEERS = pathlib.Path(__file__).parent / "peer_outputs"
 RTOL, ATOL = 2e-6, 1e-6          # float32 against float32 (torch on CPU)
@@ -562,7 +562,7 @@ def test_bad_options_are_refused():
 
 
 def test_docstring_examples():
-    result = doctest.testmod(_mismatch, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = run_examples(_mismatch)
     assert result.attempted > 0 and result.failed == 0
     for fn in (rollout_correction, mismatch_metrics, decoupled_ppo_loss):
         for section in ("Args:", "Returns:", "Example:", "References:", ".. math::", "["):

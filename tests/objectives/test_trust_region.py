@@ -21,7 +21,6 @@ verl's, the number drawn is min(max(floor(r N), 1), candidates), and with a frac
 draws every candidate the whole function equals verl's for any key.
 """
 
-import doctest
 import functools
 import json
 import math
@@ -38,6 +37,7 @@ from grpo_jax.objectives._covariance import (_clip_cov, clip_cov_loss, kl_cov_lo
                                              token_covariance)
 from grpo_jax.objectives._trust_region import (binary_divergence, dppo_loss, gmpo_loss,
                                                m2po_mask)
+from tests.doctest_numbers import run_examples
 
 PEER_DIR = pathlib.Path(__file__).parent / "peer_outputs"
 ATOL = 1e-6
@@ -537,5 +537,5 @@ _ZEROS = (jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.zeros(2), jnp.ones((2, 3)))
 
 @pytest.mark.parametrize("module", [_trust_region, _covariance], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
-    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = run_examples(module)
     assert result.attempted > 0 and result.failed == 0

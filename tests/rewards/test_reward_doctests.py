@@ -4,6 +4,7 @@ import doctest
 import importlib
 
 import pytest
+from tests.doctest_numbers import run_examples
 
 MODULES = ["_answers", "_countdown", "_format", "_limits", "_math", "_normalise", "_pool", "_rpt", "_self_verify", "_units"]
 
@@ -11,5 +12,5 @@ MODULES = ["_answers", "_countdown", "_format", "_limits", "_math", "_normalise"
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     module = importlib.import_module(f"grpo_jax.rewards.{name}")
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    result = run_examples(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0

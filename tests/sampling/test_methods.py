@@ -1,7 +1,6 @@
 """Sampling methods: distributions against numpy references, and sampled token frequencies
 against those distributions (chi-square, fixed seeds), directly and through generate()."""
 
-import doctest
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +11,7 @@ from tests.sampling.toy_models import lookup_model
 
 from grpo_jax import sampling
 from grpo_jax.sampling import _buckets, _methods, _sample
+from tests.doctest_numbers import run_examples
 
 PROBS = np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05])  # distinct, so cuts are unambiguous
 LOGITS = np.log(PROBS).astype(np.float32) + 1.0  # an offset: methods must not assume normalised input
@@ -133,7 +133,7 @@ def test_python_numbers_become_fixed_dtype_scalars():
 
 @pytest.mark.parametrize("module", [_methods, _sample, _buckets], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
-    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = run_examples(module)
     assert result.attempted > 0 and result.failed == 0
 
 

@@ -6,7 +6,6 @@ every batch exactly k steps stale it must equal the synchronous loop with
 parameters).
 """
 
-import doctest
 import threading
 import time
 
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.training import async_rl, rl, roles
+from tests.doctest_numbers import run_examples
 from tests.training.training_setups import (LAG_RUN, LAG_STEPS, assert_rows_equal,
                                             assert_same_export, read_metrics, tiny_config)
 
@@ -199,7 +199,7 @@ def test_the_roles_send_each_version_just_before_the_first_batch_it_samples(star
     the fixed schedule's: step s sampled by theta_{max(0, s-1-k)}."""
     assert roles.starting_versions(start, k) == lagged
     assert roles.transfer_order(start, last, k) == order
-    assert doctest.testmod(roles) == (0, 1)   # (failed, attempted): its k = 1 example
+    assert run_examples(roles, optionflags=0) == (0, 1)   # (failed, attempted): its k = 1 example
 
 
 def _producer_gets_the_turn(turns, seconds=5.0):
