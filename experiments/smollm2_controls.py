@@ -25,7 +25,8 @@ number written. This script measures the controls that separate the gains:
 Every model is evaluated greedily on the same `--prompts` held-out prompts (500: the
 binomial standard error of an accuracy near 0.5 is 0.022, under the seeds' spread) and
 graded whole and on its first line. The table gives each seed, the mean, and RL minus SFT
-paired by seed with its percentile bootstrap interval over seeds. Each stage is kept in
+paired by seed with its t-interval (5 seeds or more; else the range) and its exact
+sign-flip p. Each stage is kept in
 `--workdir` as JSON, so re-running the command resumes where it stopped.
 """
 
@@ -180,14 +181,16 @@ def format_table(args, machine, base_rows, per_seed):
         avg = {k: mean([pair[name][0][k] for pair in per_seed.values()]) for k in keys}
         steps = round(mean([pair[name][1] for pair in per_seed.values()]))
         lines.append(line(f"{LABELS[name]}, mean of {len(per_seed)}", avg, steps))
-    lines.append("# RL - SFT control, paired by seed (percentile bootstrap over seeds, "
-                 f"{report_stats.RESAMPLES:,} resamples):")
+    lines.append("# RL - SFT control, paired by seed (the 95% t-interval with 5 seeds or more, "
+                 "else the range; the exact sign-flip p):")
     for key in ("accuracy", "first_line", "mean_length"):
         diffs = [pair["rl"][0][key] - pair["sft"][0][key] for _, pair in sorted(per_seed.items())]
-        lo, hi = report_stats.bootstrap_ci(diffs)
+        p = report_stats.sign_flip_p(diffs)
         lines.append(f"#   {key:<11s} {' '.join(f'{d:+.3f}' for d in diffs)}  mean "
-                     f"{mean(diffs):+.3f}: "
-                     + report_stats.verdict("RL", "SFT", mean(diffs), lo, hi))
+                     f"{mean(diffs):+.3f}, {report_stats.interval_text(diffs)}, p "
+                     f"{report_stats.format_p(p)}: "
+                     + report_stats.verdict("RL", "SFT", mean(diffs), p, len(diffs),
+                                            adjusted=False))
     se = report_stats.binomial_se(0.5, args.prompts)
     lines.append(f"# evaluation noise: an accuracy near 0.5 on {args.prompts} prompts has a "
                  f"binomial standard error of {se:.3f}")

@@ -29,7 +29,8 @@ when it has none)::
     def get_report():
         return {"table": (("eval_accuracy", "final"), ("clip_high", "mean")),
                 "plots": (("entropy", "step"), ("eval_accuracy", "generated_tokens")),
-                "labels": ("0.2/0.2", "0.2/0.28")}   # optional: one name per entry
+                "labels": ("0.2/0.2", "0.2/0.28"),   # optional: one name per entry
+                "primary": ("eval_accuracy", "last_k")}   # the ablation's one primary outcome
 
 A measure reduces one run's metric over the steps that logged it (a NaN, a metric
 undefined at its step, counts as not logged): "final" (the last
@@ -38,7 +39,13 @@ value), "early" / "late" (the mean of the first / last fifth of the values, roun
 the mean), "last_k" (the mean of the last ``last_k`` values) or "auc" (the trapezoid mean
 over the logged steps). Beside ``("eval_accuracy", "final")`` the table always shows
 ``("eval_accuracy", "last_k")``, the per-seed value the paired comparisons take, as the
-mean over seeds with its percentile bootstrap interval (`report_stats.bootstrap_ci`).
+mean over seeds with its t-interval (5 seeds or more) or the seeds' range (fewer).
+
+The **primary outcome** (``"primary"``: one paired measure, default the first of them;
+``"collapse"`` for a stability frontier) is named in the sweep config before
+its runs. Its rows are tested with the exact sign-flip test, Holm-adjusted across the rows
+of the ablation, and read from the adjusted p; every other measure is secondary, its p
+unadjusted and its reading marked so (`report_stats`).
 A plot's x is "step", a metric whose running sum over steps is the x
 (``"generated_tokens"``), or a tuple of metrics whose per-step sum is accumulated. At
 each step the curve is the mean over seeds of x and of y, over the steps that every seed
@@ -79,11 +86,14 @@ DEFAULT_REPORT = {
 }
 # What the paired comparisons take when get_report() leaves them out.
 DEFAULT_PAIRED = (("eval_accuracy", "last_k"), ("eval_accuracy", "auc"))
+# The primary outcome when get_report() names none (every committed ablation names its own).
+DEFAULT_PRIMARY = ("eval_accuracy", "last_k")
+COLLAPSE = "collapse"                  # the primary outcome of a stability frontier
 DEFAULT_LAST_K = 3                     # evaluations averaged by the "last_k" measure
 # The main table summarises this metric, beside its final value, by the mean of each run's
-# last k evaluations (the per-seed value the paired comparisons take), with a CI over seeds.
+# last k evaluations (the per-seed value the paired comparisons take), with its interval.
 SUMMARY_METRIC = "eval_accuracy"
-DEFAULT_GAPS = {"eval_accuracy": 0.05}   # gaps the seeds-needed column is computed for
+DEFAULT_GAPS = {"eval_accuracy": 0.05}   # gaps the power and seeds-needed are computed for
 REDUCTIONS = {
     "final": lambda v: v[-1],
     "early": lambda v: np.mean(v[:-(-len(v) // 5)]),   # the first fifth (rounded up)
@@ -222,13 +232,34 @@ def report_spec(module, num_entries):
         raise ValueError(f"get_report() gives {len(labels)} labels for {num_entries} sweep "
                          "entries; give one per entry, in get_sweep() order")
     unknown = set(raw) - {"table", "plots", "labels", "paired", "last_k", "gaps", "frontier",
-                          "tuned"}
+                          "tuned", "primary"}
     if unknown:
         raise ValueError(f"get_report() has unknown keys {sorted(unknown)}; it takes table, "
-                         "plots, labels, paired, last_k, gaps, frontier and tuned")
+                         "plots, labels, paired, last_k, gaps, frontier, tuned and primary")
     frontier = report_frontier.parse(raw["frontier"]) if "frontier" in raw else None
     tuned = parse_tuned(raw["tuned"], num_entries) if "tuned" in raw else None
-    return ReportSpec(table, plots, labels, paired, last_k, gaps, frontier, tuned)
+    primary = parse_primary(raw.get("primary", paired[0] if paired else DEFAULT_PRIMARY),
+                            paired, frontier)
+    return ReportSpec(table, plots, labels, paired, last_k, gaps, frontier, tuned, primary)
+
+
+def parse_primary(raw, paired, frontier):
+    """The primary outcome: ``"collapse"`` (a frontier's) or a (metric, how) pair that is
+    one of the paired measures (moved first in `paired`, in place)."""
+    if raw == COLLAPSE:
+        if frontier is None:
+            raise ValueError("get_report() primary='collapse' needs a 'frontier' entry")
+        return COLLAPSE
+    if isinstance(raw, str) or len(raw) != 2:
+        raise ValueError(f"get_report() primary={raw!r}: give one (metric, how) pair of the "
+                         "paired measures, e.g. ('eval_accuracy', 'last_k'), or 'collapse'")
+    primary = tuple(raw)
+    if paired and primary not in paired:
+        raise ValueError(f"get_report() primary={primary!r} is not one of the paired measures "
+                         f"{paired}: add it to 'paired'")
+    if paired:
+        paired.insert(0, paired.pop(paired.index(primary)))
+    return primary
 
 
 def parse_tuned(raw, num_entries):
@@ -278,6 +309,7 @@ class ReportSpec:
     gaps: dict
     frontier: Any = None   # report_frontier.Frontier, or None
     tuned: Any = None      # TunedSpec, or None
+    primary: Any = DEFAULT_PRIMARY   # (metric, how), or COLLAPSE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,25 +345,25 @@ def measure_name(metric, how, last_k):
 
 def table_header(metric, how, last_k):
     """A main-table column's name; a last_k measure names its k and its interval:
-    ``eval_accuracy (mean of last 3 evals, 95% CI)``."""
+    ``eval_accuracy (mean of last 3 evals; t-CI, or range under 5 seeds)``."""
     if how != "last_k":
         return measure_name(metric, how, last_k)
     what = "evals" if metric.startswith("eval_") else "values"
-    return f"{metric} (mean of last {last_k} {what}, {report_stats.LEVEL:.0%} CI)"
+    return (f"{metric} (mean of last {last_k} {what}; t-CI, or range under "
+            f"{report_stats.MIN_SEEDS_FOR_CI} seeds)")
 
 
-def format_ci_cell(values):
-    """``0.812 (CI [0.780, 0.850])``: the mean over seeds of `values` [num_seeds] and its
-    percentile bootstrap interval (`report_stats.bootstrap_ci`); the mean alone for one
-    seed."""
+def format_interval_cell(values):
+    """``0.812 (95% t-CI [0.780, 0.850])`` with 5 seeds or more, ``0.812 (range [0.780,
+    0.850] over 3 seeds)`` below: the mean over seeds of `values` [num_seeds] and its
+    `report_stats.interval_text`; the mean alone for one seed."""
     if not values:
         return "–"
     mean = float(np.mean(values))
+    digits = decimals_for([mean, *values])
     if len(values) == 1:
-        return f"{mean:.{decimals_for([mean])}f}"
-    lo, hi = report_stats.bootstrap_ci(values)
-    digits = decimals_for([mean, lo, hi])
-    return f"{mean:.{digits}f} ({report_stats.format_ci(lo, hi, digits)})"
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ({report_stats.interval_text(values, digits)})"
 
 
 def summary_note(spec):
@@ -340,11 +372,10 @@ def summary_note(spec):
         return ""
     k = spec.last_k
     return (f" A mean of last {k} column: each seed's mean of its last {k} values (the "
-            "per-seed value the paired comparisons take), then the mean over seeds and its "
-            f"percentile bootstrap CI over seeds ({report_stats.RESAMPLES:,} resamples, "
-            f"default_rng({report_stats.BOOTSTRAP_SEED}), {report_stats.LEVEL:.0%}); it is "
-            "never wider than the seeds' range, and with 3 seeds it is that range (each "
-            "all-one-seed resample has chance 1/27 > 2.5%).")
+            "per-seed value the paired comparisons take), then the mean over seeds with its "
+            f"{report_stats.LEVEL:.0%} t-interval over seeds when "
+            f"{report_stats.MIN_SEEDS_FOR_CI} or more finished, else the seeds' range (an "
+            "interval over fewer seeds is not a confidence interval).")
 
 
 def mean_and_spread(values):
@@ -407,7 +438,7 @@ def table_lines(entries, spec):
         cells.append(str(len(done)))
         for metric, how in spec.table:
             values = list(seed_values(done, metric, how, spec.last_k).values())
-            cells.append((format_ci_cell if how == "last_k" else format_cell)(values))
+            cells.append((format_interval_cell if how == "last_k" else format_cell)(values))
         lines.append("| " + " | ".join(_markdown_cell(c) for c in cells) + " |")
     return lines
 
@@ -429,68 +460,111 @@ def decimals_for(values):
     return int(min(6, max(3, 2 - math.floor(math.log10(largest)))))
 
 
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One paired comparison: `name` minus `reference` per seed on (metric, how)."""
+
+    name: str
+    reference: str
+    metric: str
+    how: str
+    seeds: tuple
+    differences: np.ndarray   # [len(seeds)], in seed order
+
+
+def compare(reference_runs, runs, name, reference, metric, how, last_k):
+    """The `Comparison` of `runs` minus `reference_runs` per seed on ``(metric, how)``."""
+    seeds, diffs = report_stats.paired_differences(
+        seed_values(reference_runs, metric, how, last_k), seed_values(runs, metric, how, last_k))
+    return Comparison(name, reference, metric, how, tuple(seeds), diffs)
+
+
 def paired_lines(entries, names, spec):
     """The paired-comparison table: every entry minus the first, per seed, for each of
-    ``spec.paired``'s measures, with its bootstrap interval, the seeds a paired test
-    needs for ``spec.gaps[metric]`` and the generated reading."""
+    ``spec.paired``'s measures (the primary first), with the rows' statistics
+    (`comparison_lines`)."""
     if len(entries) < 2 or not spec.paired:
         return []
-    lines = paired_header()
-    for metric, how in spec.paired:
-        for (_, _, _, runs), name in zip(entries[1:], names[1:]):
-            lines.append(paired_row(entries[0][3], runs, name, names[0], metric, how, spec))
-    return lines + ["", f"Each row: the variant minus {names[0]} on the same seed (a seed's "
-                    "variants start from the same SFT warm start), for the seeds both "
-                    "finished. " + paired_note(spec), ""]
+    comparisons = [compare(entries[0][3], runs, name, names[0], metric, how, spec.last_k)
+                   for metric, how in spec.paired
+                   for (_, _, _, runs), name in zip(entries[1:], names[1:])]
+    return comparison_lines(comparisons, spec) + [
+        "", f"Each row: the variant minus {names[0]} on the same seed (a seed's variants start "
+        "from the same SFT warm start), for the seeds both finished. " + paired_note(spec), ""]
 
 
-def paired_header():
+def comparison_lines(comparisons, spec):
+    """A markdown table of `comparisons`: per row its per-seed differences, their mean, the
+    interval (a t-CI over 5 or more seeds, else the range), the exact sign-flip p, the
+    Holm-adjusted p across the primary outcome's rows, the seeds a t-test needs for the
+    metric's gap at the sd pooled over the rows of its measure, and the reading."""
+    p_values = [report_stats.sign_flip_p(c.differences) if c.seeds else None
+                for c in comparisons]
+    is_primary = [(c.metric, c.how) == spec.primary for c in comparisons]
+    adjusted = report_stats.holm([p if primary else None
+                                  for p, primary in zip(p_values, is_primary)])
+    pooled = {}
+    for c in comparisons:
+        key = (c.metric, c.how)
+        if key not in pooled:
+            pooled[key] = report_stats.pooled_sd([d.differences for d in comparisons
+                                                  if (d.metric, d.how) == key])
     header = ["comparison", "measure", "seeds", "per-seed differences", "mean difference",
-              f"{report_stats.LEVEL:.0%} CI", "seeds for the gap", "reading"]
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+              "interval", "sign-flip p", "Holm p", "seeds for the gap", "reading"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c, p, holm_p, primary in zip(comparisons, p_values, adjusted, is_primary):
+        lines.append(comparison_row(c, p, holm_p, primary, pooled[(c.metric, c.how)], spec))
+    return lines
 
 
-def paired_row(reference_runs, runs, name, reference, metric, how, spec):
-    """One markdown row: `runs` minus `reference_runs` per seed on ``(metric, how)``."""
-    seeds, diffs = report_stats.paired_differences(
-        seed_values(reference_runs, metric, how, spec.last_k),
-        seed_values(runs, metric, how, spec.last_k))
-    measure = measure_name(metric, how, spec.last_k)
-    if not seeds:
-        cells = [f"{name} − {reference}", measure, "0", "–", "–", "–", "–",
-                 "no seed finished both"]
-    else:
-        mean = float(diffs.mean())
-        lo, hi = report_stats.bootstrap_ci(diffs)
-        digits = decimals_for([*diffs, lo, hi])
-        gap = spec.gaps.get(metric)
-        sd = float(diffs.std(ddof=1)) if len(diffs) > 1 else None
-        needed = None if gap is None else report_stats.seeds_needed(sd, gap)
-        cells = [f"{name} − {reference}", measure, ", ".join(map(str, seeds)),
-                 ", ".join(f"{d:+.{digits}f}" for d in diffs), f"{mean:+.{digits}f}",
-                 report_stats.format_ci(lo, hi, digits),
-                 "–" if needed is None else f"{needed} (gap {gap:g}, sd {sd:.{digits}f})",
-                 report_stats.verdict(name, reference, mean, lo, hi, digits)]
-    return "| " + " | ".join(_markdown_cell(c) for c in cells) + " |"
+def comparison_row(c, p, holm_p, primary, pooled, spec):
+    """One markdown row of `comparison_lines`; `pooled` = (sd, df) of its measure's rows."""
+    measure = measure_name(c.metric, c.how, spec.last_k) + (" (primary)" if primary else "")
+    title = f"{c.name} − {c.reference}"
+    if not c.seeds:
+        cells = [title, measure, "0", "–", "–", "–", "–", "–", "–", "no seed finished both"]
+        return "| " + " | ".join(_markdown_cell(x) for x in cells) + " |"
+    diffs, n = c.differences, len(c.seeds)
+    mean = float(diffs.mean())
+    digits = decimals_for([*diffs, mean])
+    gap, (sd, df) = spec.gaps.get(c.metric), pooled
+    needed = power = None
+    if gap is not None and sd is not None:
+        needed = report_stats.seeds_needed(sd, gap)
+        power = report_stats.paired_t_power(n, sd, gap) if n >= 2 else None
+    reading = report_stats.verdict(c.name, c.reference, mean, holm_p if primary else p, n,
+                                   adjusted=primary, power=power, gap=gap, digits=digits)
+    cells = [title, measure, ", ".join(map(str, c.seeds)),
+             ", ".join(f"{d:+.{digits}f}" for d in diffs), f"{mean:+.{digits}f}",
+             report_stats.interval_text(diffs, digits), report_stats.format_p(p),
+             report_stats.format_p(holm_p) if primary else "secondary",
+             "–" if needed is None and sd is None else (
+                 f"{needed or '> 10,000'} (gap {gap:g}, pooled sd {sd:.{digits}f}, df {df})"
+                 if gap is not None else "–"),
+             reading if primary else f"secondary: {reading}"]
+    return "| " + " | ".join(_markdown_cell(x) for x in cells) + " |"
 
 
 def paired_note(spec):
-    """What a paired row's columns mean."""
-    z = "z_{1-alpha/2} + z_{power}"
-    return (f"last {spec.last_k} = the mean of a run's last {spec.last_k} logged values (its "
-            "last evaluations, for an eval metric); auc = the trapezoid area under the run's "
-            "curve over its logged steps divided by their range (the curve's mean height). "
-            f"CI: percentile bootstrap of the mean difference over seeds, "
-            f"{report_stats.RESAMPLES:,} resamples drawn with numpy's default_rng("
-            f"{report_stats.BOOTSTRAP_SEED}), {report_stats.LEVEL:.0%} two-sided; the "
-            "reading says \"no difference detected\" when the interval holds 0. With n "
-            "seeds the interval cannot be wider than the range of the n differences, and "
-            "with 3 seeds it excludes 0 whenever the three share a sign, which happens "
-            "1 time in 4 when there is no effect: read \"higher\" or \"lower\" as "
-            "\"consistent over these seeds\", not as a 5% test. Seeds for the gap: the n of a "
-            "paired two-sided test at alpha 0.05 with power 0.8 for that mean difference, "
-            f"n = ceil((({z}) · sd / gap)^2) = ceil((2.80 · sd / gap)^2), sd = the sample "
-            "sd (ddof=1) of the per-seed differences (normal approximation).")
+    """What a comparison row's columns mean."""
+    primary = ("a stability frontier's collapse" if spec.primary == COLLAPSE
+               else measure_name(*spec.primary, spec.last_k))
+    return (f"The primary outcome (the sweep config's get_report()): "
+            f"{primary}; every other measure is secondary (its p unadjusted, its reading "
+            f"marked so). last {spec.last_k} = the mean of a run's last {spec.last_k} logged "
+            "values (its last evaluations, for an eval metric); auc = the trapezoid area under "
+            "the run's curve over its logged steps divided by their range. Interval: the "
+            f"{report_stats.LEVEL:.0%} paired t-interval of the mean difference with "
+            f"{report_stats.MIN_SEEDS_FOR_CI} or more seeds, else the range of the differences "
+            "(not a confidence interval). Sign-flip p: the exact two-sided permutation test "
+            "of the mean difference over every flip of the differences' signs (its smallest "
+            "value with n seeds is 2/2^n: 0.25 at 3 seeds, 0.0625 at 5, 0.031 at 6). Holm p: "
+            "that p Holm-adjusted across the primary outcome's rows of this table; a reading "
+            f"says higher or lower only where it is below {report_stats.ALPHA:g}. Seeds for the "
+            f"gap: the fewest seeds whose paired two-sided t-test at {report_stats.ALPHA:g} has "
+            f"power {report_stats.POWER:g} for that gap (the noncentral t), at the sd pooled "
+            "over this table's rows of the measure (ddof 1 each, its degrees of freedom "
+            "given); power: the same test's power with the seeds at hand.")
 
 
 def tuned_pick(entries, indices, by, last_k):
@@ -529,14 +603,12 @@ def tuned_lines(entries, names, spec):
     (first, first_pick), rest = picks[0], picks[1:]
     if first_pick is None or any(pick is None for _, pick in rest):
         return lines + ["A method has no finished run: no comparison.", ""]
-    lines += paired_header()
-    for metric, how in spec.paired:
-        for method, pick in rest:
-            lines.append(paired_row(entries[first_pick][3], entries[pick][3],
-                                    f"{method} ({names[pick]})",
-                                    f"{first} ({names[first_pick]})", metric, how, spec))
-    return lines + ["", f"Each row: a method at its pick minus {first} at its pick on the "
-                    "same seed. " + paired_note(spec), ""]
+    comparisons = [compare(entries[first_pick][3], entries[pick][3], f"{method} ({names[pick]})",
+                           f"{first} ({names[first_pick]})", metric, how, spec.last_k)
+                   for metric, how in spec.paired for method, pick in rest]
+    return lines + comparison_lines(comparisons, spec) + [
+        "", f"Each row: a method at its pick minus {first} at its pick on the same seed. "
+        + paired_note(spec), ""]
 
 
 def eval_noise_lines(entries, names, spec):
@@ -672,7 +744,10 @@ def render(runs, module, *, write_png):
               f"--seeds {','.join(map(str, seeds))}",
               "python -m grpo_jax.report DIR", "```", "",
               f"Commits: {', '.join(commits) or 'unknown'}. Machines: "
-              f"{'; '.join(machines) or 'unknown'}.", ""]
+              f"{'; '.join(machines) or 'unknown'}.", "",
+              "Primary outcome (the sweep config's get_report()): " + (
+                  "collapse (stability frontier)" if spec.primary == COLLAPSE
+                  else f"{measure_name(*spec.primary, spec.last_k)}, paired by seed") + ".", ""]
     lines += table_lines(entries, spec)
     lines += ["", "Mean over the finished seeds ± their sample standard deviation (ddof=1). "
               "A measure reduces each run's metric over the steps that logged it: final = the "

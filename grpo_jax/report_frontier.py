@@ -100,11 +100,15 @@ def collapse_step(steps, values, collapse):
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """One finished run of a cell: its seed, its collapse step (None: it did not
-    collapse) and its final value of the collapse metric."""
+    collapse), its final value of the collapse metric, the step of that value (where a run
+    that did not collapse is censored) and the area under its curve of the metric
+    (`report_stats.area_under_curve`)."""
 
     seed: int
     collapse_step: Any
     final: float
+    last_step: int = 0
+    auc: float = float("nan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +164,8 @@ def cells(entries, frontier):
                 steps, scores = run.values(frontier.collapse.metric)
                 outcomes.append(Outcome(run.record["seed"],
                                         collapse_step(steps, scores, frontier.collapse),
-                                        scores[-1]))
+                                        scores[-1], steps[-1],
+                                        report_stats.area_under_curve(steps, scores)))
         grid[key] = Cell(grid.get(key, Cell()).outcomes + tuple(outcomes))
     return grid, values
 
@@ -218,45 +223,111 @@ def panel_table(grid, panel, sub_panels, rows, columns, frontier):
     return table
 
 
-def paired_collapses(grid, panel, reference):
-    """[pairs] of collapsed(panel) - collapsed(reference) (each 0 or 1) over the runs of
-    `panel` and `reference` at the same other fields and seed, in grid order."""
-    flags = lambda key: {o.seed: o.collapse_step is not None for o in grid[key].outcomes}
-    differences = []
+def paired_outcomes(grid, panel, reference, value):
+    """`[(seed, value(run of panel), value(run of reference))]` over the runs of `panel`
+    and `reference` at the same other fields and seed, in grid order; `value` maps an
+    `Outcome` to a number."""
+    pairs = []
     for key in grid:
         if key[0] != panel or (reference, *key[1:]) not in grid:
             continue
-        mine, theirs = flags(key), flags((reference, *key[1:]))
-        differences += [int(mine[s]) - int(theirs[s]) for s in sorted(set(mine) & set(theirs))]
-    return np.array(differences, np.float64)
+        mine = {o.seed: o for o in grid[key].outcomes}
+        theirs = {o.seed: o for o in grid[(reference, *key[1:])].outcomes}
+        pairs += [(s, value(mine[s]), value(theirs[s])) for s in sorted(set(mine) & set(theirs))]
+    return pairs
+
+
+def seed_clustered_p(pairs):
+    """`(per-seed mean differences, exact sign-flip p)`: the pairs' differences averaged
+    within each seed first (a seed's cells share its warm start and data order, so they
+    are not independent), then the sign-flip test over seeds."""
+    by_seed = {}
+    for seed, mine, theirs in pairs:
+        by_seed.setdefault(seed, []).append(mine - theirs)
+    means = np.array([np.mean(by_seed[s]) for s in sorted(by_seed)], np.float64)
+    return means, (report_stats.sign_flip_p(means) if means.size else None)
+
+
+def _collapsed(outcome):
+    return float(outcome.collapse_step is not None)
 
 
 def summary_lines(grid, panels, field):
-    """Per value of the first panel field: its runs collapsed of those finished, its cells
-    where no seed collapsed, and its collapses paired with the first value's (the control)
-    at the same cell and seed: the mean difference and its bootstrap interval."""
+    """Per value of the first panel field against the first (the control), paired by cell
+    and seed: collapses (exact McNemar over the pairs, and a seed-clustered sign-flip test,
+    the primary test, Holm-adjusted across the values), time to collapse with runs that
+    did not collapse censored at their last evaluation (Kaplan-Meier median, restricted
+    mean), and the area under the collapse metric's curve (seed-clustered)."""
     reference = panels[0]
-    table = [f"| {_leaf(field)} | runs collapsed | cells where no seed collapsed | "
-             f"collapse rate − `{reference}`'s, paired by cell and seed |", "|---|---|---|---|"]
+    table = [f"| {_leaf(field)} | runs collapsed | cells where no seed collapsed | pairs with "
+             f"`{reference}`: only it collapsed / only `{reference}` | exact McNemar p | "
+             "seed-clustered p | Holm p |", "|---|---|---|---|---|---|---|"]
+    rows, clustered = [], []
     for panel in panels:
         mine = [cell for key, cell in grid.items() if key[0] == panel]
         runs = sum(cell.seeds for cell in mine)
         collapsed = sum(cell.collapsed for cell in mine)
         stable = sum(1 for cell in mine if cell.seeds and not cell.collapsed)
-        paired = "–"
-        differences = paired_collapses(grid, panel, reference)
-        if panel != reference and differences.size:
-            lo, hi = report_stats.bootstrap_ci(differences)
-            paired = (f"{differences.mean():+.3f} over {differences.size} pairs "
-                      f"({report_stats.format_ci(lo, hi)})")
-        table.append(f"| `{panel}` | {collapsed}/{runs} | {stable}/{len(mine)} | {paired} |")
-    return table + ["", f"Paired: each run minus the `{reference}` run of the same cell (every "
-                    "other swept field equal) and seed, 1 when only it collapsed, -1 when only "
-                    f"the `{reference}` run did; the mean over the pairs and the percentile "
-                    f"bootstrap CI over pairs ({report_stats.RESAMPLES:,} resamples, "
-                    f"{report_stats.LEVEL:.0%}), which treats the pairs as independent: cells "
-                    "share seeds and neighbouring settings, so read it as a summary, not a "
-                    "test.", ""]
+        pairs = paired_outcomes(grid, panel, reference, _collapsed) if panel != reference else []
+        only_it = sum(1 for _, a, b in pairs if a > b)
+        only_ref = sum(1 for _, a, b in pairs if b > a)
+        _, p = seed_clustered_p(pairs) if pairs else (None, None)
+        clustered.append(p)
+        rows.append((panel, collapsed, runs, stable, len(mine), pairs, only_it, only_ref))
+    adjusted = report_stats.holm(clustered)
+    for (panel, collapsed, runs, stable, cells_, pairs, only_it, only_ref), p, holm_p in zip(
+            rows, clustered, adjusted):
+        versus = (f"{only_it} / {only_ref} of {len(pairs)}", report_stats.format_p(
+            report_stats.mcnemar_exact(only_it, only_ref)), report_stats.format_p(p),
+            report_stats.format_p(holm_p)) if pairs else ("–", "–", "–", "–")
+        table.append(f"| `{panel}` | {collapsed}/{runs} | {stable}/{cells_} | "
+                     + " | ".join(versus) + " |")
+    table += ["", f"Pairs: each run and the `{reference}` run of the same cell (every other swept "
+              "field equal) and seed. Exact McNemar p: the two-sided binomial test of the "
+              "discordant pairs, which treats the pairs as independent. Seed-clustered p: each "
+              "seed's mean difference (1 when only the run collapsed, -1 when only the "
+              f"`{reference}` run did) over its cells, then the exact sign-flip test over the "
+              "seeds (a seed's cells share its warm start; with n seeds its smallest value is "
+              "2/2^n); Holm p: that p adjusted across the rows, the frontier's primary test.",
+              ""]
+    return table + time_lines(grid, panels, field)
+
+
+def time_lines(grid, panels, field):
+    """Per value of the first panel field: the Kaplan-Meier median collapse step and the
+    restricted mean steps without collapse up to the longest run's last evaluation, and
+    its area under the curve paired with the control's, clustered by seed."""
+    reference = panels[0]
+    outcomes = [o for cell in grid.values() for o in cell.outcomes]
+    if not outcomes:
+        return []
+    horizon = max(o.last_step for o in outcomes)
+    table = [f"| {_leaf(field)} | Kaplan-Meier median collapse step | restricted mean steps "
+             f"without collapse (to step {horizon}) | area under the curve − `{reference}`'s "
+             "(mean over seeds) | seed-clustered p |", "|---|---|---|---|---|"]
+    for panel in panels:
+        runs = [o for key, cell in grid.items() if key[0] == panel for o in cell.outcomes]
+        times = [o.collapse_step if o.collapse_step is not None else o.last_step for o in runs]
+        events = [o.collapse_step is not None for o in runs]
+        median = report_stats.km_median(times, events) if runs else None
+        mean_steps = report_stats.restricted_mean(times, events, horizon) if runs else None
+        auc = ("–", "–")
+        if panel != reference:
+            means, p = seed_clustered_p(paired_outcomes(grid, panel, reference,
+                                                        lambda o: o.auc))
+            if means.size:
+                auc = (f"{means.mean():+.3f} over {means.size} seeds", report_stats.format_p(p))
+        table.append(f"| `{panel}` | {'not reached' if median is None else f'{median:g}'} | "
+                     f"{'–' if mean_steps is None else f'{mean_steps:.1f}'} | {auc[0]} | "
+                     f"{auc[1]} |")
+    return table + ["", "Time to collapse: a run that did not collapse is censored at its last "
+                    "evaluation; the median is the first collapse step where the Kaplan-Meier "
+                    "share of runs not yet collapsed is at most one half (\"not reached\" when "
+                    "more than half outlast their runs); the restricted mean is the area under "
+                    "that curve up to the horizon. Area under the curve: the collapse metric's "
+                    "trapezoid mean over each run's evaluations, paired by cell and seed, "
+                    "averaged within each seed, then tested over seeds by exact sign flips.",
+                    ""]
 
 
 def heat_map(grid, panel, sub_panels, rows, columns, frontier):

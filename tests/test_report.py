@@ -76,8 +76,8 @@ def sweep_root(tmp_path):
 def _expected(spec):
     # eval_accuracy final: entry 0 (0.5, 0.6, 0.7) -> 0.600 ± 0.10; entry 1 (0.2, 0.2, 0.5)
     # -> 0.300 ± sqrt(0.03) = 0.17. The mean of the last 3 (here both) evaluations is
-    # (0.4, 0.45, 0.5) slow and (0.15, 0.15, 0.3) fast, means 0.45 and 0.2; with 3 seeds
-    # each all-one-seed resample has mass 1/27 > 2.5%, so the 95% interval is [min, max].
+    # (0.4, 0.45, 0.5) slow and (0.15, 0.15, 0.3) fast, means 0.45 and 0.2; 3 seeds are
+    # fewer than 5, so the column gives their range, not a confidence interval.
     # Loss = factor x (step + seed): the mean over steps 1-4 is factor x (2.5 + seed), the
     # last fifth (one step) factor x (4 + seed).
     return f"""# Sweep: `{spec}`
@@ -95,12 +95,14 @@ python -m grpo_jax.report DIR
 
 Commits: abc1234, def5678. Machines: Test CPU, 2 cores, 1 per run.
 
-| variant | learning_rate | seeds | eval_accuracy (final) | eval_accuracy (mean of last 3 evals, 95% CI) | loss (mean) | loss (late) |
-|---|---|---|---|---|---|---|
-| slow | `0.1` | 3 | 0.600 ± 0.10 | 0.450 (CI [0.400, 0.500]) | 3.50 ± 1.0 | 5.00 ± 1.0 |
-| fast | `0.2` | 3 | 0.300 ± 0.17 | 0.200 (CI [0.150, 0.300]) | 7.00 ± 2.0 | 10.0 ± 2.0 |
+Primary outcome (the sweep config's get_report()): eval_accuracy (last 3), paired by seed.
 
-Mean over the finished seeds ± their sample standard deviation (ddof=1). A measure reduces each run's metric over the steps that logged it: final = the last value; early, late = the mean of the first, last fifth of the values; last 3 = the mean of the last 3 values; auc = the trapezoid mean over the logged steps; mean; sum; std = the population std over steps; cv = that std divided by the mean over steps. A mean of last 3 column: each seed's mean of its last 3 values (the per-seed value the paired comparisons take), then the mean over seeds and its percentile bootstrap CI over seeds (10,000 resamples, default_rng(0), 95%); it is never wider than the seeds' range, and with 3 seeds it is that range (each all-one-seed resample has chance 1/27 > 2.5%).
+| variant | learning_rate | seeds | eval_accuracy (final) | eval_accuracy (mean of last 3 evals; t-CI, or range under 5 seeds) | loss (mean) | loss (late) |
+|---|---|---|---|---|---|---|
+| slow | `0.1` | 3 | 0.600 ± 0.10 | 0.450 (range [0.400, 0.500] over 3 seeds) | 3.50 ± 1.0 | 5.00 ± 1.0 |
+| fast | `0.2` | 3 | 0.300 ± 0.17 | 0.200 (range [0.150, 0.300] over 3 seeds) | 7.00 ± 2.0 | 10.0 ± 2.0 |
+
+Mean over the finished seeds ± their sample standard deviation (ddof=1). A measure reduces each run's metric over the steps that logged it: final = the last value; early, late = the mean of the first, last fifth of the values; last 3 = the mean of the last 3 values; auc = the trapezoid mean over the logged steps; mean; sum; std = the population std over steps; cv = that std divided by the mean over steps. A mean of last 3 column: each seed's mean of its last 3 values (the per-seed value the paired comparisons take), then the mean over seeds with its 95% t-interval over seeds when 5 or more finished, else the seeds' range (an interval over fewer seeds is not a confidence interval).
 
 Not finished, left out: 01_learning_rate-0.2/seed-3 (at step 2 of 4).
 
@@ -123,13 +125,20 @@ def test_report_md_has_the_hand_computed_means_and_spreads(sweep_root):
     assert text[:start] + text[stop:] == _expected(spec)
     # Paired, per seed: the mean of the two evaluations (steps 2 and 4) is (0.4, 0.45, 0.5)
     # slow, (0.15, 0.15, 0.3) fast: differences -0.25, -0.30, -0.20 (the trapezoid mean of
-    # two points is the same). With 3 seeds each all-one-seed resample has probability
-    # 1/27 > 2.5%, so the 95% percentile interval is [min, max]; sd 0.05, so the seeds for
-    # a 0.05 gap are ceil(2.8016^2) = 8. The runs' config has no eval.num_prompts: no SE.
-    for how in ("last 3", "auc"):
-        assert (f"| fast − slow | eval_accuracy ({how}) | 0, 1, 2 | -0.250, -0.300, -0.200 | "
-                "-0.250 | CI [-0.300, -0.200] | 8 (gap 0.05, sd 0.050) | fast lower than slow "
-                "by 0.250 (CI [-0.300, -0.200]) |") in text
+    # two points is the same). 3 seeds: the range, and the exact sign-flip p of three
+    # differences of one sign, 2/8 = 0.25 (Holm over the one primary row: 0.25). The
+    # differences' sd is 0.05 (one row per measure: pooled sd 0.05, df 2); a paired t-test
+    # with power 0.8 for a 0.05 gap at sd 0.05 needs 10 seeds (scipy's noncentral t, in
+    # test_report_stats), and with 3 seeds its power is 0.18. The runs' config has no
+    # eval.num_prompts: no SE.
+    assert ("| fast − slow | eval_accuracy (last 3) (primary) | 0, 1, 2 | -0.250, -0.300, "
+            "-0.200 | -0.250 | range [-0.300, -0.200] over 3 seeds | 0.250 | 0.250 | 10 (gap "
+            "0.05, pooled sd 0.050, df 2) | no difference detected at 3 seeds; power for a 0.05 "
+            "gap 0.18 |") in text
+    assert ("| fast − slow | eval_accuracy (auc) | 0, 1, 2 | -0.250, -0.300, -0.200 | -0.250 | "
+            "range [-0.300, -0.200] over 3 seeds | 0.250 | secondary | 10 (gap 0.05, pooled sd "
+            "0.050, df 2) | secondary: no difference detected at 3 seeds; power for a 0.05 gap "
+            "0.18 |") in text
     assert "| slow | – | 0.600 | 0.100 | 0.050 | – |" in text
     assert "| fast | – | 0.300 | 0.173 | 0.087 | – |" in text
 
@@ -196,7 +205,7 @@ def _eval_run(seed, accuracies):
     return report.RunData(f"00_x/seed-{seed}", record, rows)
 
 
-def test_the_summary_column_is_the_seeds_mean_of_the_last_k_evals_with_its_ci():
+def test_the_summary_column_is_the_seeds_mean_of_the_last_k_evals_with_its_range():
     curves = {0: [0.1, 0.2, 0.4, 0.5, 0.6], 1: [0.3, 0.3, 0.6, 0.6, 0.9],
               2: [0.0, 0.9, 0.2, 0.2, 0.2]}
     runs = [_eval_run(seed, c) for seed, c in curves.items()]
@@ -205,13 +214,11 @@ def test_the_summary_column_is_the_seeds_mean_of_the_last_k_evals_with_its_ci():
     assert spec.table == [("eval_accuracy", "final"), ("eval_accuracy", "last_k")]
     header, _, row = report.table_lines([(0, "00_x", {}, runs)], spec)
     assert header == ("| seeds | eval_accuracy (final) | "
-                      "eval_accuracy (mean of last 3 evals, 95% CI) |")
+                      "eval_accuracy (mean of last 3 evals; t-CI, or range under 5 seeds) |")
     per_seed = np.array([np.mean(c[-3:]) for c in curves.values()])   # 0.5, 0.7, 0.2
     np.testing.assert_allclose(per_seed, [0.5, 0.7, 0.2])
-    # 3 seeds: each all-one-seed resample has mass 1/27 > 2.5%, so the CI is [min, max].
-    assert row == (f"| 3 | 0.567 ± 0.35 | {per_seed.mean():.3f} "
-                   f"(CI [{per_seed.min():.3f}, {per_seed.max():.3f}]) |")
-    assert row == "| 3 | 0.567 ± 0.35 | 0.467 (CI [0.200, 0.700]) |"
+    # 3 seeds: their range, never called a CI.
+    assert row == "| 3 | 0.567 ± 0.35 | 0.467 (range [0.200, 0.700] over 3 seeds) |"
     # One seed: its mean alone, no interval.
     assert report.table_lines([(0, "00_x", {}, runs[:1])], spec)[2] == "| 1 | 0.600 | 0.500 |"
 
@@ -242,12 +249,15 @@ def test_methods_are_compared_at_the_setting_their_training_reward_picks():
     lines = report.tuned_lines(entries, names, spec)
     assert lines[2:6] == ["| A | A lo | 0.5000 |  |", "| A | A hi | 0.7000 | yes |",
                           "| B | B lo | 0.6000 | yes |", "| B | B hi | 0.6000 |  |"]
-    # B lo - A hi per seed: 0.5 - 0.4 = +0.1, 0.8 - 0.6 = +0.2; with 2 seeds the 95%
-    # percentile interval is [min, max]; sd 0.0707 -> ceil((2.8016 * 0.0707 / 0.05)^2) = 16.
+    # B lo - A hi per seed: 0.5 - 0.4 = +0.1, 0.8 - 0.6 = +0.2: the range of 2 seeds, the
+    # sign-flip p 2/4 = 0.5 (the primary outcome, the first paired measure when get_report()
+    # names none; Holm over one row: 0.5); sd 0.0707, the t-test's seeds for a 0.05 gap 18,
+    # its power at 2 seeds 0.07.
     row = next(line for line in lines if line.startswith("| B (B lo) − A (A hi)"))
-    assert row == ("| B (B lo) − A (A hi) | eval_accuracy (final) | 0, 1 | +0.100, +0.200 | "
-                   "+0.150 | CI [0.100, 0.200] | 16 (gap 0.05, sd 0.071) | B (B lo) higher "
-                   "than A (A hi) by 0.150 (CI [0.100, 0.200]) |")
+    assert row == ("| B (B lo) − A (A hi) | eval_accuracy (final) (primary) | 0, 1 | +0.100, "
+                   "+0.200 | +0.150 | range [0.100, 0.200] over 2 seeds | 0.500 | 0.500 | 18 "
+                   "(gap 0.05, pooled sd 0.071, df 1) | no difference detected at 2 seeds; "
+                   "power for a 0.05 gap 0.07 |")
 
 
 @pytest.mark.parametrize("tuned, message", [
@@ -308,8 +318,9 @@ def test_without_get_report_the_defaults_are_used(sweep_root):
     pathlib.Path(spec).write_text('"""No report spec."""\n')
     text = report.write_report(root).read_text()
     assert ("| learning_rate | seeds | eval_accuracy (final) | eval_accuracy (mean of last 3 "
-            "evals, 95% CI) | accuracy (final) | reward_mean (mean) |") in text
-    assert "| `0.1` | 3 | 0.600 ± 0.10 | 0.450 (CI [0.400, 0.500]) | – | – |" in text
+            "evals; t-CI, or range under 5 seeds) | accuracy (final) | reward_mean (mean) |") in text
+    assert ("| `0.1` | 3 | 0.600 ± 0.10 | 0.450 (range [0.400, 0.500] over 3 seeds) | – | – |"
+            in text)
     assert "No finished run logged `reward_mean`: no plot." in text
 
 
@@ -332,3 +343,51 @@ def test_committed_ablation_reports_are_regenerated_byte_for_byte(directory, tmp
     shutil.copytree(directory, copy, ignore=shutil.ignore_patterns("*.png", "report.md"))
     report.write_report(copy)
     assert (copy / "report.md").read_bytes() == (directory / "report.md").read_bytes()
+
+
+def _comparison(name, differences, metric="eval_accuracy", how="last_k"):
+    return report.Comparison(name, "A", metric, how, tuple(range(len(differences))),
+                             np.asarray(differences, np.float64))
+
+
+def test_primary_rows_are_holm_adjusted_and_read_from_the_adjusted_p():
+    # Two primary rows over 6 seeds and one secondary. B: six positive differences, exact
+    # sign-flip p 2/64 = 0.03125; C sums to 0, so every flip's |sum| is at least its own: p 1.
+    b = [0.05, 0.06, 0.04, 0.07, 0.05, 0.06]
+    c = [0.01, -0.01, 0.01, -0.01, 0.01, -0.01]
+    spec = report.ReportSpec([], [], None, [("eval_accuracy", "last_k"),
+                                            ("eval_accuracy", "auc")], 3,
+                             {"eval_accuracy": 0.05})
+    lines = report.comparison_lines(
+        [_comparison("B", b), _comparison("C", c), _comparison("B", b, how="auc")], spec)
+    rows = [line.split(" | ") for line in lines[2:]]
+    # Holm: 2 x 0.03125 = 0.0625 for B (not below 0.05: no difference read), 1 for C.
+    assert [r[6] for r in rows] == ["0.031", "1.000", "0.031"]
+    assert [r[7] for r in rows] == ["0.062", "1.000", "secondary"]
+    assert rows[0][9].startswith("no difference detected at 6 seeds")
+    # The secondary row reads its own p: B higher than A by 0.055.
+    assert rows[2][9] == "secondary: B higher than A by 0.0550 (p 0.031) |"
+    # 6 seeds: a t-interval, mean 0.055, sd 0.01049 (ddof 1), t_{0.975,5} 2.5706.
+    half = 2.570581836 * np.std(b, ddof=1) / np.sqrt(6)
+    assert rows[0][5] == f"95% t-CI [{0.055 - half:.4f}, {0.055 + half:.4f}]"
+    # Pooled over the two primary rows: sd sqrt((5 s_b^2 + 5 s_c^2) / 10), df 10.
+    pooled = np.sqrt((np.var(b, ddof=1) + np.var(c, ddof=1)) / 2)
+    assert f"pooled sd {pooled:.4f}, df 10" in rows[0][8]
+
+
+@pytest.mark.parametrize("primary, message", [
+    (("loss", "mean"), "is not one of the paired measures"),
+    ("collapse", "needs a 'frontier' entry"),
+    ("eval_accuracy", "give one (metric, how) pair"),
+])
+def test_a_bad_primary_outcome_names_the_problem(primary, message):
+    module = type("M", (), {"get_report": staticmethod(lambda: {"primary": primary})})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        report.report_spec(module, 2)
+
+
+def test_every_committed_ablation_names_its_primary_outcome():
+    from grpo_jax import config_lib
+    for path in sorted((REPO / "configs" / "ablations").glob("[!_]*.py")):
+        module = config_lib.load_module(path)
+        assert "primary" in module.get_report(), f"{path.name}: get_report() names no primary"

@@ -98,12 +98,20 @@ def test_the_frontier_counts_collapsed_seeds_per_cell(tmp_path):
     cispo = section[section.index("### `kind` = `cispo`"):]
     assert "| 0.3 | 3/3 · 0.00 (step 2) | 0/3 · 0.80 |" in cispo
     # pg: 1 of its 12 runs collapsed, 3 of 4 cells clean; cispo: 3 runs, in one cell.
-    # Paired with pg by cell and seed: +1 at (0.3, 0) seeds 0 and 2, 0 elsewhere: mean
-    # 2/12. A resample's mean is k/12 with k ~ Binomial(12, 1/6): P(k = 0) = (5/6)^12 = 11%
-    # > 2.5%, so the interval starts at 0; P(k <= 4) = 0.964 < 97.5% < P(k <= 5) = 0.992,
-    # so it ends at 5/12.
-    assert "| `pg` | 1/12 | 3/4 | – |" in section
-    assert "| `cispo` | 3/12 | 3/4 | +0.167 over 12 pairs (CI [0.000, 0.417]) |" in section
+    # Paired with pg by cell and seed (12 pairs): only cispo collapsed at (0.3, 0) in seeds
+    # 0 and 2, both in seed 1: exact McNemar 2 P(Bin(2, 1/2) = 0) = 0.5. Seed-clustered:
+    # per-seed means over 4 cells 1/4, 0, 1/4: |sum| >= 0.5 in 4 of 8 flips, p 0.5 (Holm
+    # over one row: 0.5).
+    assert "| `pg` | 1/12 | 3/4 | – | – | – | – |" in section
+    assert "| `cispo` | 3/12 | 3/4 | 2 / 0 of 12 | 0.500 | 0.500 | 0.500 |" in section
+    # Time to collapse, censored at step 6: pg S(4) = 11/12, restricted mean 4 + 2 x 11/12
+    # = 5.83; cispo S(2) = 9/12, 2 + 4 x 0.75 = 5.0; neither median reached. Area under
+    # the curve (trapezoid mean over steps 0-6): a climbing run (4.4 + 0.05 seed) / 6, pg's
+    # collapse 2.1 / 6, cispo's 0.8 / 6, its dip 3.2 / 6; cispo - pg per seed, mean over
+    # the 4 cells (two differ): seed 0 (-3.6 - 1.2) / 24 = -0.2, seed 1 (-1.3 - 1.25) / 24
+    # = -0.10625, seed 2 (-3.7 - 1.3) / 24 = -0.20833: mean -0.172, one sign: p 2/8.
+    assert "| `pg` | not reached | 5.8 | – | – |" in section
+    assert "| `cispo` | not reached | 5.0 | -0.172 over 3 seeds | 0.250 |" in section
     for kind in ("pg", "cispo"):
         png = root / f"frontier_{kind}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -126,9 +134,12 @@ def test_cells_hold_each_seed_once_with_its_collapse_step(tmp_path):
     grid, values = report_frontier.cells(report.entries_of(runs), spec)
     assert values == {"objective.loss.kind": ["pg", "cispo"],
                       "optimizer.learning_rate": [0.1, 0.3], "optimizer.warmup_steps": [0, 5]}
-    Outcome = report_frontier.Outcome
-    assert grid[("pg", 0.3, 0)] == report_frontier.Cell(
-        (Outcome(0, None, 0.8), Outcome(1, 4, 0.1), Outcome(2, None, 0.9)))
+    outcomes = grid[("pg", 0.3, 0)].outcomes
+    assert [(o.seed, o.collapse_step, o.final, o.last_step) for o in outcomes] == [
+        (0, None, 0.8, 6), (1, 4, 0.1, 6), (2, None, 0.9, 6)]
+    # Trapezoid means over steps 0-6 of [0.6, 0.7, 0.8, 0.8], [0.6, 0.5, 0.2, 0.1] and
+    # [0.6, 0.7, 0.8, 0.9].
+    assert [o.auc for o in outcomes] == pytest.approx([4.4 / 6, 2.1 / 6, 4.5 / 6])
     assert grid[("cispo", 0.3, 0)].share == 1.0 and grid[("cispo", 0.3, 5)].share == 0.0
 
 

@@ -41,6 +41,9 @@ def get_sweep():
 
 def get_report():
     return {
+        # The one primary outcome (every other measure is secondary): held-out accuracy,
+        # the mean of the last evaluations, paired by seed.
+        "primary": ("eval_accuracy", "last_k"),
         "table": (("advantage_share_nearly_solved", "mean"), ("advantage_share_nearly_failed", "mean"),
                   ("groups_nearly_solved", "mean"), ("groups_nearly_failed", "mean"),
                   ("accuracy", "late"), ("eval_accuracy", "final")),

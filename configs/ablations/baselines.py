@@ -45,6 +45,9 @@ def get_sweep():
 
 def get_report():
     return {
+        # The one primary outcome (every other measure is secondary): held-out accuracy,
+        # the mean of the last evaluations, paired by seed.
+        "primary": ("eval_accuracy", "last_k"),
         "table": (("eval_accuracy", "final"), ("eval_mean_at_k", "final"), ("accuracy", "late"),
                   ("grad_norm", "mean"), ("grad_norm_std", "mean")),
         "plots": ("eval_accuracy", "eval_mean_at_k", "reward_mean", "grad_norm"),

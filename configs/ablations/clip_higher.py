@@ -37,6 +37,9 @@ def get_sweep():
 
 def get_report():
     return {
+        # The one primary outcome (every other measure is secondary): held-out accuracy,
+        # the mean of the last evaluations, paired by seed.
+        "primary": ("eval_accuracy", "last_k"),
         "table": (("entropy", "early"), ("entropy", "late"), ("clip_low", "mean"),
                   ("clip_high", "mean"), ("eval_accuracy", "final"), ("eval_pass_at_k", "final")),
         "plots": ("entropy", "clip_high", "clip_low", "eval_accuracy"),

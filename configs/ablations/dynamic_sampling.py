@@ -43,6 +43,9 @@ def get_sweep():
 
 def get_report():
     return {
+        # The one primary outcome (every other measure is secondary): held-out accuracy,
+        # the mean of the last evaluations, paired by seed.
+        "primary": ("eval_accuracy", "last_k"),
         "table": (("eval_accuracy", "final"), ("generated_tokens", "sum"), ("time_rollout", "sum"),
                   ("time_update", "sum"), ("gen_batches", "mean"), ("batch_filled", "mean")),
         "plots": ("eval_accuracy", ("eval_accuracy", "generated_tokens"),

@@ -71,6 +71,9 @@ def get_sweep():
 
 def get_report():
     return {
+        # The one primary outcome (every other measure is secondary): held-out accuracy,
+        # the mean of the last evaluations, paired by seed.
+        "primary": ("eval_accuracy", "last_k"),
         "table": (("eval_accuracy", "final"), ("reward_mean", "late"),
                   ("explained_variance", "late"), ("response_length_mean", "late"),
                   ("truncation_rate", "late")),

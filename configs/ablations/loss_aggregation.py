@@ -39,6 +39,9 @@ def get_sweep():
 
 def get_report():
     return {
+        # The one primary outcome (every other measure is secondary): held-out accuracy,
+        # the mean of the last evaluations, paired by seed.
+        "primary": ("eval_accuracy", "last_k"),
         "table": (("response_length_wrong", "early"), ("response_length_wrong", "late"),
                   ("response_length_correct", "early"), ("response_length_correct", "late"),
                   ("eval_accuracy", "final")),

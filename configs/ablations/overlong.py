@@ -50,6 +50,9 @@ def get_sweep():
 
 def get_report():
     return {
+        # The one primary outcome (every other measure is secondary): held-out accuracy,
+        # the mean of the last evaluations, paired by seed.
+        "primary": ("eval_accuracy", "last_k"),
         "table": (("eval_accuracy", "final"), ("truncation_rate", "early"),
                   ("truncation_rate", "late"), ("response_length_mean", "early"),
                   ("response_length_mean", "late"), ("accuracy", "late")),

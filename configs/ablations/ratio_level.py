@@ -52,6 +52,9 @@ def get_sweep():
 
 def get_report():
     return {
+        # The one primary outcome (every other measure is secondary): held-out accuracy,
+        # the mean of the last evaluations, paired by seed.
+        "primary": ("eval_accuracy", "last_k"),
         "table": (("clip_low", "mean"), ("clip_high", "mean"), ("gate_scale", "mean"),
                   ("grad_norm", "mean"), ("grad_norm_std", "mean"), ("grad_norm", "std"),
                   ("eval_accuracy", "final")),

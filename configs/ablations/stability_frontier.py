@@ -84,6 +84,9 @@ def get_report():
         "table": (("eval_accuracy", "final"), ("clip_low", "mean"), ("clip_high", "mean")),
         "plots": (),
         "paired": (),
+        # The primary outcome: whether a run collapsed, paired with the plain policy
+        # gradient's run of the same cell and seed (the seed-clustered test).
+        "primary": "collapse",
         "frontier": {"collapse": COLLAPSE, "rows": "optimizer.learning_rate",
                      "columns": "train.minibatches",
                      "panels": ("objective.loss.kind", "optimizer.warmup_steps")},

@@ -167,9 +167,11 @@ def test_smollm2_controls_grade_first_lines_and_pair_rl_with_sft(monkeypatch):
         "8", "0.350", "0.350", "0.000", "1.000", "11.0", "0.000"]   # steps round(8.5) = 8
     assert next(l for l in lines if l.startswith("SFT control, mean of 2")).split()[-7] == "29"
     accuracy = next(l for l in lines if l.startswith("#   accuracy"))
-    # RL - SFT: -0.1 and -0.4, mean -0.25; the 2-seed bootstrap interval is their range
+    # RL - SFT: -0.1 and -0.4, mean -0.25; 2 seeds: their range, and the exact sign-flip p
+    # of 2 differences of one sign is 2/4 (no difference detected)
     assert accuracy.split()[2:5] == ["-0.100", "-0.400", "mean"]
-    assert accuracy.endswith("RL lower than SFT by 0.250 (CI [-0.400, -0.100])")
+    assert accuracy.endswith("mean -0.250, range [-0.400, -0.100] over 2 seeds, p 0.500: "
+                             "no difference detected at 2 seeds")
     assert lines[-1].endswith("binomial standard error of 0.022")
 
 
