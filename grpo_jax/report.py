@@ -127,7 +127,12 @@ class RunData:
     def values(self, metric):
         """`(steps, values)` of the rows that logged `metric`; a NaN counts as not logged
         (the metric is undefined at that step: ``explained_variance`` when every return of
-        the batch is equal)."""
+        the batch is equal). ``"a - b"`` is the difference of two metrics at the steps that
+        logged both (e.g. ``"response_length_wrong - response_length_correct"``)."""
+        names = metric.split(" - ")
+        if len(names) == 2:
+            rows = [r for r in self.rows if all(n in r and not _is_nan(r[n]) for n in names)]
+            return [r["step"] for r in rows], [r[names[0]] - r[names[1]] for r in rows]
         rows = [r for r in self.rows if metric in r and not _is_nan(r[metric])]
         return [r["step"] for r in rows], [r[metric] for r in rows]
 
@@ -232,15 +237,33 @@ def report_spec(module, num_entries):
         raise ValueError(f"get_report() gives {len(labels)} labels for {num_entries} sweep "
                          "entries; give one per entry, in get_sweep() order")
     unknown = set(raw) - {"table", "plots", "labels", "paired", "last_k", "gaps", "frontier",
-                          "tuned", "primary"}
+                          "tuned", "primary", "windows"}
     if unknown:
         raise ValueError(f"get_report() has unknown keys {sorted(unknown)}; it takes table, "
-                         "plots, labels, paired, last_k, gaps, frontier, tuned and primary")
+                         "plots, labels, paired, last_k, gaps, frontier, tuned, primary and "
+                         "windows")
+    windows = parse_windows(raw["windows"]) if "windows" in raw else None
     frontier = report_frontier.parse(raw["frontier"]) if "frontier" in raw else None
     tuned = parse_tuned(raw["tuned"], num_entries) if "tuned" in raw else None
     primary = parse_primary(raw.get("primary", paired[0] if paired else DEFAULT_PRIMARY),
                             paired, frontier)
-    return ReportSpec(table, plots, labels, paired, last_k, gaps, frontier, tuned, primary)
+    return ReportSpec(table, plots, labels, paired, last_k, gaps, frontier, tuned, primary,
+                      windows)
+
+
+def parse_windows(raw):
+    """``{"size": steps, "measures": (metric, ...)}`` checked: the mechanism table."""
+    if not isinstance(raw, dict) or set(raw) != {"size", "measures"}:
+        raise ValueError("get_report() windows: give {'size': steps per window, 'measures': "
+                         f"(metric, ...)}}, got {raw!r}")
+    size = raw["size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"get_report() windows size={size!r}: give the steps per window, an "
+                         "int >= 1")
+    measures = (raw["measures"],) if isinstance(raw["measures"], str) else tuple(raw["measures"])
+    if not measures:
+        raise ValueError("get_report() windows: name at least one measure")
+    return WindowSpec(size, measures)
 
 
 def parse_primary(raw, paired, frontier):
@@ -310,6 +333,15 @@ class ReportSpec:
     frontier: Any = None   # report_frontier.Frontier, or None
     tuned: Any = None      # TunedSpec, or None
     primary: Any = DEFAULT_PRIMARY   # (metric, how), or COLLAPSE
+    windows: Any = None    # WindowSpec, or None
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowSpec:
+    """The mechanism table: each measure's mean over windows of `size` steps."""
+
+    size: int
+    measures: tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -611,6 +643,37 @@ def tuned_lines(entries, names, spec):
         + paired_note(spec), ""]
 
 
+def window_mean(run, metric, first, last):
+    """The mean of `metric` over the run's steps first..last that logged it, or None."""
+    steps, values = run.values(metric)
+    inside = [v for step, v in zip(steps, values) if first <= step <= last]
+    return float(np.mean(inside)) if inside else None
+
+
+def window_lines(entries, names, windows):
+    """Per entry and window of ``windows.size`` steps (1..size, size+1..2 size, ...): each
+    measure's per-run mean over the window, then the mean over the finished seeds, so a
+    reader sees whether a mechanism still acts late in the run."""
+    header = ["variant", "steps"] + list(windows.measures)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (_, _, _, runs), name in zip(entries, names):
+        done = [run for run in runs if run.finished]
+        if not done:
+            continue
+        last_step = max(run.final_step for run in done)
+        for first in range(1, last_step + 1, windows.size):
+            last = min(first + windows.size - 1, last_step)
+            cells = [name, f"{first}-{last}"]
+            for metric in windows.measures:
+                means = [m for m in (window_mean(run, metric, first, last) for run in done)
+                         if m is not None]
+                cells.append(_significant(float(np.mean(means)), 3) if means else "–")
+            lines.append("| " + " | ".join(_markdown_cell(c) for c in cells) + " |")
+    return lines + ["", f"Each cell: every finished seed's mean of the metric over the window's "
+                    f"steps ({windows.size} a window; \"a - b\" is the difference of two metrics "
+                    "at the steps that logged both), then the mean over seeds.", ""]
+
+
 def eval_noise_lines(entries, names, spec):
     """Per entry: the seeds' spread of the final ``eval_accuracy`` beside one
     evaluation's binomial standard error sqrt(p (1 - p) / N), N = the runs'
@@ -762,6 +825,8 @@ def render(runs, module, *, write_png):
         lines += ["## Paired comparisons", ""] + paired
     if spec.tuned is not None:
         lines += ["## Methods at their tuned settings", ""] + tuned_lines(entries, names, spec)
+    if spec.windows is not None:
+        lines += ["## Mechanisms over the run", ""] + window_lines(entries, names, spec.windows)
     noise = eval_noise_lines(entries, names, spec)
     if noise:
         lines += ["## Evaluation noise", ""] + noise

@@ -391,3 +391,20 @@ def test_every_committed_ablation_names_its_primary_outcome():
     for path in sorted((REPO / "configs" / "ablations").glob("[!_]*.py")):
         module = config_lib.load_module(path)
         assert "primary" in module.get_report(), f"{path.name}: get_report() names no primary"
+
+
+def test_the_mechanism_table_averages_each_window_then_the_seeds():
+    # Steps 1-5, windows of 2: (1-2), (3-4), (5). Seed s logs a = step + s and b = 1 at
+    # every step, c at odd steps only; "a - b" is a - 1.
+    def run(seed):
+        rows = tuple({"step": t, "a": float(t + seed), "b": 1.0, **({"c": 10.0 * t} if t % 2 else {})}
+                     for t in range(1, 6))
+        return report.RunData(f"00/seed-{seed}", {"seed": seed, "config": {
+            "mode": "rl", "train": {"steps": 5}}}, rows)
+    windows = report.parse_windows({"size": 2, "measures": ("a", "a - b", "c")})
+    lines = report.window_lines([(0, "00", {}, [run(0), run(1)])], ["x"], windows)
+    # a over 1-2: seed 0 1.5, seed 1 2.5 -> 2.00; c over 1-2: step 1 only, 10.
+    assert lines[2:5] == ["| x | 1-2 | 2.00 | 1.00 | 10.0 |", "| x | 3-4 | 4.00 | 3.00 | 30.0 |",
+                          "| x | 5-5 | 5.50 | 4.50 | 50.0 |"]
+    with pytest.raises(ValueError, match="give the steps per window"):
+        report.parse_windows({"size": 0, "measures": ("a",)})

@@ -32,4 +32,7 @@ def get_config(arg=None):
 
 
 get_sweep = runlocal.get_sweep
-get_report = runlocal.get_report
+
+
+def get_report():
+    return runlocal.get_report() | {"windows": testbed.MECHANISMS}

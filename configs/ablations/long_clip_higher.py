@@ -35,4 +35,5 @@ def get_report():
     # The claim's measures, paired per seed: late entropy and sampled pass@4.
     spec["paired"] = (("entropy", "late"), ("eval_pass_at_k", "last_k"),
                       ("eval_accuracy", "last_k"), ("eval_accuracy", "auc"))
+    spec["windows"] = testbed.MECHANISMS
     return spec

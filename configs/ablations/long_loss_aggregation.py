@@ -38,4 +38,5 @@ def get_report():
     spec["paired"] = (("response_length_wrong", "late"), ("response_length_correct", "late"),
                       ("eval_accuracy", "last_k"), ("eval_accuracy", "auc"))
     spec["gaps"] = {"eval_accuracy": 0.05, "response_length_wrong": 5.0}
+    spec["windows"] = testbed.MECHANISMS
     return spec

@@ -38,4 +38,5 @@ get_sweep = runlocal.get_sweep
 def get_report():
     spec = runlocal.get_report()
     spec["table"] += (("response_length_wrong", "late"), ("response_length_correct", "late"))
+    spec["windows"] = testbed.MECHANISMS
     return spec

@@ -81,6 +81,7 @@ def get_report():
         "labels": tuple(f"{method}, lr {lr:g}" for method in ("DAPO", "VAPO")
                         for lr in LEARNING_RATES),
         "paired": (("eval_accuracy", "last_k"), ("eval_accuracy", "auc")),
+        "windows": testbed.MECHANISMS,
         # Each method at the rate its own training reward picks, then VAPO - DAPO per seed.
         "tuned": {"by": ("reward_mean", "late"),
                   "methods": (("DAPO", tuple(range(len(LEARNING_RATES)))),

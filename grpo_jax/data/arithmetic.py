@@ -52,11 +52,19 @@ from grpo_jax.data import prompts
 OPS = ("+", "-", "*")
 
 
-def sample_problem(rng: np.random.Generator, *, digits: int,
-                   ops: tuple[str, ...]) -> tuple[int, str, int]:
-    """Draws ``(a, op, b)``; for ``"-"`` the operands are ordered so ``a >= b``."""
+def sample_problem(rng: np.random.Generator, *, digits: int, ops: tuple[str, ...],
+                   min_digits: int = 0) -> tuple[int, str, int]:
+    """Draws ``(a, op, b)``; for ``"-"`` the operands are ordered so ``a >= b``.
+
+    With ``min_digits`` > 0 each operand first draws its number of digits uniformly from
+    ``min_digits..digits``, then its value among the numbers of exactly that many digits
+    (0..9 for one): problems of several sizes, the longer ones with more carries."""
     op = ops[rng.integers(len(ops))]
-    a, b = (int(x) for x in rng.integers(0, 10**digits, size=2))
+    if min_digits:
+        sizes = rng.integers(min_digits, digits + 1, size=2)
+        a, b = (int(rng.integers(10 ** (n - 1) if n > 1 else 0, 10**n)) for n in sizes)
+    else:
+        a, b = (int(x) for x in rng.integers(0, 10**digits, size=2))
     if op == "-" and a < b:
         a, b = b, a
     return a, op, b
@@ -170,9 +178,16 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
         (`CALCULATOR_CALL`) instead of working the problem.
       ramble_columns: the forgetful teacher's addition or subtraction solutions work
         0..ramble_columns (uniformly drawn) more columns on top of ``extra_columns``'.
+      min_digits: > 0 draws each operand's number of digits uniformly from
+        ``min_digits..digits`` (`sample_problem`): answers whose length follows the
+        problem's size, and errors that follow its carries; 0: operands uniform in
+        ``[0, 10**digits)``.
     """
 
     PREFIX: ClassVar[str] = "arithmetic"
+
+    def knobs(self) -> dict[str, Any]:
+        return knobs_digest_stable(super().knobs())
 
     digits: int = 3
     ops: tuple[str, ...] = ("+",)
@@ -183,11 +198,15 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
     extra_columns: int = 0
     calculator_fraction: float = 0.0
     ramble_columns: int = 0
+    min_digits: int = 0
 
     def __post_init__(self):
         self.ops = tuple(self.ops)
         if self.digits < 1:
             raise ValueError(f"arithmetic.digits must be >= 1, got {self.digits}")
+        if not 0 <= self.min_digits <= self.digits:
+            raise ValueError(f"arithmetic.min_digits must be in 0..digits ({self.digits}), "
+                             f"got {self.min_digits}")
         for field in ("extra_columns", "ramble_columns"):
             if getattr(self, field) < 0:
                 raise ValueError(f"arithmetic.{field} must be >= 0, got {getattr(self, field)}")
@@ -203,7 +222,8 @@ def generate(config: ArithmeticConfig) -> Iterator[dict[str, Any]]:
     """The infinite candidate stream: candidate ``i`` depends only on ``(seed, i)``."""
     for index in itertools.count():
         rng = np.random.default_rng([config.seed, index])
-        a, op, b = sample_problem(rng, digits=config.digits, ops=config.ops)
+        a, op, b = sample_problem(rng, digits=config.digits, ops=config.ops,
+                                  min_digits=config.min_digits)
         noisy = rng.random() < config.teacher_fraction
         # Drawn only when asked for, so the streams without extra columns stay as they were.
         extra = int(rng.integers(config.extra_columns + 1)) if config.extra_columns else 0
@@ -218,6 +238,12 @@ def generate(config: ArithmeticConfig) -> Iterator[dict[str, Any]]:
 def _coin(rng: np.random.Generator, p: float) -> bool:
     """True with probability ``p``; draws nothing when ``p == 0``."""
     return p > 0 and rng.random() < p
+
+
+def knobs_digest_stable(knobs: dict[str, Any]) -> dict[str, Any]:
+    """`knobs` without ``min_digits`` at its default 0, so the configs that leave it off
+    keep the dataset names (and cached warm starts) they had before it existed."""
+    return {k: v for k, v in knobs.items() if not (k == "min_digits" and v == 0)}
 
 
 def example_key(example: dict[str, Any]) -> str:

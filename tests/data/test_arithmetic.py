@@ -164,6 +164,22 @@ class TestGenerate:
                                                f"#### {example['answer']}")
         assert 0.25 < calls / len(tools) < 0.35
 
+    def test_min_digits_draws_each_operand_size_uniformly(self):
+        config = data.ArithmeticConfig(digits=4, min_digits=2, seed=5)
+        sizes = []
+        for example in self.take(config, 3000):
+            a, b = re.fullmatch(r"(\d+)\+(\d+)", example["question"]).groups()
+            sizes += [len(a), len(b)]   # exactly 2, 3 or 4 digits: no leading zeros
+            assert stated(example["solution"]) == int(example["answer"]) == int(a) + int(b)
+        counts = np.bincount(sizes, minlength=5)[2:]
+        assert len(np.bincount(sizes)) == 5 and all(1800 < c < 2200 for c in counts), counts
+        one = self.take(data.ArithmeticConfig(digits=3, min_digits=1, seed=5), 2000)
+        assert {len(e["question"].split("+")[0]) for e in one} == {1, 2, 3}
+        # Left at 0 it draws nothing new: the stream, and the dataset's name, stay as they were.
+        assert "min_digits" not in data.ArithmeticConfig(digits=3).knobs()
+        assert data.ArithmeticConfig(digits=3).name != data.ArithmeticConfig(
+            digits=3, min_digits=1).name
+
     def test_seed_changes_the_stream(self):
         a = self.take(data.ArithmeticConfig(seed=0), 20)
         b = self.take(data.ArithmeticConfig(seed=1), 20)
@@ -179,6 +195,7 @@ class TestConfig:
 
     @pytest.mark.parametrize("kwargs, message", [
         ({"digits": 0}, "arithmetic.digits must be >= 1, got 0"),
+        ({"digits": 3, "min_digits": 4}, "arithmetic.min_digits must be in 0..digits (3), got 4"),
         ({"ops": ("/",)}, "arithmetic.ops must be a non-empty subset"),
         ({"teacher_fraction": 1.5}, "arithmetic.teacher_fraction must be in [0, 1]"),
         ({"extra_columns": -1}, "arithmetic.extra_columns must be >= 0, got -1"),
