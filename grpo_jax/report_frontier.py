@@ -15,6 +15,9 @@ below `below` times that first value, which must be the starting policy's (step 
 (``frontier_<value>.png``: one panel per value of the other panel fields, the share of
 seeds collapsed as the colour, ``k/n`` and the seeds' mean final `metric` written in each
 cell), and report.md a table each with the same numbers and the median collapse step.
+A panel may be a tuple of fields, whose values together name it (``("objective.loss.kind",
+"objective.loss.eps_high")``: one panel per loss and clip, e.g. ``ppo_clip, 0.02``); every
+other panel value is paired with the first's runs of the same cell and seed.
 """
 
 import dataclasses
@@ -66,7 +69,8 @@ def parse(raw):
     if not isinstance(evaluations, int) or isinstance(evaluations, bool) or evaluations < 1:
         raise ValueError(f"get_report() frontier.collapse.evaluations={evaluations!r}: give "
                          "the number of consecutive evaluations, an int >= 1")
-    panels = (raw["panels"],) if isinstance(raw["panels"], str) else tuple(raw["panels"])
+    panels = (raw["panels"],) if isinstance(raw["panels"], str) else tuple(
+        tuple(p) if isinstance(p, (list, tuple)) else p for p in raw["panels"])
     if not panels:
         raise ValueError("get_report() frontier.panels: name at least one swept field")
     return Frontier(Collapse(collapse["metric"], float(below), evaluations), raw["rows"],
@@ -150,11 +154,11 @@ def cells(entries, frontier):
     fields = (*frontier.panels, frontier.rows, frontier.columns)
     grid, values = {}, {field: [] for field in fields}
     for _, name, overrides, runs in entries:
-        missing = [field for field in fields if field not in overrides]
+        missing = [f for field in fields for f in _fields(field) if f not in overrides]
         if missing:
             raise ValueError(f"get_report() frontier names {missing}, which entry {name} does "
                              "not sweep; rows, columns and panels must be swept fields")
-        key = tuple(_hashable(overrides[field]) for field in fields)
+        key = tuple(_value(overrides, field) for field in fields)
         for field, value in zip(fields, key):
             if value not in values[field]:
                 values[field].append(value)
@@ -174,7 +178,22 @@ def _hashable(value):
     return tuple(value) if isinstance(value, list) else value
 
 
+def _fields(field):
+    """The swept fields of a frontier field: itself, or a compound panel's fields."""
+    return field if isinstance(field, tuple) else (field,)
+
+
+def _value(overrides, field):
+    """An entry's value of a frontier field; a compound panel's (a tuple of fields, e.g.
+    the loss and its clip) is its fields' values joined: ``ppo_clip, 0.02``."""
+    if isinstance(field, tuple):
+        return ", ".join(str(_hashable(overrides[f])) for f in field)
+    return _hashable(overrides[field])
+
+
 def _leaf(field):
+    if isinstance(field, tuple):
+        return ", ".join(_leaf(f) for f in field)
     return field.rsplit(".", 1)[-1]
 
 

@@ -63,12 +63,12 @@ def _curve(kind, lr, warmup, seed):
     return [START, 0.7, 0.8, 0.8 + 0.05 * seed]
 
 
-def _write_sweep(tmp_path):
+def _write_sweep(tmp_path, recipe=RECIPE):
     spec = tmp_path / "frontier.py"
-    spec.write_text(RECIPE)
+    spec.write_text(recipe)
     root = tmp_path / "runs"
     namespace = {}
-    exec(RECIPE, namespace)
+    exec(recipe, namespace)
     for entry, overrides in enumerate(namespace["get_sweep"]()):
         name = sweep.entry_name(entry, overrides)
         for seed in (0, 1, 2):
@@ -160,3 +160,26 @@ def test_a_bad_frontier_names_the_problem(tmp_path, frontier, message):
                     + f"\n\ndef get_report():\n    return {{'frontier': {frontier!r}}}\n")
     with pytest.raises(ValueError, match=re.escape(message)):
         report.write_report(root)
+
+
+# Two cispo panels told apart by their clip: the loss and eps_high as one compound panel.
+COMPOUND = RECIPE.replace(
+    'for kind in ("pg", "cispo") for lr',
+    'for kind in ("pg", "cispo", "cispo wide") for lr').replace(
+    '"panels": "objective.loss.kind"',
+    '"panels": (("objective.loss.kind", "objective.loss.eps_high"),)')
+
+
+def test_a_compound_panel_pairs_each_loss_and_clip_with_the_first(tmp_path):
+    """cispo at eps_high 0.2 and 0.5 (the same curves here) are two panels, each paired with
+    pg's runs of the same cell and seed: 2 discordant pairs each, as cispo alone had."""
+    recipe = COMPOUND.replace('{"objective.loss.kind": kind,',
+                              '{"objective.loss.kind": kind.split()[0], '
+                              '"objective.loss.eps_high": 0.5 if "wide" in kind else 0.2,')
+    assert recipe.count("eps_high") == 2
+    section = report.write_report(_write_sweep(tmp_path, recipe)).read_text()
+    assert "| kind, eps_high | runs collapsed |" in section
+    assert "| `pg, 0.2` | 1/12 | 3/4 | – | – | – | –" in section
+    for panel in ("cispo, 0.2", "cispo, 0.5"):
+        assert f"| `{panel}` | 3/12 | 3/4 | 2 / 0 of 12 | 0.500 | 0.500 |" in section
+        assert (tmp_path / "runs" / f"frontier_{panel.replace(', ', '-')}.png").exists()
