@@ -78,7 +78,7 @@ def get_config(arg=None):
     config.task.name = "gsm8k"
     config.task.knobs = config_dict.ConfigDict()   # passed to the builder's config class
     config.task.data_dir = "~/tensorflow_datasets"
-    config.task.manual_dir = ""          # official files for gsm8k / math500
+    config.task.manual_dir = ""          # the official files of gsm8k, math500, math, ...
     config.task.chat_template = False    # format prompts with the tokenizer's chat template
     config.task.system_prompt = ""
     # Worked examples before the question, ((question, answer text), ...): earlier chat

@@ -20,8 +20,7 @@ def data_source(task_cfg, split):
     """
     if task_cfg.prepare_on not in PREPARE_ON:
         raise ValueError(f"task.prepare_on must be one of {PREPARE_ON}, got {task_cfg.prepare_on!r}")
-    kwargs = dict(split=split, manual_dir=paths.resolve(task_cfg.manual_dir) or None,
-                  **_dataset_location(task_cfg))
+    kwargs = dict(split=split, **_dataset_location(task_cfg))
     if task_cfg.prepare_on == "every" or parallel.is_main():
         source = data.data_source(task_cfg.name, **kwargs)
     parallel.sync(f"dataset {task_cfg.name} {split} prepared")
@@ -38,7 +37,8 @@ def is_prepared(task_cfg):
 
 def _dataset_location(task_cfg):
     return dict(data_dir=paths.resolve(task_cfg.data_dir),
-                config=data.builder_config(task_cfg.name, task_cfg.knobs.to_dict()))
+                config=data.builder_config(task_cfg.name, task_cfg.knobs.to_dict()),
+                manual_dir=paths.resolve(task_cfg.manual_dir) or None)
 
 
 def loader(source, config, *, batch_size):
