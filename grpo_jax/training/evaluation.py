@@ -20,6 +20,11 @@ from grpo_jax import config_lib, data, environments, models, parallel, paths, sa
 from grpo_jax.training import footprint, policy as policy_lib
 from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.training import steps, task as task_lib
+# The papers' sampled-evaluation protocols, importable from here.
+from grpo_jax.training.at_k import avg_at_k  # noqa: F401
+from grpo_jax.training.at_k import maj_at_k  # noqa: F401
+from grpo_jax.training.at_k import mean_pass_at_k  # noqa: F401
+from grpo_jax.training.at_k import pass_at_k  # noqa: F401
 
 EVAL_CHUNK = 256   # prompts per sampler call (per process)
 
