@@ -80,6 +80,9 @@ def get_config(arg=None):
     config.task.data_dir = "~/tensorflow_datasets"
     config.task.manual_dir = ""          # the official files of gsm8k, math500, math, ...
     config.task.chat_template = False    # format prompts with the tokenizer's chat template
+    # A model family's prompt around the question (grpo_jax.data.templates: "qwen25_math",
+    # "qwen3_thinking", "r1_zero", "r1_distill"), instead of the task's own prompt; "" = off.
+    config.task.prompt_template = ""
     config.task.system_prompt = ""
     # Worked examples before the question, ((question, answer text), ...): earlier chat
     # turns, or prompt + answer paragraphs in a plain prompt (e.g. a base model's one-shot).

@@ -42,3 +42,5 @@ from grpo_jax.data.reasoning_gym_tasks import ReasoningGym
 from grpo_jax.data.reasoning_gym_tasks import ReasoningGymConfig
 from grpo_jax.data.rpt import Rpt
 from grpo_jax.data.rpt import RptConfig
+from grpo_jax.data.templates import TEMPLATES
+from grpo_jax.data.templates import template_prompt

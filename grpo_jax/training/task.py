@@ -60,7 +60,15 @@ def loader(source, config, *, batch_size):
 
 
 def prompt_text(task_cfg, example, tokenizer):
-    """The prompt string of `example`: the plain template or the tokenizer's chat template."""
+    """The prompt string of `example`: the model family's template
+    (``task.prompt_template``), else the plain template or the tokenizer's chat template."""
+    if task_cfg.prompt_template:
+        if task_cfg.chat_template or task_cfg.system_prompt or task_cfg.shots:
+            raise ValueError(
+                f"task.prompt_template={task_cfg.prompt_template!r} writes the whole prompt; "
+                "leave task.chat_template=False, task.system_prompt='' and task.shots=() "
+                "(or set task.prompt_template='')")
+        return data.template_prompt(example, task_cfg.prompt_template)
     return data.format_prompt(example, tokenizer=tokenizer if task_cfg.chat_template else None,
                               system_prompt=task_cfg.system_prompt or None,
                               shots=task_cfg.shots)
