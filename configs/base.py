@@ -204,6 +204,14 @@ def get_config(arg=None):
     config.eval = config_dict.ConfigDict()
     config.eval.num_prompts = 500        # held-out prompts; greedy pass@1 on each
     config.eval.samples = 4              # k for mean@k / pass@k at rollout.temperature
+    # mode=eval over a named suite (grpo_jax.training.suites: "math_reasoning",
+    # "dapo_aime24") instead of task.eval_split: eval.samples answers per problem of each
+    # benchmark at the suite's temperature and top-p; avg@k, pass@k, maj@k per benchmark
+    # and macro-averaged. suite_dir holds <benchmark>/<its release file> (docs/
+    # data-and-rewards.md); suite_problems > 0 takes only each benchmark's first n.
+    config.eval.suite = ""
+    config.eval.suite_dir = ""
+    config.eval.suite_problems = 0
 
     # DAPO dynamic sampling: keep only groups whose rewards differ, drawing more prompt
     # batches until the train batch is full, up to max_gen_batches (which also bounds the
