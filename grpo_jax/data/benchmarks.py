@@ -90,9 +90,14 @@ class Amc23(_release.ReleaseBuilder):
 
     @classmethod
     def examples(cls, path, split):
+        found = 0
         for row in _rows(path, ("problem", "answer", "url"), cls.name):
             if "2023_AMC" in row["url"]:
+                found += 1
                 yield _example(cls.name, row["problem"], _release.number_answer(row["answer"]))
+        if not found:
+            raise ValueError(f"amc23: no row of {path} has a url naming a 2023 AMC contest "
+                             "('.../2023_AMC_12A_Problems/...'); is it AI-MO/aimo-validation-amc?")
 
 
 class MinervaMath(_release.ReleaseBuilder):

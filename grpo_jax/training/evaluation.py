@@ -6,8 +6,10 @@
 Each process evaluates its own share of the held-out prompts on the shared mesh and the
 counts are summed over processes, so every process returns the same numbers. The
 trainers evaluate their policy every ``eval_every`` steps (`evaluate`); the "eval" mode
-evaluates a saved policy (`evaluate_to_file`). The draws of an evaluation at step s are
-the seed's "eval" stream at s (`steps.step_rng`), whoever evaluates.
+evaluates a saved policy (`evaluate_to_file`), on the task's held-out split or, with
+``eval.suite``, on every benchmark of a named suite (`evaluate_suite`, `suites`: avg@k,
+pass@k and maj@k). The draws of an evaluation at step s are the seed's "eval" stream at
+s (`steps.step_rng`), whoever evaluates.
 """
 
 import json

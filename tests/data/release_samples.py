@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 AIME_URL = "https://artofproblemsolving.com/wiki/index.php/2024_AIME_I_Problems/Problem_{}"
 AMC_URL = "https://artofproblemsolving.com/wiki/index.php/{}_AMC_12A_Problems/Problem_{}"
+HUB_PARQUET = "train-00000-of-00001.parquet"
 DAPO_PROMPT = (
     "Solve the following math problem step by step. The last line of your response should "
     "be of the form Answer: $Answer (without quotes) where $Answer is the answer to the "
@@ -137,10 +138,9 @@ def write_math_tar(path: pathlib.Path, rows: dict[str, dict]) -> None:
 
 def write_all(root: pathlib.Path) -> pathlib.Path:
     """Every sample file under `root` (``root/<name>/<file>``); returns `root`."""
-    hub = "train-00000-of-00001.parquet"
-    write_parquet(root / "aime24" / hub, AIME24)
-    write_parquet(root / "aime25" / hub, AIME25)
-    write_parquet(root / "amc23" / hub, AMC)
+    write_parquet(root / "aime24" / HUB_PARQUET, AIME24)
+    write_parquet(root / "aime25" / HUB_PARQUET, AIME25)
+    write_parquet(root / "amc23" / HUB_PARQUET, AMC)
     write_json(root / "minerva_math" / "test.jsonl", MINERVA, lines=True)
     write_json(root / "olympiadbench" / "OE_TO_maths_en_COMP.json", OLYMPIAD)
     (root / "math500").mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,11 @@ class TestBenchmarks:
         assert [e["answer"] for e in test] == ["4", "1.5"]
         assert all("primes" not in e["question"] for e in test)   # the 2022 problem
 
+    def test_amc_file_without_2023_problems(self, tmp_path):
+        samples.write_parquet(tmp_path / samples.HUB_PARQUET, samples.AMC[2:])
+        with pytest.raises(ValueError, match="amc23: no row of .* has a url naming a 2023 AMC"):
+            read("amc23", "test", tmp_path / "out", tmp_path)
+
     def test_minerva(self, releases, out):
         test = read("minerva_math", "test", out, releases / "minerva_math")
         assert [e["answer"] for e in test] == ["10", "500"]
