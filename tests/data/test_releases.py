@@ -4,10 +4,13 @@ import os
 
 import pytest
 
+from configs import base
+from grpo_jax import config_lib
 from grpo_jax import data
 from grpo_jax import rewards
 from grpo_jax.data import _release
 from grpo_jax.data import math_train
+from grpo_jax.training import task as task_lib
 from tests.data import release_samples as samples
 
 
@@ -236,3 +239,18 @@ class TestHelpers:
         (4.0, "4"), ("033", "33"), (2.5, "2.5"), (70, "70"), (" 12 ", "12"), ("0", "0")])
     def test_number_answer(self, value, expected):
         assert _release.number_answer(value) == expected
+
+
+class TestFromConfig:
+
+    def test_a_run_reads_the_training_set_its_task_section_names(self, releases, tmp_path):
+        config = base.get_config()
+        config.task.name = "math"
+        config.task.data_dir = str(tmp_path / "tfds")
+        config.task.manual_dir = str(releases / "math")
+        config.task.knobs.benchmarks_dir = str(releases)
+        task_cfg = config_lib.frozen(config).task
+        assert not task_lib.is_prepared(task_cfg)
+        train = [data.decode_example(r) for r in task_lib.data_source(task_cfg, "train")]
+        assert sorted(e["answer"] for e in train) == ["4", "9\\pi"]   # decontaminated
+        assert task_lib.is_prepared(task_cfg)
