@@ -38,6 +38,7 @@ setuptools.setup(
             "google-cloud-storage>=2.14,<4",
             "grain>=0.2.12,<0.3",
             "array_record>=0.8,<0.9",
+            "pyarrow>=15,<27",            # the parquet releases of the math data sets
             "ml_dtypes>=0.5,<1",
             "absl-py>=2.1,<3",
             "tensorboardX>=2.6,<3",

@@ -78,8 +78,11 @@ def get_config(arg=None):
     config.task.name = "gsm8k"
     config.task.knobs = config_dict.ConfigDict()   # passed to the builder's config class
     config.task.data_dir = "~/tensorflow_datasets"
-    config.task.manual_dir = ""          # official files for gsm8k / math500
+    config.task.manual_dir = ""          # the official files of gsm8k, math500, math, ...
     config.task.chat_template = False    # format prompts with the tokenizer's chat template
+    # A model family's prompt around the question (grpo_jax.data.templates: "qwen25_math",
+    # "qwen3_thinking", "r1_zero", "r1_distill"), instead of the task's own prompt; "" = off.
+    config.task.prompt_template = ""
     config.task.system_prompt = ""
     # Worked examples before the question, ((question, answer text), ...): earlier chat
     # turns, or prompt + answer paragraphs in a plain prompt (e.g. a base model's one-shot).
@@ -201,6 +204,14 @@ def get_config(arg=None):
     config.eval = config_dict.ConfigDict()
     config.eval.num_prompts = 500        # held-out prompts; greedy pass@1 on each
     config.eval.samples = 4              # k for mean@k / pass@k at rollout.temperature
+    # mode=eval over a named suite (grpo_jax.training.suites: "math_reasoning",
+    # "dapo_aime24") instead of task.eval_split: eval.samples answers per problem of each
+    # benchmark at the suite's temperature and top-p; avg@k, pass@k, maj@k per benchmark
+    # and macro-averaged. suite_dir holds <benchmark>/<its release file> (docs/
+    # data-and-rewards.md); suite_problems > 0 takes only each benchmark's first n.
+    config.eval.suite = ""
+    config.eval.suite_dir = ""
+    config.eval.suite_problems = 0
 
     # DAPO dynamic sampling: keep only groups whose rewards differ, drawing more prompt
     # batches until the train batch is full, up to max_gen_batches (which also bounds the

@@ -6,8 +6,9 @@
 ``config.mode`` picks the loop: "rl" (default), "sft" (supervised warm start on the
 task's reference solutions), "demo" (SFT warm start, then RL, then an equal-time SFT
 control, ending with a before/after table) or "eval" (held-out pass@1, mean@k and pass@k
-of the checkpoint in ``model.path``, written to ``workdir/eval.json``). Re-running a
-command resumes its workdir. Each mode reads its config, never writes it: it prints the
+of the checkpoint in ``model.path``, written to ``workdir/eval.json``; with
+``eval.suite``, avg@k, pass@k and maj@k per benchmark in ``workdir/eval_suite.json``).
+Re-running a command resumes its workdir. Each mode reads its config, never writes it: it prints the
 resolved config once and saves it as ``workdir/config.json``.
 
 A SIGTERM (a preempted VM, a scheduler's stop) ends the step in progress, saves it and

@@ -21,6 +21,7 @@ from grpo_jax.data._records import decode_example
 from grpo_jax.data._records import split_of
 from grpo_jax.data.arithmetic import Arithmetic
 from grpo_jax.data.arithmetic import ArithmeticConfig
+from grpo_jax.data.benchmarks import BENCHMARKS
 from grpo_jax.data.countdown import Countdown
 from grpo_jax.data.countdown import CountdownConfig
 from grpo_jax.data.gsm8k import Gsm8k
@@ -29,6 +30,7 @@ from grpo_jax.data.loader import builder_config
 from grpo_jax.data.loader import data_source
 from grpo_jax.data.loader import is_prepared
 from grpo_jax.data.loader import make_loader
+from grpo_jax.data.loader import metadata
 from grpo_jax.data.loader import shard_bounds
 from grpo_jax.data.math500 import Math500
 from grpo_jax.data.prompts import TASK_FORMATS
@@ -40,3 +42,5 @@ from grpo_jax.data.reasoning_gym_tasks import ReasoningGym
 from grpo_jax.data.reasoning_gym_tasks import ReasoningGymConfig
 from grpo_jax.data.rpt import Rpt
 from grpo_jax.data.rpt import RptConfig
+from grpo_jax.data.templates import TEMPLATES
+from grpo_jax.data.templates import template_prompt

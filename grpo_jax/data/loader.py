@@ -27,24 +27,31 @@ import tensorflow_datasets as tfds
 
 from grpo_jax import paths
 from grpo_jax.data import _records
+from grpo_jax.data import _release
 from grpo_jax.data import arithmetic
+from grpo_jax.data import benchmarks
 from grpo_jax.data import countdown
 from grpo_jax.data import gsm8k
 from grpo_jax.data import math500
+from grpo_jax.data import math_train
 from grpo_jax.data import reasoning_gym_tasks
 from grpo_jax.data import rpt
 
 BUILDERS = {
     builder.name: builder
     for builder in (arithmetic.Arithmetic, countdown.Countdown,
-                    reasoning_gym_tasks.ReasoningGym, gsm8k.Gsm8k, math500.Math500, rpt.Rpt)
+                    reasoning_gym_tasks.ReasoningGym, gsm8k.Gsm8k, math500.Math500, rpt.Rpt,
+                    *math_train.RELEASE_BUILDERS, *benchmarks.RELEASE_BUILDERS)
 }
 
 # The builders whose examples are generated from knobs (a run's ``config.task.knobs``).
 CONFIG_CLASSES = {"arithmetic": arithmetic.ArithmeticConfig,
                   "countdown": countdown.CountdownConfig,
                   "reasoning_gym": reasoning_gym_tasks.ReasoningGymConfig,
-                  "rpt": rpt.RptConfig}
+                  "rpt": rpt.RptConfig,
+                  # Builders of release files: their config is keyed on the files read.
+                  **{builder.name: builder.BUILDER_CONFIG_CLASS
+                     for builder in (*math_train.RELEASE_BUILDERS, *benchmarks.RELEASE_BUILDERS)}}
 
 
 def builder_config(name: str, knobs: dict[str, Any]) -> tfds.core.BuilderConfig | None:
@@ -72,12 +79,14 @@ def data_source(name: str, *, split: str, data_dir: str,
 
     Args:
       name: one of ``BUILDERS`` (``"arithmetic"``, ``"countdown"``, ``"reasoning_gym"``,
-        ``"gsm8k"``, ``"math500"``, ``"rpt"``).
+        ``"gsm8k"``, ``"math500"``, ``"rpt"``, the training sets of ``math_train`` and
+        the benchmarks of ``benchmarks``).
       split: ``"train"`` or ``"test"``.
       data_dir: where the array_record files are written and read.
       config: the builder config (an instance, or the name of a predefined one);
         ``None`` picks the builder's default.
-      manual_dir: the directory holding the official files (GSM8K, MATH-500).
+      manual_dir: the directory holding the official files (GSM8K, MATH-500, the
+        builders of ``math_train`` and ``benchmarks``).
       prepare: build the dataset when it is missing; when False a missing dataset is
         an error.
 
@@ -85,6 +94,7 @@ def data_source(name: str, *, split: str, data_dir: str,
       A random-access sequence of raw records (decode them with ``decode_example``;
       ``make_loader`` does).
     """
+    config = _keyed_on_files(name, config, manual_dir)
     builder = _builder(name, data_dir=data_dir, config=config)
     if not builder.is_prepared():
         if not prepare:
@@ -101,9 +111,31 @@ def data_source(name: str, *, split: str, data_dir: str,
 
 
 def is_prepared(name: str, *, data_dir: str,
-                config: tfds.core.BuilderConfig | str | None = None) -> bool:
-    """Whether ``data_dir`` holds dataset `name` (built with `config`) ready to open."""
+                config: tfds.core.BuilderConfig | str | None = None,
+                manual_dir: str | None = None) -> bool:
+    """Whether ``data_dir`` holds dataset `name` (built with `config`, from the files in
+    `manual_dir` for a builder of release files) ready to open."""
+    config = _keyed_on_files(name, config, manual_dir)
     return _builder(name, data_dir=data_dir, config=config).is_prepared()
+
+
+def metadata(name: str, *, data_dir: str, config: tfds.core.BuilderConfig | None = None,
+             manual_dir: str | None = None) -> dict[str, Any]:
+    """The ``info.metadata`` of a prepared dataset: a generated task's knobs; for a
+    builder of release files, each split's counts (``rows``, ``duplicates``,
+    ``no_answer``, ``contaminated``, ``kept``) and the benchmarks it was
+    decontaminated against."""
+    config = _keyed_on_files(name, config, manual_dir)
+    return dict(_builder(name, data_dir=data_dir, config=config).info.metadata or {})
+
+
+def _keyed_on_files(name, config, manual_dir):
+    """A release builder's config named after the identity of the files it reads (so an
+    edited file builds a new copy); other configs as given."""
+    builder = BUILDERS.get(name)
+    if builder is None or not issubclass(builder, _release.ReleaseBuilder):
+        return config
+    return builder.resolve_config(config, manual_dir)
 
 
 def _builder(name, *, data_dir, config):

@@ -13,7 +13,9 @@ Answer formats (the final answer a completion must give; every ``solution`` give
 
   arithmetic, chain_sum                     ``#### <integer>`` (at the end)
   basic_arithmetic, gsm8k, gsm_symbolic     ``#### <number>`` (at the end)
-  math500                                   ``\\boxed{<answer>}`` (the last one counts)
+  math500, math, dapo_math_17k, deepscaler   ``\\boxed{<answer>}`` (the last one counts)
+  aime24, aime25, amc23, minerva_math       ``\\boxed{<answer>}``
+  olympiadbench                             ``\\boxed{<answer>}``
   countdown, countdown_compact              ``<answer><expression></answer>``
   rpt                                       ``\\boxed{<the next token(s)>}``
 
@@ -72,6 +74,9 @@ TASK_FORMATS = {
     "gsm_symbolic": TaskFormat(HASHES),
     "gsm8k": TaskFormat(HASHES),
     "math500": TaskFormat(BOXED),
+    **{name: TaskFormat(BOXED) for name in (
+        "math", "dapo_math_17k", "deepscaler", "aime24", "aime25", "amc23", "minerva_math",
+        "olympiadbench")},
     "countdown": TaskFormat(ANSWER_TAGS),
     "countdown_compact": TaskFormat(ANSWER_TAGS, plain_template="{question}:"),
     "rpt": TaskFormat(NEXT_TOKENS),

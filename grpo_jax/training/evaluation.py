@@ -6,20 +6,28 @@
 Each process evaluates its own share of the held-out prompts on the shared mesh and the
 counts are summed over processes, so every process returns the same numbers. The
 trainers evaluate their policy every ``eval_every`` steps (`evaluate`); the "eval" mode
-evaluates a saved policy (`evaluate_to_file`). The draws of an evaluation at step s are
-the seed's "eval" stream at s (`steps.step_rng`), whoever evaluates.
+evaluates a saved policy (`evaluate_to_file`), on the task's held-out split or, with
+``eval.suite``, on every benchmark of a named suite (`evaluate_suite`, `suites`: avg@k,
+pass@k and maj@k). The draws of an evaluation at step s are the seed's "eval" stream at
+s (`steps.step_rng`), whoever evaluates.
 """
 
 import json
 
 import jax
+import ml_collections
 import numpy as np
 from flax import nnx
 
-from grpo_jax import config_lib, data, environments, models, parallel, paths, sampling
+from grpo_jax import config_lib, data, environments, models, parallel, paths, rewards, sampling
 from grpo_jax.training import footprint, policy as policy_lib
 from grpo_jax.training import rollout as rollout_lib
-from grpo_jax.training import steps, task as task_lib
+from grpo_jax.training import steps, suites, task as task_lib
+# The papers' sampled-evaluation protocols, importable from here.
+from grpo_jax.training.at_k import avg_at_k  # noqa: F401
+from grpo_jax.training.at_k import maj_at_k  # noqa: F401
+from grpo_jax.training.at_k import mean_pass_at_k  # noqa: F401
+from grpo_jax.training.at_k import pass_at_k  # noqa: F401
 
 EVAL_CHUNK = 256   # prompts per sampler call (per process)
 
@@ -75,18 +83,19 @@ def prompt_ids(count, share, start, width, processes):
                            for p in range(processes)])
 
 
-def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size, episodic=None):
-    """`([len(examples) * group_size] bool correctness, episode counts)` of this process's
-    examples (its share of the first ``eval.num_prompts``, `own_examples`): with
-    `episodic`, each `Episodes` field over the same rows, else None."""
-    correct, counts = [], []
+def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size, count,
+             episodic=None, answer_of=None):
+    """`([len(examples) * group_size] bool correctness, episode counts, answers)` of this
+    process's examples (its share of the split's first `count`, `own_examples`): with
+    `episodic`, each `Episodes` field over the same rows, else None; with `answer_of` (a
+    completion -> its final answer or None), each row's answer, else []."""
+    correct, counts, answers = [], [], []
     for start in range(0, len(examples), EVAL_CHUNK):
         chunk = examples[start:start + EVAL_CHUNK]
         padded = _padded(chunk, mesh)
         texts, tokens, mask = task_lib.prompt_rows(config.task, padded, policy.tokenizer)
         prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
-        ids = prompt_ids(config.eval.num_prompts, len(examples), start, len(padded),
-                         parallel.process_count())
+        ids = prompt_ids(count, len(examples), start, len(padded), parallel.process_count())
         rollout, episodes = rollout_lib.sample_on_mesh(
             policy, mesh, prompts, rng=jax.random.fold_in(rng, start), method=method,
             group_size=group_size, max_new_tokens=config.rollout.max_new_tokens,
@@ -97,8 +106,12 @@ def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size,
         correct.append(ok[:rows])
         if episodes is not None:
             counts.append(episodes.first(rows))
+        if answer_of is not None:
+            own = (parallel.local_rows(x) for x in (rollout.tokens, rollout.mask))
+            completions = task_lib.decode_completions(policy.tokenizer, *own)
+            answers += [answer_of(completion) for completion in completions[:rows]]
     episodes = environments.Episodes.concatenate(counts) if counts else None
-    return (np.concatenate(correct) if correct else np.zeros(0, bool)), episodes
+    return (np.concatenate(correct) if correct else np.zeros(0, bool)), episodes, answers
 
 
 def evaluate(policy, mesh, scorer, own, config, *, step, method, episodic=None):
@@ -122,14 +135,16 @@ def evaluate(policy, mesh, scorer, own, config, *, step, method, episodic=None):
     examples, real = own
     k = config.eval.samples
     rng = steps.step_rng(config.seed, "eval", step)
-    greedy, episodes = _correct(policy, mesh, scorer, examples, config, rng=rng,
-                                method=sampling.Greedy(), group_size=1, episodic=episodic)
+    count = config.eval.num_prompts
+    greedy, episodes, _ = _correct(policy, mesh, scorer, examples, config, rng=rng,
+                                   method=sampling.Greedy(), group_size=1, count=count,
+                                   episodic=episodic)
     greedy = greedy[:real]
     totals = [greedy.sum(), greedy.size]
     if k > 0:
-        sampled, _ = _correct(policy, mesh, scorer, examples, config,
-                              rng=jax.random.fold_in(rng, 1), method=method, group_size=k,
-                              episodic=episodic)
+        sampled, _, _ = _correct(policy, mesh, scorer, examples, config,
+                                 rng=jax.random.fold_in(rng, 1), method=method, group_size=k,
+                                 count=count, episodic=episodic)
         per_prompt = sampled.reshape(len(examples), k)[:real]
         totals += [per_prompt.sum(), per_prompt.any(axis=1).sum()]
     summed = np.sum(parallel.allgather_json([int(t) for t in totals]), axis=0)
@@ -149,10 +164,13 @@ def load_for_evaluation(config, path):
     mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "eval"))
     source = task_lib.data_source(config.task, config.task.eval_split)
     check_num_prompts(config.eval.num_prompts, source)   # before loading the model
+    return mesh, _saved_policy(config, mesh, path), source
+
+
+def _saved_policy(config, mesh, path):
     model, tokenizer = models.from_pretrained(path, mesh=mesh, rules=config.model.rules)
     graphdef, params = nnx.split(model)
-    policy = policy_lib.Policy(graphdef, params, tokenizer)
-    return mesh, policy, source
+    return policy_lib.Policy(graphdef, params, tokenizer)
 
 
 def evaluate_export(config, path):
@@ -172,14 +190,78 @@ def evaluate_export(config, path):
             episodic.close()
 
 
+def benchmark_task(config, name):
+    """A derived ``task`` section that reads benchmark `name`'s release file from
+    ``eval.suite_dir/<name>`` (the run's prompt settings kept)."""
+    return config_lib.replaced(config, {
+        "task.name": name, "task.knobs": {},
+        "task.manual_dir": paths.join(config.eval.suite_dir, name)}).task
+
+
+def evaluate_suite(config, path):
+    """``eval.suite``'s metrics of the saved policy at `path` (``suites``): k =
+    ``eval.samples`` answers per problem of each benchmark (its first
+    ``eval.suite_problems``, 0: all) at the suite's temperature and top-p, graded by the
+    ``math`` reward; majority votes over each answer's last ``\\boxed{}``. Returns
+    ``{benchmark: metrics, ..., "macro": averages}`` and each benchmark's problems'
+    counts under ``"per_problem"``."""
+    suite = suites.get_suite(config.eval.suite)
+    k = config.eval.samples
+    if k < 1 or not config.eval.suite_dir:
+        raise ValueError(f"eval.suite={config.eval.suite!r} needs eval.samples >= 1 (got {k}) "
+                         "and eval.suite_dir, a directory with one subdirectory per benchmark "
+                         f"{list(suite.benchmarks)} holding its release file")
+    mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "eval"))
+    # Every benchmark's file is read before the model loads: a missing one fails first.
+    sources = {name: task_lib.data_source(benchmark_task(config, name), "test")
+               for name in suite.benchmarks}
+    policy = _saved_policy(config, mesh, path)
+    reward = ml_collections.ConfigDict(dict(specs=(("math", 1.0),), correct="math",
+                                            timeout_s=config.reward.timeout_s))
+    scorer = task_lib.Scorer(reward, separate=False, max_new_tokens=config.rollout.max_new_tokens)
+    method = sampling.make_method(temperature=suite.temperature, top_p=suite.top_p, top_k=0,
+                                  min_p=0.0)
+    rng = steps.step_rng(config.seed, "eval", 0)
+    results, per_problem = {}, {}
+    try:
+        for index, (name, source) in enumerate(sources.items()):
+            count = min(config.eval.suite_problems or len(source), len(source))
+            examples, real = own_examples(source, count)
+            correct, _, answers = _correct(
+                policy, mesh, scorer, examples, config, rng=jax.random.fold_in(rng, index),
+                method=method, group_size=k, count=count, answer_of=rewards.final_boxed_answer)
+            own = [[int(correct[p * k:(p + 1) * k].sum()),
+                    maj_at_k(answers[p * k:(p + 1) * k], correct[p * k:(p + 1) * k])]
+                   for p in range(real)]
+            every = [row for part in parallel.allgather_json(own) for row in part]
+            counts, majority = [row[0] for row in every], [row[1] for row in every]
+            results[name] = suites.benchmark_metrics(counts, majority, k)
+            per_problem[name] = {"correct": counts, "majority_correct": majority}
+    finally:
+        scorer.close()
+    return {**results, "macro": suites.macro_average(results), "per_problem": per_problem}
+
+
 def evaluate_to_file(config, workdir):
-    """The "eval" mode: held-out metrics of ``model.path``, printed and saved as JSON."""
+    """The "eval" mode: held-out metrics of ``model.path``, printed and saved as JSON
+    (``eval.json``); with ``eval.suite``, the suite's (``eval_suite.json``, and its table
+    in ``eval_suite.md``)."""
     if not config.model.path:
         raise ValueError("mode 'eval' needs --config.model.path, a checkpoint to evaluate")
     config, workdir = paths.resolve_run_paths(config, workdir)
     parallel.initialize(config.distributed)   # which process is the main one
     if parallel.is_main():
         config_lib.record(config, workdir)
+    if config.eval.suite:
+        results = evaluate_suite(config, config.model.path)
+        if parallel.is_main():
+            table = suites.results_table({name: results[name] for name in results
+                                          if name != "per_problem"})
+            paths.write_whole(paths.join(workdir, "eval_suite.json"),
+                              json.dumps(results, indent=2))
+            paths.write_whole(paths.join(workdir, "eval_suite.md"), table + "\n")
+            print(table, flush=True)
+        return results
     metrics = evaluate_export(config, config.model.path)
     if parallel.is_main():
         paths.write_whole(paths.join(workdir, "eval.json"), json.dumps(metrics, indent=2))

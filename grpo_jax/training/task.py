@@ -20,8 +20,7 @@ def data_source(task_cfg, split):
     """
     if task_cfg.prepare_on not in PREPARE_ON:
         raise ValueError(f"task.prepare_on must be one of {PREPARE_ON}, got {task_cfg.prepare_on!r}")
-    kwargs = dict(split=split, manual_dir=paths.resolve(task_cfg.manual_dir) or None,
-                  **_dataset_location(task_cfg))
+    kwargs = dict(split=split, **_dataset_location(task_cfg))
     if task_cfg.prepare_on == "every" or parallel.is_main():
         source = data.data_source(task_cfg.name, **kwargs)
     parallel.sync(f"dataset {task_cfg.name} {split} prepared")
@@ -38,7 +37,8 @@ def is_prepared(task_cfg):
 
 def _dataset_location(task_cfg):
     return dict(data_dir=paths.resolve(task_cfg.data_dir),
-                config=data.builder_config(task_cfg.name, task_cfg.knobs.to_dict()))
+                config=data.builder_config(task_cfg.name, task_cfg.knobs.to_dict()),
+                manual_dir=paths.resolve(task_cfg.manual_dir) or None)
 
 
 def loader(source, config, *, batch_size):
@@ -60,7 +60,15 @@ def loader(source, config, *, batch_size):
 
 
 def prompt_text(task_cfg, example, tokenizer):
-    """The prompt string of `example`: the plain template or the tokenizer's chat template."""
+    """The prompt string of `example`: the model family's template
+    (``task.prompt_template``), else the plain template or the tokenizer's chat template."""
+    if task_cfg.prompt_template:
+        if task_cfg.chat_template or task_cfg.system_prompt or task_cfg.shots:
+            raise ValueError(
+                f"task.prompt_template={task_cfg.prompt_template!r} writes the whole prompt; "
+                "leave task.chat_template=False, task.system_prompt='' and task.shots=() "
+                "(or set task.prompt_template='')")
+        return data.template_prompt(example, task_cfg.prompt_template)
     return data.format_prompt(example, tokenizer=tokenizer if task_cfg.chat_template else None,
                               system_prompt=task_cfg.system_prompt or None,
                               shots=task_cfg.shots)

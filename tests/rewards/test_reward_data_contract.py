@@ -41,6 +41,14 @@ TASK_REWARDS = [
     ("countdown", "countdown", "(6 - 2) * 25", {"numbers": [25, 6, 2, 9], "target": 100}),
     ("countdown_compact", "countdown", "3*(7+9)", {"numbers": [3, 7, 9], "target": 48}),
     ("rpt", "rpt", "brown fox", {"continuation": "brown fox"}),
+    ("math", "math", r"9\pi", {}),
+    ("dapo_math_17k", "math", "34", {}),
+    ("deepscaler", "math", r"\frac{1}{2}", {}),
+    ("aime24", "math", "33", {}),
+    ("aime25", "math", "70", {}),
+    ("amc23", "math", "1.5", {}),
+    ("minerva_math", "math", r"1.3 \times 10^{-3}", {}),
+    ("olympiadbench", "math", r"\frac{1}{2}, -\frac{1}{2}", {}),
 ]
 
 
