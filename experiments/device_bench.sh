@@ -16,10 +16,11 @@ cd "$(dirname "$0")/.."
 # name==version of every wheel; the module each one brings is in MODULES, same order.
 WHEELS=(ml-collections==1.1.0 gguf==0.19.0 tensorflow-datasets==4.9.10 grain==0.2.18
         array-record==0.8.6 dm-tree==0.1.10 immutabledict==4.3.1 simple-parsing==0.1.9
-        docstring-parser==0.18.0 tensorflow-metadata==1.21.0 googleapis-common-protos==1.70.0
+        docstring-parser==0.18.0 tensorflow-metadata==1.21.0 googleapis-common-protos==1.76.0
         termcolor==3.3.0 toml==0.10.2 tensorboardX==2.6.5 math-verify==0.9.0
         latex2sympy2-extended==1.11.0 antlr4-python3-runtime==4.13.2 reasoning-gym==0.1.25
-        qwix==0.1.8 portpicker==1.6.0 importlib-resources==7.1.0)
+        qwix==0.1.8 portpicker==1.6.0 importlib-resources==7.1.0
+        protobuf==7.36.2)   # the protos' runtime they were generated for (tested together)
 SDISTS=(promise==2.3)   # no wheel on PyPI: built here (pure Python)
 MODULES="ml_collections gguf tensorflow_datasets grain array_record tree immutabledict
          simple_parsing docstring_parser tensorflow_metadata google.api termcolor toml
