@@ -29,8 +29,13 @@ JAX's and PyTorch's allocators never share the GPU. The parts, in order:
 - ``rl_step``: `python -m grpo_jax.main` (configs/grpo.py, 8 prompts x 8 answers of at
   most 1,024 tokens, one update per step) from a random Qwen3-0.6B-shaped checkpoint
   (Qwen3's 151,936-token vocabulary, a character tokenizer: the random model almost never
-  samples its stop token, so every answer runs to the budget), two steps; the second
-  step's rollout / pi_old / update seconds (the first compiles).
+  samples its stop token, so nearly every answer runs to the budget), two steps; the
+  second step's rollout / pi_old / update seconds (the first compiles).
+
+The results' ``summary`` derives MFU, floor fractions, the ratios (PyTorch's seconds over
+grpo_jax's), the RL step's slowest stage, its timing breakdown (pi_old's forward over an
+update's seconds; a one-token call's share of a decode call, the prefill) and a ``next``
+line naming where to look for the next speed-up.
 
 Formulas (`model_flops`, `decode_floor_bytes`): MFU = model FLOPs / seconds / the chip's
 dense bf16 peak (`CHIPS`, datasheet), with PaLM's model FLOPs (Chowdhery et al.,
