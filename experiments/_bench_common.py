@@ -53,13 +53,16 @@ def ours(graphdef, state, ids, new_tokens, seed, max_len_bucket=None, mesh=None,
     return rollout
 
 
-def transformers_generate(torch, torch_model, ids, new_tokens, seed, mask=None, top_p=1.0, top_k=0, pad_id=0):
-    """transformers' sampling (temperature 1, then top-k / top-p when set), forced to `new_tokens`."""
+def transformers_generate(torch, torch_model, ids, new_tokens, seed, mask=None, top_p=1.0, top_k=0, pad_id=0,
+                          device="cpu"):
+    """transformers' sampling (temperature 1, then top-k / top-p when set), forced to
+    `new_tokens`; the prompts go to `device`, the model's."""
     torch.manual_seed(seed)
     mask = np.ones_like(ids) if mask is None else mask
     with torch.no_grad():
         out = torch_model.generate(
-            input_ids=torch.tensor(ids).long(), attention_mask=torch.tensor(mask).long(),
+            input_ids=torch.tensor(ids, device=device).long(),
+            attention_mask=torch.tensor(mask, device=device).long(),
             do_sample=True, temperature=1.0, top_k=top_k, top_p=top_p, num_return_sequences=GROUP_SIZE,
             max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id,
         )
