@@ -109,6 +109,12 @@ def get_config(arg=None):
     config.rollout.top_k = 0             # none of them: no truncation step runs at all
     config.rollout.min_p = 0.0
     config.rollout.rules = "sampling"    # weights' sharding rule set while sampling
+    # The sampler's precision: "" samples with the trainer's parameters in model.dtype; a
+    # dtype ("bfloat16") samples with a copy of the weights cast to it, computing in it (as
+    # a bf16 inference engine for an fp32 trainer), cast once each time the parameters are
+    # published to the sampler. behaviour_logp is then the low-precision policy's, so the
+    # mismatch/* metrics measure the gap and objective.importance can correct it.
+    config.rollout.dtype = ""
     # Simulated staleness in the synchronous loop: the rollouts of step t come from the
     # parameters of step t - policy_lag (0: the current ones). The lagged copies are kept
     # and checkpointed. async_rl below runs the same schedule with the rollouts overlapped.

@@ -157,10 +157,11 @@ class TestCpuReport:
 
 @pytest.mark.slow
 def test_train_reads_the_kept_records_and_the_supervised_rows():
-    """Keep sampling mask and keep routing (DeepSeek-V3.2) and a supervised term add exactly
-    their rows' per-device bytes to the update's arguments: support ids `[B, N, 64]` (TopP's
-    candidate bound) and sizes `[B, N]`, the experts of every token `[B, S + N, L_moe, k]`,
-    the P prompts with their solutions `[P, 2 S + 2 N]`, and their index."""
+    """Keep sampling mask and a supervised term add exactly their rows' per-device bytes to
+    the update's arguments: support ids `[B, N, 64]` (TopP's candidate bound) and sizes
+    `[B, N]`, the P prompts with their solutions `[P, 2 S + 2 N]`, and their index. The
+    experts of every token `[B, S + N, L_moe, k]` ride an MoE's batch with keep routing
+    (replayed) or without (for the routing churn); partial rollouts keep none."""
     def train_arguments(**overrides):
         config = tiny_config(**{"model.name": "tiny_moe", **overrides})
         return argument_bytes(lowered_programs(config)["train"].lowered)
@@ -169,10 +170,13 @@ def test_train_reads_the_kept_records_and_the_supervised_rows():
                               "rollout.keep_routing": True, "train.sft_weight": 0.1})
     b, p, s, n, ways = 64, 16, 16, NEW_TOKENS, 8
     moe_layers, k = 3, 2   # tiny_moe: every layer routes each token to 2 experts
-    records = b // ways * 4 * (n * 64 + n + (s + n) * moe_layers * k)
+    records = b // ways * 4 * (n * 64 + n)
     # their row_valid is not read (the NLL is a token mean); the index of 1 of 4 minibatches
     supervised = p // ways * 4 * (2 * s + 2 * n) + p // 4 * 4
     assert kept - train_arguments() == records + supervised
+    experts = b // ways * 4 * (s + n) * moe_layers * k
+    partial = {"rollout.partial.enabled": True, "filtering.max_gen_batches": 2}
+    assert train_arguments() - train_arguments(**partial) == experts
 
 
 def test_the_update_of_a_run_with_adapter_dropout_takes_its_key():

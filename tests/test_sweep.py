@@ -44,7 +44,8 @@ def test_each_ablation_has_a_config_with_a_sweep():
     assert {s.split("/")[-1][:-3] for s in SWEPT if "ablations" in s} == {
         "loss_aggregation", "advantage_scale", "clip_higher", "dynamic_sampling", "overlong",
         "ratio_level", "baselines", "stability_frontier", "long_loss_aggregation",
-        "long_clip_higher", "long_overlong", "long_advantage_scale", "long_vapo_vs_dapo"}
+        "long_clip_higher", "long_overlong", "long_advantage_scale", "long_vapo_vs_dapo",
+        "low_precision", "moe_ratio"}
 
 
 @pytest.mark.parametrize("spec", SWEPT)

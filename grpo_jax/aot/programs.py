@@ -296,7 +296,7 @@ def _engine_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_
         logits, prompt_cache, _, records = sampling.prefill_prompts(
             model, tokens, jnp.ones_like(tokens), method=method,
             record_support=config.rollout.keep_sampling_mask,
-            record_routing=config.rollout.keep_routing)
+            record_routing=bool(rollout.routing_keys(config, cfg)))
         slots = sampling.init_slots(model, logits, rows=p * g, prompt_len=s, buffer_len=n,
                                     num_slots=c, pad_id=0, **records)
         return slots, prompt_cache, logits, sampling.row_keys(jax.random.key(0), jnp.arange(p), g)

@@ -291,7 +291,7 @@ class Decoder(nnx.Module):
         return hidden, (new_k, new_v), aux, None
 
     def hidden_states(self, tokens, *, attention_mask=None, positions=None, routing=None,
-                      segment_ids=None, dropout_key=None):
+                      segment_ids=None, dropout_key=None, with_routing=False):
         """Final (normed) hidden states and the MoE load-balancing loss.
 
         Args:
@@ -306,11 +306,14 @@ class Decoder(nnx.Module):
             then required.
           dropout_key: a training forward's key for the adapters' dropout
             (``model.lora.dropout``; a LoRA model only); None: no dropout.
+          with_routing: also return the router's own top-k experts of every token,
+            `[L_moe, B, S, k]` int32 (None if dense); with `routing`, the experts it would
+            have chosen.
 
         Returns:
           `(hidden [B, S, D] in the compute dtype, aux_loss [])`; aux_loss is the
           load-balancing loss over real tokens (0 for dense models); a trainer adds
-          `cfg.router_aux_loss_coef * aux_loss`.
+          `cfg.router_aux_loss_coef * aux_loss`. With `with_routing`, the experts third.
         """
         b, s = tokens.shape
         causal = jnp.tril(jnp.ones((s, s), bool))
@@ -320,17 +323,17 @@ class Decoder(nnx.Module):
                                  "positions; pass segment_ids and positions")
             same = segment_ids[:, :, None] == segment_ids[:, None, :]
             mask = causal[None] & same & (segment_ids > 0)[:, None, :]
-            hidden, _, aux, _ = self._run(tokens, segment_ids, positions, mask, routing=routing,
-                                          dropout_key=dropout_key)
-            return hidden, aux
-        if attention_mask is None:
-            attention_mask = jnp.ones((b, s), jnp.int32)
-        if positions is None:
-            positions = default_positions(attention_mask)
-        mask = causal[None] & attention_mask.astype(bool)[:, None, :]
-        hidden, _, aux, _ = self._run(tokens, attention_mask, positions, mask, routing=routing,
-                                      dropout_key=dropout_key)
-        return hidden, aux
+            segments = segment_ids
+        else:
+            if attention_mask is None:
+                attention_mask = jnp.ones((b, s), jnp.int32)
+            if positions is None:
+                positions = default_positions(attention_mask)
+            mask = causal[None] & attention_mask.astype(bool)[:, None, :]
+            segments = attention_mask
+        hidden, _, aux, experts = self._run(tokens, segments, positions, mask, routing=routing,
+                                            dropout_key=dropout_key)
+        return (hidden, aux, experts) if with_routing else (hidden, aux)
 
     def __call__(self, tokens, *, attention_mask=None, positions=None):
         """`[B, S]` token ids -> `[B, S, V]` float32 logits (see `hidden_states` for the args)."""

@@ -337,16 +337,16 @@ class MoeMlp(nnx.Module):
           `([B, S, D], stats, experts)`: stats `[2, E]` float32, the number of top-k
           assignments per expert and the summed router probability per expert over real
           tokens, the two factors of the load-balancing loss (`load_balancing_loss`);
-          experts `[B, S, k]` int32, the experts each token went to.
+          experts `[B, S, k]` int32, the router's own top k of each token (the experts it
+          went to; with `routing`, those it would have gone to: what the replay changed).
         """
         b, s, d = x.shape
         dt, k, e = x.dtype, self.cfg.n_experts_per_tok, self.cfg.n_experts
         x_td = x.reshape(b * s, d)
         router_logits = x_td @ self.router[...].astype(dt)
         probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)  # [T, E]
-        if routing is None:
-            top_p, top_e = jax.lax.top_k(probs, k)  # [T, k]
-        else:
+        top_p, top_e = own = jax.lax.top_k(probs, k)  # [T, k]
+        if routing is not None:
             top_e = routing.reshape(b * s, k).astype(jnp.int32)
             top_p = jnp.take_along_axis(probs, top_e, axis=-1)
         if self.cfg.norm_topk_prob:
@@ -361,7 +361,7 @@ class MoeMlp(nnx.Module):
         m = token_mask.reshape(-1, 1).astype(jnp.float32)
         counts = jnp.sum(jax.nn.one_hot(top_e, e, dtype=jnp.float32).sum(1) * m, axis=0)
         prob_sums = jnp.sum(probs * m, axis=0)
-        return out, jnp.stack([counts, prob_sums]), top_e.reshape(b, s, k)
+        return out, jnp.stack([counts, prob_sums]), own[1].reshape(b, s, k)
 
 
 def _chosen_experts_ragged(x, top_e, gate, up, down):

@@ -26,12 +26,34 @@ from grpo_jax.training import packing
 # run keeps them (DeepSeek-V3.2's keep routing and keep sampling mask).
 TOKEN_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "context_mask")
 RECORD_KEYS = ("prompt_routing", "routing", "support_ids", "support_size")
+# The sampler's experts kept without keep routing: measured against, never replayed.
+SAMPLED_ROUTING_KEYS = ("sampled_prompt_routing", "sampled_routing")
 
 
-def _replayed_routing(rows):
+def _replayed_routing(rows, keys=("prompt_routing", "routing")):
     """`[L_moe, B, S+N-1, k]` experts for the forward over tokens[:, :-1] (keep routing)."""
-    experts = jnp.concatenate([rows["prompt_routing"], rows["routing"]], axis=1)[:, :-1]
+    experts = jnp.concatenate([rows[keys[0]], rows[keys[1]]], axis=1)[:, :-1]
     return jnp.transpose(experts, (2, 0, 1, 3))
+
+
+def sampled_routing(rows):
+    """The sampler's experts of the forward's tokens, `[L_moe, B, S+N-1, k]` (replayed
+    with keep routing, or only kept), or None when the rows carry none."""
+    for keys in (("prompt_routing", "routing"), SAMPLED_ROUTING_KEYS):
+        if keys[1] in rows:
+            return _replayed_routing(rows, keys)
+    return None
+
+
+def changed_layers(experts, recorded):
+    """`[b, T]` float32: the share of MoE layers whose top-k expert SET differs between
+    two routings of the same tokens (the order within the k is ignored).
+
+    Args:
+      experts, recorded: `[L_moe, b, T, k]` int expert ids.
+    """
+    differ = jnp.any(jnp.sort(experts, axis=-1) != jnp.sort(recorded, axis=-1), axis=-1)
+    return jnp.mean(differ.astype(jnp.float32), axis=0)
 
 
 def model_inputs(rows):
@@ -81,11 +103,21 @@ def forward_layout(rows):
     return Forward(inputs, lambda x: x[:, start:], rows["tokens"], same, same)
 
 
-def scored_logprobs(model, rows, *, temperature=1.0, with_stats=False):
+def _routing_churn(layout, rows, experts):
+    """`changed_layers` between the forward's own `experts` and the sampler's, in the
+    forward's scored layout."""
+    recorded = sampled_routing(rows)
+    if packing.KEYS[0] in rows:   # the recorded experts gathered to the packed positions
+        recorded = packing.packed_inputs(rows, recorded)[0]["routing"]
+    return layout.scored(changed_layers(experts, recorded))
+
+
+def scored_logprobs(model, rows, *, temperature=1.0, with_stats=False, with_churn=False):
     """`completion_logprobs` in the forward's scored layout (`forward_layout`): `[B, N]`
     unpacked, `[R, T]` per packed position."""
     layout = forward_layout(rows)
-    hidden, aux_loss = model.hidden_states(**layout.inputs)
+    routed = {"with_routing": True} if with_churn else {}
+    hidden, aux_loss, *experts = model.hidden_states(**layout.inputs, **routed)
     hidden = layout.scored(hidden)
     out = chunked_token_logprobs(hidden, model.unembedding(), layout.targets,
                                  temperature=temperature, with_entropy=with_stats)
@@ -97,10 +129,11 @@ def scored_logprobs(model, rows, *, temperature=1.0, with_stats=False):
         recorded = layout.to_scored(rows["support_size"] <= rows["support_ids"].shape[-1])
         logp = jnp.where(recorded, kept, logp)
         out = (logp, out[1]) if with_stats else logp
-    return (*out, aux_loss) if with_stats else out
+    churn = (_routing_churn(layout, rows, experts[0]),) if with_churn else ()
+    return (*out, aux_loss, *churn) if with_stats else out
 
 
-def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False):
+def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False, with_churn=False):
     """`[B, N]` float32 log-probs of the completion tokens, from logits / temperature.
 
     The temperature is the rollout's, so the log-probs that enter a ratio or a KL belong
@@ -117,13 +150,20 @@ def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False):
     vocabulary), so pi_old and pi_theta share the sampler's action subspace.
 
     With `with_stats`, returns `(logp, entropy [B, N], aux_loss [])`: the entropy of the
-    tempered (uncut) distribution and the MoE load-balancing loss (0 for dense models).
+    tempered (uncut) distribution and the MoE load-balancing loss (0 for dense models);
+    and with `with_churn` (an MoE whose rows carry the sampler's experts,
+    `sampled_routing`) a fourth, `[B, N]` float32: at the forward position that scores
+    each completion token, the share of MoE layers whose top-k expert set the router
+    chooses now differs from the one the sampler's router chose (`changed_layers`; with
+    keep routing, the set the replay overrode).
     """
-    out = scored_logprobs(model, rows, temperature=temperature, with_stats=with_stats)
+    out = scored_logprobs(model, rows, temperature=temperature, with_stats=with_stats,
+                          with_churn=with_churn)
     to_completion = forward_layout(rows).to_completion
     if not with_stats:
         return to_completion(out)
-    return to_completion(out[0]), to_completion(out[1]), out[2]
+    return (to_completion(out[0]), to_completion(out[1]), out[2],
+            *(to_completion(x) for x in out[3:]))
 
 
 def nll_loss(model, micro):

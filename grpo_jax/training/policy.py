@@ -1,7 +1,10 @@
 """The policy network and its tokenizer: created or loaded in their sharding, exported."""
 
 import dataclasses
+import functools
 
+import jax
+import jax.numpy as jnp
 import transformers
 from flax import nnx
 
@@ -28,6 +31,77 @@ class Policy:
     def model_config(self):
         """The `models.ModelConfig` of the network (its shape, MoE or dense, dtypes)."""
         return nnx.merge(self.graphdef, self.params).cfg
+
+
+# What ``rollout.dtype`` may name ("" also: the trainer's ``model.dtype``).
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_rollout_dtype(config):
+    """Raises ValueError naming ``rollout.dtype`` unless it is "" or one of `ROLLOUT_DTYPES`."""
+    dtype = config.rollout.dtype
+    if dtype and dtype not in ROLLOUT_DTYPES:
+        raise ValueError(f"rollout.dtype must be '' (model.dtype) or one of {ROLLOUT_DTYPES}, "
+                         f"got {dtype!r}")
+
+
+@functools.partial(jax.jit, static_argnames="dtype")
+def cast_floats(params, dtype):
+    """`params` (an `nnx.State`) with every floating-point leaf cast to `dtype`; integer
+    leaves (a QLoRA base's quantised projections) as they are. Each leaf keeps its
+    sharding."""
+    cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    return jax.tree.map(cast, params)
+
+
+def computing_in(graphdef, params, dtype):
+    """The `nnx.GraphDef` of the same network with every module's `ModelConfig` computing
+    and storing its weights in `dtype` (activations, matmuls and KV cache; the log-probs
+    stay float32): `graphdef` is left as it is."""
+    model = nnx.merge(graphdef, params)   # the arrays are shared, not copied
+    cfg = dataclasses.replace(model.cfg, dtype=dtype, param_dtype=dtype)
+    for _, module in nnx.iter_modules(model):
+        if hasattr(module, "cfg"):
+            module.cfg = cfg
+    return nnx.graphdef(model)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutPrecision:
+    """The sampler's own precision (``rollout.dtype``) when it is not the trainer's: a
+    copy of the weights cast to `dtype` and a network that computes in it, as a bf16
+    inference engine samples for an fp32 trainer. The sampler's log-probs (the batch's
+    ``behaviour_logp``) are then those of the low-precision policy, so the sampler-vs-
+    trainer metrics measure the gap and ``objective.importance`` can correct it (Yao et
+    al., "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", 2025;
+    MiniMax-M1's CISPO, arXiv:2506.13585, sec. 3).
+
+    Attributes:
+      dtype: the sampler's dtype ("bfloat16", ...).
+      graphdef: the policy's network computing in it (`computing_in`).
+    """
+
+    dtype: str
+    graphdef: object
+
+    @classmethod
+    def of(cls, config, policy):
+        """The run's `RolloutPrecision`, or None when ``rollout.dtype`` is "" or equals
+        ``model.dtype`` (the sampler uses the trainer's parameters as they are)."""
+        check_rollout_dtype(config)
+        dtype = config.rollout.dtype
+        if not dtype or dtype == config.model.dtype:
+            return None
+        return cls(dtype, computing_in(policy.graphdef, policy.params, dtype))
+
+    def params(self, params):
+        """`params` (the whole state or a part of it) in the sampler's dtype: one cast, at
+        each publish of the parameters to the sampler."""
+        return cast_floats(params, self.dtype)
+
+    def policy(self, policy):
+        """The sampler's `Policy` of `policy`: its weights cast, the network in `dtype`."""
+        return Policy(self.graphdef, self.params(policy.params), policy.tokenizer)
 
 
 def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):

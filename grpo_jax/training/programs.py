@@ -56,20 +56,56 @@ def trained_filter(config):
 
 def policy_loss(objective, temperature):
     """The loss of one micro-batch: completion log-probs at the rollout temperature ->
-    the recipe's objective (+ the MoE load-balancing loss)."""
+    the recipe's objective (+ the MoE load-balancing loss). Its metrics add the moments
+    of the token log-ratio (`log_ratio_moments`) and, for an MoE whose rows carry the
+    sampler's experts, ``routing_churn``: the token mean of the share of MoE layers
+    whose top-k experts now differ from the sampler's (`batch.completion_logprobs`)."""
 
     def loss_fn(model, micro):
-        logp, entropy, aux_loss = batch_lib.completion_logprobs(
-            model, micro, temperature=temperature, with_stats=True)
+        churn = bool(model.cfg.n_experts) and batch_lib.sampled_routing(micro) is not None
+        logp, entropy, aux_loss, *changed = batch_lib.completion_logprobs(
+            model, micro, temperature=temperature, with_stats=True, with_churn=churn)
         loss, metrics = objective(logp, {**micro, "entropy": entropy})
+        mask = objective.loss_mask(micro)
+        # num_tokens counts the minibatch's loss tokens (overlong masking may leave some
+        # out), so each micro-batch's token means add up to the minibatch's
+        tokens = jnp.maximum(micro["num_tokens"], 1)
+        metrics = {**metrics, **log_ratio_moments(logp, micro["old_logp"], mask, tokens)}
+        if churn:
+            metrics["routing_churn"] = jnp.sum(changed[0] * mask) / tokens
         if model.cfg.n_experts:   # keep the experts balanced; micro-batches add up to 1
-            # num_tokens counts the loss's tokens (overlong masking may leave some out)
-            share = jnp.sum(objective.loss_mask(micro)) / jnp.maximum(micro["num_tokens"], 1)
+            share = jnp.sum(mask) / tokens
             loss = loss + model.cfg.router_aux_loss_coef * aux_loss * share
             metrics = {**metrics, "loss": loss, "router_aux_loss": aux_loss * share}
         return loss, metrics
 
     return loss_fn
+
+
+def log_ratio_moments(logp, old_logp, mask, num_tokens):
+    """``log_ratio_mean`` and ``log_ratio_sq_mean``: the token means of log(pi_theta /
+    pi_old) and of its square over `mask`, divided by the global `num_tokens`, so the
+    micro-batches' values add up to the minibatch's (`log_ratio_spread` then takes the
+    standard deviation). Per token whatever the loss (GSPO's sequence ratio included):
+    the spread of the token ratios that routing changes make noisy (GSPO, Zheng et al.,
+    arXiv:2507.18071, sec. 5.3).
+
+    Args:
+      logp, old_logp: `[b, N]` log-probs under pi_theta and pi_old.
+      mask: `[b, N]` the loss tokens; num_tokens: `[]` the minibatch's count of them.
+    """
+    d = jax.lax.stop_gradient(logp - old_logp) * mask
+    return {"log_ratio_mean": jnp.sum(d) / num_tokens,
+            "log_ratio_sq_mean": jnp.sum(d * d) / num_tokens}
+
+
+def log_ratio_spread(metrics):
+    """The summed metrics of an update with ``log_ratio_std``, sqrt(E[(log r)^2] - E[log
+    r]^2) over the minibatch's loss tokens, in place of ``log_ratio_sq_mean``."""
+    metrics = dict(metrics)
+    mean, square = metrics["log_ratio_mean"], metrics.pop("log_ratio_sq_mean")
+    metrics["log_ratio_std"] = jnp.sqrt(jnp.maximum(square - mean * mean, 0.0))
+    return metrics
 
 
 def rl_objective(config):
@@ -103,12 +139,12 @@ def _pieces(config):
 
 
 def _programs(tx, graphdef, params, mesh, loss_fn, count_fn, *, micro_batches, forward,
-              pieces, sft_weight=0.0, trained=nnx.Param, donate_params=True):
+              pieces, sft_weight=0.0, trained=nnx.Param, donate_params=True, finish_metrics=None):
     opt_shardings = steps.optimizer_state_shardings(tx, nnx.filter_state(params, trained), mesh)
     update = steps.make_update_step(
         graphdef, tx, loss_fn, count_fn, mesh=mesh, param_shardings=parallel.tree_shardings(params),
         opt_shardings=opt_shardings, micro_batches=micro_batches, sft_weight=sft_weight,
-        trained=trained, donate_params=donate_params)
+        trained=trained, donate_params=donate_params, finish_metrics=finish_metrics)
     return Programs(tx, opt_shardings, update, forward, pieces, trained)
 
 
@@ -126,7 +162,8 @@ def policy_programs(config, mesh, graphdef, params, objective):
     return _programs(tx, graphdef, params, mesh, policy_loss(objective, temperature),
                      objective.global_counts, micro_batches=config.train.micro_batches,
                      forward=logprob, pieces=_pieces(config), sft_weight=config.train.sft_weight,
-                     trained=trained_filter(config), donate_params=not config.async_rl.enabled)
+                     trained=trained_filter(config), donate_params=not config.async_rl.enabled,
+                     finish_metrics=log_ratio_spread)
 
 
 def critic_programs(config, mesh, graphdef, params):

@@ -107,6 +107,7 @@ def check_config(config, mesh):
     if not isinstance(r.slots, int) or r.slots < 0:
         raise ValueError("rollout.slots must be an int >= 0 (0: no continuous batching), "
                          f"got {r.slots!r}")
+    policy_lib.check_rollout_dtype(config)
     if config.filtering.short_batch not in rollout.SHORT_BATCH:
         raise ValueError(f"filtering.short_batch must be one of {rollout.SHORT_BATCH}, got "
                          f"{config.filtering.short_batch!r}")
@@ -196,7 +197,10 @@ class Run:
       mesh: the device mesh; rollout_mesh: the one the rollouts are sampled on (`mesh`
         itself unless ``rollout.mesh`` splits the devices: `parallel.setup_meshes`).
       rollout_frozen: with split meshes, the untrained part of the parameters (a LoRA
-        run's base; constants) copied to the rollout mesh once; else None.
+        run's base; constants) copied to the rollout mesh once (in the sampler's dtype);
+        else None.
+      precision: the sampler's `policy_lib.RolloutPrecision` (``rollout.dtype`` other
+        than ``model.dtype``), or None: it samples with the parameters as they are.
       policy: the `policy_lib.Policy` being trained; opt_state: its optimizer state.
       lagged: `async_rl.lagged_copies` copies of the policy's trained parameters (all of
         them, or a LoRA run's adapters), oldest first: after step t, those of steps
@@ -251,6 +255,7 @@ class Run:
     rollout_mesh: jax.sharding.Mesh | None = None
     rollout_frozen: Any = None
     carry: partial.Pool | None = None
+    precision: policy_lib.RolloutPrecision | None = None
 
 
 def _copy(params):
@@ -278,12 +283,14 @@ def set_up(config, workdir, mesh, rollout_mesh=None):
     trained = policy_run.trained_part(policy.params)
     own_reference = config.objective.kl.beta > 0 and not config.model.lora.rank
     rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
+    precision = policy_lib.RolloutPrecision.of(config, policy)
+    frozen = nnx.filter_state(policy.params, nnx.Not(policy_run.trained))
     rollout_frozen = None if rollout_mesh is mesh else parallel.on_mesh(
-        nnx.filter_state(policy.params, nnx.Not(policy_run.trained)), rollout_mesh)
+        frozen if precision is None else precision.params(frozen), rollout_mesh)
     scorer = _scorer(config)
     return Run(
         config=config, workdir=workdir, mesh=mesh, policy=policy,
-        rollout_mesh=rollout_mesh, rollout_frozen=rollout_frozen,
+        rollout_mesh=rollout_mesh, rollout_frozen=rollout_frozen, precision=precision,
         opt_state=steps.init_optimizer_state(policy_run.tx, trained, mesh),
         lagged=[_copy(trained) for _ in range(async_rl.lagged_copies(config))],
         ref_params=_copy(policy.params) if own_reference else None,
@@ -402,7 +409,10 @@ def _collect(run, behaviour, step, *, scorer, episodic, carry, version):
     With split meshes (``rollout.mesh``) the trained part of its parameters is copied to
     the rollout mesh first (the frozen part is there already: ``run.rollout_frozen``) and
     the batch back to the training mesh after: JAX's cross-mesh transfers, each timed to
-    its end (``time_weight_transfer``, ``time_batch_transfer`` in the metrics)."""
+    its end (``time_weight_transfer``, ``time_batch_transfer`` in the metrics).
+
+    With ``rollout.dtype`` (`Run.precision`) the sampler gets the parameters cast to it,
+    once per call (before the copy, which then moves the smaller arrays)."""
     config = run.config
     common = dict(config=config, scorer=scorer, method=run.method,
                   rng=steps.step_rng(config.seed, "rollout", step))
@@ -414,13 +424,16 @@ def _collect(run, behaviour, step, *, scorer, episodic, carry, version):
         return partial.collect(policy, mesh, run.train_iter, carry, step=step, version=version,
                                **common)
 
+    precision = run.precision
     if run.rollout_mesh is run.mesh:
-        return collect(behaviour, run.mesh)
+        return collect(behaviour if precision is None else precision.policy(behaviour), run.mesh)
     begin = time.time()
+    trained = nnx.filter_state(behaviour.params, run.policy_programs.trained)
     trained = jax.block_until_ready(parallel.on_mesh(
-        nnx.filter_state(behaviour.params, run.policy_programs.trained), run.rollout_mesh))
+        trained if precision is None else precision.params(trained), run.rollout_mesh))
     sent = time.time() - begin
-    sampler = policy_lib.Policy(behaviour.graphdef, nnx.merge_state(run.rollout_frozen, trained),
+    graphdef = behaviour.graphdef if precision is None else precision.graphdef
+    sampler = policy_lib.Policy(graphdef, nnx.merge_state(run.rollout_frozen, trained),
                                 behaviour.tokenizer)
     batch, metrics, examples, carry = collect(sampler, run.rollout_mesh)
     begin = time.time()

@@ -213,17 +213,22 @@ def _sample(channel, config, workdir, mesh, rollout_mesh, last, scorer):
     train_iter.set_state(position)
     policy = policy_lib.start_policy(config, rollout_mesh, workdir,
                                      None if config.model.path else task_lib.tokenizer_corpus(source))
+    precision = policy_lib.RolloutPrecision.of(config, policy)   # rollout.dtype
+    if precision is not None:   # the parameters cast once, as they arrive
+        policy = precision.policy(policy)
+    own = (lambda trained: trained) if precision is None else precision.params
     frozen = nnx.filter_state(policy.params, nnx.Not(programs.trained_filter(config)))
     method, episodic = rollout.sampling_method(config), rollout.Episodic.of(config, policy.tokenizer)
     lagged, _, seconds = channel.receive("lagged", mesh, rollout_mesh, watch=("end",))
     # version -> (its trained parameters, the seconds their copy took)
-    versions = {v: (trained, seconds) for v, trained in zip(starting_versions(start, k), lagged)}
+    versions = {v: (own(trained), seconds)
+                for v, trained in zip(starting_versions(start, k), lagged)}
     try:
         for kind, number in transfer_order(start, last, k):
             if kind == "params":
                 trained, _, seconds = channel.receive(f"params/{number}", mesh, rollout_mesh,
                                                       watch=("end",))
-                versions[number] = trained, seconds
+                versions[number] = own(trained), seconds
                 continue
             version = async_rl.version_for(number, k)
             versions = {v: held for v, held in versions.items() if v >= version}

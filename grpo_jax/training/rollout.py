@@ -36,6 +36,10 @@ from grpo_jax import rewards as rewards_lib
 from grpo_jax.training import task as task_lib
 
 SHORT_BATCH = ("error", "pad")
+# The batch keys of the sampler's experts (the prompt's, the completion's): replayed by the
+# training forward (keep routing), or kept only to measure the routing churn.
+REPLAYED_ROUTING = ("prompt_routing", "routing")
+SAMPLED_ROUTING = ("sampled_prompt_routing", "sampled_routing")
 
 
 def sampling_method(config):
@@ -45,11 +49,23 @@ def sampling_method(config):
                                 min_p=r.min_p)
 
 
+def routing_keys(config, model_cfg):
+    """Where a batch keeps the sampler's experts of every token: `REPLAYED_ROUTING` with
+    ``rollout.keep_routing``; on an MoE without it `SAMPLED_ROUTING` (the routing churn
+    is measured against them, nothing replays them), except with partial rollouts, whose
+    carried rows keep no records; () for a dense model."""
+    if config.rollout.keep_routing:
+        return REPLAYED_ROUTING
+    if model_cfg.n_experts and not config.rollout.partial.enabled:
+        return SAMPLED_ROUTING
+    return ()
+
+
 def record_layout(config, model_cfg, rows, prompt_len, new_tokens):
     """``{key: (shape, dtype)}`` of the sampler's records a batch carries when the run
     keeps them (`draw`): the support of every sampled position
     (``rollout.keep_sampling_mask``) and, on an MoE, the experts of every token
-    (``rollout.keep_routing``)."""
+    (`routing_keys`)."""
     b, s, n = rows, prompt_len, new_tokens
     layout = {}
     if config.rollout.keep_sampling_mask:
@@ -58,10 +74,11 @@ def record_layout(config, model_cfg, rows, prompt_len, new_tokens):
             sampling_method(config), jax.random.key(0), z, with_support=True), logits)[2]
         layout["support_ids"] = ((b, n, support.ids.shape[-1]), jnp.int32)
         layout["support_size"] = ((b, n), jnp.int32)
-    if config.rollout.keep_routing:
+    routing = routing_keys(config, model_cfg)
+    if routing:
         moe_layers = sum(map(model_cfg.is_moe_layer, range(model_cfg.n_layers)))
-        layout["prompt_routing"] = ((b, s, moe_layers, model_cfg.n_experts_per_tok), jnp.int32)
-        layout["routing"] = ((b, n, moe_layers, model_cfg.n_experts_per_tok), jnp.int32)
+        layout[routing[0]] = ((b, s, moe_layers, model_cfg.n_experts_per_tok), jnp.int32)
+        layout[routing[1]] = ((b, n, moe_layers, model_cfg.n_experts_per_tok), jnp.int32)
     return layout
 
 
@@ -189,18 +206,20 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
     behaviour_logp (the sampler's log-prob: of the tempered distribution, or with
     ``rollout.keep_sampling_mask`` of the cut one it drew from), lengths, truncated,
     rewards, correct; and with the keep options the sampler's records (support_ids,
-    support_size; prompt_routing, routing). With `episodic`, `mask` is 1 on the model's
-    tokens only and ``context_mask`` on every token of the row (the environment's replies
-    too); the rewards score the whole row's text.
+    support_size; prompt_routing, routing; on an MoE without keep routing its experts as
+    sampled_prompt_routing, sampled_routing: `routing_keys`). With `episodic`, `mask` is 1
+    on the model's tokens only and ``context_mask`` on every token of the row (the
+    environment's replies too); the rewards score the whole row's text.
     """
     group_size = config.objective.group_size
     texts, tokens, mask = task_lib.prompt_rows(config.task, examples, policy.tokenizer)
     prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
     keep_mask = config.rollout.keep_sampling_mask
+    routing = routing_keys(config, policy.model_config())
     rollout, episodes = sample_on_mesh(
         policy, mesh, prompts, rng=rng, method=method, group_size=group_size,
         max_new_tokens=config.rollout.max_new_tokens, rules=config.rollout.rules,
-        record_support=keep_mask, record_routing=config.rollout.keep_routing,
+        record_support=keep_mask, record_routing=bool(routing),
         slots=config.rollout.slots, episodic=episodic, examples=examples)
     rewards, correct, metrics = score_own_rows(rollout, texts, examples, scorer, policy.tokenizer,
                                                group_size)
@@ -214,9 +233,11 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
         rows["mask"] = rollout.mask * ~rollout.appended
         rows["context_mask"] = rollout.mask
         metrics.update(all_episodes(episodes).metrics())
-    for key in ("support_ids", "support_size", "prompt_routing", "routing"):
+    for key in ("support_ids", "support_size"):
         if getattr(rollout, key) is not None:
             rows[key] = getattr(rollout, key)
+    if routing:
+        rows.update(zip(routing, (rollout.prompt_routing, rollout.routing)))
     return rows, metrics
 
 
@@ -260,7 +281,8 @@ def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id):
       The rows of the batch, with ``row_valid`` `[P G]` bool added.
     """
     width = max(d["prompt_tokens"].shape[1] for d in draws)
-    fill = {"prompt_tokens": pad_id, "prompt_mask": 0, "prompt_routing": 0}
+    fill = {"prompt_tokens": pad_id, "prompt_mask": 0, "prompt_routing": 0,
+            "sampled_prompt_routing": 0}
     padded = [{**d, **{k: _left_pad(d[k], width, fill[k]) for k in fill if k in d}}
               for d in draws]
     rows = {k: jnp.concatenate([d[k] for d in padded]) for k in padded[0]}

@@ -52,7 +52,7 @@ def piece_keys(rng, count, offset=0):
 
 def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shardings,
                      opt_shardings, micro_batches, sft_weight=0.0, trained=nnx.Param,
-                     donate_params=True):
+                     donate_params=True, finish_metrics=None):
     """Returns the jitted ``update(params, opt_state, rows, index[, sft_rows, sft_index],
     plan=None, rng=None) -> (params, opt_state, metrics)``.
 
@@ -72,6 +72,8 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
       trained: the `nnx` filter of the parameters that are differentiated and updated
         (`nnx.LoRAParam`: a LoRA run's adapters); the others pass through unchanged and
         the optimizer state covers the trained ones only.
+      finish_metrics: None, or ``metrics -> metrics`` applied to the metrics once the
+        micro-batches' are summed (a statistic that is not a sum, from summed moments).
 
     The update reads ``rows`` (a dict of `[B, ...]` global arrays) at ``index`` (`[b]`
     int32 row numbers); params (unless not `donate_params`) and optimizer state are
@@ -121,6 +123,8 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
         shapes = jax.eval_shape(grad_fn, trained_params, frozen, *first)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], shapes[0][1]))
         (grads, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
+        if finish_metrics is not None:
+            metrics = finish_metrics(metrics)
         updates, opt_state = optimizer.update(grads, opt_state, trained_params)
         params = nnx.merge_state(optax.apply_updates(trained_params, updates), frozen)
         metrics = {**metrics, "grad_norm": optax.tree.norm(grads),

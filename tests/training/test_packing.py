@@ -164,6 +164,25 @@ class TestPackedForward:
         differs = _forward(mesh, graphdef, params, plain, _logp_and_entropy, packed=True)
         assert not np.allclose(differs[real][:, 0], packed[real][:, 0], rtol=1e-3)
 
+    def test_routing_churn_reads_the_same_records(self, mesh):
+        """The churn against the sampler's experts (kept, not replayed): the packed rows
+        compare each position's experts with its own token's records."""
+        rows, (graphdef, params) = _rows(2), _model(mesh, "tiny_moe")
+        rng = np.random.default_rng(3)
+        cfg = nnx.merge(graphdef, params).cfg
+        layers = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+        experts = lambda width: np.stack([rng.permutation(cfg.n_experts)[:2] for _ in range(
+            B * width * layers)]).reshape(B, width, layers, 2).astype(np.int32)
+        rows.update(sampled_prompt_routing=experts(S), sampled_routing=experts(N))
+        churn = lambda model, piece: batch_lib.scored_logprobs(
+            model, piece, with_stats=True, with_churn=True)[3]
+        keys = batch_lib.TOKEN_KEYS + batch_lib.SAMPLED_ROUTING_KEYS
+        padded, packed = (_forward(mesh, graphdef, params, rows, churn, packed=p, keys=keys)
+                          for p in (False, True))
+        real = rows["mask"] > 0
+        assert 0.2 < padded[real].mean() < 1   # random records: most layers differ
+        np.testing.assert_array_equal(packed[real], padded[real])
+
     def test_values_equal_the_padded_ones(self, mesh):
         rows, (graphdef, params) = _rows(), _model(mesh)
         critic = nnx.split(models.value_model_from(nnx.merge(graphdef, params), mesh=mesh))
