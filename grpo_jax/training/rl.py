@@ -58,13 +58,29 @@ from grpo_jax.training import roles, rollout, steps, task as task_lib, warm_star
 OLD_LOGP = ("recompute", "sampler")
 
 
-def check_config(config, mesh):
-    """Raises ValueError naming the field for settings the loop cannot run."""
+def check_settings(config):
+    """Raises ValueError naming the field and the fix for a setting the loop cannot run (or
+    would run to no purpose), whatever the mesh: called once, before anything compiles.
+    The refusals are listed in docs/faults.md."""
     objectives.validate_objective_config(config.objective)
+    if not isinstance(config.train.steps, int) or config.train.steps < 0:
+        raise ValueError(f"train.steps must be an int >= 0 (RL steps after "
+                         f"critic.pretrain_steps), got {config.train.steps!r}")
+    for field in ("epochs", "minibatches", "micro_batches", "eval_every"):
+        value = config.train[field]
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"train.{field} must be an int >= 1, got {value!r}")
+    rollout.check_sampling_config(config)
+    checkpoint.check_config(config)
+    evaluation.check_config(config)
+
+
+def check_config(config, mesh):
+    """Raises ValueError naming the field for settings the loop cannot run (`check_settings`,
+    and how the batch splits over `mesh`)."""
+    check_settings(config)
     rows = config.rollout.prompts_per_batch * config.objective.group_size
     minibatches, micro = config.train.minibatches, config.train.micro_batches
-    if config.train.epochs < 1:
-        raise ValueError(f"train.epochs must be >= 1, got {config.train.epochs}")
     if rows % (minibatches * micro):
         raise ValueError(f"rollout.prompts_per_batch * objective.group_size = {rows} rows must "
                          f"divide into train.minibatches * train.micro_batches = "
@@ -332,8 +348,9 @@ def checkpoint_state(run):
 def restore(run):
     """Moves `run` to its newest checkpoint (its state, this process's data position and
     the partial rollouts' pool); returns that checkpoint's step, 0 when there is none."""
+    base = {"base": checkpoint.base_pointer(run.config)} if run.config.model.lora.rank else {}
     start, state, (arrays, info) = run.checkpointer.restore_run(
-        checkpoint_state(run), run.train_iter, extra=True)
+        checkpoint_state(run), run.train_iter, extra=True, expect=base)
     if run.carry is not None and info is not None:   # a pool of partial rollouts
         run.carry = partial.Pool.from_checkpoint(arrays, info)
     run.policy.params = nnx.merge_state(run.policy.params, state["params"])

@@ -38,6 +38,24 @@ from grpo_jax.training import task as task_lib
 SHORT_BATCH = ("error", "pad")
 
 
+def check_sampling_config(config):
+    """Raises ValueError naming the field unless the rollouts of an RL run can be drawn:
+    prompts and a budget, a temperature > 0 (the ratios and the KL divide log-probs by
+    it; greedy rows have no signal), 0 < top_p <= 1, at least one draw per step."""
+    r = config.rollout
+    for field, value in (("rollout.prompts_per_batch", r.prompts_per_batch),
+                         ("rollout.max_new_tokens", r.max_new_tokens),
+                         ("filtering.max_gen_batches", config.filtering.max_gen_batches)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field} must be an int >= 1, got {value!r}")
+    if not r.temperature > 0:
+        raise ValueError(f"rollout.temperature must be > 0 for RL (the log-probs of the ratios "
+                         f"and the KL are taken at it, and a group sampled greedily has no "
+                         f"signal); got {r.temperature}. Use 1.0, or a value like 0.6-1.2")
+    if not 0.0 < r.top_p <= 1.0:
+        raise ValueError(f"rollout.top_p must be in (0, 1] (1: no nucleus cut), got {r.top_p}")
+
+
 def sampling_method(config):
     """The rollouts' `sampling` method from the run config's ``rollout`` section."""
     r = config.rollout

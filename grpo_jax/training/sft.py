@@ -20,12 +20,25 @@ from grpo_jax.training import policy as policy_lib, preemption, programs
 from grpo_jax.training import rollout, steps, task as task_lib
 
 
+def check_settings(config):
+    """Raises ValueError naming the field and the fix for an ``sft`` setting the loop cannot
+    run; called once, before anything compiles (docs/faults.md lists the refusals)."""
+    for field in ("steps", "batch_size", "log_every", "eval_every"):
+        value = config.sft[field]
+        if not isinstance(value, int) or value < (0 if field == "steps" else 1):
+            raise ValueError(f"sft.{field} must be an int >= {0 if field == 'steps' else 1}, "
+                             f"got {value!r}")
+    checkpoint.check_config(config)
+    evaluation.check_config(config)
+
+
 def train(config, workdir, *, seconds=None):
     """Trains to ``sft.steps`` in `workdir`, resuming it; exports the policy; returns the
     last step. With `seconds` (the demo's control), the run also ends after the first step
     that finishes past that much wall time; that step is logged and saved, as every last one."""
     # --- set-up ------------------------------------------------------------------------
     config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
+    check_settings(config)
     mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "sft"))
     if parallel.is_main():
         config_lib.record(config, workdir)
@@ -42,8 +55,10 @@ def train(config, workdir, *, seconds=None):
     update = run.update
     checkpointer = checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
                                            keep=config.train.keep_checkpoints)
+    base = {"base": checkpoint.base_pointer(config)} if config.model.lora.rank else {}
     step, state = checkpointer.restore_run(
-        {"params": run.trained_part(policy.params), "opt_state": opt_state}, train_iter)
+        {"params": run.trained_part(policy.params), "opt_state": opt_state}, train_iter,
+        expect=base)
     policy.params, opt_state = nnx.merge_state(policy.params, state["params"]), state["opt_state"]
     if step and parallel.is_main():
         print(f"resumed from the checkpoint of step {step} in {workdir}", flush=True)
