@@ -1,10 +1,36 @@
 """Reading official files from a TFDS ``manual_dir`` (nothing downloads at run time)."""
 
+import dataclasses
+import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import tensorflow_datasets as tfds
 from etils import epath
+
+
+@dataclasses.dataclass(eq=False)
+class FilesConfig(tfds.core.BuilderConfig):
+    """The builder config of a dataset read from official files: named after their
+    contents (``files_<digest>``), so a build is reused only for the same files, and
+    other or edited files in ``manual_dir`` build anew beside it under ``data_dir``."""
+
+
+def files_config(manual_dir: epath.PathLike, filenames: Sequence[str]) -> FilesConfig:
+    """The `FilesConfig` of `filenames` in `manual_dir`: a SHA-256 of each file's name and
+    bytes (a missing file counts as missing; the build then says which).
+
+    >>> files_config("/nonexistent", ["test.jsonl"]).name
+    'files_e06155fc39a0'
+    """
+    digest = hashlib.sha256()
+    for filename in sorted(filenames):
+        path = epath.Path(manual_dir) / filename
+        digest.update(filename.encode("utf-8") + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest() if path.exists() else b"-")
+    return FilesConfig(name=f"files_{digest.hexdigest()[:12]}",
+                       description=f"built from {', '.join(sorted(filenames))} of {manual_dir}")
 
 
 def read_jsonl(manual_dir: epath.PathLike, filename: str, *, dataset: str,

@@ -26,6 +26,7 @@ import grain
 import tensorflow_datasets as tfds
 
 from grpo_jax import paths
+from grpo_jax.data import _manual
 from grpo_jax.data import _records
 from grpo_jax.data import arithmetic
 from grpo_jax.data import countdown
@@ -85,6 +86,7 @@ def data_source(name: str, *, split: str, data_dir: str,
       A random-access sequence of raw records (decode them with ``decode_example``;
       ``make_loader`` does).
     """
+    config, manual_dir = _with_files(name, data_dir, config, manual_dir)
     builder = _builder(name, data_dir=data_dir, config=config)
     if not builder.is_prepared():
         if not prepare:
@@ -101,9 +103,24 @@ def data_source(name: str, *, split: str, data_dir: str,
 
 
 def is_prepared(name: str, *, data_dir: str,
-                config: tfds.core.BuilderConfig | str | None = None) -> bool:
-    """Whether ``data_dir`` holds dataset `name` (built with `config`) ready to open."""
+                config: tfds.core.BuilderConfig | str | None = None,
+                manual_dir: str | None = None) -> bool:
+    """Whether ``data_dir`` holds dataset `name` (built with `config`, or from the files
+    in `manual_dir`) ready to open."""
+    config, _ = _with_files(name, data_dir, config, manual_dir)
     return _builder(name, data_dir=data_dir, config=config).is_prepared()
+
+
+def _with_files(name, data_dir, config, manual_dir):
+    """`(config, manual_dir)` of a build: for a dataset read from official files
+    (``MANUAL_FILES`` of its builder), the `_manual.FilesConfig` of those files, so the
+    build under ``data_dir`` is keyed on their contents, and the manual dir TFDS reads
+    (``data_dir/downloads/manual`` when none is given)."""
+    files = getattr(BUILDERS.get(name), "MANUAL_FILES", None)
+    if not files or config is not None:
+        return config, manual_dir
+    manual_dir = manual_dir or os.path.join(data_dir, "downloads", "manual")
+    return _manual.files_config(manual_dir, files), manual_dir
 
 
 def _builder(name, *, data_dir, config):

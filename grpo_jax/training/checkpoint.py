@@ -28,11 +28,13 @@ What can go wrong on disk, and what happens:
 import contextlib
 import re
 import shutil
+import threading
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint._src.futures import future as future_lib
 
 from grpo_jax import parallel, paths
 
@@ -159,6 +161,20 @@ def _acting_processes():
     return ocp.options.MultiprocessingOptions(primary_host=group[0], active_processes=set(group))
 
 
+def _release_waiting_threads():
+    """Ends orbax's threads still waiting for a signal of a save that failed before sending
+    it (a directory that could not be created): each is cancelled, then woken by its
+    signals, and returns. Left waiting, these (non-daemon) threads would keep the process
+    from exiting for orbax's signal timeout, 300 s, after the error was reported."""
+    waiting = [t for t in threading.enumerate()
+               if isinstance(t, future_lib._SignalingThread) and t.is_alive()]
+    for thread in waiting:
+        thread.cancel()
+        future_lib.set_signals(thread._receive_signals, operation_id=thread._operation_id)
+    for thread in waiting:
+        threading.Thread.join(thread, timeout=10)   # its own join raises once cancelled
+
+
 def _check_expected(meta, expect, where):
     """Raises ValueError naming each key of `expect` whose value `meta` recorded otherwise."""
     differ = {k: (meta[k], v) for k, v in expect.items() if k in meta and meta[k] != v}
@@ -258,6 +274,7 @@ class Checkpointer:
                 raise
             step, nbytes = self._in_flight
             self._in_flight = None
+            _release_waiting_threads()
             self._manager.reload()
             before = [s for s in self._manager.all_steps() if s != step]
             raise OSError(
