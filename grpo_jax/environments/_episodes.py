@@ -20,6 +20,17 @@ import dataclasses
 import numpy as np
 
 from grpo_jax import parallel, rewards
+from grpo_jax.environments._interface import Step
+
+# A reply is cut to this many characters per token of `max_append` before it is tokenized
+# (in the worker, so a huge reply never reaches the trainer): a token of a real tokenizer
+# spans far fewer characters, so the cut keeps every token the row can take.
+CHARS_PER_TOKEN = 64
+
+
+def reply_chars(max_append):
+    """The most characters of one reply kept before tokenizing (`CHARS_PER_TOKEN` each)."""
+    return CHARS_PER_TOKEN * max_append
 
 
 @dataclasses.dataclass
@@ -80,18 +91,39 @@ def pause_ids(tokenizer, environment):
     return sorted(ids)
 
 
-def _step(environment, example, turns):
-    """`environment.step` by name, for a worker process."""
-    return environment.step(example, turns)
+def _step(environment, example, turns, max_chars):
+    """`environment.step` by name, for a worker process: its `Step` with the observation
+    cut to `max_chars` characters. Raises TypeError (a failed step) for anything but a
+    `Step` whose observation is a str or None."""
+    step = environment.step(example, turns)
+    if not isinstance(step, Step):
+        raise TypeError(f"{type(environment).__name__}.step returned a {type(step).__name__}, "
+                        "not a Step")
+    observation = step.observation
+    if observation is not None and not isinstance(observation, str):
+        raise TypeError(f"{type(environment).__name__}.step's observation is a "
+                        f"{type(observation).__name__}; give a str (or None for no reply)")
+    if observation is not None and len(observation) > max_chars:
+        step = dataclasses.replace(step, observation=observation[:max_chars])
+    return step
 
 
-def _steps(environment, calls, pool):
+def _steps(environment, calls, pool, max_chars):
     """`rewards.Outcome`s (value: the `Step`, None where it failed) for `calls` of
-    `(example, turns)`: in the pool's workers, or here, an exception contained either way."""
-    calls = [(environment, *call) for call in calls]
+    `(example, turns)`: in the pool's workers, or here, an exception contained either way;
+    each observation at most `max_chars` characters (`_step`)."""
+    calls = [(environment, *call, max_chars) for call in calls]
     if pool is not None:
         return pool.map(_step, calls, as_reward=False)
     return [rewards.run_contained(_step, call, {}, as_reward=False) for call in calls]
+
+
+def reply_ids(tokenizer, observation, max_append):
+    """The ids of a reply, at most `max_append` (the row's budget may cut it further): the
+    text cut to `reply_chars` characters first (an environment run in this process, or a
+    failure's reply, is bounded too), then tokenized."""
+    text = (observation or "")[:reply_chars(max_append)]
+    return tokenizer.encode(text, add_special_tokens=False)[:max_append]
 
 
 def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
@@ -130,7 +162,7 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
         for r in answering:
             turns[at[r]].append(texts[r])
         steps = _steps(environment, [(examples_b[at[r]], list(turns[at[r]])) for r in answering],
-                       pool)
+                       pool, reply_chars(engine.max_append))
         replies = {r: [] for r in paused if r not in answering and r not in over}
         ending = []
         counts["turns_over_budget"][[at[r] for r in over]] = 1
@@ -145,8 +177,7 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
                 ending.append(r)
                 ended[at[r]] = True
                 continue
-            ids = tokenizer.encode(step.observation or "", add_special_tokens=False)
-            replies[r] = ids[:engine.max_append]   # the row's budget may cut it further
+            replies[r] = reply_ids(tokenizer, step.observation, engine.max_append)
         engine.answer(replies, end=ending, truncate=over)   # every process, once per pause
     appended = parallel.read_rows(engine.rollout().appended, own)
     return Episodes(turns=np.asarray([len(t) for t in turns]) + ~ended,

@@ -284,6 +284,8 @@ def set_up(config, workdir, mesh, rollout_mesh=None):
     texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(config, mesh, workdir, texts)
     check_model(config, policy.model_config())
+    task_lib.check_context(config, policy.model_config().max_position_embeddings, held_out[0],
+                           policy.tokenizer, "the held-out prompts (eval.num_prompts)")
     objective = programs.rl_objective(config)
     policy_run = programs.policy_programs(config, mesh, policy.graphdef, policy.params, objective)
     critic = critic_run = None

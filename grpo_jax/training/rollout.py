@@ -213,6 +213,8 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
     """
     group_size = config.objective.group_size
     texts, tokens, mask = task_lib.prompt_rows(config.task, examples, policy.tokenizer)
+    task_lib.check_positions(int(np.max(np.sum(mask, axis=1))), config.rollout.max_new_tokens,
+                             policy.model_config().max_position_embeddings, "a train batch")
     prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
     keep_mask = config.rollout.keep_sampling_mask
     rollout, episodes = sample_on_mesh(

@@ -47,6 +47,8 @@ def train(config, workdir, *, seconds=None):
     held_out = evaluation.own_examples(eval_source, config.eval.num_prompts)   # checks the count
     texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(config, mesh, workdir, texts)
+    task_lib.check_context(config, policy.model_config().max_position_embeddings, held_out[0],
+                           policy.tokenizer, "the held-out prompts (eval.num_prompts)")
     train_iter = iter(task_lib.loader(train_source, config, batch_size=config.sft.batch_size))
     scorer = task_lib.Scorer(config.reward, separate=False, max_new_tokens=config.rollout.max_new_tokens)
     method = rollout.sampling_method(config)

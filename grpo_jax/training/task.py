@@ -80,6 +80,29 @@ def prompt_rows(task_cfg, examples, tokenizer):
     return texts, tokens, mask
 
 
+def check_positions(longest_prompt, new_tokens, context, where):
+    """Raises ValueError naming the fields when a prompt of `longest_prompt` tokens and
+    `new_tokens` more (``rollout.max_new_tokens``) take more positions than the model's
+    `context` (its ``max_position_embeddings``: the trained RoPE range, rescaled ones
+    included): past it the model reads positions it never saw, at the memory and time of
+    the longer rows."""
+    if longest_prompt + new_tokens > context:
+        raise ValueError(
+            f"{where}: a prompt of {longest_prompt} tokens + rollout.max_new_tokens="
+            f"{new_tokens} = {longest_prompt + new_tokens} positions, more than the model's "
+            f"context of {context} (max_position_embeddings of model.path / model.name); "
+            "lower rollout.max_new_tokens, shorten the prompts (task.system_prompt, "
+            "task.shots), or use a model with a longer context")
+
+
+def check_context(config, context, examples, tokenizer, where):
+    """`check_positions` of the longest prompt of `examples` (as the run formats them)."""
+    texts = [prompt_text(config.task, ex, tokenizer) for ex in examples]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    check_positions(max(map(len, ids), default=0), config.rollout.max_new_tokens, context,
+                    where)
+
+
 def target_rows(examples, task_cfg, tokenizer, completion_len):
     """This process's prompt and reference-solution rows (solution + eos) as numpy, the
     layout of the sampler's rows; targets are cut at `completion_len` tokens. Returns
