@@ -66,10 +66,13 @@ def check_settings(config):
     if not isinstance(config.train.steps, int) or config.train.steps < 0:
         raise ValueError(f"train.steps must be an int >= 0 (RL steps after "
                          f"critic.pretrain_steps), got {config.train.steps!r}")
-    for field in ("epochs", "minibatches", "micro_batches", "eval_every"):
+    for field, meaning in (("epochs", "passes over each rollout batch"),
+                           ("minibatches", "optimizer updates per pass"),
+                           ("micro_batches", "gradient accumulation pieces per update; 1: none"),
+                           ("eval_every", "RL steps between evaluations")):
         value = config.train[field]
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"train.{field} must be an int >= 1, got {value!r}")
+            raise ValueError(f"train.{field} must be an int >= 1 ({meaning}), got {value!r}")
     rollout.check_sampling_config(config)
     checkpoint.check_config(config)
     evaluation.check_config(config)

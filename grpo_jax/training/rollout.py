@@ -43,11 +43,13 @@ def check_sampling_config(config):
     prompts and a budget, a temperature > 0 (the ratios and the KL divide log-probs by
     it; greedy rows have no signal), 0 < top_p <= 1, at least one draw per step."""
     r = config.rollout
-    for field, value in (("rollout.prompts_per_batch", r.prompts_per_batch),
-                         ("rollout.max_new_tokens", r.max_new_tokens),
-                         ("filtering.max_gen_batches", config.filtering.max_gen_batches)):
+    for field, value, meaning in (
+            ("rollout.prompts_per_batch", r.prompts_per_batch, "prompts per step"),
+            ("rollout.max_new_tokens", r.max_new_tokens, "the completion budget"),
+            ("filtering.max_gen_batches", config.filtering.max_gen_batches,
+             "prompt batches a step may draw; 1: no extra draw")):
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{field} must be an int >= 1, got {value!r}")
+            raise ValueError(f"{field} must be an int >= 1 ({meaning}), got {value!r}")
     if not r.temperature > 0:
         raise ValueError(f"rollout.temperature must be > 0 for RL (the log-probs of the ratios "
                          f"and the KL are taken at it, and a group sampled greedily has no "

@@ -23,11 +23,13 @@ from grpo_jax.training import rollout, steps, task as task_lib
 def check_settings(config):
     """Raises ValueError naming the field and the fix for an ``sft`` setting the loop cannot
     run; called once, before anything compiles (docs/faults.md lists the refusals)."""
-    for field in ("steps", "batch_size", "log_every", "eval_every"):
+    for field, least, meaning in (("steps", 0, "supervised steps"),
+                                  ("batch_size", 1, "examples per step"),
+                                  ("log_every", 1, "steps between console lines"),
+                                  ("eval_every", 1, "steps between evaluations")):
         value = config.sft[field]
-        if not isinstance(value, int) or value < (0 if field == "steps" else 1):
-            raise ValueError(f"sft.{field} must be an int >= {0 if field == 'steps' else 1}, "
-                             f"got {value!r}")
+        if not isinstance(value, int) or value < least:
+            raise ValueError(f"sft.{field} must be an int >= {least} ({meaning}), got {value!r}")
     checkpoint.check_config(config)
     evaluation.check_config(config)
 

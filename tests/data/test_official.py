@@ -1,5 +1,7 @@
 """GSM8K and MATH-500 builders read the official files from a local manual_dir."""
 
+import shutil
+
 import pytest
 
 from grpo_jax import data
@@ -53,6 +55,26 @@ class TestGsm8k:
     def test_empty_manual_dir_shows_the_instructions(self, tmp_path):
         with pytest.raises(AssertionError, match="grade-school-math"):
             read("gsm8k", "train", tmp_path / "out", tmp_path / "absent")
+
+
+def test_other_or_edited_manual_files_build_anew(tmp_path, fixtures_dir):
+    """The build under data_dir is keyed on the official files' contents: an edited file
+    builds anew (the edit is read), the same contents elsewhere reuse the build."""
+    manual = tmp_path / "manual"
+    shutil.copytree(fixtures_dir / "gsm8k", manual)
+    out = tmp_path / "out"
+    answers = lambda directory: sorted(e["answer"] for e in read("gsm8k", "train", out,
+                                                                  directory))
+    assert answers(manual) == ["180", "27", "430", "6000"]
+    train = manual / "train.jsonl"
+    kept = [line for line in train.read_text().splitlines() if '"answer"' in line][:2]
+    train.write_text("\n".join(kept) + "\n")
+    edited = answers(manual)
+    assert len(edited) == 2 and set(edited) < {"180", "27", "430", "6000"}
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(manual, elsewhere)
+    assert answers(elsewhere) == edited
+    assert len(list((out / "gsm8k").iterdir())) == 2   # the first build stays beside
 
 
 class TestMath500:
