@@ -37,7 +37,8 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder):
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "First release."}
-    MANUAL_FILES = ("train.jsonl", "test.jsonl")   # the build is keyed on their contents (`_manual.files_config`)
+    # The official files; the build is keyed on their contents (`_manual.files_config`).
+    MANUAL_FILES = ("train.jsonl", "test.jsonl")
     MANUAL_DOWNLOAD_INSTRUCTIONS = (
         "Copy train.jsonl and test.jsonl from grade_school_math/data/ of "
         "https://github.com/openai/grade-school-math into manual_dir.")

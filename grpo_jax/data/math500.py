@@ -29,7 +29,8 @@ class Math500(tfds.core.GeneratorBasedBuilder):
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "First release."}
-    MANUAL_FILES = ("test.jsonl",)   # the build is keyed on their contents (`_manual.files_config`)
+    # The official files; the build is keyed on their contents (`_manual.files_config`).
+    MANUAL_FILES = ("test.jsonl",)
     MANUAL_DOWNLOAD_INSTRUCTIONS = (
         "Copy test.jsonl of MATH-500 (prm800k/math_splits/test.jsonl of "
         "https://github.com/openai/prm800k, or HuggingFaceH4/MATH-500) into manual_dir.")

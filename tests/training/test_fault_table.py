@@ -305,7 +305,8 @@ def test_a_save_whose_directory_cannot_be_made_lets_the_process_exit_at_once(tmp
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     ended = time.time()
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"failed: writing the checkpoint of step 2 to {tmp_path}/checkpoints failed" in done.stdout
+    assert (f"failed: writing the checkpoint of step 2 to {tmp_path}/checkpoints failed"
+            in done.stdout)
     closed = float(re.search(r"closed at ([0-9.]+)", done.stdout)[1])
     assert ended - closed < 60   # the interpreter's exit, not orbax's 300 s timeout
 
