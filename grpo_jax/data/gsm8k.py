@@ -55,6 +55,6 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder):
 
     def _generate_examples(self, manual_dir, split: str):
         rows = _manual.read_jsonl(manual_dir, f"{split}.jsonl", dataset="gsm8k",
-                                  fields={"question", "answer"})
-        for line_number, row in rows:
-            yield line_number, to_example(row)
+                                  fields={"question", "answer"}, convert=to_example)
+        for line_number, _, example in rows:
+            yield line_number, example

@@ -47,6 +47,7 @@ class Math500(tfds.core.GeneratorBasedBuilder):
         return {"test": self._generate_examples(dl_manager.manual_dir)}
 
     def _generate_examples(self, manual_dir):
-        rows = _manual.read_jsonl(manual_dir, "test.jsonl", dataset="math500", fields=FIELDS)
-        for _, row in rows:
-            yield row["unique_id"], to_example(row)
+        rows = _manual.read_jsonl(manual_dir, "test.jsonl", dataset="math500", fields=FIELDS,
+                                  convert=to_example)
+        for _, row, example in rows:
+            yield row["unique_id"], example
