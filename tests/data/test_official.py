@@ -67,7 +67,8 @@ MALFORMED = [   # (the second line of train.jsonl, what the error says after "tr
 ]
 
 
-@pytest.mark.parametrize("line, said", MALFORMED, ids=["torn", "list", "int-question", "int-answer"])
+@pytest.mark.parametrize("line, said", MALFORMED,
+                         ids=["torn", "list", "int-question", "int-answer"])
 def test_a_malformed_row_names_its_file_and_line(tmp_path, line, said):
     manual = tmp_path / "manual"
     manual.mkdir()
@@ -81,7 +82,8 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path):
     manual = tmp_path / "manual"
     manual.mkdir()
     (manual / "test.jsonl").write_bytes(GOOD_ROW + b'{"question": "\xff"}\n')
-    with pytest.raises(ValueError, match=re.escape(f"math500: {manual / 'test.jsonl'} is not UTF-8")):
+    message = f"math500: {manual / 'test.jsonl'} is not UTF-8"
+    with pytest.raises(ValueError, match=re.escape(message)):
         read("math500", "test", tmp_path / "out", manual)
 
 
