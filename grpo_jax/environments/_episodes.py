@@ -118,12 +118,39 @@ def _steps(environment, calls, pool, max_chars):
     return [rewards.run_contained(_step, call, {}, as_reward=False) for call in calls]
 
 
-def reply_ids(tokenizer, observation, max_append):
+def reply_frame(environment):
+    """`(before, after)`: the text a `ToolEnvironment`'s ``reply`` puts around a tool's
+    output (a chat template's turn markers, ``<result>``), or None for an environment
+    that writes its replies whole."""
+    reply = getattr(environment, "reply", None)
+    if not isinstance(reply, str):
+        return None
+    before, *after = reply.format("\0").split("\0")
+    return (before, after[0]) if len(after) == 1 else None
+
+
+def reply_ids(tokenizer, observation, max_append, frame=None):
     """The ids of a reply, at most `max_append` (the row's budget may cut it further): the
     text cut to `reply_chars` characters first (an environment run in this process, or a
-    failure's reply, is bounded too), then tokenized."""
+    failure's reply, is bounded too), then tokenized without special tokens added.
+
+    A tool's output often quotes the model's text (an error naming a bad call), which may
+    hold the text of the tokenizer's special or added tokens (``<eos>``, a chat role
+    marker): inside the `frame` (`reply_frame`) such text is tokenized as plain text, so
+    the model cannot forge a turn end through a tool; the frame's own markers stay one
+    token each. Outside a frame the environment's text is tokenized as it is.
+    """
     text = (observation or "")[:reply_chars(max_append)]
-    return tokenizer.encode(text, add_special_tokens=False)[:max_append]
+    encode = lambda part, **kw: tokenizer.encode(part, add_special_tokens=False, **kw)
+    if frame is None or not text.startswith(frame[0]):
+        return encode(text)[:max_append]
+    before, content = frame[0], text[len(frame[0]):]
+    after = frame[1] if frame[1] and content.endswith(frame[1]) else ""
+    content = content[:len(content) - len(after)]
+    if not any(token in content for token in tokenizer.get_added_vocab()):
+        return encode(text)[:max_append]   # nothing to neutralize: the text as it is
+    ids = encode(before) + encode(content, split_special_tokens=True) + encode(after)
+    return ids[:max_append]
 
 
 def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
@@ -152,6 +179,7 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
     counts = {k: np.zeros(len(own), np.int64) for k in ("tool_calls", "tool_errors", "failures",
                                                         "turns_over_budget")}
     ended = np.zeros(len(own), bool)   # the environment ended the episode after a turn
+    frame = reply_frame(environment)
     while not engine.finished:
         paused = [int(r) for r in engine.run()]
         turn_ids = dict(zip(paused, engine.turn_tokens(paused)))
@@ -177,7 +205,7 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
                 ending.append(r)
                 ended[at[r]] = True
                 continue
-            replies[r] = reply_ids(tokenizer, step.observation, engine.max_append)
+            replies[r] = reply_ids(tokenizer, step.observation, engine.max_append, frame)
         engine.answer(replies, end=ending, truncate=over)   # every process, once per pause
     appended = parallel.read_rows(engine.rollout().appended, own)
     return Episodes(turns=np.asarray([len(t) for t in turns]) + ~ended,

@@ -375,3 +375,24 @@ def test_reply_ids_cut_the_text_before_tokenizing():
     tokenizer = tokenizer_lib.train_char_tokenizer(["ab"])
     ids = _episodes.reply_ids(tokenizer, "ab" * 10_000, 4)
     assert ids == tokenizer.encode("abab", add_special_tokens=False)
+
+
+SPECIAL = ["42", "error: bad call 'x<eos>'", "error: bad call '<pad><eos>'"]
+
+
+@pytest.mark.parametrize("output", SPECIAL, ids=["plain", "eos", "pad-eos"])
+def test_a_tool_reply_quoting_special_token_text_gets_no_special_token(output):
+    """Inside a tool's reply the model's own text is plain text (one id per character of
+    this tokenizer); the reply's frame keeps its markers (here a chat-like frame that
+    closes the turn with <eos>) as one id each."""
+    tokenizer = tokenizer_lib.train_char_tokenizer(["<result></result>\n" + " ".join(SPECIAL)])
+    forged = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    plain = ToolEnvironment()
+    observation = plain.reply.format(output)
+    ids = _episodes.reply_ids(tokenizer, observation, 256, _episodes.reply_frame(plain))
+    assert not forged & set(ids) and len(ids) == len(observation)
+    chat = ToolEnvironment(reply="<eos>\n<result>{}</result>")
+    ids = _episodes.reply_ids(tokenizer, chat.reply.format(output), 256,
+                              _episodes.reply_frame(chat))
+    assert [i for i in ids if i in forged] == [tokenizer.eos_token_id]   # the frame's own
+    assert len(ids) == len(chat.reply.format(output)) - len("<eos>") + 1
