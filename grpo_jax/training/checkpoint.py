@@ -16,7 +16,7 @@ What can go wrong on disk, and what happens:
   it saves that step again).
 - A damaged checkpoint. Flipped or zeroed bytes in array data usually read back without
   any error, as wrong numbers, so every save records a checksum of each array
-  (`fingerprint`) and every restore checks it. A checkpoint that fails to read or to
+  (`fingerprint`) and of the data positions, and every restore checks them. A checkpoint that fails to read or to
   check is named, the one before it is tried, and once one reads, the unreadable newer
   ones are renamed ``N.unreadable`` (kept, never deleted), out of the way of the steps
   the resumed run saves again. If none reads, nothing is moved and the error says what to do.
@@ -26,6 +26,8 @@ What can go wrong on disk, and what happens:
 """
 
 import contextlib
+import hashlib
+import json
 import re
 import shutil
 import threading
@@ -159,6 +161,11 @@ def _acting_processes():
     if len(group) == jax.process_count():
         return ocp.options.MultiprocessingOptions()
     return ocp.options.MultiprocessingOptions(primary_host=group[0], active_processes=set(group))
+
+
+def _json_checksum(value):
+    """The SHA-256 of `value`'s JSON text (keys sorted), a hex string."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def _release_waiting_threads():
@@ -309,6 +316,9 @@ class Checkpointer:
             return None, "; ".join(f"process {i}: {e}" if len(errors) > 1 else e
                                    for i, e in enumerate(errors) if e)
         state, meta = restored.state, restored.meta
+        if "data_checksum" in meta and meta["data_checksum"] != _json_checksum(meta["data"]):
+            return None, ("its data position differs from the checksum saved with it: damaged "
+                          "or edited (a resume from it would read other examples)")
         arrays = restored[EXTRA_ITEM] if EXTRA_ITEM in items else None
         for saved, found in ((meta.get("fingerprint"), state),   # absent before it existed
                              (meta.get("extra_fingerprint"), arrays)):
@@ -325,7 +335,8 @@ class Checkpointer:
         """Saves `state` and every process's position in its data stream at `step` (and
         `extra`, as `save`)."""
         positions = parallel.allgather_json(data_iterator.get_state())
-        self.save(step, state, {"step": step, "data": positions, **meta}, extra)
+        self.save(step, state, {"step": step, "data": positions,
+                                "data_checksum": _json_checksum(positions), **meta}, extra)
 
     def restore_run(self, state, data_iterator, extra=False, expect=None):
         """Restores the newest readable checkpoint into `state`'s shardings and moves

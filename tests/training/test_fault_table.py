@@ -272,6 +272,29 @@ def test_the_rl_resume_expects_the_base_of_a_lora_run(runlocal, overrides, expec
     assert seen == [expected]
 
 
+def test_an_edited_data_position_is_named_and_the_checkpoint_before_it_resumes(tmp_path,
+                                                                              capsys):
+    """The data position is in the checkpoint's JSON, outside the arrays' checksums: it
+    has its own, so an edited position is not resumed from silently elsewhere."""
+    directory = tmp_path / "checkpoints"
+    checkpointer = checkpoint.Checkpointer(str(directory))
+    for step in (1, 2):
+        checkpointer.save_run(step, {"w": jnp.full((3,), float(step))}, _Position(10 * step))
+    checkpointer.close()
+    meta = directory / "2" / "meta" / "metadata"
+    meta.write_text(meta.read_text().replace('"index": 20', '"index": 25'))
+
+    checkpointer = checkpoint.Checkpointer(str(directory))
+    position = _Position()
+    step, restored = checkpointer.restore_run({"w": jnp.zeros(3)}, position)
+    checkpointer.close()
+    assert (step, position.index) == (1, 10)
+    np.testing.assert_array_equal(restored["w"], [1.0, 1.0, 1.0])
+    assert (f"the checkpoint {directory}/2 cannot be read: its data position differs from the "
+            "checksum saved with it" in capsys.readouterr().out)
+    assert sorted(os.listdir(directory)) == ["1", "2.unreadable"]
+
+
 _SAVE_WHERE_NO_DIRECTORY_CAN_BE_MADE = """
 import shutil, sys, time
 import jax.numpy as jnp
