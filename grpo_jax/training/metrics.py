@@ -10,6 +10,7 @@ steps of a run compile every program, and would otherwise inflate the ETA many t
 import functools
 import json
 import math
+import os
 import sys
 import time
 
@@ -221,6 +222,11 @@ class MetricWriter:
         """Appends `line` to metrics.jsonl; a failed write (a full disk) closes the file
         and raises OSError naming it and the fix (the torn row it may leave is dropped by
         the re-run, `kept_lines`)."""
+        if self._deleted():   # else every row from here on goes to a file no one can read
+            print(f"{self._path} was deleted while the run wrote it; the rows from step {step} "
+                  "on go to a new one (the rows before are gone with the old file)", flush=True)
+            self._appending.close()
+            self._appending = self._path.open("a", encoding="utf-8")
         try:
             self._appending.write(line)
             self._appending.flush()
@@ -236,6 +242,13 @@ class MetricWriter:
                 "last row is dropped on resume) and so are the checkpoints saved before it. "
                 "Free some space (or make the directory writable, or use another --workdir) "
                 "and re-run the same command: it resumes from the last checkpoint") from error
+
+    def _deleted(self):
+        """Whether the metrics.jsonl being appended to was deleted (no name links to it)."""
+        try:
+            return os.fstat(self._appending.fileno()).st_nlink == 0
+        except (AttributeError, OSError, ValueError):   # a file object without a descriptor
+            return False
 
     def flush(self):
         """Writes every row so far to metrics.jsonl and TensorBoard's event file (on a

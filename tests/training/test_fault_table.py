@@ -132,6 +132,18 @@ def test_a_line_that_is_not_a_row_before_the_last_names_the_file_and_line(tmp_pa
         metrics_lib.MetricWriter(str(tmp_path), total_steps=6, start_step=3, stream=io.StringIO())
 
 
+def test_a_metrics_file_deleted_mid_run_is_named_and_the_later_rows_kept(tmp_path, capsys):
+    writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=4, stream=io.StringIO())
+    writer.write(1, {"loss": 0.5})
+    (tmp_path / "metrics.jsonl").unlink()
+    writer.write(2, {"loss": 0.25})
+    writer.write(3, {"loss": 0.125})
+    writer.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [2, 3]
+    assert (f"{tmp_path / 'metrics.jsonl'} was deleted while the run wrote it; the rows from "
+            "step 2 on go to a new one" in capsys.readouterr().out)
+
+
 class _FullDisk:
     """A file that takes the first `room` characters of a write, then fails as a full disk."""
 
