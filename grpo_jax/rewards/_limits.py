@@ -13,8 +13,8 @@ predicted answer is checked before and after parsing, and the rest runs under a 
 | `MAX_ANSWER_CHARS`    | length                              | scores 0, not parsed              |
 | `MAX_DEPTH`           | deepest nesting of `( [ {`          | scores 0, not parsed              |
 | `MAX_NESTING`         | characters times the brackets around them | scores 0, not parsed        |
-| `MAX_NUMBER_DIGITS`   | digits of any exact number sympy may build (powers, factorials, sums, products) | scores 0, not compared |
-| `MAX_EXPANDED_TERMS`  | monomials of the expanded answer (`(a+b)(c+d)...`, `(x+1)^{n}`, a sum's terms) | scores 0, not compared |
+| `MAX_NUMBER_DIGITS`   | digits of any exact number sympy may build (powers, factorials, sums) | scores 0, not compared |
+| `MAX_EXPANDED_TERMS`  | monomials of the expanded answer (`(a+b)(c+d)...`, `(x+1)^{n}`) | scores 0, not compared |
 | `TIME_LIMIT_S`        | CPU time of parsing and comparing   | `TimeoutError` ("timeout" outcome, 0) |
 
 A gold longer or more nested than the caps raises them to twice its own measures, so a

@@ -16,10 +16,11 @@ What can go wrong on disk, and what happens:
   it saves that step again).
 - A damaged checkpoint. Flipped or zeroed bytes in array data usually read back without
   any error, as wrong numbers, so every save records a checksum of each array
-  (`fingerprint`) and of the data positions, and every restore checks them. A checkpoint that fails to read or to
-  check is named, the one before it is tried, and once one reads, the unreadable newer
-  ones are renamed ``N.unreadable`` (kept, never deleted), out of the way of the steps
-  the resumed run saves again. If none reads, nothing is moved and the error says what to do.
+  (`fingerprint`) and of the data positions, and every restore checks them. A checkpoint
+  that fails to read or to check is named, the one before it is tried, and once one
+  reads, the unreadable newer ones are renamed ``N.unreadable`` (kept, never deleted),
+  out of the way of the steps the resumed run saves again. If none reads, nothing is
+  moved and the error says what to do.
 - A write that fails (full disk, read-only or vanished directory): the error names the
   directory, the bytes a checkpoint needs and the space there; the checkpoints saved
   before are intact, and the failed one is an unfinished save.

@@ -103,7 +103,8 @@ class TestExpressionLimits:
     def test_strings_are_not_measured(self):
         assert _limits.expression_within_limits(["9^{9^{9}}"])
 
-    @pytest.mark.parametrize("answer", [r"\sum_{k=1}^{100000} \frac{1}{k}", r"\prod_{k=1}^{10^6} k"])
+    @pytest.mark.parametrize("answer", [r"\sum_{k=1}^{100000} \frac{1}{k}",
+                                        r"\prod_{k=1}^{10^6} k"])
     def test_a_short_sum_or_product_of_a_huge_range_is_refused_not_timed_out(self, answer):
         from grpo_jax.rewards import math_reward, run_contained
         outcome = run_contained(math_reward, ("Q", f"\\boxed{{{answer}}}", {"answer": "3"}), {})
