@@ -188,7 +188,7 @@ def get_config(arg=None):
     config.train.eval_every = 50
     config.train.eval_at_start = False   # also evaluate the starting policy, as step 0's row
     config.train.checkpoint_every = 25
-    config.train.keep_checkpoints = 3
+    config.train.keep_checkpoints = 3    # >= 1: the newest is the one a re-run resumes from
     config.train.ref_reset_every = 0     # > 0: the KL reference becomes the policy every N steps
     # > 0: add sft_weight x the NLL of the step's prompts' reference solutions to the RL loss
     # (a hybrid of RL and supervised next-token prediction, as RPT's hybrid objective).
@@ -209,7 +209,7 @@ def get_config(arg=None):
 
     config.eval = config_dict.ConfigDict()
     config.eval.num_prompts = 500        # held-out prompts; greedy pass@1 on each
-    config.eval.samples = 4              # k for mean@k / pass@k at rollout.temperature
+    config.eval.samples = 4              # k for mean@k / pass@k at rollout.temperature (0: none)
     # mode=eval over a named suite (grpo_jax.training.suites: "math_reasoning",
     # "dapo_aime24") instead of task.eval_split: eval.samples answers per problem of each
     # benchmark at the suite's temperature and top-p; avg@k, pass@k, maj@k per benchmark

@@ -174,6 +174,9 @@ def resolve_run_paths(config, workdir):
     again on resolved paths changes nothing.
     """
     from grpo_jax import config_lib   # needs the train extra, which resolve() does not
+    if not os.fspath(workdir).strip():
+        raise ValueError("--workdir is empty: name the directory the run writes to (and resumes "
+                         "from), e.g. --workdir=/tmp/run")
     changes = {}
     for dotted in CONFIG_PATH_FIELDS:
         section, field = dotted.split(".")

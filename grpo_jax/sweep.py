@@ -183,7 +183,7 @@ def missing_inputs(config):
     dataset, its SFT warm start ([] when both exist)."""
     from grpo_jax.training import task, warm_start   # imports tfds and jax
     # As the trainer does first: the warm start's key covers the resolved paths.
-    config, _ = paths.resolve_run_paths(config, "")
+    config, _ = paths.resolve_run_paths(config, ".")   # the workdir is not looked at
     missing = []
     if not task.is_prepared(config.task):
         missing.append(f"the {config.task.name} dataset in {paths.resolve(config.task.data_dir)}")

@@ -149,6 +149,7 @@ LOCAL_ONLY = {
     "config_lib.py:load_module": "a config file of the checkout",
     "config_lib.py:load_sibling": "a config file of the checkout",
     "data/loader.py:data_source": "task.data_dir, the local dataset cache",
+    "data/loader.py:_with_files": "task.data_dir, the local dataset cache",
     "main.py:<module>": "the default config file of the checkout",
     "models/convert_gguf.py:convert": "a local GGUF file and its local conversion",
     "models/hf.py:_open_checkpoint": "a local checkpoint (model.path in a bucket is copied "

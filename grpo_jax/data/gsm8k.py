@@ -37,6 +37,8 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder):
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "First release."}
+    # The official files; the build is keyed on their contents (`_manual.files_config`).
+    MANUAL_FILES = ("train.jsonl", "test.jsonl")
     MANUAL_DOWNLOAD_INSTRUCTIONS = (
         "Copy train.jsonl and test.jsonl from grade_school_math/data/ of "
         "https://github.com/openai/grade-school-math into manual_dir.")
@@ -53,6 +55,6 @@ class Gsm8k(tfds.core.GeneratorBasedBuilder):
 
     def _generate_examples(self, manual_dir, split: str):
         rows = _manual.read_jsonl(manual_dir, f"{split}.jsonl", dataset="gsm8k",
-                                  fields={"question", "answer"})
-        for line_number, row in rows:
-            yield line_number, to_example(row)
+                                  fields={"question", "answer"}, convert=to_example)
+        for line_number, _, example in rows:
+            yield line_number, example

@@ -26,6 +26,7 @@ import grain
 import tensorflow_datasets as tfds
 
 from grpo_jax import paths
+from grpo_jax.data import _manual
 from grpo_jax.data import _records
 from grpo_jax.data import _release
 from grpo_jax.data import arithmetic
@@ -94,6 +95,7 @@ def data_source(name: str, *, split: str, data_dir: str,
       A random-access sequence of raw records (decode them with ``decode_example``;
       ``make_loader`` does).
     """
+    config, manual_dir = _with_files(name, data_dir, config, manual_dir)
     config = _keyed_on_files(name, config, manual_dir)
     builder = _builder(name, data_dir=data_dir, config=config)
     if not builder.is_prepared():
@@ -115,6 +117,7 @@ def is_prepared(name: str, *, data_dir: str,
                 manual_dir: str | None = None) -> bool:
     """Whether ``data_dir`` holds dataset `name` (built with `config`, from the files in
     `manual_dir` for a builder of release files) ready to open."""
+    config, manual_dir = _with_files(name, data_dir, config, manual_dir)
     config = _keyed_on_files(name, config, manual_dir)
     return _builder(name, data_dir=data_dir, config=config).is_prepared()
 
@@ -125,6 +128,7 @@ def metadata(name: str, *, data_dir: str, config: tfds.core.BuilderConfig | None
     builder of release files, each split's counts (``rows``, ``duplicates``,
     ``no_answer``, ``contaminated``, ``kept``) and the benchmarks it was
     decontaminated against."""
+    config, manual_dir = _with_files(name, data_dir, config, manual_dir)
     config = _keyed_on_files(name, config, manual_dir)
     return dict(_builder(name, data_dir=data_dir, config=config).info.metadata or {})
 
@@ -136,6 +140,18 @@ def _keyed_on_files(name, config, manual_dir):
     if builder is None or not issubclass(builder, _release.ReleaseBuilder):
         return config
     return builder.resolve_config(config, manual_dir)
+
+
+def _with_files(name, data_dir, config, manual_dir):
+    """`(config, manual_dir)` of a build: for a dataset read from official files
+    (``MANUAL_FILES`` of its builder), the `_manual.FilesConfig` of those files, so the
+    build under ``data_dir`` is keyed on their contents, and the manual dir TFDS reads
+    (``data_dir/downloads/manual`` when none is given)."""
+    files = getattr(BUILDERS.get(name), "MANUAL_FILES", None)
+    if not files or config is not None:
+        return config, manual_dir
+    manual_dir = manual_dir or os.path.join(data_dir, "downloads", "manual")
+    return _manual.files_config(manual_dir, files), manual_dir
 
 
 def _builder(name, *, data_dir, config):

@@ -29,6 +29,8 @@ class Math500(tfds.core.GeneratorBasedBuilder):
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "First release."}
+    # The official files; the build is keyed on their contents (`_manual.files_config`).
+    MANUAL_FILES = ("test.jsonl",)
     MANUAL_DOWNLOAD_INSTRUCTIONS = (
         "Copy test.jsonl of MATH-500 (prm800k/math_splits/test.jsonl of "
         "https://github.com/openai/prm800k, or HuggingFaceH4/MATH-500) into manual_dir.")
@@ -45,6 +47,7 @@ class Math500(tfds.core.GeneratorBasedBuilder):
         return {"test": self._generate_examples(dl_manager.manual_dir)}
 
     def _generate_examples(self, manual_dir):
-        rows = _manual.read_jsonl(manual_dir, "test.jsonl", dataset="math500", fields=FIELDS)
-        for _, row in rows:
-            yield row["unique_id"], to_example(row)
+        rows = _manual.read_jsonl(manual_dir, "test.jsonl", dataset="math500", fields=FIELDS,
+                                  convert=to_example)
+        for _, row, example in rows:
+            yield row["unique_id"], example

@@ -20,6 +20,17 @@ import dataclasses
 import numpy as np
 
 from grpo_jax import parallel, rewards
+from grpo_jax.environments._interface import Step
+
+# A reply is cut to this many characters per token of `max_append` before it is tokenized
+# (in the worker, so a huge reply never reaches the trainer): a token of a real tokenizer
+# spans far fewer characters, so the cut keeps every token the row can take.
+CHARS_PER_TOKEN = 64
+
+
+def reply_chars(max_append):
+    """The most characters of one reply kept before tokenizing (`CHARS_PER_TOKEN` each)."""
+    return CHARS_PER_TOKEN * max_append
 
 
 @dataclasses.dataclass
@@ -80,18 +91,66 @@ def pause_ids(tokenizer, environment):
     return sorted(ids)
 
 
-def _step(environment, example, turns):
-    """`environment.step` by name, for a worker process."""
-    return environment.step(example, turns)
+def _step(environment, example, turns, max_chars):
+    """`environment.step` by name, for a worker process: its `Step` with the observation
+    cut to `max_chars` characters. Raises TypeError (a failed step) for anything but a
+    `Step` whose observation is a str or None."""
+    step = environment.step(example, turns)
+    if not isinstance(step, Step):
+        raise TypeError(f"{type(environment).__name__}.step returned a {type(step).__name__}, "
+                        "not a Step")
+    observation = step.observation
+    if observation is not None and not isinstance(observation, str):
+        raise TypeError(f"{type(environment).__name__}.step's observation is a "
+                        f"{type(observation).__name__}; give a str (or None for no reply)")
+    if observation is not None and len(observation) > max_chars:
+        step = dataclasses.replace(step, observation=observation[:max_chars])
+    return step
 
 
-def _steps(environment, calls, pool):
+def _steps(environment, calls, pool, max_chars):
     """`rewards.Outcome`s (value: the `Step`, None where it failed) for `calls` of
-    `(example, turns)`: in the pool's workers, or here, an exception contained either way."""
-    calls = [(environment, *call) for call in calls]
+    `(example, turns)`: in the pool's workers, or here, an exception contained either way;
+    each observation at most `max_chars` characters (`_step`)."""
+    calls = [(environment, *call, max_chars) for call in calls]
     if pool is not None:
         return pool.map(_step, calls, as_reward=False)
     return [rewards.run_contained(_step, call, {}, as_reward=False) for call in calls]
+
+
+def reply_frame(environment):
+    """`(before, after)`: the text a `ToolEnvironment`'s ``reply`` puts around a tool's
+    output (a chat template's turn markers, ``<result>``), or None for an environment
+    that writes its replies whole."""
+    reply = getattr(environment, "reply", None)
+    if not isinstance(reply, str):
+        return None
+    before, *after = reply.format("\0").split("\0")
+    return (before, after[0]) if len(after) == 1 else None
+
+
+def reply_ids(tokenizer, observation, max_append, frame=None):
+    """The ids of a reply, at most `max_append` (the row's budget may cut it further): the
+    text cut to `reply_chars` characters first (an environment run in this process, or a
+    failure's reply, is bounded too), then tokenized without special tokens added.
+
+    A tool's output often quotes the model's text (an error naming a bad call), which may
+    hold the text of the tokenizer's special or added tokens (``<eos>``, a chat role
+    marker): inside the `frame` (`reply_frame`) such text is tokenized as plain text, so
+    the model cannot forge a turn end through a tool; the frame's own markers stay one
+    token each. Outside a frame the environment's text is tokenized as it is.
+    """
+    text = (observation or "")[:reply_chars(max_append)]
+    encode = lambda part, **kw: tokenizer.encode(part, add_special_tokens=False, **kw)
+    if frame is None or not text.startswith(frame[0]):
+        return encode(text)[:max_append]
+    before, content = frame[0], text[len(frame[0]):]
+    after = frame[1] if frame[1] and content.endswith(frame[1]) else ""
+    content = content[:len(content) - len(after)]
+    if not any(token in content for token in tokenizer.get_added_vocab()):
+        return encode(text)[:max_append]   # nothing to neutralize: the text as it is
+    ids = encode(before) + encode(content, split_special_tokens=True) + encode(after)
+    return ids[:max_append]
 
 
 def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
@@ -120,6 +179,7 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
     counts = {k: np.zeros(len(own), np.int64) for k in ("tool_calls", "tool_errors", "failures",
                                                         "turns_over_budget")}
     ended = np.zeros(len(own), bool)   # the environment ended the episode after a turn
+    frame = reply_frame(environment)
     while not engine.finished:
         paused = [int(r) for r in engine.run()]
         turn_ids = dict(zip(paused, engine.turn_tokens(paused)))
@@ -130,7 +190,7 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
         for r in answering:
             turns[at[r]].append(texts[r])
         steps = _steps(environment, [(examples_b[at[r]], list(turns[at[r]])) for r in answering],
-                       pool)
+                       pool, reply_chars(engine.max_append))
         replies = {r: [] for r in paused if r not in answering and r not in over}
         ending = []
         counts["turns_over_budget"][[at[r] for r in over]] = 1
@@ -145,8 +205,7 @@ def run_episodes(engine, environment, examples_b, tokenizer, *, pool=None):
                 ending.append(r)
                 ended[at[r]] = True
                 continue
-            ids = tokenizer.encode(step.observation or "", add_special_tokens=False)
-            replies[r] = ids[:engine.max_append]   # the row's budget may cut it further
+            replies[r] = reply_ids(tokenizer, step.observation, engine.max_append, frame)
         engine.answer(replies, end=ending, truncate=over)   # every process, once per pause
     appended = parallel.read_rows(engine.rollout().appended, own)
     return Episodes(turns=np.asarray([len(t) for t in turns]) + ~ended,

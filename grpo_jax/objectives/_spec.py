@@ -296,6 +296,11 @@ def _validate(spec):
         _checks.check_unit_interval(_field(name), getattr(spec, name))
     if spec.estimator == "rloo" and spec.group_size < 2:
         raise ValueError(f"objective.group_size must be >= 2 for rloo, got {spec.group_size}")
+    if spec.group_size < 2 and (spec.estimator in ("group", "gdpo") or (
+            spec.estimator == "reinforce_pp" and spec.baseline)):
+        raise ValueError(f"objective.group_size must be >= 2 for the {spec.estimator!r} "
+                         f"estimator (it compares the answers of a prompt with each other; one "
+                         f"answer has advantage 0), got {spec.group_size}")
     if spec.kl_in_reward and spec.estimator != "reinforce_pp":
         raise ValueError("objective.kl.in_reward=True needs objective.advantage.estimator="
                          f"'reinforce_pp' (token rewards); got {spec.estimator!r}")

@@ -29,6 +29,10 @@ message and receiving process; each sending process posts to its `peer`, the rec
 process at the same place in its side. The receiver waits for that key, so it issues its side of the
 copy once the sender has issued its own, and a receiver waiting on the wrong message
 waits rather than pairing the wrong copies.
+
+Host values cross the key-value store pickled (a tree structure is no JSON), so the
+store is trusted: whoever reaches the coordinator port can run code in every process.
+The port must be reachable from the run's processes only (docs/tpu.md).
 """
 
 import pickle

@@ -13,7 +13,7 @@ predicted answer is checked before and after parsing, and the rest runs under a 
 | `MAX_ANSWER_CHARS`    | length                              | scores 0, not parsed              |
 | `MAX_DEPTH`           | deepest nesting of `( [ {`          | scores 0, not parsed              |
 | `MAX_NESTING`         | characters times the brackets around them | scores 0, not parsed        |
-| `MAX_NUMBER_DIGITS`   | digits of any exact number sympy may build (powers, factorials) | scores 0, not compared |
+| `MAX_NUMBER_DIGITS`   | digits of any exact number sympy may build (powers, factorials, sums) | scores 0, not compared |
 | `MAX_EXPANDED_TERMS`  | monomials of the expanded answer (`(a+b)(c+d)...`, `(x+1)^{n}`) | scores 0, not compared |
 | `TIME_LIMIT_S`        | CPU time of parsing and comparing   | `TimeoutError` ("timeout" outcome, 0) |
 
@@ -100,9 +100,34 @@ def _monomials(terms: float, power: float) -> float:
     return math.inf if log_count > 700 else float(round(math.exp(log_count)))
 
 
+def _series_cost(expr: sympy.Basic) -> tuple[float, float]:
+    """`_cost` of a `sympy.Sum` or `sympy.Product` with numeric limits: sympy evaluates it
+    term by term, n terms (the product of each limit's span), each a body whose numbers
+    grow with the index, so its exact value has up to n (body digits + digits of the
+    largest index) digits (a harmonic sum's common denominator, a factorial), and it
+    expands to n times the body's monomials. Symbolic limits cost as any expression."""
+    body_digits, body_terms = _cost(expr.function)
+    indices = {limit[0] for limit in expr.limits}
+    if not expr.function.free_symbols - indices:   # a number: nothing to expand
+        body_terms = 0.0   # the sum (product) is one number, whatever its count
+    count, largest = 1.0, 0.0
+    for _, lower, upper in expr.limits:
+        if not (lower.is_number and upper.is_number):
+            return math.inf if math.isinf(body_digits) else body_digits, body_terms
+        (low_digits, _), (high_digits, _) = _cost(lower), _cost(upper)
+        low, high = _magnitude(lower, low_digits), _magnitude(upper, high_digits)
+        if math.isinf(low) or math.isinf(high):
+            return math.inf, math.inf
+        count *= abs(high - low) + 1
+        largest = max(largest, low, high)
+    return count * (body_digits + math.log10(largest + 2)), max(1.0, count * body_terms)
+
+
 def _cost(expr: sympy.Basic) -> tuple[float, float]:
     """(digits, terms): upper bounds on the decimal digits of the exact numbers sympy may
     build when it evaluates `expr`, and on the monomials of its expansion."""
+    if isinstance(expr, (sympy.Sum, sympy.Product)):
+        return _series_cost(expr)
     if isinstance(expr, sympy.Rational):
         return math.log10(max(abs(expr.p), 1)) + math.log10(expr.q), 1.0
     if isinstance(expr, sympy.Float):

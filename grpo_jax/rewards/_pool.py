@@ -18,8 +18,11 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import resource
+import signal
 import time
 from typing import Callable, Literal, Sequence
+
+import numpy as np
 
 Status = Literal["ok", "error", "timeout"]
 _STARTUP_TIMEOUT_S = 120.0
@@ -41,11 +44,18 @@ def error_outcome(error: BaseException) -> Outcome:
     return Outcome(0.0, "error", f"{type(error).__name__}: {error}")
 
 
+# The largest reward kept: rewards are float32 on the devices, where a larger one is inf.
+MAX_REWARD = float(np.finfo(np.float32).max)
+
+
 def to_outcome(value: object) -> Outcome:
-    """A grader's return value as an Outcome; a non-finite value is an "error"."""
+    """A grader's return value as an Outcome; a non-finite value, or one past float32's
+    range (`MAX_REWARD`: it would be inf on the devices), is an "error"."""
     value = float(value)
     if not math.isfinite(value):
         return Outcome(0.0, "error", f"non-finite reward {value}")
+    if abs(value) > MAX_REWARD:
+        return Outcome(0.0, "error", f"reward {value} is past float32's range (+-{MAX_REWARD:.4g})")
     return Outcome(value, "ok")
 
 
@@ -59,11 +69,13 @@ def run_contained(fn: Callable[..., object], args: tuple, kwargs: dict, as_rewar
         return to_outcome(value) if as_reward else Outcome(value, "ok")
     except TimeoutError as error:
         return Outcome(failed, "timeout", str(error))
-    except Exception as error:  # a grader bug must not stop training
+    except (Exception, SystemExit) as error:  # a grader bug (or sys.exit) must not stop training
         return dataclasses.replace(error_outcome(error), value=failed)
 
 
 def _worker_main(conn, memory_limit_bytes: int | None) -> None:
+    # A process group of its own: killing the worker kills what a grader started too.
+    os.setpgid(0, 0)
     # Before "ready", so no call's budget pays for imports (free when the forkserver preloaded them).
     importlib.import_module("grpo_jax.rewards")
     if memory_limit_bytes:  # a runaway grader gets MemoryError instead of waking the OOM killer
@@ -95,6 +107,11 @@ class _Worker:
             raise RuntimeError(f"a grader worker failed to start within {_STARTUP_TIMEOUT_S} s; see its error above")
 
     def kill(self) -> None:
+        """Kills the worker and every process of its group (a grader's children too)."""
+        try:   # the worker is not reaped yet, so its pid (and group id) is still its own
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):   # never started its own group
+            pass
         self.process.kill()
         self.process.join()
         self.conn.close()

@@ -66,7 +66,7 @@ def _score_whole_batch(reward: Reward, options, prompts, completions, examples) 
         values = np.asarray(reward.fn(prompts, completions, examples, **options), np.float64)
         if values.shape != (len(prompts),):
             raise ValueError(f"reward {reward.name!r} returned shape {values.shape}, expected ({len(prompts)},)")
-    except Exception as error:  # a grader bug must not stop training
+    except (Exception, SystemExit) as error:  # a grader bug (or sys.exit) must not stop training
         return [_pool.error_outcome(error)] * len(prompts)
     return [_pool.to_outcome(value) for value in values]
 

@@ -16,23 +16,28 @@ What can go wrong on disk, and what happens:
   it saves that step again).
 - A damaged checkpoint. Flipped or zeroed bytes in array data usually read back without
   any error, as wrong numbers, so every save records a checksum of each array
-  (`fingerprint`) and every restore checks it. A checkpoint that fails to read or to
-  check is named, the one before it is tried, and once one reads, the unreadable newer
-  ones are renamed ``N.unreadable`` (kept, never deleted), out of the way of the steps
-  the resumed run saves again. If none reads, nothing is moved and the error says what to do.
+  (`fingerprint`) and of the data positions, and every restore checks them. A checkpoint
+  that fails to read or to check is named, the one before it is tried, and once one
+  reads, the unreadable newer ones are renamed ``N.unreadable`` (kept, never deleted),
+  out of the way of the steps the resumed run saves again. If none reads, nothing is
+  moved and the error says what to do.
 - A write that fails (full disk, read-only or vanished directory): the error names the
   directory, the bytes a checkpoint needs and the space there; the checkpoints saved
   before are intact, and the failed one is an unfinished save.
 """
 
 import contextlib
+import hashlib
+import json
 import re
 import shutil
+import threading
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint._src.futures import future as future_lib
 
 from grpo_jax import parallel, paths
 
@@ -114,6 +119,23 @@ def complete_steps(directory):
                   if path.name.isdigit() and ocp.path.step.is_path_finalized(path))
 
 
+def check_config(config):
+    """Raises ValueError naming the field unless the checkpoint settings can keep a run:
+    ``train.checkpoint_every`` and ``sft.checkpoint_every`` >= 1 (the steps between
+    saves), ``train.keep_checkpoints`` >= 1 (the newest checkpoint is what a re-run
+    resumes from: 0 would delete it; 1 keeps the newest only)."""
+    for field in ("train.checkpoint_every", "sft.checkpoint_every"):
+        section, name = field.split(".")
+        every = config[section][name]
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"{field} must be an int >= 1 (steps between checkpoints; the "
+                             f"last step is always saved), got {every!r}")
+    keep = config.train.keep_checkpoints
+    if not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"train.keep_checkpoints must be an int >= 1 (1 keeps the newest "
+                         f"checkpoint only, which a re-run resumes from), got {keep!r}")
+
+
 def base_pointer(config):
     """What a run's starting weights are, for a checkpoint's meta: ``model.path`` (where a
     LoRA run's frozen base lives, since its checkpoints hold the adapters only), or the
@@ -142,10 +164,44 @@ def _acting_processes():
     return ocp.options.MultiprocessingOptions(primary_host=group[0], active_processes=set(group))
 
 
+def _json_checksum(value):
+    """The SHA-256 of `value`'s JSON text (keys sorted), a hex string."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _release_waiting_threads():
+    """Ends orbax's threads still waiting for a signal of a save that failed before sending
+    it (a directory that could not be created): each is cancelled, then woken by its
+    signals, and returns. Left waiting, these (non-daemon) threads would keep the process
+    from exiting for orbax's signal timeout, 300 s, after the error was reported."""
+    waiting = [t for t in threading.enumerate()
+               if isinstance(t, future_lib._SignalingThread) and t.is_alive()]
+    for thread in waiting:
+        thread.cancel()
+        future_lib.set_signals(thread._receive_signals, operation_id=thread._operation_id)
+    for thread in waiting:
+        threading.Thread.join(thread, timeout=10)   # its own join raises once cancelled
+
+
+def _check_expected(meta, expect, where):
+    """Raises ValueError naming each key of `expect` whose value `meta` recorded otherwise."""
+    differ = {k: (meta[k], v) for k, v in expect.items() if k in meta and meta[k] != v}
+    if differ:
+        what = "; ".join(f"{k}: the checkpoint has {saved!r}, this run {now!r}"
+                         for k, (saved, now) in differ.items())
+        raise ValueError(
+            f"the checkpoint {where} was written by a run on another starting point ({what}). "
+            "Its adapters belong to that base: re-run with the model.path / model.name / seed "
+            "that wrote it, or use a new --workdir to start afresh on this base")
+
+
 class Checkpointer:
     """Saves and restores ``(state_tree, meta_json)`` pairs under ``workdir/checkpoints``."""
 
     def __init__(self, directory, *, keep=3, asynchronous=True):
+        if keep < 1:   # orbax's max_to_keep=0 deletes every checkpoint, the newest included
+            raise ValueError(f"keep must be >= 1 (the newest checkpoint is the one a re-run "
+                             f"resumes from), got {keep}")
         _whole_shards_on_cpu()
         self.directory = paths.resolve(directory)
         processes = _acting_processes()
@@ -226,6 +282,7 @@ class Checkpointer:
                 raise
             step, nbytes = self._in_flight
             self._in_flight = None
+            _release_waiting_threads()
             self._manager.reload()
             before = [s for s in self._manager.all_steps() if s != step]
             raise OSError(
@@ -260,6 +317,9 @@ class Checkpointer:
             return None, "; ".join(f"process {i}: {e}" if len(errors) > 1 else e
                                    for i, e in enumerate(errors) if e)
         state, meta = restored.state, restored.meta
+        if "data_checksum" in meta and meta["data_checksum"] != _json_checksum(meta["data"]):
+            return None, ("its data position differs from the checksum saved with it: damaged "
+                          "or edited (a resume from it would read other examples)")
         arrays = restored[EXTRA_ITEM] if EXTRA_ITEM in items else None
         for saved, found in ((meta.get("fingerprint"), state),   # absent before it existed
                              (meta.get("extra_fingerprint"), arrays)):
@@ -276,19 +336,24 @@ class Checkpointer:
         """Saves `state` and every process's position in its data stream at `step` (and
         `extra`, as `save`)."""
         positions = parallel.allgather_json(data_iterator.get_state())
-        self.save(step, state, {"step": step, "data": positions, **meta}, extra)
+        self.save(step, state, {"step": step, "data": positions,
+                                "data_checksum": _json_checksum(positions), **meta}, extra)
 
-    def restore_run(self, state, data_iterator, extra=False):
+    def restore_run(self, state, data_iterator, extra=False, expect=None):
         """Restores the newest readable checkpoint into `state`'s shardings and moves
         `data_iterator` to where this process stopped; returns ``(step, state)``, or
         ``(0, state)`` if there is no checkpoint; with `extra`, ``(step, state, (arrays,
         info))``: what `save` was given as `extra` (``(None, None)`` where none).
 
         Unfinished saves are named and ignored; unreadable checkpoints are named, and set
-        aside as ``N.unreadable`` once an older one reads.
+        aside as ``N.unreadable`` once an older one reads. `expect`: ``{meta key: value}``
+        the checkpoint must have recorded (``{"base": base_pointer(config)}`` for a LoRA
+        run, whose checkpoints hold adapters of that base only); a key it lacks is not
+        checked.
 
         Raises:
           RuntimeError: there are checkpoints and none of them reads.
+          ValueError: the checkpoint recorded another value of a key of `expect`.
         """
         self._report_unfinished_saves()
         unreadable = []
@@ -311,6 +376,7 @@ class Checkpointer:
             return (0, state, (None, None)) if extra else (0, state)
         self._set_aside(unreadable, resume_step=step)
         state, meta, saved_extra = restored
+        _check_expected(meta, expect or {}, f"{self.directory}/{step}")
         positions = meta["data"]
         if len(positions) != parallel.process_count():
             raise ValueError(f"the checkpoint of step {step} was written by {len(positions)} "

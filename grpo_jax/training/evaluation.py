@@ -32,6 +32,18 @@ from grpo_jax.training.at_k import pass_at_k  # noqa: F401
 EVAL_CHUNK = 256   # prompts per sampler call (per process)
 
 
+def check_config(config):
+    """Raises ValueError naming the field unless the ``eval`` section can run: at least one
+    held-out prompt, and ``eval.samples`` >= 0 (0: greedy pass@1 only)."""
+    if not isinstance(config.eval.num_prompts, int) or config.eval.num_prompts < 1:
+        raise ValueError(f"eval.num_prompts must be an int >= 1 (held-out prompts per "
+                         f"evaluation; raise train.eval_every to evaluate less often), got "
+                         f"{config.eval.num_prompts!r}")
+    if not isinstance(config.eval.samples, int) or config.eval.samples < 0:
+        raise ValueError(f"eval.samples must be an int >= 0 (k of mean@k and pass@k; 0: greedy "
+                         f"pass@1 only), got {config.eval.samples!r}")
+
+
 def check_num_prompts(num_prompts, source):
     """Raises unless the held-out split `source` holds the ``eval.num_prompts`` asked for
     (an evaluation on fewer prompts than configured would be reported as if on all)."""
@@ -249,6 +261,7 @@ def evaluate_to_file(config, workdir):
     if not config.model.path:
         raise ValueError("mode 'eval' needs --config.model.path, a checkpoint to evaluate")
     config, workdir = paths.resolve_run_paths(config, workdir)
+    check_config(config)
     parallel.initialize(config.distributed)   # which process is the main one
     if parallel.is_main():
         config_lib.record(config, workdir)

@@ -10,6 +10,7 @@ steps of a run compile every program, and would otherwise inflate the ETA many t
 import functools
 import json
 import math
+import os
 import sys
 import time
 
@@ -123,12 +124,34 @@ def progress_bar(done, total, width=20):
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def kept_lines(text, step):
-    """The lines of a metrics.jsonl's `text` whose rows are of steps up to `step`: a
-    resumed run redoes the later ones, and each step keeps one row. A run starting at
-    step 0 keeps none (it redoes ``train.eval_at_start``'s step-0 row too)."""
-    return [line + "\n" for line in (text or "").splitlines()
-            if line.strip() and step > 0 and json.loads(line)["step"] <= step]
+def kept_lines(text, step, name="metrics.jsonl"):
+    """The lines of a metrics.jsonl's `text` (read from the file `name`) whose rows are of
+    steps up to `step`: a resumed run redoes the later ones, and each step keeps one row.
+    A run starting at step 0 keeps none (it redoes ``train.eval_at_start``'s step-0 row too).
+
+    A last line that is not a whole row (an append cut short: a full disk, a lost machine)
+    is dropped, with a line naming the file: its step was not saved, so the resume redoes
+    it. Any other line that is not a row is an error naming the file and the line.
+    """
+    lines = (text or "").splitlines()
+    kept = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            row_step = row["step"]
+        except (ValueError, TypeError, KeyError) as error:
+            if number == len(lines):
+                print(f"{name}:{number}: dropping a torn last row ({len(line)} characters, "
+                      f"{type(error).__name__}); its step is redone", flush=True)
+                continue
+            raise ValueError(
+                f"{name}:{number} is not a metrics row ({type(error).__name__}: {error}); "
+                f"fix or delete that line, or move {name} aside, and re-run") from error
+        if step > 0 and row_step <= step:
+            kept.append(line + "\n")
+    return kept
 
 
 class MetricWriter:
@@ -164,7 +187,7 @@ class MetricWriter:
         if parallel.is_main():
             self._path = paths.path(workdir) / "metrics.jsonl"
             text = paths.read_text_or_none(self._path)
-            self._lines = kept_lines(text, start_step)
+            self._lines = kept_lines(text, start_step, name=str(self._path))
             if not self.whole_file:
                 if text is not None and "".join(self._lines) != text:
                     paths.write_whole(self._path, "".join(self._lines))
@@ -188,13 +211,44 @@ class MetricWriter:
                 self._tb.add_scalar(f"{self.prefix}{name}", value, step)
         print(self._console_line(step, metrics), file=self.stream, flush=True)
         if not self.whole_file:
-            self._appending.write(line)
-            self._appending.flush()
+            self._append(step, line)
             self._tb.flush()
             return
         self._lines.append(line)
         if time.time() - self._flushed_at >= self.FLUSH_SECONDS:
             self.flush()
+
+    def _append(self, step, line):
+        """Appends `line` to metrics.jsonl; a failed write (a full disk) closes the file
+        and raises OSError naming it and the fix (the torn row it may leave is dropped by
+        the re-run, `kept_lines`)."""
+        if self._deleted():   # else every row from here on goes to a file no one can read
+            print(f"{self._path} was deleted while the run wrote it; the rows from step {step} "
+                  "on go to a new one (the rows before are gone with the old file)", flush=True)
+            self._appending.close()
+            self._appending = self._path.open("a", encoding="utf-8")
+        try:
+            self._appending.write(line)
+            self._appending.flush()
+        except OSError as error:
+            appending, self._appending = self._appending, None
+            try:   # close() flushes what is buffered again, and fails again: nothing to keep
+                appending.close()
+            except OSError:
+                pass
+            raise OSError(
+                error.errno, f"appending the metrics row of step {step} to {self._path} "
+                f"failed: {error.strerror or error}. The rows before it are kept (a torn "
+                "last row is dropped on resume) and so are the checkpoints saved before it. "
+                "Free some space (or make the directory writable, or use another --workdir) "
+                "and re-run the same command: it resumes from the last checkpoint") from error
+
+    def _deleted(self):
+        """Whether the metrics.jsonl being appended to was deleted (no name links to it)."""
+        try:
+            return os.fstat(self._appending.fileno()).st_nlink == 0
+        except (AttributeError, OSError, ValueError):   # a file object without a descriptor
+            return False
 
     def flush(self):
         """Writes every row so far to metrics.jsonl and TensorBoard's event file (on a

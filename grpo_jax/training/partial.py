@@ -115,6 +115,9 @@ class _Sampler:
         examples = next(self.train_iter)
         rng = jax.random.fold_in(self.rng, index)
         texts, tokens, mask = task_lib.prompt_rows(config.task, examples, self.policy.tokenizer)
+        task_lib.check_positions(int(np.max(np.sum(mask, axis=1))), n,
+                                 self.policy.model_config().max_position_embeddings,
+                                 "a train batch")
         prompts = parallel.global_rows(self.mesh, {"tokens": tokens, "mask": mask})
         out, _ = rollout.sample_on_mesh(
             self.policy, self.mesh, prompts, rng=rng, method=self.method, group_size=g,

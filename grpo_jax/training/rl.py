@@ -58,13 +58,32 @@ from grpo_jax.training import roles, rollout, steps, task as task_lib, warm_star
 OLD_LOGP = ("recompute", "sampler")
 
 
-def check_config(config, mesh):
-    """Raises ValueError naming the field for settings the loop cannot run."""
+def check_settings(config):
+    """Raises ValueError naming the field and the fix for a setting the loop cannot run (or
+    would run to no purpose), whatever the mesh: called once, before anything compiles.
+    The refusals are listed in docs/faults.md."""
     objectives.validate_objective_config(config.objective)
+    if not isinstance(config.train.steps, int) or config.train.steps < 0:
+        raise ValueError(f"train.steps must be an int >= 0 (RL steps after "
+                         f"critic.pretrain_steps), got {config.train.steps!r}")
+    for field, meaning in (("epochs", "passes over each rollout batch"),
+                           ("minibatches", "optimizer updates per pass"),
+                           ("micro_batches", "gradient accumulation pieces per update; 1: none"),
+                           ("eval_every", "RL steps between evaluations")):
+        value = config.train[field]
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"train.{field} must be an int >= 1 ({meaning}), got {value!r}")
+    rollout.check_sampling_config(config)
+    checkpoint.check_config(config)
+    evaluation.check_config(config)
+
+
+def check_config(config, mesh):
+    """Raises ValueError naming the field for settings the loop cannot run (`check_settings`,
+    and how the batch splits over `mesh`)."""
+    check_settings(config)
     rows = config.rollout.prompts_per_batch * config.objective.group_size
     minibatches, micro = config.train.minibatches, config.train.micro_batches
-    if config.train.epochs < 1:
-        raise ValueError(f"train.epochs must be >= 1, got {config.train.epochs}")
     if rows % (minibatches * micro):
         raise ValueError(f"rollout.prompts_per_batch * objective.group_size = {rows} rows must "
                          f"divide into train.minibatches * train.micro_batches = "
@@ -273,6 +292,8 @@ def set_up(config, workdir, mesh, rollout_mesh=None):
     texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(config, mesh, workdir, texts)
     check_model(config, policy.model_config())
+    task_lib.check_context(config, policy.model_config().max_position_embeddings, held_out[0],
+                           policy.tokenizer, "the held-out prompts (eval.num_prompts)")
     objective = programs.rl_objective(config)
     policy_run = programs.policy_programs(config, mesh, policy.graphdef, policy.params, objective)
     critic = critic_run = None
@@ -339,8 +360,9 @@ def checkpoint_state(run):
 def restore(run):
     """Moves `run` to its newest checkpoint (its state, this process's data position and
     the partial rollouts' pool); returns that checkpoint's step, 0 when there is none."""
+    base = {"base": checkpoint.base_pointer(run.config)} if run.config.model.lora.rank else {}
     start, state, (arrays, info) = run.checkpointer.restore_run(
-        checkpoint_state(run), run.train_iter, extra=True)
+        checkpoint_state(run), run.train_iter, extra=True, expect=base)
     if run.carry is not None and info is not None:   # a pool of partial rollouts
         run.carry = partial.Pool.from_checkpoint(arrays, info)
     run.policy.params = nnx.merge_state(run.policy.params, state["params"])

@@ -42,6 +42,26 @@ REPLAYED_ROUTING = ("prompt_routing", "routing")
 SAMPLED_ROUTING = ("sampled_prompt_routing", "sampled_routing")
 
 
+def check_sampling_config(config):
+    """Raises ValueError naming the field unless the rollouts of an RL run can be drawn:
+    prompts and a budget, a temperature > 0 (the ratios and the KL divide log-probs by
+    it; greedy rows have no signal), 0 < top_p <= 1, at least one draw per step."""
+    r = config.rollout
+    for field, value, meaning in (
+            ("rollout.prompts_per_batch", r.prompts_per_batch, "prompts per step"),
+            ("rollout.max_new_tokens", r.max_new_tokens, "the completion budget"),
+            ("filtering.max_gen_batches", config.filtering.max_gen_batches,
+             "prompt batches a step may draw; 1: no extra draw")):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field} must be an int >= 1 ({meaning}), got {value!r}")
+    if not r.temperature > 0:
+        raise ValueError(f"rollout.temperature must be > 0 for RL (the log-probs of the ratios "
+                         f"and the KL are taken at it, and a group sampled greedily has no "
+                         f"signal); got {r.temperature}. Use 1.0, or a value like 0.6-1.2")
+    if not 0.0 < r.top_p <= 1.0:
+        raise ValueError(f"rollout.top_p must be in (0, 1] (1: no nucleus cut), got {r.top_p}")
+
+
 def sampling_method(config):
     """The rollouts' `sampling` method from the run config's ``rollout`` section."""
     r = config.rollout
@@ -213,6 +233,8 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
     """
     group_size = config.objective.group_size
     texts, tokens, mask = task_lib.prompt_rows(config.task, examples, policy.tokenizer)
+    task_lib.check_positions(int(np.max(np.sum(mask, axis=1))), config.rollout.max_new_tokens,
+                             policy.model_config().max_position_embeddings, "a train batch")
     prompts = parallel.global_rows(mesh, {"tokens": tokens, "mask": mask})
     keep_mask = config.rollout.keep_sampling_mask
     routing = routing_keys(config, policy.model_config())

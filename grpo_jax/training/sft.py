@@ -20,12 +20,27 @@ from grpo_jax.training import policy as policy_lib, preemption, programs
 from grpo_jax.training import rollout, steps, task as task_lib
 
 
+def check_settings(config):
+    """Raises ValueError naming the field and the fix for an ``sft`` setting the loop cannot
+    run; called once, before anything compiles (docs/faults.md lists the refusals)."""
+    for field, least, meaning in (("steps", 0, "supervised steps"),
+                                  ("batch_size", 1, "examples per step"),
+                                  ("log_every", 1, "steps between console lines"),
+                                  ("eval_every", 1, "steps between evaluations")):
+        value = config.sft[field]
+        if not isinstance(value, int) or value < least:
+            raise ValueError(f"sft.{field} must be an int >= {least} ({meaning}), got {value!r}")
+    checkpoint.check_config(config)
+    evaluation.check_config(config)
+
+
 def train(config, workdir, *, seconds=None):
     """Trains to ``sft.steps`` in `workdir`, resuming it; exports the policy; returns the
     last step. With `seconds` (the demo's control), the run also ends after the first step
     that finishes past that much wall time; that step is logged and saved, as every last one."""
     # --- set-up ------------------------------------------------------------------------
     config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
+    check_settings(config)
     mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "sft"))
     if parallel.is_main():
         config_lib.record(config, workdir)
@@ -34,6 +49,8 @@ def train(config, workdir, *, seconds=None):
     held_out = evaluation.own_examples(eval_source, config.eval.num_prompts)   # checks the count
     texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(config, mesh, workdir, texts)
+    task_lib.check_context(config, policy.model_config().max_position_embeddings, held_out[0],
+                           policy.tokenizer, "the held-out prompts (eval.num_prompts)")
     train_iter = iter(task_lib.loader(train_source, config, batch_size=config.sft.batch_size))
     scorer = task_lib.Scorer(config.reward, separate=False, max_new_tokens=config.rollout.max_new_tokens)
     method = rollout.sampling_method(config)
@@ -42,8 +59,10 @@ def train(config, workdir, *, seconds=None):
     update = run.update
     checkpointer = checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
                                            keep=config.train.keep_checkpoints)
+    base = {"base": checkpoint.base_pointer(config)} if config.model.lora.rank else {}
     step, state = checkpointer.restore_run(
-        {"params": run.trained_part(policy.params), "opt_state": opt_state}, train_iter)
+        {"params": run.trained_part(policy.params), "opt_state": opt_state}, train_iter,
+        expect=base)
     policy.params, opt_state = nnx.merge_state(policy.params, state["params"]), state["opt_state"]
     if step and parallel.is_main():
         print(f"resumed from the checkpoint of step {step} in {workdir}", flush=True)

@@ -32,7 +32,8 @@ def data_source(task_cfg, split):
 def is_prepared(task_cfg):
     """Whether the task's dataset is already built in ``task.data_dir`` (a run that finds
     it missing builds it first)."""
-    return data.is_prepared(task_cfg.name, **_dataset_location(task_cfg))
+    return data.is_prepared(task_cfg.name, manual_dir=paths.resolve(task_cfg.manual_dir) or None,
+                            **_dataset_location(task_cfg))
 
 
 def _dataset_location(task_cfg):
@@ -85,6 +86,29 @@ def prompt_rows(task_cfg, examples, tokenizer):
     width = parallel.agree_max(sampling.bucket_length(max(map(len, ids)), buckets=PROMPT_BUCKETS))
     tokens, mask = sampling.pad_prompts(ids, pad_id=tokenizer.pad_token_id, buckets=(width,))
     return texts, tokens, mask
+
+
+def check_positions(longest_prompt, new_tokens, context, where):
+    """Raises ValueError naming the fields when a prompt of `longest_prompt` tokens and
+    `new_tokens` more (``rollout.max_new_tokens``) take more positions than the model's
+    `context` (its ``max_position_embeddings``: the trained RoPE range, rescaled ones
+    included): past it the model reads positions it never saw, at the memory and time of
+    the longer rows."""
+    if longest_prompt + new_tokens > context:
+        raise ValueError(
+            f"{where}: a prompt of {longest_prompt} tokens + rollout.max_new_tokens="
+            f"{new_tokens} = {longest_prompt + new_tokens} positions, more than the model's "
+            f"context of {context} (max_position_embeddings of model.path / model.name); "
+            "lower rollout.max_new_tokens, shorten the prompts (task.system_prompt, "
+            "task.shots), or use a model with a longer context")
+
+
+def check_context(config, context, examples, tokenizer, where):
+    """`check_positions` of the longest prompt of `examples` (as the run formats them)."""
+    texts = [prompt_text(config.task, ex, tokenizer) for ex in examples]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    check_positions(max(map(len, ids), default=0), config.rollout.max_new_tokens, context,
+                    where)
 
 
 def target_rows(examples, task_cfg, tokenizer, completion_len):

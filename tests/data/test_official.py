@@ -1,5 +1,8 @@
 """GSM8K and MATH-500 builders read the official files from a local manual_dir."""
 
+import re
+import shutil
+
 import pytest
 
 from grpo_jax import data
@@ -53,6 +56,55 @@ class TestGsm8k:
     def test_empty_manual_dir_shows_the_instructions(self, tmp_path):
         with pytest.raises(AssertionError, match="grade-school-math"):
             read("gsm8k", "train", tmp_path / "out", tmp_path / "absent")
+
+
+GOOD_ROW = b'{"question": "What is 2+2?", "answer": "2+2=4\\n#### 4"}\n'
+MALFORMED = [   # (the second line of train.jsonl, what the error says after "train.jsonl:2")
+    (b'{"question": "q", "answer": "#### 4"', " is not JSON (Expecting"),
+    (b'[1, 2]', " is a JSON list, not an object"),
+    (b'{"question": 3, "answer": "#### 4"}', ": AttributeError: 'int' object has no attribute"),
+    (b'{"question": "q", "answer": 4}', ": TypeError: argument of type 'int' is not"),
+]
+
+
+@pytest.mark.parametrize("line, said", MALFORMED,
+                         ids=["torn", "list", "int-question", "int-answer"])
+def test_a_malformed_row_names_its_file_and_line(tmp_path, line, said):
+    manual = tmp_path / "manual"
+    manual.mkdir()
+    (manual / "train.jsonl").write_bytes(GOOD_ROW + line + b"\n")
+    (manual / "test.jsonl").write_bytes(GOOD_ROW)
+    with pytest.raises(ValueError, match=re.escape(f"gsm8k: {manual / 'train.jsonl'}:2{said}")):
+        read("gsm8k", "train", tmp_path / "out", manual)
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    manual = tmp_path / "manual"
+    manual.mkdir()
+    (manual / "test.jsonl").write_bytes(GOOD_ROW + b'{"question": "\xff"}\n')
+    message = f"math500: {manual / 'test.jsonl'} is not UTF-8"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read("math500", "test", tmp_path / "out", manual)
+
+
+def test_other_or_edited_manual_files_build_anew(tmp_path, fixtures_dir):
+    """The build under data_dir is keyed on the official files' contents: an edited file
+    builds anew (the edit is read), the same contents elsewhere reuse the build."""
+    manual = tmp_path / "manual"
+    shutil.copytree(fixtures_dir / "gsm8k", manual)
+    out = tmp_path / "out"
+    answers = lambda directory: sorted(e["answer"] for e in read("gsm8k", "train", out,
+                                                                  directory))
+    assert answers(manual) == ["180", "27", "430", "6000"]
+    train = manual / "train.jsonl"
+    kept = [line for line in train.read_text().splitlines() if '"answer"' in line][:2]
+    train.write_text("\n".join(kept) + "\n")
+    edited = answers(manual)
+    assert len(edited) == 2 and set(edited) < {"180", "27", "430", "6000"}
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(manual, elsewhere)
+    assert answers(elsewhere) == edited
+    assert len(list((out / "gsm8k").iterdir())) == 2   # the first build stays beside
 
 
 class TestMath500:

@@ -37,3 +37,17 @@ class CalculatorPausingOnEquals(ToolEnvironment):
     scratchpads, a row pauses at every column and is never called (no tags)."""
 
     pause_text = "="
+
+
+@dataclasses.dataclass(frozen=True)
+class HostileReply(Environment):
+    """Answers every turn with `observation` (any object: a 20 MB string, bytes, a number),
+    or with `returned` itself in place of a `Step` when it is given."""
+
+    observation: object = ""
+    returned: object = None
+
+    def step(self, example, turns):
+        if self.returned is not None:
+            return self.returned
+        return Step(observation=self.observation, tool_call=True)

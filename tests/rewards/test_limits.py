@@ -20,7 +20,7 @@ def _sums(n):
     return sympy.Mul(*[a + b for a, b in zip(sympy.symbols(f"a0:{n}"), sympy.symbols(f"b0:{n}"))], evaluate=False)
 
 
-x, y = sympy.symbols("x y")
+x, y, k, n = sympy.symbols("x y k n")
 
 
 class TestNesting:
@@ -86,6 +86,15 @@ class TestExpressionLimits:
             (sympy.Matrix([[1, _pow(9, _pow(9, 9))]]), False),  # a mutable matrix's entries count too
             (sympy.FiniteSet(1, _pow(2, 10)), True),
             (sympy.Interval(0, _pow(10, 20_000)), False),
+            # Sums and products over a range: n terms of up to (body + index) digits each.
+            (sympy.Sum(1 / k, (k, 1, 1000)), True),  # 1000 * log10(1002) = 3,001 digits
+            (sympy.Sum(1 / k, (k, 1, 100_000)), False),  # the harmonic number's 10^5 digits
+            (sympy.Product(k, (k, 1, 10**6)), False),  # (10^6)!
+            (sympy.Product(k, (k, 1, 20)), True),  # 20!: 20 * log10(22) = 27 digits
+            (sympy.Sum(k, (k, 1, 10**4)), False),  # 10^4 * log10(10002) = 40,001 digits
+            (sympy.Sum(x * k, (k, 1, 64)), True),  # at most 64 monomials
+            (sympy.Sum(x * k, (k, 1, 65)), False),  # 65 > MAX_EXPANDED_TERMS
+            (sympy.Sum(k, (k, 1, n)), True),  # symbolic limits: costed as the body
         ],
     )
     def test_expression_within_limits(self, expr, expected):
@@ -93,6 +102,13 @@ class TestExpressionLimits:
 
     def test_strings_are_not_measured(self):
         assert _limits.expression_within_limits(["9^{9^{9}}"])
+
+    @pytest.mark.parametrize("answer", [r"\sum_{k=1}^{100000} \frac{1}{k}",
+                                        r"\prod_{k=1}^{10^6} k"])
+    def test_a_short_sum_or_product_of_a_huge_range_is_refused_not_timed_out(self, answer):
+        from grpo_jax.rewards import math_reward, run_contained
+        outcome = run_contained(math_reward, ("Q", f"\\boxed{{{answer}}}", {"answer": "3"}), {})
+        assert (outcome.value, outcome.status) == (0.0, "ok")   # not a 2 s "timeout"
 
 
 def _spin(seconds):

@@ -1,6 +1,9 @@
 """The batch scorer and the grader pool: combining rewards, containing graders that hang or raise."""
 
 import os
+import pathlib
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -53,6 +56,26 @@ def nan_grader(prompt, completion, example):
     return float("nan") if completion == "nan" else 1.0
 
 
+def exiting_grader(prompt, completion, example):
+    if completion == "exit":
+        sys.exit(3)   # a grader's own sys.exit, inline in the trainer
+    return 1.0
+
+
+def huge_grader(prompt, completion, example):
+    return 1e39 if completion == "huge" else 1.0   # finite in float64, inf in float32
+
+
+def forking_grader(prompt, completion, example):
+    """Starts a child that would outlive its worker, writes its pid, then hangs."""
+    if completion.startswith("fork "):
+        child = subprocess.Popen(["sleep", "600"])
+        with open(completion[len("fork "):], "w") as f:
+            f.write(str(child.pid))
+        time.sleep(3600)
+    return 1.0
+
+
 def length_grader(prompt, completion, example, *, scale=1.0):
     return scale * len(completion)
 
@@ -70,6 +93,9 @@ def registered():
         "test_crashing": (crashing_grader, "pool"),
         "test_greedy": (greedy_grader, "pool"),
         "test_nan": (nan_grader, "inline"),
+        "test_exiting_inline": (exiting_grader, "inline"),
+        "test_huge": (huge_grader, "inline"),
+        "test_forking": (forking_grader, "pool"),
         "test_length": (length_grader, "inline"),
         "test_batch_raising": (lambda prompts, completions, examples: 1 / 0, "batch"),
         "test_batch_wrong_shape": (lambda prompts, completions, examples: np.ones(3), "batch"),
@@ -132,6 +158,27 @@ class TestContainment:
         values, metrics = _score([("test_raising", 1.0)], ["raise", "ok"])
         np.testing.assert_array_equal(values, [0.0, 1.0])
         assert metrics["reward_errors"] == 1.0
+
+    def test_an_inline_grader_calling_sys_exit_scores_zero_and_counts(self, registered):
+        values, metrics = _score([("test_exiting_inline", 1.0)], ["ok", "exit"])
+        np.testing.assert_array_equal(values, [1.0, 0.0])
+        assert metrics["reward_errors"] == 1.0
+
+    def test_a_reward_past_float32_is_an_error_not_inf(self, registered):
+        values, metrics = _score([("test_huge", 1.0)], ["huge", "ok"])
+        np.testing.assert_array_equal(values, [0.0, 1.0])
+        assert metrics["reward_errors"] == 1.0 and np.isfinite(metrics["rewards/test_huge"])
+
+    @pytest.mark.slow
+    def test_a_hung_graders_children_die_with_its_worker(self, registered, pool, tmp_path):
+        pid_file = tmp_path / "child.pid"
+        values, metrics = _score([("test_forking", 1.0)], [f"fork {pid_file}"], pool=pool)
+        assert metrics["reward_timeouts"] == 1.0
+        stat = pathlib.Path(f"/proc/{int(pid_file.read_text())}/stat")
+        deadline = time.monotonic() + 10
+        while stat.exists() and stat.read_text().split(") ")[1][0] != "Z":
+            assert time.monotonic() < deadline, "the grader's child outlived its killed worker"
+            time.sleep(0.05)
 
     def test_crashed_worker_is_replaced(self, registered, pool):
         replaced = pool.replaced_workers

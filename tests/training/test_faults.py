@@ -200,7 +200,8 @@ def test_a_failed_write_names_the_path_and_the_space_and_keeps_what_was_saved(me
 def test_a_failed_write_mid_run_stops_it_and_the_rerun_equals_an_uninterrupted_run(
         data_dir, reference, tmp_path, monkeypatch, capsys):
     """The disk fills while step 4 is saved: the error comes at the next save (step 6),
-    step 2 is intact, and the re-run (space freed) resumes there and ends as the reference."""
+    step 2 is intact, and the re-run (space freed; metrics.jsonl ending in a torn row)
+    resumes there and ends as the reference."""
     config = faults_config(data_dir, **{"train.checkpoint_every": 2, "train.export": True})
     directory = tmp_path / "checkpoints"
     real_save = checkpoint.Checkpointer.save
@@ -223,10 +224,13 @@ def test_a_failed_write_mid_run_stops_it_and_the_rerun_equals_an_uninterrupted_r
     assert "File too large" in str(failure.value) and "intact (steps [2])" in str(failure.value)
     assert finished_checkpoints(tmp_path) == [2]
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5, 6]
+    with open(tmp_path / "metrics.jsonl", "a") as metrics:   # and a torn row, as a lost
+        metrics.write('{"step": 7, "time": 17')               # machine leaves one
 
     capsys.readouterr()
     assert rl.train(config, str(tmp_path)) == 12
     out = capsys.readouterr().out
+    assert f"{tmp_path / 'metrics.jsonl'}:7: dropping a torn last row" in out
     assert f"ignoring {directory}/4.orbax-checkpoint-tmp: an unfinished save" in out
     assert f"resumed from the checkpoint of step 2 in {tmp_path}" in out
     assert_rows_equal(tmp_path, reference, range(1, 13))   # rows 3-6 dropped and redone, once
