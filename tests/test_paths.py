@@ -150,6 +150,8 @@ LOCAL_ONLY = {
     "config_lib.py:load_sibling": "a config file of the checkout",
     "data/loader.py:data_source": "task.data_dir, the local dataset cache",
     "data/loader.py:_with_files": "task.data_dir, the local dataset cache",
+    "data/_release.py:fingerprint": "the size and time of a local release file in "
+                                    "task.manual_dir (a remote one is read through epath)",
     "main.py:<module>": "the default config file of the checkout",
     "models/convert_gguf.py:convert": "a local GGUF file and its local conversion",
     "models/hf.py:_open_checkpoint": "a local checkpoint (model.path in a bucket is copied "

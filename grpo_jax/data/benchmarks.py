@@ -164,8 +164,8 @@ def benchmark_problems(benchmarks_dir: str) -> set[str]:
     for name, path in zip(BENCHMARKS, benchmark_files(benchmarks_dir)):
         if name == "math500":
             rows = _manual.read_jsonl(path.parent, path.name, dataset=name,
-                                      fields=math500.FIELDS)
-            questions = (row["problem"] for _, row in rows)
+                                      fields=math500.FIELDS, convert=math500.to_example)
+            questions = (example["question"] for _, _, example in rows)
         else:
             builder = _BY_NAME[name]
             questions = (e["question"] for e in builder.examples(path, "test"))

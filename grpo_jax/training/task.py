@@ -32,8 +32,7 @@ def data_source(task_cfg, split):
 def is_prepared(task_cfg):
     """Whether the task's dataset is already built in ``task.data_dir`` (a run that finds
     it missing builds it first)."""
-    return data.is_prepared(task_cfg.name, manual_dir=paths.resolve(task_cfg.manual_dir) or None,
-                            **_dataset_location(task_cfg))
+    return data.is_prepared(task_cfg.name, **_dataset_location(task_cfg))
 
 
 def _dataset_location(task_cfg):
