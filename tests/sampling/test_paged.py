@@ -1,0 +1,91 @@
+"""The paged KV cache (`generate(slots=C, kv_page_size=...)`): the static sampler's and the
+contiguous engine's rows, with pages freed, reused, waited for and preempted."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from grpo_jax import models, sampling
+from grpo_jax.sampling import _paged
+from tests.sampling.test_engine import (assert_same_rows,
+                                        assert_same_rows_but_a_rounding_flip, run, run_on_device)
+
+PAGE = 8
+
+
+def run_paged(model, slots=3, kv_pages=0, **kwargs):
+    """`(Rollout on host, PagedStats as ints)` of the engine test's 12 rows in pages of 8."""
+    rollout, stats = run_on_device(model, slots, kv_page_size=PAGE, kv_pages=kv_pages,
+                                   with_page_stats=True, **kwargs)
+    return sampling.to_host(rollout), {k: int(v) for k, v in vars(jax.device_get(stats)).items()}
+
+
+def fed_pages(lengths):
+    """Pages a row of each length takes: its fed tokens (all but the last, which ends it)
+    in pages of `PAGE`."""
+    return int(np.sum(-(-(np.asarray(lengths) - 1) // PAGE)))
+
+
+@pytest.fixture(scope="module")
+def static(tiny_model):
+    return run(tiny_model, slots=0)
+
+
+@pytest.fixture(scope="module")
+def paged(tiny_model):
+    return run_paged(tiny_model)
+
+
+@pytest.mark.slow
+def test_paged_slots_give_the_static_and_contiguous_rows(tiny_model, static, paged):
+    """12 ragged rows through 3 slots over a pool with every slot's budget: the static
+    sampler's and the contiguous engine's tokens (up to one rounding flip: the paged
+    columns pad the 10-token prompt to 16, a different summation in attention); each row
+    took the pages of its fed tokens, and none waited or was preempted."""
+    rows, stats = paged
+    assert len(set(static.lengths)) > 4 and static.truncated.any()
+    assert_same_rows_but_a_rounding_flip(rows, static)
+    assert_same_rows_but_a_rounding_flip(rows, run(tiny_model, slots=3))
+    assert stats["pages_taken"] == fed_pages(rows.lengths)
+    assert stats["preemptions"] == 0 and stats["admission_waits"] == 0
+    assert stats["peak_pages"] <= 3 * 64 // PAGE
+
+
+@pytest.mark.slow
+def test_a_small_pool_frees_reuses_waits_and_preempts(tiny_model, paged):
+    """8 pages (one full 64-token row) for 3 slots: rows wait for pages at admission, a
+    row that runs out is preempted and re-run, and pages go from stopped rows to new
+    ones; the rows are the full pool's, token for token (each row's random stream does
+    not depend on when or where it runs)."""
+    full, _ = paged
+    rows, stats = run_paged(tiny_model, kv_pages=8)
+    assert_same_rows(rows, full)
+    assert stats["peak_pages"] == 8
+    assert stats["admission_waits"] > 0
+    assert stats["preemptions"] >= 1
+    # every final row's pages, plus those its preempted runs took and gave back
+    assert stats["pages_taken"] > fed_pages(rows.lengths) > 8
+
+
+@pytest.mark.slow
+def test_a_scanned_model_pages_alike(tiny_model, paged):
+    """With `scan_layers` the pools are stacked per run of layers; the same rows."""
+    cfg = dataclasses.replace(models.get_model_config("tiny"), scan_layers=True)
+    scanned = nnx.split(models.init_model(cfg, seed=0))
+    rows, _ = run_paged(scanned)
+    assert_same_rows(rows, paged[0])
+
+
+def test_bad_paging_arguments_name_the_fix(tiny_model):
+    with pytest.raises(ValueError, match=r"kv_page_size=8 pages the slots' caches; set slots > 0"):
+        run(tiny_model, slots=0, kv_page_size=8)
+    with pytest.raises(ValueError, match=r"kv_pages=7 cannot hold one full row \(64 tokens in "
+                                         r"pages of 8: 8 pages\); raise kv_pages to >= 8"):
+        run(tiny_model, slots=3, kv_page_size=8, kv_pages=7)
+    with pytest.raises(ValueError, match=r"with_page_stats needs kv_page_size > 0"):
+        run(tiny_model, slots=3, with_page_stats=True)
+    assert _paged.pool_pages(3, 64, 8) == 24 and _paged.pool_pages(3, 60, 8, 10) == 10
+    assert _paged.pool_pages(2, 65, 8) == 18
