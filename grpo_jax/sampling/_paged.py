@@ -138,10 +138,9 @@ def _release(pages, slots, release_c, pad_id, reset_c=None):
     if slots.support_ids is not None:
         slots = slots.replace(support_ids=clear(slots.support_ids, -1),
                               support_size=clear(slots.support_size, 0))
+    preempted = pages.stats.preemptions + jnp.sum(reset_c, dtype=jnp.int32)
     return pages.replace(status=pages.status.at[row_c].set(PENDING, mode="drop"),
-                         stats=pages.stats.replace(
-                             preemptions=pages.stats.preemptions + jnp.sum(reset_c, dtype=jnp.int32))
-                         ), slots
+                         stats=pages.stats.replace(preemptions=preempted)), slots
 
 
 def _preempt(pages, slots, need_c, pad_id):
