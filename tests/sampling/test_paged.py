@@ -4,6 +4,7 @@ contiguous engine's rows, with pages freed, reused, waited for and preempted."""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -89,3 +90,34 @@ def test_bad_paging_arguments_name_the_fix(tiny_model):
         run(tiny_model, slots=3, with_page_stats=True)
     assert _paged.pool_pages(3, 64, 8) == 24 and _paged.pool_pages(3, 60, 8, 10) == 10
     assert _paged.pool_pages(2, 65, 8) == 18
+
+
+def test_preemption_takes_the_latest_rows_until_the_others_fit():
+    """3 live slots (rows 0, 5, 3), 4 pages all held (slot 0: pages 0 and 1, slot 1:
+    page 2, slot 2: page 3); slots 0 and 2 need a page. Preempting row 5 frees one page
+    for two needs; also preempting row 3 frees another and drops its need: rows 5 and 3
+    go back to pending, outputs cleared, and slot 0 gets the first free page (2)."""
+    c, rows, n = 3, 6, 4
+    slots = _paged._Slots(
+        cache=None, logits=jnp.zeros((c, 2)), row=jnp.array([0, 5, 3]), t=jnp.array([9, 3, 9]),
+        live=jnp.ones(c, bool), next_row=jnp.int32(0), tokens=jnp.ones((rows, n), jnp.int32),
+        logp=jnp.ones((rows, n)), sample_logp=jnp.ones((rows, n)),
+        lengths=jnp.full((rows,), 3, jnp.int32), stopped=jnp.zeros(rows, bool))
+    zero = jnp.int32(0)
+    pages = _paged._Pages(
+        owner=jnp.array([0, 0, 1, 2]), table=jnp.array([[0, 1], [2, 4], [3, 4]]),
+        status=jnp.array([1, 0, 0, 1, 0, 1]),
+        stats=_paged.PagedStats(pages_taken=zero, peak_pages=zero, preemptions=zero,
+                                admission_waits=zero))
+    pages, slots, need = _paged._preempt(pages, slots, jnp.array([True, False, True]), pad_id=7)
+    np.testing.assert_array_equal(need, [True, False, False])
+    np.testing.assert_array_equal(slots.live, [True, False, False])
+    np.testing.assert_array_equal(pages.owner, [0, 0, 3, 3])   # 3 = free
+    np.testing.assert_array_equal(pages.status, [1, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(slots.tokens[:, 0], [1, 1, 1, 7, 1, 7])
+    np.testing.assert_array_equal(slots.lengths, [3, 3, 3, 0, 3, 0])
+    assert int(pages.stats.preemptions) == 2
+    pages = _paged._allocate(pages, need, jnp.array([8, 2, 8]), PAGE)
+    np.testing.assert_array_equal(pages.owner, [0, 0, 0, 3])
+    np.testing.assert_array_equal(pages.table[0], [0, 2])
+    assert int(pages.stats.pages_taken) == 1 and int(pages.stats.peak_pages) == 3
