@@ -160,7 +160,8 @@ def main(argv=None):
           f"jax {jax.__version__}; {name}; temperature {args.temperature}; {p} prompts of {prompts.shape[1]} columns x G = {g}",
           flush=True)
     cfg, page, s = nnx.merge(*model).cfg, args.page, prompts.shape[1]
-    contiguous_columns = c * (s + budget)   # the engine's slots: S + N columns each
+    # The engine: the P prompts' prefill, and its slots' S + N columns each.
+    contiguous_columns = p * s + c * (s + budget)
     prompt_columns = p * -(-s // page) * page
     # The pool with the contiguous engine's KV bytes (less the prompts' pages and the trash
     # page), for 2C slots: rows wait for pages (or are preempted) instead of for slots.
@@ -185,10 +186,11 @@ def main(argv=None):
         if how.get("kv_page_size"):   # the pool allocated, and the pages in use at the peak
             pool = prompt_columns + (_pool(how, budget) + 1) * page
             memory = (kv_bytes(cfg, pool), kv_bytes(cfg, prompt_columns + peak * page))
-        elif how["chunk"] or how["slots"]:
+        elif how["slots"]:
             memory = (kv_bytes(cfg, contiguous_columns),) * 2
-        else:   # the static sampler: the prompts once, every row's N columns
-            memory = (kv_bytes(cfg, p * s + p * g * budget),) * 2
+        else:   # the static sampler: each prompt once, every row of a call N columns
+            rows = how["chunk"] or p * g
+            memory = (kv_bytes(cfg, rows // g * s + rows * budget),) * 2
         if reference is None:
             reference = tokens
             print(f"{p * g} rows: lengths mean {got_lengths.mean():.1f}, p99 "

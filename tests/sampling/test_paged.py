@@ -60,10 +60,16 @@ def test_a_small_pool_frees_reuses_waits_and_preempts(tiny_model, paged):
     """8 pages (one full 64-token row) for 3 slots: rows wait for pages at admission, a
     row that runs out is preempted and re-run, and pages go from stopped rows to new
     ones; the rows are the full pool's, token for token (each row's random stream does
-    not depend on when or where it runs)."""
+    not depend on when or where it runs), and the top-p supports recorded are the static
+    sampler's (a preempted row's are cleared and recorded again)."""
     full, _ = paged
-    rows, stats = run_paged(tiny_model, kv_pages=8)
+    rows, stats = run_paged(tiny_model, kv_pages=8, record_support=True)
     assert_same_rows(rows, full)
+    want = run(tiny_model, slots=0, record_support=True)
+    same = (rows.tokens == want.tokens).all(axis=1)
+    assert same.sum() >= len(same) - 1 and (want.support_size[same] > 1).any()
+    np.testing.assert_array_equal(rows.support_size[same], want.support_size[same])
+    np.testing.assert_array_equal(rows.support_ids[same], want.support_ids[same])
     assert stats["peak_pages"] == 8
     assert stats["admission_waits"] > 0
     assert stats["preemptions"] >= 1
