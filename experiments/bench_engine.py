@@ -12,7 +12,7 @@ the long tail of reasoning answers) with its p99 at the budget and capped there.
 tokens/s = the rows' tokens (sum of lengths) / wall time of the whole request, prefill
 included; the best of --repeats rounds (the machine is shared).
 
-Three ways of serving the same P*G rows with at most C rows decoding at once:
+Ways of serving the same P*G rows with at most C rows decoding at once (2C for the last):
 static in batches of C rows (each batch runs until its longest row: the memory of C rows,
 today's sampler called B/C times), static with every row at once (B rows of memory), and
 continuous batching in C slots (`generate(slots=C)`: a stopped row's slot takes the next

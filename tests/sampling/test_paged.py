@@ -127,3 +127,19 @@ def test_preemption_takes_the_latest_rows_until_the_others_fit():
     np.testing.assert_array_equal(pages.owner, [0, 0, 0, 3])
     np.testing.assert_array_equal(pages.table[0], [0, 2])
     assert int(pages.stats.pages_taken) == 1 and int(pages.stats.peak_pages) == 3
+
+
+@pytest.mark.slow
+def test_on_a_mesh_the_paged_slots_give_the_same_rows(static):
+    """8 paged slots on an 8-device mesh (rows split 8 ways, the pools left to XLA):
+    completions 0-3 of each prompt are the static run's, and the rows come back split
+    over the row axes."""
+    mesh = jax.make_mesh((8, 1), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    model = nnx.split(models.init_model(models.get_model_config("tiny"), seed=0, mesh=mesh))
+    with jax.set_mesh(mesh):
+        on_mesh = run_on_device(model, slots=8, group_size=8, kv_page_size=PAGE)
+        assert on_mesh.tokens.sharding.spec[0] in ("fsdp", ("fsdp",))
+        rows = sampling.to_host(on_mesh)
+    for prompt in range(3):
+        np.testing.assert_array_equal(rows.tokens[prompt * 8:prompt * 8 + 4],
+                                      static.tokens[prompt * 4:prompt * 4 + 4])
