@@ -127,6 +127,13 @@ def get_config(arg=None):
     # Continuous batching: decode in this many slots, a stopped row's slot going to the
     # next pending one (0: every row of the batch at once). The same samples either way.
     config.rollout.slots = 0
+    # Paged KV cache for the slots (docs/sampling.md, "Paged KV cache"): tokens per page of
+    # a pool shared by all slots, pages taken as rows grow and freed when they stop (0: each
+    # slot keeps its own prompt + max_new_tokens columns). Needs slots > 0; the same samples.
+    config.rollout.kv_page_size = 0
+    # ... the pool's completion pages (0: enough for every slot's full budget; fewer make
+    # admission wait for pages and may preempt and re-queue the latest rows).
+    config.rollout.kv_pages = 0
     # Split meshes: "" samples on the training mesh; name=size pairs (e.g. "data=4": axes
     # left out have size 1) take that many of the last devices for a mesh of their own
     # that samples, the training mesh (config.mesh) taking the rest. The parameters go to

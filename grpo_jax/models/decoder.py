@@ -40,6 +40,11 @@ class KVCache:
       prefix: None, or a filled `KVCache` of P rows (P divides B) that every group of
         B/P consecutive rows continues: the prompt of G sampled completions, kept once
         per prompt and read once per group (see `Decoder.init_cache`).
+      pages: None, or a `layers.PageIndex`: then `k` and `v` are page pools (one
+        `[M, K, H, page]` / `[M, K, page, H]` array per layer, `[n, M, ...]` per scanned
+        run) shared by all rows, each row reading the pages its table lists and writing
+        its new token where `pages` says (`Decoder.paged_decode_step`); `valid` is
+        `[B, L]` over the table's columns and `index` is unused.
     """
 
     k: tuple
@@ -47,6 +52,7 @@ class KVCache:
     valid: jax.Array
     index: jax.Array
     prefix: "KVCache | None" = None
+    pages: "layers.PageIndex | None" = None
 
     def prefix_lengths(self):
         """`[B]` real tokens each row has in the shared prefix (0 without one)."""
@@ -241,7 +247,7 @@ class Decoder(nnx.Module):
         """
         cfg = self.cfg
         x = sharding.constrain(jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype), ("batch",))
-        index = None if cache is None else cache.index
+        index = None if cache is None else cache.index if cache.pages is None else cache.pages
         prefix_valid = None if cache is None or cache.prefix is None else cache.prefix.valid
         new_k, new_v, stats, chosen = [], [], [], []
         modules = self.stacks if cfg.scan_layers else self.layers
@@ -410,6 +416,25 @@ class Decoder(nnx.Module):
         """One token per row: `[B]` int32 -> (`[B, V]` float32 logits, updated cache), and
         with `with_routing` the experts the token went to, `[L_moe, B, 1, k]`."""
         return self.prefill(tokens[:, None], cache, with_routing=with_routing)
+
+    def paged_decode_step(self, tokens, positions, cache):
+        """One token per row into a paged cache (`KVCache.pages` set): each row writes its
+        token's keys and values at its own (page, offset) and attends the columns of its
+        page table that `cache.valid` marks (the caller marks the new token's column).
+
+        Args:
+          tokens: `[B]` int32.
+          positions: `[B]` int32 rope positions of the tokens.
+          cache: a paged `KVCache` (`sampling._paged`).
+
+        Returns:
+          `(logits [B, V] float32, the cache with the pools written, experts
+          [L_moe, B, 1, k] int32 or None)`.
+        """
+        ones = jnp.ones((tokens.shape[0], 1), jnp.int32)
+        hidden, (k, v), _, experts = self._run(tokens[:, None], ones, positions[:, None],
+                                               cache.valid[:, None, :], cache)
+        return self.logits(hidden[:, -1]), cache.replace(k=tuple(k), v=tuple(v)), experts
 
 
 def abstract_model(cfg):

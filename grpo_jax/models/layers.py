@@ -13,7 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
 from grpo_jax.models import lora, sharding, splash
 
@@ -158,6 +158,51 @@ def grouped_attention(q, k_t, v, mask, *, scale, prefix=None):
     return out.reshape(b, kv, g, s, h).transpose(0, 3, 1, 2, 4).reshape(b, s, n, h)
 
 
+@struct.dataclass
+class PageIndex:
+    """Where a paged decode step writes and reads (`KVCache.pages`).
+
+    Attributes:
+      table: `[B, T]` int32, the pool pages row b reads, in order: its columns are
+        `T * page` wide, column l in page `table[b, l // page]` at offset `l % page`.
+      write_page: `[B]` int32, the page the row's new token goes to.
+      write_offset: `[B]` int32, its offset in that page.
+    """
+
+    table: jax.Array
+    write_page: jax.Array
+    write_offset: jax.Array
+
+
+def paged_write_and_gather(pools, k, v, index, cache_layer=None):
+    """Writes one new token per row into the page pools, then gathers each row's pages.
+
+    Args:
+      pools: `(k pool [M, K, H, page], v pool [M, K, page, H])`, or with `cache_layer`
+        stacked `[n, M, ...]`.
+      k, v: the new keys `[B, K, H, 1]` and values `[B, K, 1, H]`.
+      index: the `PageIndex`.
+      cache_layer: the layer's index in a stacked pool, or None.
+
+    Returns:
+      `(new pools, keys [B, K, H, T*page], values [B, K, T*page, H])`: the XLA gather of
+      every row's pages (the path for CPU and GPU).
+    """
+    lead = () if cache_layer is None else (cache_layer,)
+    page, offset = index.write_page, index.write_offset
+    pool_k = pools[0].at[(*lead, page, slice(None), slice(None), offset)].set(
+        k[..., 0].astype(pools[0].dtype))
+    pool_v = pools[1].at[(*lead, page, slice(None), offset, slice(None))].set(
+        v[:, :, 0, :].astype(pools[1].dtype))
+    layer_k, layer_v = (pool_k, pool_v) if cache_layer is None else (
+        jax.lax.dynamic_index_in_dim(c, cache_layer, keepdims=False) for c in (pool_k, pool_v))
+    b, t = index.table.shape
+    heads, head_dim, size = layer_k.shape[1:]
+    keys = layer_k[index.table].transpose(0, 2, 3, 1, 4).reshape(b, heads, head_dim, t * size)
+    values = layer_v[index.table].transpose(0, 2, 1, 3, 4).reshape(b, heads, t * size, head_dim)
+    return (pool_k, pool_v), keys, values
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE, optional qkv/o biases and q/k RMSNorm."""
 
@@ -210,7 +255,9 @@ class Attention(nnx.Module):
             before attending. These are the layouts a decode step reads in place (see
             `grouped_attention`): with `[B, L, K, H]` XLA:CPU transposed the whole cache
             every step.
-          cache_index: scalar int32 slot of the first new token.
+          cache_index: scalar int32 slot of the first new token; or a `PageIndex`: then
+            `kv_cache` holds page pools shared by all rows and the new token (S = 1) is
+            written per row (`paged_write_and_gather`).
           prefix: optional shared prefix rows attended before the cache (see
             `grouped_attention`); always the XLA path, whatever `attention_impl`.
           cache_layer: with a stacked cache (`[n, B, K, H, L]`, a scanned model's), this
@@ -229,7 +276,9 @@ class Attention(nnx.Module):
         k = apply_rope(self._project(x, "k", dropout_key), positions, inv_freq).transpose(0, 2, 3, 1)  # [B, K, H, S]
         v = self._project(x, "v", dropout_key).transpose(0, 2, 1, 3)  # [B, K, S, H]
         k, v = (sharding.constrain(a, ("batch", "kv_heads")) for a in (k, v))
-        if kv_cache is not None:
+        if isinstance(cache_index, PageIndex):   # a paged cache: pools shared by all rows
+            kv_cache, k, v = paged_write_and_gather(kv_cache, k, v, cache_index, cache_layer)
+        elif kv_cache is not None:
             lead = () if cache_layer is None else (cache_layer,)
 
             def write(buffer, new, start):

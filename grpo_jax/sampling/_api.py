@@ -7,11 +7,13 @@ import numpy as np
 from grpo_jax.sampling._buckets import bucket_length
 from grpo_jax.sampling._engine import generate_continuous
 from grpo_jax.sampling._generate import _generate, _int32, _rule_axes, row_multiple
+from grpo_jax.sampling._paged import check_pages, generate_paged
 
 
 def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size, max_new_tokens,
              stop_tokens, pad_id, prompt_ids=None, max_len_bucket=None, rules="sampling",
-             record_support=False, record_routing=False, slots=0):
+             record_support=False, record_routing=False, slots=0, kv_page_size=0, kv_pages=0,
+             with_page_stats=False):
     """Samples `group_size` completions of every prompt.
 
     Under a mesh (`jax.set_mesh`), the rows are split over the mesh's row axes (every
@@ -54,6 +56,13 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
         tokens as the static batch (each row has its own random stream), up to float
         rounding in the logits, and the same records. 0 (or >= P*G): every row decodes
         at once.
+      kv_page_size: with `slots`, tokens per page of a paged KV cache (`_paged`: a pool
+        of pages shared by the slots, taken as rows grow and freed when they stop); 0:
+        each slot has its own S + N columns. The same tokens either way. Not with
+        `record_routing`.
+      kv_pages: with `kv_page_size`, the pool's completion pages (at least one full
+        row's, ceil(N / kv_page_size)); 0: enough for every slot's full budget.
+      with_page_stats: return `(Rollout, _paged.PagedStats)` (with `kv_page_size` only).
 
     Returns:
       A `Rollout` of device arrays, rows sharded like the batch; `to_host` gathers it.
@@ -62,6 +71,24 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
                                                max_len_bucket, rules, prompt_ids)
     p = np.shape(prompt_tokens)[0]
     continuous = 0 < slots < p * group_size
+    if kv_page_size:
+        if not slots:
+            raise ValueError(f"kv_page_size={kv_page_size} pages the slots' caches; set slots > 0")
+        if record_routing:
+            raise ValueError("kv_page_size does not record routing; set record_routing=False "
+                             "or kv_page_size=0")
+        num_slots = min(int(slots), p * group_size)
+        check_slots(num_slots)
+        check_pages(num_slots, int(max_len_bucket), int(kv_page_size), int(kv_pages))
+        rollout, stats = generate_paged(
+            graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids),
+            method, _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
+            group_size=group_size, buffer_len=int(max_len_bucket), num_slots=num_slots,
+            page_size=int(kv_page_size), kv_pages=int(kv_pages), rules=rules,
+            record_support=bool(record_support))
+        return (rollout, stats) if with_page_stats else rollout
+    if with_page_stats:
+        raise ValueError("with_page_stats needs kv_page_size > 0")
     if continuous:
         check_slots(slots)
         return generate_continuous(

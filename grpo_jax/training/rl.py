@@ -127,6 +127,7 @@ def check_config(config, mesh):
         raise ValueError("rollout.slots must be an int >= 0 (0: no continuous batching), "
                          f"got {r.slots!r}")
     policy_lib.check_rollout_dtype(config)
+    check_paging_config(config)
     if config.filtering.short_batch not in rollout.SHORT_BATCH:
         raise ValueError(f"filtering.short_batch must be one of {rollout.SHORT_BATCH}, got "
                          f"{config.filtering.short_batch!r}")
@@ -135,6 +136,38 @@ def check_config(config, mesh):
     rollout.check_environment_config(config)
     async_rl.check_config(config, jax.process_count())
     partial.check_config(config, jax.process_count())
+
+
+def check_paging_config(config):
+    """``rollout.kv_page_size`` pages the slots' caches of the one-shot sampler: it needs
+    ``rollout.slots`` > 0, and multi-turn episodes and partial rollouts (`sampling.Engine`)
+    keep contiguous caches."""
+    r = config.rollout
+    for field in ("kv_page_size", "kv_pages"):
+        if not isinstance(r[field], int) or r[field] < 0:
+            raise ValueError(f"rollout.{field} must be an int >= 0 (0: off / the default pool), "
+                             f"got {r[field]!r}")
+    if not r.kv_page_size:
+        if r.kv_pages:
+            raise ValueError(f"rollout.kv_pages={r.kv_pages} sizes the page pool of "
+                             "rollout.kv_page_size, which is 0; set kv_page_size > 0 or kv_pages=0")
+        return
+    if r.slots <= 0:
+        raise ValueError(f"rollout.kv_page_size={r.kv_page_size} pages the continuous-batching "
+                         "slots' caches, but rollout.slots is 0; set rollout.slots > 0 or "
+                         "rollout.kv_page_size=0")
+    if config.environment.name or r.partial.enabled:
+        raise ValueError("rollout.kv_page_size pages the one-shot sampler only; multi-turn "
+                         "episodes (environment.name) and partial rollouts (rollout.partial) "
+                         "decode contiguously: set rollout.kv_page_size=0")
+    if r.keep_routing:
+        raise ValueError("rollout.kv_page_size does not record routing; set "
+                         "rollout.keep_routing=False or rollout.kv_page_size=0")
+    per_row = -(-r.max_new_tokens // r.kv_page_size)
+    if r.kv_pages and r.kv_pages < per_row:
+        raise ValueError(f"rollout.kv_pages={r.kv_pages} cannot hold one row of "
+                         f"rollout.max_new_tokens={r.max_new_tokens} in pages of "
+                         f"{r.kv_page_size}; set rollout.kv_pages >= {per_row} (or 0)")
 
 
 def check_critic_config(config):

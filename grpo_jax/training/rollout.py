@@ -153,15 +153,16 @@ class Episodic:
 
 def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules,
                    record_support=False, record_routing=False, slots=0, episodic=None,
-                   examples=None, prompt_ids=None, buffer_len=None):
+                   examples=None, prompt_ids=None, buffer_len=None, kv_page_size=0, kv_pages=0):
     """`sampling.generate` on global prompt rows (in `slots` decode slots when > 0), or
     with `episodic` the rows as episodes: `sampling.Engine` (all rows at once when
     `slots` is 0) with the environment answering the rows' calls (`run_episodes`;
     `examples`: each of this process's prompts' example); `prompt_ids`: the global
     prompts' random streams (default: their row numbers); `buffer_len`: the rows' width
     (default `max_new_tokens`; a partial rollout's rows stop at a smaller budget in the
-    run's buffer). Returns `(Rollout on the mesh, Episodes of this process's rows or
-    None)`."""
+    run's buffer); `kv_page_size`, `kv_pages`: a paged KV cache for the slots (without
+    `episodic`; `sampling.generate`). Returns `(Rollout on the mesh, Episodes of this
+    process's rows or None)`."""
     tokenizer = policy.tokenizer
     common = dict(rng=rng, method=method, group_size=group_size, max_new_tokens=max_new_tokens,
                   stop_tokens=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
@@ -171,7 +172,8 @@ def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_to
     with jax.set_mesh(mesh):
         if episodic is None:
             return sampling.generate(policy.graphdef, policy.params, prompts["tokens"],
-                                     prompts["mask"], slots=slots, **common), None
+                                     prompts["mask"], slots=slots, kv_page_size=kv_page_size,
+                                     kv_pages=kv_pages, **common), None
         rows = prompts["tokens"].shape[0] * group_size
         engine = sampling.Engine(policy.graphdef, policy.params, prompts["tokens"], prompts["mask"],
                                  slots=slots or rows, pause_tokens=episodic.pause_tokens,
@@ -242,7 +244,8 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
         policy, mesh, prompts, rng=rng, method=method, group_size=group_size,
         max_new_tokens=config.rollout.max_new_tokens, rules=config.rollout.rules,
         record_support=keep_mask, record_routing=bool(routing),
-        slots=config.rollout.slots, episodic=episodic, examples=examples)
+        slots=config.rollout.slots, episodic=episodic, examples=examples,
+        kv_page_size=config.rollout.kv_page_size, kv_pages=config.rollout.kv_pages)
     rewards, correct, metrics = score_own_rows(rollout, texts, examples, scorer, policy.tokenizer,
                                                group_size)
     scored = parallel.global_rows(mesh, {"rewards": rewards, "correct": correct})

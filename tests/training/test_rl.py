@@ -187,6 +187,24 @@ def test_continuous_batching_and_packing_give_the_reference_step(data_dir, refer
 
 
 @pytest.mark.slow
+def test_a_paged_kv_cache_gives_the_same_step(data_dir, tmp_path):
+    """Step 1 with 8 slots over 16-token pages: the same rollouts, row for row, and the
+    same rewards and loss as the static sampler's step (4 prompts x 4 answers)."""
+    overrides = {"train.steps": 1, "train.log_rollouts_every": 1}
+    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "static"))
+    rl.train(tiny_config("dapo", data_dir, **overrides, **{"rollout.slots": 8,
+                                                           "rollout.kv_page_size": 16}),
+             str(tmp_path / "paged"))
+    assert (tmp_path / "paged" / "rollouts" / "1.jsonl").read_text() == \
+        (tmp_path / "static" / "rollouts" / "1.jsonl").read_text()
+    got, want = read_metrics(tmp_path / "paged")[0], read_metrics(tmp_path / "static")[0]
+    for key in ("reward_mean", "accuracy", "response_length_mean", "truncation_rate"):
+        assert got[key] == want[key], key
+    for key, value in comparable(want).items():
+        assert_metric_close(key, got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.slow
 def test_lagged_rollouts_and_reference_resets_resume_exactly(data_dir, tmp_path):
     """The state beyond parameters (lagged rollout parameters, a reset KL reference) is
     checkpointed: a run stopped at step 2 and resumed equals an uninterrupted one. With
@@ -303,7 +321,18 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
     ({"filtering.short_batch": "skip"}, ValueError, r"filtering.short_batch must be one of"),
     ({"rollout.policy_lag": -1}, ValueError, r"rollout.policy_lag must be >= 0"),
     ({"rollout.slots": -2}, ValueError, r"rollout.slots must be an int >= 0"),
+<<<<<<< HEAD
     ({"rollout.dtype": "bf16"}, ValueError, r"rollout.dtype must be '' \(model.dtype\) or one of"),
+=======
+    ({"rollout.kv_page_size": 16}, ValueError, r"rollout.kv_page_size=16 pages the "
+     r"continuous-batching slots' caches, but rollout.slots is 0; set rollout.slots > 0"),
+    ({"rollout.kv_pages": 4}, ValueError, r"rollout.kv_pages=4 sizes the page pool of "
+     r"rollout.kv_page_size, which is 0"),
+    ({"rollout.slots": 8, "rollout.kv_page_size": 16, "rollout.kv_pages": 1}, ValueError,
+     r"rollout.kv_pages=1 cannot hold one row of rollout.max_new_tokens=\d+ in pages of 16"),
+    ({"rollout.slots": 8, "rollout.kv_page_size": -1}, ValueError,
+     r"rollout.kv_page_size must be an int >= 0"),
+>>>>>>> pagedkv
     ({"rollout.partial.enabled": True, "rollout.partial.tokens_per_step": 0}, ValueError,
      r"rollout.partial.tokens_per_step must be an int >= 1"),
     ({"train.packing": "yes"}, ValueError,
