@@ -321,9 +321,7 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
     ({"filtering.short_batch": "skip"}, ValueError, r"filtering.short_batch must be one of"),
     ({"rollout.policy_lag": -1}, ValueError, r"rollout.policy_lag must be >= 0"),
     ({"rollout.slots": -2}, ValueError, r"rollout.slots must be an int >= 0"),
-<<<<<<< HEAD
     ({"rollout.dtype": "bf16"}, ValueError, r"rollout.dtype must be '' \(model.dtype\) or one of"),
-=======
     ({"rollout.kv_page_size": 16}, ValueError, r"rollout.kv_page_size=16 pages the "
      r"continuous-batching slots' caches, but rollout.slots is 0; set rollout.slots > 0"),
     ({"rollout.kv_pages": 4}, ValueError, r"rollout.kv_pages=4 sizes the page pool of "
@@ -332,7 +330,6 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
      r"rollout.kv_pages=1 cannot hold one row of rollout.max_new_tokens=\d+ in pages of 16"),
     ({"rollout.slots": 8, "rollout.kv_page_size": -1}, ValueError,
      r"rollout.kv_page_size must be an int >= 0"),
->>>>>>> pagedkv
     ({"rollout.partial.enabled": True, "rollout.partial.tokens_per_step": 0}, ValueError,
      r"rollout.partial.tokens_per_step must be an int >= 1"),
     ({"train.packing": "yes"}, ValueError,
