@@ -24,6 +24,7 @@ from grpo_jax.data.arithmetic import ArithmeticConfig
 from grpo_jax.data.countdown import Countdown
 from grpo_jax.data.countdown import CountdownConfig
 from grpo_jax.data.gsm8k import Gsm8k
+from grpo_jax.data.humaneval import Humaneval
 from grpo_jax.data.loader import BUILDERS
 from grpo_jax.data.loader import builder_config
 from grpo_jax.data.loader import data_source

@@ -1,5 +1,6 @@
 """Reading official files from a TFDS ``manual_dir`` (nothing downloads at run time)."""
 
+import gzip
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -9,7 +10,8 @@ from etils import epath
 
 def read_jsonl(manual_dir: epath.PathLike, filename: str, *, dataset: str,
                fields: set[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yields ``(line_number, row)`` for each non-empty line of ``manual_dir/filename``.
+    """Yields ``(line_number, row)`` for each non-empty line of ``manual_dir/filename``
+    (gzip-compressed when the name ends in ``.gz``).
 
     Raises:
       FileNotFoundError: the file is not in ``manual_dir``.
@@ -20,7 +22,9 @@ def read_jsonl(manual_dir: epath.PathLike, filename: str, *, dataset: str,
         raise FileNotFoundError(
             f"{dataset}: {path} not found; copy the official {filename} into the "
             f"manual_dir passed to data_source(..., manual_dir=...)")
-    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    data = path.read_bytes()
+    text = (gzip.decompress(data) if filename.endswith(".gz") else data).decode("utf-8")
+    for line_number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         row = json.loads(line)

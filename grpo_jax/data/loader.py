@@ -30,6 +30,7 @@ from grpo_jax.data import _records
 from grpo_jax.data import arithmetic
 from grpo_jax.data import countdown
 from grpo_jax.data import gsm8k
+from grpo_jax.data import humaneval
 from grpo_jax.data import math500
 from grpo_jax.data import reasoning_gym_tasks
 from grpo_jax.data import rpt
@@ -37,7 +38,8 @@ from grpo_jax.data import rpt
 BUILDERS = {
     builder.name: builder
     for builder in (arithmetic.Arithmetic, countdown.Countdown,
-                    reasoning_gym_tasks.ReasoningGym, gsm8k.Gsm8k, math500.Math500, rpt.Rpt)
+                    reasoning_gym_tasks.ReasoningGym, gsm8k.Gsm8k, math500.Math500, rpt.Rpt,
+                    humaneval.Humaneval)
 }
 
 # The builders whose examples are generated from knobs (a run's ``config.task.knobs``).

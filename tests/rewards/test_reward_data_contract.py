@@ -41,6 +41,8 @@ TASK_REWARDS = [
     ("countdown", "countdown", "(6 - 2) * 25", {"numbers": [25, 6, 2, 9], "target": 100}),
     ("countdown_compact", "countdown", "3*(7+9)", {"numbers": [3, 7, 9], "target": 48}),
     ("rpt", "rpt", "brown fox", {"continuation": "brown fox"}),
+    ("humaneval", "code_tests", "def f():\n    return 1\n",
+     {"tests": '{"kind": "assert", "setup": "", "cases": ["assert f() == 1"]}'}),
 ]
 
 
