@@ -28,6 +28,7 @@ import tensorflow_datasets as tfds
 from grpo_jax import paths
 from grpo_jax.data import _records
 from grpo_jax.data import arithmetic
+from grpo_jax.data import code_tasks
 from grpo_jax.data import countdown
 from grpo_jax.data import gsm8k
 from grpo_jax.data import humaneval
@@ -39,14 +40,15 @@ BUILDERS = {
     builder.name: builder
     for builder in (arithmetic.Arithmetic, countdown.Countdown,
                     reasoning_gym_tasks.ReasoningGym, gsm8k.Gsm8k, math500.Math500, rpt.Rpt,
-                    humaneval.Humaneval)
+                    humaneval.Humaneval, code_tasks.CodeTasks)
 }
 
 # The builders whose examples are generated from knobs (a run's ``config.task.knobs``).
 CONFIG_CLASSES = {"arithmetic": arithmetic.ArithmeticConfig,
                   "countdown": countdown.CountdownConfig,
                   "reasoning_gym": reasoning_gym_tasks.ReasoningGymConfig,
-                  "rpt": rpt.RptConfig}
+                  "rpt": rpt.RptConfig,
+                  "code_tasks": code_tasks.CodeTasksConfig}
 
 
 def builder_config(name: str, knobs: dict[str, Any]) -> tfds.core.BuilderConfig | None:

@@ -16,7 +16,7 @@ Answer formats (the final answer a completion must give; every ``solution`` give
   math500                                   ``\\boxed{<answer>}`` (the last one counts)
   countdown, countdown_compact              ``<answer><expression></answer>``
   rpt                                       ``\\boxed{<the next token(s)>}``
-  humaneval                                 a ```` ```python ```` block (the last one counts)
+  humaneval, code_tasks                     a ```` ```python ```` block (the last one counts)
 
 e.g. arithmetic ``8+6+0=14 7+5+1=13 4+2+1=7 #### 734``, countdown
 ``<answer>(6 - 2) * 6</answer>``, rpt ``\\boxed{fox}``.
@@ -81,6 +81,7 @@ TASK_FORMATS = {
     "countdown_compact": TaskFormat(ANSWER_TAGS, plain_template="{question}:"),
     "rpt": TaskFormat(NEXT_TOKENS),
     "humaneval": TaskFormat(PYTHON_BLOCK),
+    "code_tasks": TaskFormat(PYTHON_BLOCK, plain_template="{question}\n"),
 }
 
 

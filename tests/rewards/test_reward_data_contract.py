@@ -43,6 +43,8 @@ TASK_REWARDS = [
     ("rpt", "rpt", "brown fox", {"continuation": "brown fox"}),
     ("humaneval", "code_tests", "def f():\n    return 1\n",
      {"tests": '{"kind": "assert", "setup": "", "cases": ["assert f() == 1"]}'}),
+    ("code_tasks", "code_tests", "def f(x):\n    return x\n",
+     {"tests": '{"kind": "assert", "setup": "", "cases": ["assert f(2) == 2"]}'}),
 ]
 
 

@@ -45,7 +45,7 @@ def runlocal_config(recipe, data_dir, **overrides):
         # a calculator call, its reply and the answer are at most 62 with the stop token.
         config.rollout.max_new_tokens = (56 if config.task.knobs.get("verdicts") else
                                          64 if config.task.knobs.get("calculator_fraction") else 34)
-    elif config.task.name == "countdown":   # a check trace needs the recipe's budget
+    elif config.task.name in ("countdown", "code_tasks"):   # the recipe's budget
         config.task.knobs.num_train = 512
         config.task.knobs.num_test = 16
     else:   # rpt on the builtin corpus: fewer positions per document
