@@ -13,7 +13,7 @@ Countdown rows add "numbers" and "target", RPT rows "context" and "continuation"
 | `format`      | the whole completion                 | exactly the `tags` blocks, in order                   |
 | `self_verify` | final `<verify>correct|incorrect</verify>` | the verdict matches the `grader`'s judgement    |
 | `rpt`         | last `\\boxed{}`                      | a token-boundary prefix of "continuation"             |
-| `code_tests`  | last fenced python block             | it passes the "tests" (or the share it passes), run in the sandbox |
+| `code_tests`  | last fenced python block             | it passes "tests" (or a share), run in a sandbox      |
 | `overlong`    | "completion_length", "max_new_tokens" | (a penalty in [-1, 0], DAPO's soft overlong shaping) |
 | `length_budget` | "completion_length", "max_new_tokens" | the answer has at most `budget` tokens (GDPO)      |
 

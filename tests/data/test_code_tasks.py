@@ -65,7 +65,8 @@ def test_knobs_shape_the_problems():
 
 
 @pytest.mark.parametrize("knobs, message", [
-    ({"kinds": ("float",)}, r"code_tasks.kinds must be a non-empty subset of \('int', 'list', 'str'\)"),
+    ({"kinds": ("float",)},
+     r"code_tasks.kinds must be a non-empty subset of \('int', 'list', 'str'\)"),
     ({"min_steps": 3, "max_steps": 2}, "1 <= min_steps <= max_steps, got 3 and 2"),
     ({"num_tests": 1}, "code_tasks.num_tests must be >= 2, got 1"),
 ])
