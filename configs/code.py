@@ -16,7 +16,9 @@ task to replace with a training set, e.g. TACO or APPS, for real runs).
 ``runlocal``: 16 prompts x 4 answers, 4 updates (configs/base.py set_regime), on the
 procedural code task (one- and two-step functions over integers and lists, the tiny
 model warm-started by SFT) with a 160-token budget (the longest reference is 117
-characters with its stop token, short of the overlong zone that starts at 128).
+characters with its stop token, short of the overlong zone that starts at 128); a warm
+start that passes few programs finds few groups with signal, so dynamic sampling draws
+at most 4 batches and trains on the groups found (short_batch "pad", as configs/demo.py).
 Load: `config_lib.load_config("configs/code.py:runlocal=True")`.
 """
 
@@ -50,5 +52,7 @@ def get_config(arg=None):
         config.eval.num_prompts = 100
     config_lib.set_objective(config, presets.dapo(group_size=config.objective.group_size))
     config.filtering.dynamic_sampling = True
-    config.filtering.max_gen_batches = 10
+    config.filtering.max_gen_batches = 4 if arg.runlocal else 10
+    if arg.runlocal:
+        config.filtering.short_batch = "pad"
     return config

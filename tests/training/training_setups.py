@@ -61,9 +61,10 @@ def runlocal_config(recipe, data_dir, **overrides):
     # rows too) and its answers a token or two (its SFT loss is flat after ~40 steps); the
     # MoE model runs 8 experts per layer; the calculator's and the verdicts' rows are twice
     # as long (64 and 56 tokens), countdown's check traces 5x, and 100 steps already call the
-    # tool or write a verdict.
+    # tool or write a verdict; code_tasks' programs are up to 117 tokens.
     longer = any(config.task.knobs.get(k) for k in ("calculator_fraction", "verdicts",
                                                      "check_fraction"))
+    longer = longer or config.task.name == "code_tasks"
     config.sft.steps = ({"rpt": 40}.get(config.task.name) or
                         (100 if config.model.name == "tiny_moe" or longer else 200))
     config.sft.batch_size = 16 if config.task.name == "rpt" else 32
