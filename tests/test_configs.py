@@ -174,8 +174,10 @@ def test_missing_config_file_is_named():
 
 # Held-out sizes known without building a dataset: a generated task's num_<split> knob, the
 # official files' counts for the fixed ones (GSM8K, Cobbe et al., arXiv:2110.14168; MATH-500,
-# Lightman et al., arXiv:2305.20050). RPT's test split depends on its corpus: not checked.
-FIXED_SPLITS = {("gsm8k", "train"): 7473, ("gsm8k", "test"): 1319, ("math500", "test"): 500}
+# Lightman et al., arXiv:2305.20050; HumanEval, Chen et al., arXiv:2107.03374). RPT's test
+# split depends on its corpus: not checked.
+FIXED_SPLITS = {("gsm8k", "train"): 7473, ("gsm8k", "test"): 1319, ("math500", "test"): 500,
+                ("humaneval", "test"): 164}
 
 
 def _held_out_size(task):

@@ -22,9 +22,12 @@ from grpo_jax.data._records import split_of
 from grpo_jax.data.arithmetic import Arithmetic
 from grpo_jax.data.arithmetic import ArithmeticConfig
 from grpo_jax.data.benchmarks import BENCHMARKS
+from grpo_jax.data.code_tasks import CodeTasks
+from grpo_jax.data.code_tasks import CodeTasksConfig
 from grpo_jax.data.countdown import Countdown
 from grpo_jax.data.countdown import CountdownConfig
 from grpo_jax.data.gsm8k import Gsm8k
+from grpo_jax.data.humaneval import Humaneval
 from grpo_jax.data.loader import BUILDERS
 from grpo_jax.data.loader import builder_config
 from grpo_jax.data.loader import data_source

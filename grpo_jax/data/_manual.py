@@ -1,6 +1,7 @@
 """Reading official files from a TFDS ``manual_dir`` (nothing downloads at run time)."""
 
 import dataclasses
+import gzip
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +38,7 @@ def read_jsonl(manual_dir: epath.PathLike, filename: str, *, dataset: str, field
                convert: Callable[[dict[str, Any]], dict[str, Any]]
                ) -> Iterator[tuple[int, dict[str, Any], dict[str, Any]]]:
     """Yields ``(line_number, row, convert(row))`` for each non-empty line of
-    ``manual_dir/filename``.
+    ``manual_dir/filename`` (gzip-compressed when the name ends in ``.gz``).
 
     Raises:
       FileNotFoundError: the file is not in ``manual_dir``.
@@ -50,8 +51,9 @@ def read_jsonl(manual_dir: epath.PathLike, filename: str, *, dataset: str, field
         raise FileNotFoundError(
             f"{dataset}: {path} not found; copy the official {filename} into the "
             f"manual_dir passed to data_source(..., manual_dir=...)")
+    data = path.read_bytes()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = (gzip.decompress(data) if filename.endswith(".gz") else data).decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"{dataset}: {path} is not UTF-8 text ({error}); copy the official "
                          f"{filename} again") from error

@@ -4,7 +4,7 @@ Every example is a dict with at least ``task``, ``question``, ``answer`` and
 ``solution`` (all ``str``; ``solution`` is a complete SFT target that ends in the
 task's answer format). Countdown adds ``numbers`` (list of int) and ``target``
 (int); RPT adds ``context`` and ``continuation``; MATH-500 adds ``subject``,
-``level`` and ``unique_id``.
+``level`` and ``unique_id``; code tasks add ``tests`` (JSON, see ``rewards._code``).
 """
 
 import hashlib

@@ -31,8 +31,10 @@ from grpo_jax.data import _records
 from grpo_jax.data import _release
 from grpo_jax.data import arithmetic
 from grpo_jax.data import benchmarks
+from grpo_jax.data import code_tasks
 from grpo_jax.data import countdown
 from grpo_jax.data import gsm8k
+from grpo_jax.data import humaneval
 from grpo_jax.data import math500
 from grpo_jax.data import math_train
 from grpo_jax.data import reasoning_gym_tasks
@@ -42,6 +44,7 @@ BUILDERS = {
     builder.name: builder
     for builder in (arithmetic.Arithmetic, countdown.Countdown,
                     reasoning_gym_tasks.ReasoningGym, gsm8k.Gsm8k, math500.Math500, rpt.Rpt,
+                    humaneval.Humaneval, code_tasks.CodeTasks,
                     *math_train.RELEASE_BUILDERS, *benchmarks.RELEASE_BUILDERS)
 }
 
@@ -50,6 +53,7 @@ CONFIG_CLASSES = {"arithmetic": arithmetic.ArithmeticConfig,
                   "countdown": countdown.CountdownConfig,
                   "reasoning_gym": reasoning_gym_tasks.ReasoningGymConfig,
                   "rpt": rpt.RptConfig,
+                  "code_tasks": code_tasks.CodeTasksConfig,
                   # Builders of release files: their config is keyed on the files read.
                   **{builder.name: builder.BUILDER_CONFIG_CLASS
                      for builder in (*math_train.RELEASE_BUILDERS, *benchmarks.RELEASE_BUILDERS)}}

@@ -18,6 +18,7 @@ Answer formats (the final answer a completion must give; every ``solution`` give
   olympiadbench                             ``\\boxed{<answer>}``
   countdown, countdown_compact              ``<answer><expression></answer>``
   rpt                                       ``\\boxed{<the next token(s)>}``
+  humaneval, code_tasks                     a ```` ```python ```` block (the last one counts)
 
 e.g. arithmetic ``8+6+0=14 7+5+1=13 4+2+1=7 #### 734``, countdown
 ``<answer>(6 - 2) * 6</answer>``, rpt ``\\boxed{fox}``.
@@ -50,6 +51,10 @@ ANSWER_TAGS = AnswerFormat(
     "<answer>{answer}</answer>",
     "Think step by step, then write only the expression inside <answer> </answer> "
     "tags, for example <answer>(1 + 2) * 3</answer>.")
+PYTHON_BLOCK = AnswerFormat(
+    "```python\n{answer}```",
+    "Write the complete solution, with its imports, as one Python program in a "
+    "```python code block.")
 NEXT_TOKENS = AnswerFormat(
     "\\boxed{{{answer}}}",
     "Reason about how the text above continues, then put the word(s) that come "
@@ -80,6 +85,8 @@ TASK_FORMATS = {
     "countdown": TaskFormat(ANSWER_TAGS),
     "countdown_compact": TaskFormat(ANSWER_TAGS, plain_template="{question}:"),
     "rpt": TaskFormat(NEXT_TOKENS),
+    "humaneval": TaskFormat(PYTHON_BLOCK),
+    "code_tasks": TaskFormat(PYTHON_BLOCK, plain_template="{question}\n"),
 }
 
 

@@ -13,6 +13,7 @@ Countdown rows add "numbers" and "target", RPT rows "context" and "continuation"
 | `format`      | the whole completion                 | exactly the `tags` blocks, in order                   |
 | `self_verify` | final `<verify>correct|incorrect</verify>` | the verdict matches the `grader`'s judgement    |
 | `rpt`         | last `\\boxed{}`                      | a token-boundary prefix of "continuation"             |
+| `code_tests`  | last fenced python block             | it passes "tests" (or a share), run in a sandbox      |
 | `overlong`    | "completion_length", "max_new_tokens" | (a penalty in [-1, 0], DAPO's soft overlong shaping) |
 | `length_budget` | "completion_length", "max_new_tokens" | the answer has at most `budget` tokens (GDPO)      |
 
@@ -33,6 +34,10 @@ _extras.require("grpo_jax.rewards")   # before the imports it guards
 
 from grpo_jax.rewards._answers import final_boxed_answer
 from grpo_jax.rewards._answers import final_gsm8k_answer
+from grpo_jax.rewards._code import code_tests_reward
+from grpo_jax.rewards._code import extract_program
+from grpo_jax.rewards._code import run_tests
+from grpo_jax.rewards._code import sandbox_lines
 from grpo_jax.rewards._countdown import InvalidExpression
 from grpo_jax.rewards._countdown import countdown_reward
 from grpo_jax.rewards._countdown import evaluate as evaluate_expression
@@ -57,6 +62,13 @@ from grpo_jax.rewards._registry import reward_names
 from grpo_jax.rewards._registry import unregister
 from grpo_jax.rewards._rpt import matches_continuation
 from grpo_jax.rewards._rpt import rpt_reward
+from grpo_jax.rewards._sandbox import BwrapSandbox
+from grpo_jax.rewards._sandbox import Limits
+from grpo_jax.rewards._sandbox import RunResult
+from grpo_jax.rewards._sandbox import Sandbox
+from grpo_jax.rewards._sandbox import bwrap_works
+from grpo_jax.rewards._sandbox import describe as describe_sandbox
+from grpo_jax.rewards._sandbox import get_sandbox
 from grpo_jax.rewards._scoring import RewardSpec
 from grpo_jax.rewards._scoring import as_specs
 from grpo_jax.rewards._scoring import score_batch

@@ -161,6 +161,8 @@ class Scorer:
         self.separate = separate
         self.max_new_tokens = max_new_tokens
         needs_pool = any(rewards.get_reward(n).where == "pool" for n in names)
+        for line in rewards.sandbox_lines(self.specs):   # which sandbox runs the programs
+            print(line, flush=True)
         self.pool = rewards.GraderPool(timeout_s=reward_cfg.timeout_s) if needs_pool else None
 
     def __call__(self, prompts, completions, examples, lengths):

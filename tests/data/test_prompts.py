@@ -101,13 +101,14 @@ class TestAnswerFormats:
         ("arithmetic", "#### 734"), ("gsm8k", "#### 734"), ("gsm_symbolic", "#### 734"),
         ("basic_arithmetic", "#### 734"), ("chain_sum", "#### 734"),
         ("math500", "\\boxed{734}"), ("rpt", "\\boxed{734}"),
-        ("countdown", "<answer>734</answer>"),
+        ("countdown", "<answer>734</answer>"), ("humaneval", "```python\n734```"),
     ])
     def test_render_answer(self, task, rendered):
         assert data.render_answer(task, "734") == rendered
 
     def test_every_task_has_an_instruction_naming_its_marker(self):
-        markers = {"#### ": "'#### <answer>'", "\\boxed": "\\boxed{}", "<answer>": "<answer>"}
+        markers = {"#### ": "'#### <answer>'", "\\boxed": "\\boxed{}", "<answer>": "<answer>",
+                   "```python": "```python"}
         for task, fmt in prompts.TASK_FORMATS.items():
             marker = next(m for m in markers if fmt.answer.template.startswith(m))
             assert markers[marker] in fmt.answer.instruction, task

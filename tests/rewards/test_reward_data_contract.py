@@ -49,6 +49,10 @@ TASK_REWARDS = [
     ("amc23", "math", "1.5", {}),
     ("minerva_math", "math", r"1.3 \times 10^{-3}", {}),
     ("olympiadbench", "math", r"\frac{1}{2}, -\frac{1}{2}", {}),
+    ("humaneval", "code_tests", "def f():\n    return 1\n",
+     {"tests": '{"kind": "assert", "setup": "", "cases": ["assert f() == 1"]}'}),
+    ("code_tasks", "code_tests", "def f(x):\n    return x\n",
+     {"tests": '{"kind": "assert", "setup": "", "cases": ["assert f(2) == 2"]}'}),
 ]
 
 

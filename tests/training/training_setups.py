@@ -45,7 +45,7 @@ def runlocal_config(recipe, data_dir, **overrides):
         # a calculator call, its reply and the answer are at most 62 with the stop token.
         config.rollout.max_new_tokens = (56 if config.task.knobs.get("verdicts") else
                                          64 if config.task.knobs.get("calculator_fraction") else 34)
-    elif config.task.name == "countdown":   # a check trace needs the recipe's budget
+    elif config.task.name in ("countdown", "code_tasks"):   # the recipe's budget
         config.task.knobs.num_train = 512
         config.task.knobs.num_test = 16
     else:   # rpt on the builtin corpus: fewer positions per document
@@ -61,9 +61,10 @@ def runlocal_config(recipe, data_dir, **overrides):
     # rows too) and its answers a token or two (its SFT loss is flat after ~40 steps); the
     # MoE model runs 8 experts per layer; the calculator's and the verdicts' rows are twice
     # as long (64 and 56 tokens), countdown's check traces 5x, and 100 steps already call the
-    # tool or write a verdict.
+    # tool or write a verdict; code_tasks' programs are up to 117 tokens.
     longer = any(config.task.knobs.get(k) for k in ("calculator_fraction", "verdicts",
                                                      "check_fraction"))
+    longer = longer or config.task.name == "code_tasks"
     config.sft.steps = ({"rpt": 40}.get(config.task.name) or
                         (100 if config.model.name == "tiny_moe" or longer else 200))
     config.sft.batch_size = 16 if config.task.name == "rpt" else 32
