@@ -64,10 +64,10 @@ def shape_text(shape):
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _leaves(x):
+def leaves(x):
     """The scalars of a (nested) list or tuple."""
     if isinstance(x, (list, tuple)):
-        return [leaf for item in x for leaf in _leaves(item)]
+        return [leaf for item in x for leaf in leaves(item)]
     return [x]
 
 
@@ -88,9 +88,9 @@ def _dtype(x):
     Python scalar on the host; a list holding arrays or tracers gets their result type)."""
     if hasattr(x, "dtype"):
         return np.dtype(x.dtype)
-    leaves = _leaves(x)
-    if any(hasattr(leaf, "dtype") for leaf in leaves):
-        return np.dtype(jnp.result_type(*leaves))
+    scalars = leaves(x)
+    if any(hasattr(leaf, "dtype") for leaf in scalars):
+        return np.dtype(jnp.result_type(*scalars))
     return np.asarray(x).dtype
 
 
