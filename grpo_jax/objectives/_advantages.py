@@ -157,6 +157,7 @@ def masked_whiten(x, mask, *, shift_mean=True, eps=1e-8):
     """
     _checks.check_real("masked_whiten", x=x, mask=mask)
     _checks.check_like("masked_whiten", "[...]", x=x, mask=mask)
+    x, mask = jnp.asarray(x), jnp.asarray(mask)
     valid = mask.astype(bool)
     x = jnp.where(valid, x.astype(jnp.float32), 0.0)
     count = jnp.sum(valid)
@@ -194,6 +195,7 @@ def outcome_token_rewards(rewards, mask):
     _checks.check_real("outcome_token_rewards", rewards=rewards, mask=mask)
     rows, _ = _checks.check_token_arrays("outcome_token_rewards", mask=mask)
     _check_rewards("outcome_token_rewards", rewards, rows)
+    rewards, mask = jnp.asarray(rewards), jnp.asarray(mask)
     positions = jnp.arange(mask.shape[1])
     last = jnp.max(jnp.where(mask.astype(bool), positions, -1), axis=1)
     at_last = positions[None, :] == last[:, None]
@@ -248,7 +250,8 @@ def reinforce_pp_advantages(rewards, mask, *, gamma=1.0, group_size=None,
     _checks.check_real(fn, mask=mask, token_rewards=token_rewards)
     rows, _ = _checks.check_token_arrays(fn, mask=mask, token_rewards=token_rewards)
     _check_rewards(fn, rewards, rows)
-    rewards = rewards.astype(jnp.float32)
+    rewards, mask = jnp.asarray(rewards).astype(jnp.float32), jnp.asarray(mask)
+    token_rewards = None if token_rewards is None else jnp.asarray(token_rewards)
     if group_size is not None:
         grouped = _grouped(rewards, group_size, fn=fn)
         rewards = (grouped - jnp.mean(grouped, axis=1, keepdims=True)).reshape(-1)
@@ -342,6 +345,7 @@ def gae(token_rewards, values, mask, *, gamma, lam):
     rows, _ = _checks.check_token_arrays("gae", token_rewards=token_rewards, values=values,
                                          mask=mask)
     _checks.check_scalar_or_rows("gae", "lam", lam, rows)
+    token_rewards, values, mask = map(jnp.asarray, (token_rewards, values, mask))
     lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (token_rewards.shape[0],))
     valid = mask.astype(bool)
 

@@ -50,9 +50,11 @@ def aggregate(loss, mask, *, mode, num_tokens=None, num_seqs=None, norm_len=None
     _checks.check_choice("mode", mode, AGGREGATION_MODES)
     _checks.check_real("aggregate", loss=loss, mask=mask)
     _checks.check_token_arrays("aggregate", loss=loss, mask=mask)
+    _checks.check_binary_mask("aggregate", "mask", mask)
     _checks.check_scalar("aggregate", num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
     if norm_len is not None:
         _checks.check_greater("aggregate: norm_len", norm_len, 0)
+    loss, mask = jnp.asarray(loss), jnp.asarray(mask)
     valid = mask.astype(bool)
     masked = jnp.where(valid, loss.astype(jnp.promote_types(loss.dtype, jnp.float32)), 0.0)
     num_seqs = loss.shape[0] if num_seqs is None else jnp.maximum(num_seqs, 1)

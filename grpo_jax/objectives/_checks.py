@@ -217,3 +217,20 @@ def check_last_axis(fn, name, x, form="[..., V]", what="a vocabulary axis last")
     if len(shape_of(x)) < 1:
         raise shape_error(fn, name, f"{form} ({what})", shape_of(x))
     return shape_of(x)
+
+
+def check_binary_mask(fn, name, mask):
+    """Raises ValueError when a floating `mask` known on the host holds values other than 0
+    and 1: masks select tokens (a 0.5 would count as 1), they do not weight them. A traced
+    mask (under jit) cannot be read and is not checked; integer and bool masks select
+    wherever they are non-zero."""
+    if mask is None or isinstance(mask, (list, tuple)) or isinstance(mask, jax.core.Tracer):
+        return
+    if not _is_floating(_dtype(mask)):
+        return
+    values = np.asarray(mask)
+    soft = (values != 0) & (values != 1)
+    if soft.any():
+        raise ValueError(f"{fn}: {name} must hold 0 and 1 only (it selects tokens; a soft "
+                         f"weight would count as 1), got {values[soft].flat[0]!r}: weight "
+                         "the per-token loss, or the advantages, instead")

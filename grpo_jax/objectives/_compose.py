@@ -16,7 +16,9 @@ Global counts (micro-batching, sharding): ``num_tokens`` is ``loss_mask(batch).s
 over the whole minibatch, the tokens the loss is normalised over (truncated answers
 already removed when overlong.mode == "mask"); ``num_seqs`` counts the real rows (padding
 rows excluded, truncated rows included, as `aggregate`'s default B does). With them the
-losses and metrics of micro-batches add up to those of the full batch.
+losses and metrics of micro-batches add up to those of the full batch, except M2PO's,
+Clip-Cov's and KL-Cov's, whose token selection is a statistic of the micro-batch
+(docs/objectives.md, "Objectives that depend on the micro-batch").
 
 Metrics, each a scalar:
 

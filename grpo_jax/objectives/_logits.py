@@ -33,6 +33,7 @@ def token_logprobs(logits, tokens, *, temperature=1.0):
       Array([[-1.3862944]], dtype=float32)
     """
     _check_logits_and_tokens("token_logprobs", logits, tokens)
+    logits, tokens = jnp.asarray(logits), jnp.asarray(tokens)
     scaled = logits.astype(jnp.float32) / temperature
     chosen = jnp.take_along_axis(scaled, tokens[..., None], axis=-1)[..., 0]
     return chosen - jax.nn.logsumexp(scaled, axis=-1)
@@ -98,6 +99,7 @@ def completion_logprobs(logits, tokens, prompt_lengths, completion_len, *, tempe
     if len(_checks.shape_of(tokens)) != 2:
         raise _checks.shape_error(fn, "tokens", "[B, L] (rows x prompt and completion "
                                   "positions)", _checks.shape_of(tokens))
+    logits, tokens = jnp.asarray(logits), jnp.asarray(tokens)
     b, length = tokens.shape
     if _checks.shape_of(logits)[:2] != (b, length) or len(_checks.shape_of(logits)) != 3:
         raise _checks.shape_error(fn, "logits", f"[B, L, V] with [B, L] = tokens' {(b, length)}",
@@ -152,6 +154,6 @@ def entropy_from_logits(logits):
     """
     _checks.check_floating("entropy_from_logits", logits=logits)
     _checks.check_last_axis("entropy_from_logits", "logits", logits)
-    logits = logits.astype(jnp.float32)
+    logits = jnp.asarray(logits).astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(probs * logits, axis=-1)

@@ -46,7 +46,7 @@ def _reinforce_pp(spec, batch, rewards, reward_weights):
             required(batch, "old_logp", "kl.in_reward"), required(batch, "ref_logp", "kl.in_reward"),
             kind=spec.kl_kind)
     return reinforce_pp_advantages(
-        rewards, batch["mask"], gamma=spec.gamma, token_rewards=token_rewards,
+        rewards, required(batch, "mask", "advantage.estimator='reinforce_pp'"), gamma=spec.gamma, token_rewards=token_rewards,
         group_size=spec.group_size if spec.baseline else None)
 
 
@@ -74,7 +74,7 @@ def _gae(spec, batch, rewards, reward_weights):
     if rewards.ndim != 1:
         raise ValueError(f"objective.advantage.estimator='gae' takes one reward per answer, got "
                          f"rewards of shape {rewards.shape}; sum the reward columns (not gdpo)")
-    mask = batch["mask"]
+    mask = required(batch, "mask", "advantage.estimator='gae'")
     values = required(batch, "values", "advantage.estimator='gae'")
     advantages, _ = gae(outcome_token_rewards(rewards, mask), values, mask,
                         gamma=spec.gamma, lam=_policy_lambda(spec, mask))

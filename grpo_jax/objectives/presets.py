@@ -82,13 +82,25 @@ def gspo(*, group_size, eps_low=3e-4, eps_high=4e-4, **changes) -> PolicyObjecti
                                eps_high=eps_high), changes)
 
 
-def cispo(*, group_size, eps_low=1.0, eps_high=0.28, **changes) -> PolicyObjective:
+def cispo(*, group_size, eps_low=1.0, eps_high=0.28, trl_epsilon_high=None,
+          **changes) -> PolicyObjective:
     """CISPO: the importance weight clipped (upper bound only), never the gradient.
 
-    eps_low = 1 removes the lower bound as MiniMax-M1 does. The recipe adds DAPO's dynamic
-    sampling and soft overlong reward. Paper: MiniMax, MiniMax-M1 (arXiv:2506.13585),
-    sec. 3.1, eq. 4-5.
+    eps_low = 1 removes the lower bound as MiniMax-M1 does. The weight's cap is
+    1 + eps_high (relative, as the paper's epsilon); ``trl_epsilon_high=c`` takes TRL's
+    absolute cap c instead (TRL's ``epsilon_high`` with ``loss_type="cispo"``: c = 5.0 is
+    eps_high = 4.0 here; passing 5.0 as eps_high would cap at 6). The recipe adds DAPO's
+    dynamic sampling and soft overlong reward. Paper: MiniMax, MiniMax-M1
+    (arXiv:2506.13585), sec. 3.1, eq. 4-5.
     """
+    if trl_epsilon_high is not None:
+        if eps_high != 0.28:
+            raise ValueError("presets.cispo: give eps_high (relative: the cap is 1 + eps_high) "
+                             "or trl_epsilon_high (TRL's absolute cap), not both")
+        if not trl_epsilon_high >= 1.0:
+            raise ValueError(f"presets.cispo: trl_epsilon_high is TRL's absolute cap on the "
+                             f"weight pi_theta / pi_old and must be >= 1, got {trl_epsilon_high}")
+        eps_high = float(trl_epsilon_high) - 1.0
     return _build("cispo", dict(group_size=group_size, policy_loss="cispo",
                                 aggregation="token-mean", eps_low=eps_low, eps_high=eps_high),
                   changes)
