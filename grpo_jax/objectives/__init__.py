@@ -31,6 +31,8 @@ from grpo_jax.objectives._compose import describe
 from grpo_jax.objectives._compose import policy_objective
 from grpo_jax.objectives._compose import validate_objective_config
 from grpo_jax.objectives._covariance import clip_cov_loss
+from grpo_jax.objectives._distill import generalized_jsd
+from grpo_jax.objectives._distill import reverse_kl_distill_loss
 from grpo_jax.objectives._covariance import kl_cov_loss
 from grpo_jax.objectives._covariance import token_covariance
 from grpo_jax.objectives._kl import KL_KINDS

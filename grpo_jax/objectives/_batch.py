@@ -25,6 +25,8 @@ BATCH_KEYS = {
     "rewards": ("[B] or [B, K]", "to compute the advantages inside the call ([B, K] for "
                                  "gdpo: one column per reward); NaN or inf: unscorable"),
     "ref_logp": ("[B, T]", "log-probs under the reference policy (kl.beta > 0)"),
+    "teacher_logp": ("[B, T]", "a teacher's log-probs of the sampled tokens "
+                               "(advantage.estimator 'reverse_kl', distillation)"),
     "values": ("[B, T]", "the critic's V(s_t) (advantage.estimator 'gae')"),
     "correct": ("[B]", "which answers are right (positive_nll_weight > 0)"),
     "entropy": ("[B, T]", "token entropy, computed inside the differentiated function "

@@ -81,7 +81,7 @@ from grpo_jax.objectives._aggregation import aggregate
 from grpo_jax.objectives._kl import kl_penalty
 from grpo_jax.objectives._mismatch import rollout_correction
 from grpo_jax.objectives._registry import (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, RANDOM_LOSSES,
-                                           required)
+                                           REWARDLESS_ESTIMATORS, required)
 from grpo_jax.objectives._shaping import offpolicy_sequence_mask, truncated_mask
 from grpo_jax.objectives._spec import ObjectiveSpec, objective_spec
 from grpo_jax.objectives._trust_region import m2po_mask
@@ -163,7 +163,8 @@ class PolicyObjective:
                  "ref_logp": spec.kl_beta > 0, "values": spec.estimator == "gae",
                  "correct": spec.positive_nll_weight > 0, "entropy": spec.entropy_coef != 0,
                  "behaviour_logp": spec.importance, "truncated": spec.overlong == "mask",
-                 "loss_seed": spec.policy_loss in RANDOM_LOSSES}
+                 "loss_seed": spec.policy_loss in RANDOM_LOSSES,
+                 "teacher_logp": spec.estimator in REWARDLESS_ESTIMATORS}
         optional = ["prompt_ids", "row_valid", "num_tokens", "num_seqs"]
         if spec.positive_nll_weight > 0:
             optional.append("num_positive_tokens")
@@ -172,7 +173,10 @@ class PolicyObjective:
         if (spec.m2po or spec.offpolicy_mask) and not spec.importance:
             optional.append("behaviour_logp")
         required_keys = tuple(k for k, need in needs.items() if need)
-        optional_keys = ("advantages", "rewards") + tuple(optional)
+        if spec.estimator in REWARDLESS_ESTIMATORS:
+            optional_keys = ("advantages",) + tuple(optional)
+        else:
+            optional_keys = ("advantages", "rewards") + tuple(optional)
         return {"required": required_keys, "optional": optional_keys}
 
     def _prepared(self, batch, *, need_mask=True):
@@ -200,6 +204,9 @@ class PolicyObjective:
         advantages without an error.
         """
         batch = self._prepared(batch, need_mask=False)
+        if self.spec.estimator in REWARDLESS_ESTIMATORS:
+            adv = self.advantage_fn(self.spec, batch, None, self.reward_weights)
+            return self._layout_checked(adv, batch, "objective.advantages")
         rewards = required(batch, "rewards", "advantages")
         _checks.check_real("objective.advantages", rewards=rewards)
         rewards = rewards.astype(jnp.float32)
@@ -213,11 +220,15 @@ class PolicyObjective:
                 batch = {**batch, "mask": mask * finite[:, None].astype(mask.dtype)}
         adv = self.advantage_fn(self.spec, batch, rewards, self.reward_weights)
         adv = jnp.where(finite[:, None] if adv.ndim == 2 else finite, adv, 0.0)
-        if "prompt_ids" in batch:
-            ok = _batch.check_group_layout(batch["prompt_ids"], self.spec.group_size,
-                                           fn="objective.advantages")
-            adv = jnp.where(ok, adv, jnp.nan)
-        return adv
+        return self._layout_checked(adv, batch, "objective.advantages")
+
+    def _layout_checked(self, adv, batch, fn):
+        """`adv`, after checking ``batch["prompt_ids"]`` when present (NaN if traced and
+        wrong; `_batch.check_group_layout`)."""
+        if "prompt_ids" not in batch:
+            return adv
+        ok = _batch.check_group_layout(batch["prompt_ids"], self.spec.group_size, fn=fn)
+        return jnp.where(ok, adv, jnp.nan)
 
     def loss_mask(self, batch):
         """`[B, T]`: the tokens the loss is normalised over.
@@ -256,11 +267,7 @@ class PolicyObjective:
         mask = self.loss_mask(batch)
         num_tokens, num_seqs = batch.get("num_tokens"), batch.get("num_seqs")
         if "advantages" in batch:
-            adv = batch["advantages"]
-            if "prompt_ids" in batch:
-                ok = _batch.check_group_layout(batch["prompt_ids"], spec.group_size,
-                                               fn="objective")
-                adv = jnp.where(ok, adv, jnp.nan)
+            adv = self._layout_checked(batch["advantages"], batch, "objective")
         else:
             adv = self.advantages(batch)
         old_logp = required(batch, "old_logp", "every objective (pi_old's log-probs, [B, T])")
@@ -333,8 +340,10 @@ def describe(objective: PolicyObjective) -> str:
     lines = [f"batch keys of {objective.spec.policy_loss} / {objective.spec.estimator} "
              f"({objective.spec.aggregation}):"]
     for kind in ("required", "optional"):
-        if kind == "optional":
+        if kind == "optional" and "rewards" in keys[kind]:
             lines.append("optional (advantages or rewards is required):")
+        elif kind == "optional":
+            lines.append("optional:")
         else:
             lines.append("required:")
         for key in keys[kind]:

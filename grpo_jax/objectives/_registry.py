@@ -14,6 +14,7 @@ from grpo_jax.objectives._advantages import (gae, gdpo_advantages, group_advanta
                                              outcome_token_rewards, reinforce_pp_advantages,
                                              rloo_advantages)
 from grpo_jax.objectives._covariance import clip_cov_loss, kl_cov_loss
+from grpo_jax.objectives._distill import reverse_kl_distill_loss
 from grpo_jax.objectives._kl import kl_penalty
 from grpo_jax.objectives._policy_losses import (cispo_loss, gspo_loss, pg_loss, ppo_clip_loss,
                                                 sapo_loss)
@@ -81,13 +82,27 @@ def _gae(spec, batch, rewards, reward_weights):
     return masked_whiten(advantages, mask) if spec.whiten else advantages
 
 
+def _reverse_kl(spec, batch, rewards, reward_weights):
+    """On-policy distillation's `[B, T]` advantages: the per-token reward -k_t =
+    log pi_T(y_t) - log pi_old(y_t), the teacher's log-prob over the sampler's (Agarwal et
+    al., arXiv:2306.13649, sec. 3.1, with the reverse KL); rewards are not read."""
+    mask = required(batch, "mask", "advantage.estimator='reverse_kl'")
+    teacher = required(batch, "teacher_logp", "advantage.estimator='reverse_kl'")
+    _, diagnostics = reverse_kl_distill_loss(
+        required(batch, "old_logp", "advantage.estimator='reverse_kl'"), teacher, mask)
+    return -diagnostics["reverse_kl"]
+
+
 ADVANTAGE_ESTIMATORS = {
     "group": _group,
     "rloo": _rloo,
     "reinforce_pp": _reinforce_pp,
     "gdpo": _gdpo,
     "gae": _gae,
+    "reverse_kl": _reverse_kl,
 }
+# Estimators that read no reward (the batch's "rewards", if any, is ignored).
+REWARDLESS_ESTIMATORS = {"reverse_kl"}
 
 # --- Policy losses: name -> (function, the ObjectiveSpec fields passed as keywords).
 # A field is its keyword's name, or (spec field, keyword) where the two differ.

@@ -25,7 +25,9 @@ from grpo_jax.objectives._trust_region import DPPO_DIVERGENCES
 OVERLONG_MODES = ("none", "mask")
 ADVANTAGE_SCALES = ("group", "batch", "none")
 # Losses whose paper defines the objective per answer: 1/G sum_i 1/|y_i| sum_t.
-BUILTIN_ESTIMATORS = ("group", "rloo", "reinforce_pp", "gdpo", "gae")
+BUILTIN_ESTIMATORS = ("group", "rloo", "reinforce_pp", "gdpo", "gae", "reverse_kl")
+BUILTIN_LOSSES = ("pg", "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "dppo", "clip_cov",
+                  "kl_cov")
 PER_ANSWER_LOSSES = {"gspo": "Zheng et al., arXiv:2507.18071, eq. 5",
                      "sapo": "Gao et al., arXiv:2511.20347, the SAPO objective",
                      "gmpo": "Zhao et al., arXiv:2507.20673, the GMPO objective"}
@@ -40,7 +42,8 @@ class ObjectiveSpec:
     group_size (group_size), required: G, the completions per prompt; rows are P
       prompts x G completions laid out consecutively, and G must divide the batch.
     estimator (advantage.estimator) "group": "group" (GRPO, Dr. GRPO), "rloo",
-      "reinforce_pp", "gdpo", or "gae" (PPO, VAPO: GAE over batch["values"]).
+      "reinforce_pp", "gdpo", "gae" (PPO, VAPO: GAE over batch["values"]), or
+      "reverse_kl" (on-policy distillation: per-token teacher_logp - old_logp, no reward).
     advantage_scale (advantage.scale) "group": group estimator's divisor: the group's
       std ("group"), the batch's ("batch"), none ("none", Dr. GRPO).
     ddof (advantage.ddof) 0: the std's ddof (0 population; TRL and verl use 1).
@@ -382,9 +385,10 @@ def _reads(spec):
         for field in fields:
             loss_fields.setdefault(field if isinstance(field, str) else field[0], []).append(name)
     reads = {f if isinstance(f, str) else f[0] for f in POLICY_LOSSES[kind][1]}
-    for field, kinds in loss_fields.items():
-        need((field,), field in reads,
-             "objective.loss.kind " + ", ".join(repr(k) for k in kinds))
+    if kind in BUILTIN_LOSSES:   # a registered loss may read any field (functools.partial)
+        for field, kinds in loss_fields.items():
+            need((field,), field in reads,
+                 "objective.loss.kind " + ", ".join(repr(k) for k in kinds))
     if est in BUILTIN_ESTIMATORS:   # a registered estimator may read any field
         need(("advantage_scale", "ddof"), est == "group", "objective.advantage.estimator 'group'")
         need(("advantage_eps",), est in ("group", "gdpo"),

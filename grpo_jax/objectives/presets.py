@@ -23,7 +23,7 @@ from grpo_jax.objectives._compose import PolicyObjective, policy_objective
 from grpo_jax.objectives._spec import ObjectiveSpec, check_keywords
 
 __all__ = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "reinforce_pp", "gdpo",
-           "ppo", "vapo", "gmpo", "dppo", "m2po", "clip_cov", "kl_cov"]
+           "ppo", "vapo", "gmpo", "dppo", "m2po", "clip_cov", "kl_cov", "distill"]
 
 
 def _build(preset, fields, changes, reward_weights=None) -> PolicyObjective:
@@ -242,3 +242,19 @@ def kl_cov(*, group_size, kl_fraction=2e-3, kl_coef=1.0, **changes) -> PolicyObj
     return _build("kl_cov", dict(group_size=group_size, policy_loss="kl_cov",
                                  aggregation="token-mean", kl_cov_fraction=kl_fraction,
                                  kl_cov_coef=kl_coef), changes)
+
+
+def distill(*, group_size=1, **changes) -> PolicyObjective:
+    """On-policy distillation: the student samples, a teacher's log-probs of the sampled
+    tokens give each token the reward -(log pi_old - log pi_teacher), the reverse KL.
+
+    The batch carries ``teacher_logp`` (`[B, T]`, the same tokenizer) instead of rewards;
+    the per-token advantages are teacher_logp - old_logp, the loss the plain
+    importance-weighted policy gradient, token mean: on-policy (old_logp = logp) its value
+    is the token mean of the reverse-KL estimate and its gradient that of
+    `reverse_kl_distill_loss`. No groups are needed (group_size 1 unless given).
+    Paper: Agarwal et al., On-Policy Distillation of Language Models (GKD,
+    arXiv:2306.13649), sec. 3.1, with the reverse KL.
+    """
+    return _build("distill", dict(group_size=group_size, estimator="reverse_kl",
+                                  policy_loss="pg", aggregation="token-mean"), changes)
