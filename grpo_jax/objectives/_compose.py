@@ -62,6 +62,10 @@ Metrics, each a scalar:
   ``positive_nll``       VAPO's positive-example LM loss: the NLL of the  token mean over
                          correct answers' tokens, before its weight mu    correct answers
                          (positive_nll_weight > 0)
+  ``nonfinite_logp``     share of tokens whose logp or old_logp is NaN    token mean
+                         or infinite (the loss is then NaN)
+  ``nonfinite_           rows whose reward is NaN or infinite (batch has  count
+  rewards``              ``rewards``): advantage 0
   =====================  ===============================================  ================
 
 "Token mean" is the sum over `loss_mask` tokens / num_tokens, "sum / num_seqs" the count
