@@ -226,8 +226,8 @@ def check_binary_mask(fn, name, mask):
     wherever they are non-zero."""
     if mask is None or isinstance(mask, (list, tuple)) or isinstance(mask, jax.core.Tracer):
         return
-    if not _is_floating(_dtype(mask)):
-        return
+    if not _is_floating(_dtype(mask)) or not getattr(mask, "is_fully_addressable", True):
+        return   # (an array spread over other hosts cannot be read here)
     values = np.asarray(mask)
     soft = (values != 0) & (values != 1)
     if soft.any():

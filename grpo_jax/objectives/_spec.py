@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import numbers
 import typing
+import warnings
 from typing import Any, Mapping
 
 from grpo_jax.objectives import _checks
@@ -157,9 +158,12 @@ class ObjectiveSpec:
         _validate(self)
 
     def replace(self, **changes):
-        """A copy with `changes` (flat keywords); unknown names are rejected."""
+        """A copy with `changes` (flat keywords); unknown names, and fields the copy does
+        not read, are rejected."""
         check_keywords(changes, "ObjectiveSpec.replace")
-        return dataclasses.replace(self, **changes)
+        spec = dataclasses.replace(self, **changes)
+        check_read(spec, changes, "ObjectiveSpec.replace")
+        return spec
 
     def config_items(self):
         """``(config path, value)`` for every field, in declaration order."""
@@ -307,7 +311,9 @@ def objective_spec(config: Any) -> ObjectiveSpec:
     if "group_size" not in values:
         raise ValueError("objective.group_size is missing: set it to G, the completions per "
                          "prompt (the batch's rows are P prompts x G completions)")
-    return ObjectiveSpec(**values)
+    spec = ObjectiveSpec(**values)
+    warn_unread(spec)
+    return spec
 
 
 def _field(name):
@@ -352,7 +358,6 @@ def _validate(spec):
         raise ValueError(f"objective.aggregation.norm_len must be None (T, the batch's token "
                          f"axis) or an integer >= 1 (Dr. GRPO: the generation budget), got "
                          f"{spec.norm_len!r}")
-    _check_read(spec)
     if spec.estimator == "rloo" and spec.group_size < 2:
         raise ValueError(f"objective.group_size must be >= 2 for rloo, got {spec.group_size}")
     if spec.kl_in_reward and spec.estimator != "reinforce_pp":
@@ -410,18 +415,36 @@ def _reads(spec):
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ObjectiveSpec)
              if f.default is not dataclasses.MISSING}
+_WARNED = set()
 
 
-def _check_read(spec):
-    """Raises ValueError when a field the objective never reads is set (not its default):
-    it would do nothing (``presets.sapo(eps_high=0.3)``: SAPO has no clip)."""
+def _unread_message(spec, name, settings):
+    return (f"{_field(name)}={getattr(spec, name)!r} has no effect here: only {settings} "
+            f"read it (this objective: loss.kind {spec.policy_loss!r}, advantage.estimator "
+            f"{spec.estimator!r}, aggregation.mode {spec.aggregation!r})")
+
+
+def check_read(spec, given, where):
+    """Raises ValueError when a keyword the caller gave (`given`) is a field `spec` never
+    reads: it would do nothing (``presets.sapo(group_size=4, eps_high=0.3)``: SAPO has
+    no clip). `where` names the call."""
+    unread = _reads(spec)
+    for name in given:
+        if name in unread:
+            raise ValueError(f"{where}: {_unread_message(spec, name, unread[name])}; "
+                             "leave it out")
+
+
+def warn_unread(spec):
+    """Warns, once per message, for each field of a config section that `spec` never
+    reads but that differs from its default. A section carries every field, and a
+    sweep's base may set one that only some entries read, so this warns, not raises."""
     for name, settings in _reads(spec).items():
         if getattr(spec, name) != _DEFAULTS[name]:
-            raise ValueError(
-                f"{_field(name)}={getattr(spec, name)!r} has no effect here: only "
-                f"{settings} read it (this objective: loss.kind {spec.policy_loss!r}, "
-                f"advantage.estimator {spec.estimator!r}, aggregation.mode "
-                f"{spec.aggregation!r}); leave it at its default {_DEFAULTS[name]!r}")
+            message = _unread_message(spec, name, settings)
+            if message not in _WARNED:
+                _WARNED.add(message)
+                warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def field_types() -> Mapping[str, type]:

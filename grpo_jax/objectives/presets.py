@@ -12,7 +12,8 @@ of that name builds: the recipes in configs/ are made by calling these functions
 ``group_size`` (G, the completions per prompt) is required: it fixes the grouping of the
 rows, so it is stated at the call, never inherited from a recipe, and a batch G does not
 divide is an error. Any other `ObjectiveSpec` field can be given as a keyword; an unknown
-keyword is a TypeError naming the closest field.
+keyword is a TypeError naming the closest field, and a field the objective does not read
+(``presets.sapo(group_size=4, eps_high=0.3)``) a ValueError naming the settings that do.
 
 What a recipe holds beyond the objective (dynamic sampling, DAPO's soft overlong
 penalty, which is a reward, the rollout regime, the learning rate) is the trainer's, in
@@ -20,7 +21,7 @@ configs/<method>.py; each preset's docstring says what that is.
 """
 
 from grpo_jax.objectives._compose import PolicyObjective, policy_objective
-from grpo_jax.objectives._spec import ObjectiveSpec, check_keywords
+from grpo_jax.objectives._spec import ObjectiveSpec, check_keywords, check_read
 
 __all__ = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "reinforce_pp", "gdpo",
            "ppo", "vapo", "gmpo", "dppo", "m2po", "clip_cov", "kl_cov", "distill"]
@@ -28,8 +29,9 @@ __all__ = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "reinforc
 
 def _build(preset, fields, changes, reward_weights=None) -> PolicyObjective:
     check_keywords(changes, f"presets.{preset}")
-    return policy_objective(ObjectiveSpec(**{**fields, **changes}),
-                            reward_weights=reward_weights)
+    spec = ObjectiveSpec(**{**fields, **changes})
+    check_read(spec, changes, f"presets.{preset}")
+    return policy_objective(spec, reward_weights=reward_weights)
 
 
 def grpo(*, group_size, eps_low=0.2, eps_high=0.2, kl_beta=0.001, kl_kind="k3",

@@ -2,6 +2,7 @@
 or are handled as documented. One test per case."""
 
 import re
+import warnings
 from pathlib import Path
 
 import jax
@@ -233,16 +234,27 @@ class TestUnreadOptions:
         ("dapo", {"tau_pos": 2.0}, "loss.kind 'sapo'"),
         ("dapo", {"m2po_tau": 0.1}, "m2po.enabled=True"),
         ("dapo", {"lam": 0.9}, "advantage.estimator 'gae'"),
+        ("sapo", {"eps_high": 0.2}, "loss.kind 'ppo_clip'"),   # given, even at its default
         ("grpo", {"norm_len": 16}, "aggregation.mode 'seq-mean-token-sum-norm'"),
     ])
     def test_option_the_loss_does_not_read_raises(self, preset, option, reader):
         with pytest.raises(ValueError, match=re.escape(reader)):
             getattr(presets, preset)(group_size=4, **option)
 
-    def test_config_section_too(self):
-        with pytest.raises(ValueError, match=r"objective.loss.eps_high=0.3 has no effect"):
-            objectives.policy_objective({"group_size": 4, "loss": {"kind": "sapo",
-                                                                   "eps_high": 0.3}})
+    def test_config_section_warns_once(self):
+        """A recipe's section holds every field and a sweep's base may set one only some
+        entries read: a warning, once, not an error."""
+        section = {"group_size": 4, "loss": {"kind": "sapo", "eps_high": 0.31},
+                   "aggregation": {"mode": "seq-mean-token-mean"}}
+        with pytest.warns(UserWarning, match=r"objective.loss.eps_high=0.31 has no effect"):
+            objectives.policy_objective(section)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            objectives.policy_objective(section)   # the same message again: silent
+
+    def test_spec_replace_raises(self):
+        with pytest.raises(ValueError, match=r"ObjectiveSpec.replace: objective.loss.tau_pos"):
+            presets.dapo(group_size=4).spec.replace(tau_pos=2.0)
 
     def test_read_options_still_pass(self):
         presets.dapo(group_size=4, importance=True, importance_level="sequence")
