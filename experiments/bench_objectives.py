@@ -286,8 +286,8 @@ def bench_limit(dapo, repeats, dram_bytes):
 def lean_dapo(loss_cfg):
     """EXPERIMENT, not the library: policy_objective's DAPO path (no KL, entropy or
     importance weights), equal values, with the valid tokens counted as a float32 sum
-    (XLA:CPU turns the bool count into an s32 copy + reduce-window) and the five metric
-    sums taken by ONE reduction over a stacked [5, B, T] array instead of one each."""
+    (XLA:CPU turns the bool count into an s32 copy + reduce-window) and the six metric
+    sums taken by ONE reduction over a stacked [6, B, T] array instead of one each."""
 
     def objective(logp, batch):
         valid = batch["mask"].astype(bool)
@@ -296,6 +296,7 @@ def lean_dapo(loss_cfg):
             eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high)
         count = jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)  # exact below 2**24
         loss = jnp.sum(jnp.where(valid, loss_bt, 0.0)) / count
+        diagnostics["nonfinite_logp"] = ~(jnp.isfinite(logp) & jnp.isfinite(batch["old_logp"]))
         stacked = jnp.stack([jnp.where(valid, v, 0.0) for v in diagnostics.values()])
         metrics = dict(zip(diagnostics, jnp.sum(stacked, axis=(1, 2)) / count))
         return loss, {**metrics, "policy_loss": loss, "loss": loss}
@@ -316,7 +317,7 @@ def bench_variants(dapo, repeats):
                                         eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high)
         return objs.aggregate(loss_bt, batch["mask"], mode="token-mean")
 
-    variants = {"policy_objective(dapo): loss + 5 metrics": (dapo["fn"], (logp, batch)),
+    variants = {"policy_objective(dapo): loss + 6 metrics": (dapo["fn"], (logp, batch)),
                 "experimental lean_dapo: same values": (lean, (logp, batch)),
                 "ppo_clip_loss + aggregate, no metrics": (jax.jit(jax.value_and_grad(loss_only)),
                                                           (logp, batch))}

@@ -23,10 +23,16 @@ from grpo_jax.objectives._advantages import reinforce_pp_advantages
 from grpo_jax.objectives._advantages import rloo_advantages
 from grpo_jax.objectives._aggregation import AGGREGATION_MODES
 from grpo_jax.objectives._aggregation import aggregate
+from grpo_jax.objectives._batch import BATCH_KEYS
+from grpo_jax.objectives._batch import TRAINER_KEYS
+from grpo_jax.objectives._batch import check_group_layout
 from grpo_jax.objectives._compose import PolicyObjective
+from grpo_jax.objectives._compose import describe
 from grpo_jax.objectives._compose import policy_objective
 from grpo_jax.objectives._compose import validate_objective_config
 from grpo_jax.objectives._covariance import clip_cov_loss
+from grpo_jax.objectives._distill import generalized_jsd
+from grpo_jax.objectives._distill import reverse_kl_distill_loss
 from grpo_jax.objectives._covariance import kl_cov_loss
 from grpo_jax.objectives._covariance import token_covariance
 from grpo_jax.objectives._kl import KL_KINDS

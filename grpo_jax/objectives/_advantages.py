@@ -19,13 +19,6 @@ def _grouped(rewards, group_size, *, minimum=1, fn=None):
     return rewards.reshape(-1, group_size)
 
 
-def _std(x, *, ddof, axis=None):
-    """Standard deviation with `ddof` (0: population, 1: unbiased)."""
-    count = x.size if axis is None else x.shape[axis]
-    mean = jnp.mean(x, axis=axis, keepdims=True)
-    return jnp.sqrt(jnp.sum(jnp.square(x - mean), axis=axis) / (count - ddof))
-
-
 def _check_rewards(fn, rewards, rows=None):
     """`rewards` is `[B]` (one scalar per completion, `rows` of them), any real dtype."""
     _checks.check_real(fn, rewards=rewards)
@@ -35,9 +28,21 @@ def _check_rewards(fn, rewards, rows=None):
                             "gdpo_advantages for [B, K])" if columns else None)
 
 
-def _all_equal(grouped_pg):
-    """`[P]` bool: every reward of the group is identical."""
-    return jnp.max(grouped_pg, axis=1) == jnp.min(grouped_pg, axis=1)
+def _all_equal(grouped_pg, finite):
+    """`[P]` bool: every finite reward of the group is identical."""
+    high = jnp.max(jnp.where(finite, grouped_pg, -jnp.inf), axis=1)
+    low = jnp.min(jnp.where(finite, grouped_pg, jnp.inf), axis=1)
+    return high == low
+
+
+def _finite_stats(x, finite, *, ddof, axis=None):
+    """Mean and std (with `ddof`) of `x` over its `finite` entries; `[..., 1]` keepdims.
+    Too few entries for the ddof give a std of 1 (their advantages are 0 anyway)."""
+    count = jnp.sum(finite, axis=axis, keepdims=True)
+    mean = jnp.sum(jnp.where(finite, x, 0.0), axis=axis, keepdims=True) / jnp.maximum(count, 1)
+    square = jnp.sum(jnp.where(finite, jnp.square(x - mean), 0.0), axis=axis, keepdims=True)
+    enough = count - ddof > 0
+    return mean, jnp.where(enough, jnp.sqrt(square / jnp.where(enough, count - ddof, 1)), 1.0)
 
 
 def group_advantages(rewards, group_size, *, scale="group", ddof=0, eps=1e-6):
@@ -48,7 +53,13 @@ def group_advantages(rewards, group_size, *, scale="group", ddof=0, eps=1e-6):
 
     where s is the group's std (``"group"``, GRPO), the std of all rewards in the batch
     (``"batch"``), or no division at all (``"none"``, Dr. GRPO). A group whose rewards
-    are all equal gets exactly 0, also when float rounding would leave a residue.
+    are all equal gets exactly 0, also when float rounding would leave a residue. A NaN
+    or infinite reward is unscorable: its advantage is 0 and the statistics leave it out.
+
+    What cannot be checked from the rewards alone: that the rows are laid out as
+    consecutive groups, and that G is the batch's when it divides B (a wrong G, or
+    interleaved rows, give other advantages without an error). A composed objective
+    checks both from ``batch["prompt_ids"]`` (`check_group_layout`).
 
     Args:
       rewards: `[B]` scalar reward per completion, B = P * G.
@@ -64,6 +75,8 @@ def group_advantages(rewards, group_size, *, scale="group", ddof=0, eps=1e-6):
     Example:
       >>> [round(float(a), 2) for a in group_advantages(jnp.array([1., 1, 1, 1, 1, 1, 1, 0]), 8)]
       [0.38, 0.38, 0.38, 0.38, 0.38, 0.38, 0.38, -2.65]
+      >>> group_advantages(jnp.array([1., 0, jnp.nan, 0]), 4)   # the NaN row left out
+      Array([ 1.4142106 , -0.70710534,  0.        , -0.70710534], dtype=float32)
 
     References:
       Shao et al., DeepSeekMath (2024), sec. 4.1.2; Liu et al., Understanding
@@ -72,15 +85,18 @@ def group_advantages(rewards, group_size, *, scale="group", ddof=0, eps=1e-6):
     _checks.check_choice("scale", scale, GROUP_SCALES)
     _checks.check_nonnegative("eps", eps)
     _check_rewards("group_advantages", rewards)
-    rewards = rewards.astype(jnp.float32)
+    rewards = jnp.asarray(rewards).astype(jnp.float32)
     grouped = _grouped(rewards, group_size, minimum=ddof + 1 if scale == "group" else 1,
                        fn="group_advantages")
-    centered = grouped - jnp.mean(grouped, axis=1, keepdims=True)
+    finite = jnp.isfinite(grouped)
+    mean, std = _finite_stats(grouped, finite, ddof=ddof, axis=1)
+    centered = grouped - mean
     if scale == "group":
-        centered = centered / (_std(grouped, ddof=ddof, axis=1)[:, None] + eps)
+        centered = centered / (std + eps)
     elif scale == "batch":
-        centered = centered / (_std(rewards, ddof=ddof) + eps)
-    return jnp.where(_all_equal(grouped)[:, None], 0.0, centered).reshape(-1)
+        centered = centered / (_finite_stats(grouped, finite, ddof=ddof)[1] + eps)
+    keep = finite & ~_all_equal(grouped, finite)[:, None]
+    return jnp.where(keep, centered, 0.0).reshape(-1)
 
 
 def rloo_advantages(rewards, group_size):
@@ -94,7 +110,8 @@ def rloo_advantages(rewards, group_size):
       group_size: G >= 2; must divide B.
 
     Returns:
-      `[B]` float32 advantages; exactly 0 for a group of equal rewards.
+      `[B]` float32 advantages; exactly 0 for a group of equal rewards. A NaN or
+      infinite reward is unscorable: advantage 0, left out of the others' baselines.
 
     Example:
       >>> rloo_advantages(jnp.array([1., 0, 0, 0]), 4)
@@ -104,10 +121,14 @@ def rloo_advantages(rewards, group_size):
       Ahmadian et al., Back to Basics: Revisiting REINFORCE-Style Optimization (2024).
     """
     _check_rewards("rloo_advantages", rewards)
-    grouped = _grouped(rewards.astype(jnp.float32), group_size, minimum=2, fn="rloo_advantages")
-    centered = grouped - jnp.mean(grouped, axis=1, keepdims=True)
-    advantages = centered * (group_size / (group_size - 1))
-    return jnp.where(_all_equal(grouped)[:, None], 0.0, advantages).reshape(-1)
+    grouped = _grouped(jnp.asarray(rewards).astype(jnp.float32), group_size, minimum=2,
+                       fn="rloo_advantages")
+    finite = jnp.isfinite(grouped)
+    count = jnp.sum(finite, axis=1, keepdims=True)
+    mean, _ = _finite_stats(grouped, finite, ddof=0, axis=1)
+    advantages = (grouped - mean) * (count / jnp.maximum(count - 1, 1))
+    keep = finite & (count >= 2) & ~_all_equal(grouped, finite)[:, None]
+    return jnp.where(keep, advantages, 0.0).reshape(-1)
 
 
 def masked_whiten(x, mask, *, shift_mean=True, eps=1e-8):
@@ -136,6 +157,7 @@ def masked_whiten(x, mask, *, shift_mean=True, eps=1e-8):
     """
     _checks.check_real("masked_whiten", x=x, mask=mask)
     _checks.check_like("masked_whiten", "[...]", x=x, mask=mask)
+    x, mask = jnp.asarray(x), jnp.asarray(mask)
     valid = mask.astype(bool)
     x = jnp.where(valid, x.astype(jnp.float32), 0.0)
     count = jnp.sum(valid)
@@ -173,6 +195,7 @@ def outcome_token_rewards(rewards, mask):
     _checks.check_real("outcome_token_rewards", rewards=rewards, mask=mask)
     rows, _ = _checks.check_token_arrays("outcome_token_rewards", mask=mask)
     _check_rewards("outcome_token_rewards", rewards, rows)
+    rewards, mask = jnp.asarray(rewards), jnp.asarray(mask)
     positions = jnp.arange(mask.shape[1])
     last = jnp.max(jnp.where(mask.astype(bool), positions, -1), axis=1)
     at_last = positions[None, :] == last[:, None]
@@ -227,7 +250,8 @@ def reinforce_pp_advantages(rewards, mask, *, gamma=1.0, group_size=None,
     _checks.check_real(fn, mask=mask, token_rewards=token_rewards)
     rows, _ = _checks.check_token_arrays(fn, mask=mask, token_rewards=token_rewards)
     _check_rewards(fn, rewards, rows)
-    rewards = rewards.astype(jnp.float32)
+    rewards, mask = jnp.asarray(rewards).astype(jnp.float32), jnp.asarray(mask)
+    token_rewards = None if token_rewards is None else jnp.asarray(token_rewards)
     if group_size is not None:
         grouped = _grouped(rewards, group_size, fn=fn)
         rewards = (grouped - jnp.mean(grouped, axis=1, keepdims=True)).reshape(-1)
@@ -255,7 +279,8 @@ def gdpo_advantages(rewards, group_size, *, weights=None, eps=1e-6):
       eps: added to each std.
 
     Returns:
-      `[B]` float32 advantages.
+      `[B]` float32 advantages; 0 for a row with a NaN or infinite reward (left out of
+      every statistic).
 
     Example:
       >>> [round(float(a), 4) for a in gdpo_advantages(jnp.array([[1., 0], [0, 0], [1, 1], [1, 0]]), 2)]
@@ -271,12 +296,16 @@ def gdpo_advantages(rewards, group_size, *, weights=None, eps=1e-6):
     if weights is not None and _checks.shape_of(weights) != (rewards.shape[1],):
         raise _checks.shape_error(fn, "weights", "[K]", _checks.shape_of(weights),
                                   sizes=f"K = {rewards.shape[1]} reward columns")
+    rewards = jnp.asarray(rewards).astype(jnp.float32)
     _checks.check_group_size(group_size, rewards.shape[0], fn=fn)
+    finite = jnp.all(jnp.isfinite(rewards), axis=1)   # a row with any bad column is out
+    rewards = jnp.where(finite[:, None], rewards, jnp.nan)
     per_reward = jax.vmap(lambda r: group_advantages(r, group_size, eps=eps),
                           in_axes=1, out_axes=1)(rewards)
     weights = jnp.ones(rewards.shape[1]) if weights is None else jnp.asarray(weights)
     summed = per_reward @ weights.astype(jnp.float32)
-    return (summed - jnp.mean(summed)) / (_std(summed, ddof=0) + eps)
+    mean, std = _finite_stats(summed, finite, ddof=0)
+    return jnp.where(finite, (summed - mean) / (std + eps), 0.0)
 
 
 def gae(token_rewards, values, mask, *, gamma, lam):
@@ -316,6 +345,7 @@ def gae(token_rewards, values, mask, *, gamma, lam):
     rows, _ = _checks.check_token_arrays("gae", token_rewards=token_rewards, values=values,
                                          mask=mask)
     _checks.check_scalar_or_rows("gae", "lam", lam, rows)
+    token_rewards, values, mask = map(jnp.asarray, (token_rewards, values, mask))
     lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), (token_rewards.shape[0],))
     valid = mask.astype(bool)
 

@@ -24,7 +24,8 @@ def aggregate(loss, mask, *, mode, num_tokens=None, num_seqs=None, norm_len=None
     (num_tokens = mask.sum(), num_seqs = B, norm_len = T). A trainer that splits a
     batch into micro-batches or shards it passes the GLOBAL num_tokens and num_seqs, so
     the pieces' losses add up to the full batch's loss and the gradient does not depend
-    on the split. Fully masked rows contribute 0; a fully masked batch gives 0, not NaN.
+    on the split. Fully masked rows contribute 0; a fully masked batch gives 0, not NaN,
+    also with a global count of 0 (a micro-batch of padding rows only).
 
     Args:
       loss: `[B, T]` per-token loss.
@@ -32,7 +33,8 @@ def aggregate(loss, mask, *, mode, num_tokens=None, num_seqs=None, norm_len=None
       mode: one of the four modes above.
       num_tokens: scalar, the valid-token count of the whole batch.
       num_seqs: scalar, the row count of the whole batch.
-      norm_len: scalar constant divisor per row (Dr. GRPO: the max response length).
+      norm_len: Python int >= 1, the constant divisor per row (Dr. GRPO: the max
+        response length).
 
     Returns:
       scalar float32.
@@ -48,10 +50,14 @@ def aggregate(loss, mask, *, mode, num_tokens=None, num_seqs=None, norm_len=None
     _checks.check_choice("mode", mode, AGGREGATION_MODES)
     _checks.check_real("aggregate", loss=loss, mask=mask)
     _checks.check_token_arrays("aggregate", loss=loss, mask=mask)
+    _checks.check_binary_mask("aggregate", "mask", mask)
     _checks.check_scalar("aggregate", num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
+    if norm_len is not None:
+        _checks.check_greater("aggregate: norm_len", norm_len, 0)
+    loss, mask = jnp.asarray(loss), jnp.asarray(mask)
     valid = mask.astype(bool)
     masked = jnp.where(valid, loss.astype(jnp.promote_types(loss.dtype, jnp.float32)), 0.0)
-    num_seqs = loss.shape[0] if num_seqs is None else num_seqs
+    num_seqs = loss.shape[0] if num_seqs is None else jnp.maximum(num_seqs, 1)
     if mode == "token-mean":
         # A float sum of the mask fuses with the loss sum; a bool count costs its own pass.
         num_tokens = jnp.sum(valid, dtype=jnp.float32) if num_tokens is None else num_tokens

@@ -64,10 +64,10 @@ def shape_text(shape):
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _leaves(x):
+def leaves(x):
     """The scalars of a (nested) list or tuple."""
     if isinstance(x, (list, tuple)):
-        return [leaf for item in x for leaf in _leaves(item)]
+        return [leaf for item in x for leaf in leaves(item)]
     return [x]
 
 
@@ -88,9 +88,9 @@ def _dtype(x):
     Python scalar on the host; a list holding arrays or tracers gets their result type)."""
     if hasattr(x, "dtype"):
         return np.dtype(x.dtype)
-    leaves = _leaves(x)
-    if any(hasattr(leaf, "dtype") for leaf in leaves):
-        return np.dtype(jnp.result_type(*leaves))
+    scalars = leaves(x)
+    if any(hasattr(leaf, "dtype") for leaf in scalars):
+        return np.dtype(jnp.result_type(*scalars))
     return np.asarray(x).dtype
 
 
@@ -217,3 +217,20 @@ def check_last_axis(fn, name, x, form="[..., V]", what="a vocabulary axis last")
     if len(shape_of(x)) < 1:
         raise shape_error(fn, name, f"{form} ({what})", shape_of(x))
     return shape_of(x)
+
+
+def check_binary_mask(fn, name, mask):
+    """Raises ValueError when a floating `mask` known on the host holds values other than 0
+    and 1: masks select tokens (a 0.5 would count as 1), they do not weight them. A traced
+    mask (under jit) cannot be read and is not checked; integer and bool masks select
+    wherever they are non-zero."""
+    if mask is None or isinstance(mask, (list, tuple)) or isinstance(mask, jax.core.Tracer):
+        return
+    if not _is_floating(_dtype(mask)) or not getattr(mask, "is_fully_addressable", True):
+        return   # (an array spread over other hosts cannot be read here)
+    values = np.asarray(mask)
+    soft = (values != 0) & (values != 1)
+    if soft.any():
+        raise ValueError(f"{fn}: {name} must hold 0 and 1 only (it selects tokens; a soft "
+                         f"weight would count as 1), got {values[soft].flat[0]!r}: weight "
+                         "the per-token loss, or the advantages, instead")

@@ -7,42 +7,18 @@ are in `_registry`) and one config:
 
       register_policy_loss("my_loss", my_loss_fn, fields=("eps_low", "eps_high"))
 
-The batch is a dict of arrays (B = P * G rows, T response tokens):
-
-  ====================  ========  ===================================================
-  key                   shape     needed
-  ====================  ========  ===================================================
-  ``old_logp``          [B, T]    always: log-probs under pi_old, the policy the
-                                  loss's ratio divides by
-  ``mask``              [B, T]    always (response mask)
-  ``advantages``        [B]/[B,T] or ``rewards``; precompute them over the FULL batch
-                                  (``objective.advantages(batch)``) before splitting
-  ``rewards``           [B]/[B,K] to compute advantages inside the call ([B, K] for
-                                  gdpo, one column per reward)
-  ``ref_logp``          [B, T]    kl.beta > 0 (a loss term, or kl.in_reward)
-  ``values``            [B, T]    advantage.estimator == "gae": the critic's V(s_t)
-  ``correct``           [B]       positive_nll_weight > 0 (which answers are right)
-  ``entropy``           [B, T]    entropy_coef != 0 (computed inside the
-                                  differentiated function, `entropy_from_logits`);
-                                  reported as a metric whenever present
-  ``behaviour_logp``    [B, T]    importance.enabled (the sampler's log-probs;
-                                  ``old_logp`` then holds the trainer's); read by
-                                  offpolicy_mask when present, else ``old_logp``
-  ``truncated``         [B]       overlong.mode == "mask"
-  ``loss_seed``         [B] int   loss.kind == "clip_cov": per-row seeds of its random
-                                  draw (the key is the first row's seed; a trainer
-                                  gives every row and step its own)
-  ``num_tokens``        scalar    optional: GLOBAL count of `loss_mask` tokens
-  ``num_seqs``          scalar    optional: GLOBAL count of real rows
-  ``num_positive_       scalar    optional: GLOBAL count of `loss_mask` tokens of
-  tokens``                        correct answers (positive_nll_weight > 0)
-  ====================  ========  ===================================================
+The batch is a dict of arrays (B = P * G rows, T response tokens); docs/objectives.md
+has the table of its keys (`_batch.BATCH_KEYS`), and ``describe(objective)`` lists the
+ones an objective reads, required and optional. A key no objective reads raises, naming
+the closest known key.
 
 Global counts (micro-batching, sharding): ``num_tokens`` is ``loss_mask(batch).sum()``
 over the whole minibatch, the tokens the loss is normalised over (truncated answers
 already removed when overlong.mode == "mask"); ``num_seqs`` counts the real rows (padding
 rows excluded, truncated rows included, as `aggregate`'s default B does). With them the
-losses and metrics of micro-batches add up to those of the full batch.
+losses and metrics of micro-batches add up to those of the full batch, except M2PO's,
+Clip-Cov's and KL-Cov's, whose token selection is a statistic of the micro-batch
+(docs/objectives.md, "Objectives that depend on the micro-batch").
 
 Metrics, each a scalar:
 
@@ -86,6 +62,10 @@ Metrics, each a scalar:
   ``positive_nll``       VAPO's positive-example LM loss: the NLL of the  token mean over
                          correct answers' tokens, before its weight mu    correct answers
                          (positive_nll_weight > 0)
+  ``nonfinite_logp``     share of tokens whose logp or old_logp is NaN    token mean
+                         or infinite (the loss is then NaN)
+  ``nonfinite_           rows whose reward is NaN or infinite (batch has  count
+  rewards``              ``rewards``): advantage 0
   =====================  ===============================================  ================
 
 "Token mean" is the sum over `loss_mask` tokens / num_tokens, "sum / num_seqs" the count
@@ -100,11 +80,12 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.objectives import _batch, _checks
 from grpo_jax.objectives._aggregation import aggregate
 from grpo_jax.objectives._kl import kl_penalty
 from grpo_jax.objectives._mismatch import rollout_correction
 from grpo_jax.objectives._registry import (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, RANDOM_LOSSES,
-                                           required)
+                                           REWARDLESS_ESTIMATORS, required)
 from grpo_jax.objectives._shaping import offpolicy_sequence_mask, truncated_mask
 from grpo_jax.objectives._spec import ObjectiveSpec, objective_spec
 from grpo_jax.objectives._trust_region import m2po_mask
@@ -128,6 +109,18 @@ def validate_objective_config(config):
     """Raises ValueError naming the first impossible (or unknown) field of an objective
     config section (or nested dict); returns its frozen `ObjectiveSpec`."""
     return objective_spec(config)
+
+
+# Estimators that leave a non-finite reward out of their statistics themselves.
+NONFINITE_AWARE = ("group", "rloo", "gdpo")
+
+
+def _nonfinite_rewards(rewards):
+    """Rows whose reward (any column) is NaN or infinite: they get advantage 0. A count,
+    so micro-batches add up to the batch's."""
+    rows = ~jnp.isfinite(jnp.asarray(rewards).astype(jnp.float32))
+    rows = jnp.any(rows, axis=1) if rows.ndim == 2 else rows
+    return jnp.sum(rows, dtype=jnp.float32)
 
 
 def _token_means(named, mask, num_tokens):
@@ -160,14 +153,86 @@ class PolicyObjective:
     loss_fn: Callable
     loss_kwargs: dict
     reward_weights: tuple | None = None
+    extra_keys: tuple = ()
+
+    def accepting(self, *keys):
+        """A copy that accepts (and ignores) batch `keys` of the caller's own."""
+        return dataclasses.replace(self, extra_keys=self.extra_keys + tuple(keys))
+
+    def batch_keys(self):
+        """``{"required": (...), "optional": (...)}``: the batch keys this objective reads
+        (``advantages`` or ``rewards`` is required: either one). `describe` prints them."""
+        spec = self.spec
+        needs = {"old_logp": True, "mask": True, "advantages": False, "rewards": False,
+                 "ref_logp": spec.kl_beta > 0, "values": spec.estimator == "gae",
+                 "correct": spec.positive_nll_weight > 0, "entropy": spec.entropy_coef != 0,
+                 "behaviour_logp": spec.importance, "truncated": spec.overlong == "mask",
+                 "loss_seed": spec.policy_loss in RANDOM_LOSSES,
+                 "teacher_logp": spec.estimator in REWARDLESS_ESTIMATORS}
+        optional = ["prompt_ids", "row_valid", "num_tokens", "num_seqs"]
+        if spec.positive_nll_weight > 0:
+            optional.append("num_positive_tokens")
+        if spec.entropy_coef == 0:
+            optional.append("entropy")
+        if (spec.m2po or spec.offpolicy_mask) and not spec.importance:
+            optional.append("behaviour_logp")
+        required_keys = tuple(k for k, need in needs.items() if need)
+        if spec.estimator in REWARDLESS_ESTIMATORS:
+            optional_keys = ("advantages",) + tuple(optional)
+        else:
+            optional_keys = ("advantages", "rewards") + tuple(optional)
+        return {"required": required_keys, "optional": optional_keys}
+
+    def _prepared(self, batch, *, need_mask=True):
+        """`batch` checked (every key known, ``mask`` present) with lists made arrays."""
+        _batch.check_keys(batch, self.extra_keys, need_mask=need_mask)
+        return _batch.as_arrays(batch)
+
     def advantages(self, batch):
         """`[B]` or `[B, T]` advantages from ``batch["rewards"]``.
 
         Group and batch statistics make this a whole-batch computation: call it once on
         the full rollout batch, before splitting into micro-batches.
+
+        A row whose reward is NaN or infinite (any column, for gdpo) is unscorable: its
+        advantage is 0 and the others' are computed without it (group, rloo and gdpo
+        leave it out of their statistics; reinforce_pp and gae out of their whitening,
+        reinforce_pp's group baseline counting it as 0); the objective's metric
+        ``nonfinite_rewards`` counts such rows.
+
+        With ``batch["prompt_ids"]`` (`[B]`, one id per row naming its prompt) the layout
+        is checked: every group of G consecutive rows one prompt, neighbouring groups
+        different prompts; a concrete array raises ValueError naming the first bad group,
+        a traced one (under jit) makes every advantage NaN. Without it only "G divides B"
+        can be checked: a wrong G that divides B, or interleaved rows, give other
+        advantages without an error.
         """
-        rewards = required(batch, "rewards", "advantages").astype(jnp.float32)
-        return self.advantage_fn(self.spec, batch, rewards, self.reward_weights)
+        batch = self._prepared(batch, need_mask=False)
+        if self.spec.estimator in REWARDLESS_ESTIMATORS:
+            adv = self.advantage_fn(self.spec, batch, None, self.reward_weights)
+            return self._layout_checked(adv, batch, "objective.advantages")
+        rewards = required(batch, "rewards", "advantages")
+        _checks.check_real("objective.advantages", rewards=rewards)
+        rewards = rewards.astype(jnp.float32)
+        finite = jnp.isfinite(rewards)
+        finite = jnp.all(finite, axis=1) if finite.ndim == 2 else finite
+        if self.spec.estimator not in NONFINITE_AWARE:
+            # Unscorable rows: reward 0 and out of the mask the estimator whitens over.
+            rewards = jnp.where(jnp.isfinite(rewards), rewards, 0.0)
+            if "mask" in batch:
+                mask = batch["mask"]
+                batch = {**batch, "mask": mask * finite[:, None].astype(mask.dtype)}
+        adv = self.advantage_fn(self.spec, batch, rewards, self.reward_weights)
+        adv = jnp.where(finite[:, None] if adv.ndim == 2 else finite, adv, 0.0)
+        return self._layout_checked(adv, batch, "objective.advantages")
+
+    def _layout_checked(self, adv, batch, fn):
+        """`adv`, after checking ``batch["prompt_ids"]`` when present (NaN if traced and
+        wrong; `_batch.check_group_layout`)."""
+        if "prompt_ids" not in batch:
+            return adv
+        ok = _batch.check_group_layout(batch["prompt_ids"], self.spec.group_size, fn=fn)
+        return jnp.where(ok, adv, jnp.nan)
 
     def loss_mask(self, batch):
         """`[B, T]`: the tokens the loss is normalised over.
@@ -177,6 +242,7 @@ class PolicyObjective:
         that splits the batch counts ``num_tokens`` from this mask over the whole
         minibatch, so the split loss equals the whole batch's.
         """
+        batch = self._prepared(batch)
         mask = batch["mask"]
         if self.spec.overlong == "mask":
             mask = truncated_mask(mask, required(batch, "truncated", "overlong.mode='mask'"))
@@ -187,6 +253,7 @@ class PolicyObjective:
         (`loss_mask` tokens), ``num_seqs`` (real rows: ``batch["row_valid"]`` when present,
         else every row) and, with ``positive_nll_weight > 0``, ``num_positive_tokens``.
         A trainer that splits the minibatch passes them with each piece."""
+        batch = self._prepared(batch)
         mask = self.loss_mask(batch)
         rows = batch.get("row_valid", jnp.ones(mask.shape[:1], bool))
         counts = {"num_tokens": jnp.sum(mask, dtype=jnp.float32),
@@ -199,17 +266,29 @@ class PolicyObjective:
     def __call__(self, logp, batch):
         """Returns `(loss, metrics)`: the scalar loss to minimise and scalar metrics."""
         spec = self.spec
+        batch = self._prepared(batch)
+        logp = jnp.asarray(logp) if isinstance(logp, (list, tuple)) else logp
         mask = self.loss_mask(batch)
         num_tokens, num_seqs = batch.get("num_tokens"), batch.get("num_seqs")
-        adv = batch["advantages"] if "advantages" in batch else self.advantages(batch)
+        if "advantages" in batch:
+            adv = self._layout_checked(batch["advantages"], batch, "objective")
+        else:
+            adv = self.advantages(batch)
+        old_logp = required(batch, "old_logp", "every objective (pi_old's log-probs, [B, T])")
         kwargs = dict(self.loss_kwargs)
         if spec.policy_loss in RANDOM_LOSSES:
             kwargs["key"] = _loss_key(batch)
-        per_token, diagnostics = self.loss_fn(logp, batch["old_logp"], adv, mask, **kwargs)
+        per_token, diagnostics = self.loss_fn(logp, old_logp, adv, mask, **kwargs)
         metrics = {}
+        if "rewards" in batch:
+            metrics["nonfinite_rewards"] = _nonfinite_rewards(batch["rewards"])
+        # Loss tokens whose log-probs are NaN or infinite (the loss is then NaN): a token
+        # mean, reduced with the other diagnostics in one pass.
+        diagnostics = {**diagnostics, "nonfinite_logp": ~(jnp.isfinite(logp)
+                                                           & jnp.isfinite(old_logp))}
         if spec.importance:   # pi_old (trainer) vs the sampler's behaviour policy
             weights, correction = rollout_correction(
-                batch["old_logp"], required(batch, "behaviour_logp", "importance.enabled"), mask,
+                old_logp, required(batch, "behaviour_logp", "importance.enabled"), mask,
                 level=spec.importance_level, mode=spec.importance_mode,
                 low=spec.importance_low, high=spec.importance_high)
             per_token = per_token * weights
@@ -219,13 +298,13 @@ class PolicyObjective:
                                                else "truncated"]}
         if spec.offpolicy_mask:   # against the policy that sampled the tokens
             keep = offpolicy_sequence_mask(
-                logp, batch.get("behaviour_logp", batch["old_logp"]), adv, mask,
+                logp, batch.get("behaviour_logp", old_logp), adv, mask,
                 delta=spec.offpolicy_delta)
             per_token = per_token * keep[:, None]
             metrics["offpolicy_masked"] = jnp.sum(1.0 - keep) / (
-                mask.shape[0] if num_seqs is None else num_seqs)
+                mask.shape[0] if num_seqs is None else jnp.maximum(num_seqs, 1))
         if spec.m2po:   # M2PO: the largest squared log-ratios until their mean fits tau
-            keep = m2po_mask(logp, batch.get("behaviour_logp", batch["old_logp"]), mask,
+            keep = m2po_mask(logp, batch.get("behaviour_logp", old_logp), mask,
                              tau=spec.m2po_tau)
             per_token = per_token * keep
             diagnostics = {**diagnostics, "m2po_masked": (1.0 - keep) * mask}
@@ -240,7 +319,7 @@ class PolicyObjective:
         total = per_token
         if spec.kl_beta > 0 and not spec.kl_in_reward:
             kl = kl_penalty(logp, required(batch, "ref_logp", "kl.beta > 0"), kind=spec.kl_kind,
-                            old_logp=batch["old_logp"])
+                            old_logp=old_logp)
             metrics["kl_ref"] = reduce(kl)
             total = total + spec.kl_beta * kl
         if spec.entropy_coef != 0:
@@ -254,6 +333,27 @@ class PolicyObjective:
             loss = loss + spec.positive_nll_weight * nll
         metrics["loss"] = loss
         return loss, metrics
+
+
+def describe(objective: PolicyObjective) -> str:
+    """The batch keys `objective` reads, required and optional, one a line with its shape
+    and meaning (docs/objectives.md has the table of every key);
+    ``objective.batch_keys()`` gives the same as tuples.
+    """
+    keys = objective.batch_keys()
+    lines = [f"batch keys of {objective.spec.policy_loss} / {objective.spec.estimator} "
+             f"({objective.spec.aggregation}):"]
+    for kind in ("required", "optional"):
+        if kind == "optional" and "rewards" in keys[kind]:
+            lines.append("optional (advantages or rewards is required):")
+        elif kind == "optional":
+            lines.append("optional:")
+        else:
+            lines.append("required:")
+        for key in keys[kind]:
+            shape, meaning = _batch.BATCH_KEYS[key]
+            lines.append(f"  {key:<15} {shape:<15} {meaning}")
+    return "\n".join(lines)
 
 
 def policy_objective(config, *, reward_weights=None):

@@ -9,7 +9,9 @@ largest such covariance,
                            \Big(A_t - \frac{1}{N}\sum_j A_j\Big)
 
 over the N valid tokens of the whole batch (`token_covariance`). Clip-Cov drops a random
-few of them from the update; KL-Cov adds a penalty on |log r| to the top fraction.
+few of them from the update; KL-Cov adds a penalty on |log r| to the top fraction. The
+batch is the one passed in: a trainer that splits a minibatch selects per micro-batch,
+as verl does (docs/objectives.md, "Objectives that depend on the micro-batch").
 Conventions as in `_policy_losses` (shapes, masked positions, diagnostics, gradient
 contract). Clip-Cov is the one function of `grpo_jax.objectives` that takes a PRNG key.
 """

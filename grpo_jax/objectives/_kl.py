@@ -63,6 +63,8 @@ def kl_penalty(logp, ref_logp, *, kind="k3", old_logp=None):
     _checks.check_floating("kl_penalty", logp=logp, ref_logp=ref_logp, old_logp=old_logp)
     form = "[B, T]" if len(_checks.shape_of(logp)) == 2 else "[...]"
     _checks.check_like("kl_penalty", form, logp=logp, ref_logp=ref_logp, old_logp=old_logp)
+    logp, ref_logp = jnp.asarray(logp), jnp.asarray(ref_logp)
+    old_logp = None if old_logp is None else jnp.asarray(old_logp)
     log_ratio = _clamped(logp, jax.lax.stop_gradient(ref_logp))
     if kind == "k1":
         return log_ratio

@@ -7,6 +7,7 @@ over a 150k vocabulary loses the small differences the ratios are made of.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from grpo_jax.objectives import _checks
 
@@ -32,6 +33,7 @@ def token_logprobs(logits, tokens, *, temperature=1.0):
       Array([[-1.3862944]], dtype=float32)
     """
     _check_logits_and_tokens("token_logprobs", logits, tokens)
+    logits, tokens = jnp.asarray(logits), jnp.asarray(tokens)
     scaled = logits.astype(jnp.float32) / temperature
     chosen = jnp.take_along_axis(scaled, tokens[..., None], axis=-1)[..., 0]
     return chosen - jax.nn.logsumexp(scaled, axis=-1)
@@ -67,13 +69,19 @@ def completion_logprobs(logits, tokens, prompt_lengths, completion_len, *, tempe
       tokens: `[B, L]` each row's prompt then completion (then padding), L >= p + N.
       prompt_lengths: `[B]` integer p per row (prompts right-padded to where their
         completion starts), or a Python int for prompts that all end at the same position
-        (left-padded prompts).
+        (left-padded prompts); 1 <= p and p + N <= L.
       completion_len: N, a Python int: completion positions to score per row. Positions
         past a row's completion hold what follows it; mask them in the loss.
       temperature: `\tau`, as in `token_logprobs`.
 
     Returns:
       `[B, N]` float32 log-probabilities, the layout every loss here takes as ``logp``.
+
+    Raises:
+      ValueError: when a prompt length is 0 (its first completion token has no logits
+        that score it) or a row's p + N passes L, for a Python int or a concrete array.
+        Under jit the lengths are not known: such rows' positions are NaN instead (a
+        loss that reads them is NaN).
 
     Example:
       >>> logits = jnp.log(jnp.array([[[0.1, 0.9], [0.3, 0.7], [0.5, 0.5]]]))
@@ -91,17 +99,43 @@ def completion_logprobs(logits, tokens, prompt_lengths, completion_len, *, tempe
     if len(_checks.shape_of(tokens)) != 2:
         raise _checks.shape_error(fn, "tokens", "[B, L] (rows x prompt and completion "
                                   "positions)", _checks.shape_of(tokens))
+    logits, tokens = jnp.asarray(logits), jnp.asarray(tokens)
     b, length = tokens.shape
     if _checks.shape_of(logits)[:2] != (b, length) or len(_checks.shape_of(logits)) != 3:
         raise _checks.shape_error(fn, "logits", f"[B, L, V] with [B, L] = tokens' {(b, length)}",
                                   _checks.shape_of(logits))
     _checks.check_scalar_or_rows(fn, "prompt_lengths", prompt_lengths, b)
+    _check_prompt_range(fn, prompt_lengths, completion_len, length)
     starts = jnp.broadcast_to(jnp.asarray(prompt_lengths, jnp.int32), (b,))
-    targets = jnp.clip(starts[:, None] + jnp.arange(completion_len), 0, length - 1)   # [B, N]
+    unclipped = starts[:, None] + jnp.arange(completion_len)                         # [B, N]
+    targets = jnp.clip(unclipped, 0, length - 1)
     scoring = jnp.clip(targets - 1, 0, length - 1)
     chosen_logits = jnp.take_along_axis(logits, scoring[..., None], axis=1)          # [B, N, V]
-    return token_logprobs(chosen_logits, jnp.take_along_axis(tokens, targets, axis=1),
+    logp = token_logprobs(chosen_logits, jnp.take_along_axis(tokens, targets, axis=1),
                           temperature=temperature)
+    # Traced lengths out of range: NaN, not a clamped neighbour's log-prob.
+    in_range = (starts[:, None] >= 1) & (unclipped < length)
+    return jnp.where(in_range, logp, jnp.nan)
+
+
+def _check_prompt_range(fn, prompt_lengths, completion_len, length):
+    """Raises ValueError unless 1 <= p and p + N <= L for every row (when p is known)."""
+    if any(isinstance(x, jax.core.Tracer) or not getattr(x, "is_fully_addressable", True)
+           for x in _checks.leaves(prompt_lengths)):
+        return   # not known here: out-of-range positions come out NaN
+    starts = np.asarray(prompt_lengths).reshape(-1)
+    if starts.size == 0:
+        return
+    low, high = int(starts.min()), int(starts.max())
+    if low < 1:
+        raise ValueError(f"{fn}: prompt_lengths must be >= 1, got {low}: the first completion "
+                         "token is scored by the logits of the position before it, so a "
+                         "row needs at least one prompt token (e.g. BOS)")
+    if high + completion_len > length:
+        raise ValueError(f"{fn}: prompt_lengths + completion_len must be <= L = {length} "
+                         f"(tokens' length), got {high} + {completion_len} = "
+                         f"{high + completion_len}: pad tokens and logits to that length, or "
+                         "score fewer completion positions")
 
 
 def entropy_from_logits(logits):
@@ -121,6 +155,6 @@ def entropy_from_logits(logits):
     """
     _checks.check_floating("entropy_from_logits", logits=logits)
     _checks.check_last_axis("entropy_from_logits", "logits", logits)
-    logits = logits.astype(jnp.float32)
+    logits = jnp.asarray(logits).astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(probs * logits, axis=-1)

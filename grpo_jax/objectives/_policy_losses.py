@@ -27,7 +27,9 @@ sg = jax.lax.stop_gradient
 
 
 def _upcast(x):
-    """bf16/f16 -> float32 (the ratios need it); float64 stays float64."""
+    """bf16/f16 -> float32 (the ratios need it); float64 stays float64 (a Python list
+    becomes an array)."""
+    x = jnp.asarray(x)
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
@@ -40,7 +42,7 @@ def _per_token(adv, shape):
 def _masked_inputs(logp, old_logp, mask):
     """Zeroes masked log-probs so padding (even -inf or NaN) cannot reach a gradient;
     `old_logp` is stop-gradient (the package's gradient contract)."""
-    valid = mask.astype(bool)
+    valid = jnp.asarray(mask).astype(bool)
     logp = jnp.where(valid, _upcast(logp), 0.0)
     old_logp = sg(jnp.where(valid, _upcast(old_logp), 0.0))
     return logp, old_logp, valid
@@ -51,6 +53,7 @@ def _check_inputs(fn, logp, old_logp, adv, mask):
     _checks.check_floating(fn, logp=logp, old_logp=old_logp)
     _checks.check_real(fn, adv=adv, mask=mask)
     batch = _checks.check_token_arrays(fn, logp=logp, old_logp=old_logp, mask=mask)
+    _checks.check_binary_mask(fn, "mask", mask)
     _checks.check_row_values(fn, "adv (advantages)", adv, batch, per_token=True)
 
 

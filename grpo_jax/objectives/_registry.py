@@ -14,6 +14,7 @@ from grpo_jax.objectives._advantages import (gae, gdpo_advantages, group_advanta
                                              outcome_token_rewards, reinforce_pp_advantages,
                                              rloo_advantages)
 from grpo_jax.objectives._covariance import clip_cov_loss, kl_cov_loss
+from grpo_jax.objectives._distill import reverse_kl_distill_loss
 from grpo_jax.objectives._kl import kl_penalty
 from grpo_jax.objectives._policy_losses import (cispo_loss, gspo_loss, pg_loss, ppo_clip_loss,
                                                 sapo_loss)
@@ -46,7 +47,7 @@ def _reinforce_pp(spec, batch, rewards, reward_weights):
             required(batch, "old_logp", "kl.in_reward"), required(batch, "ref_logp", "kl.in_reward"),
             kind=spec.kl_kind)
     return reinforce_pp_advantages(
-        rewards, batch["mask"], gamma=spec.gamma, token_rewards=token_rewards,
+        rewards, required(batch, "mask", "advantage.estimator='reinforce_pp'"), gamma=spec.gamma, token_rewards=token_rewards,
         group_size=spec.group_size if spec.baseline else None)
 
 
@@ -74,11 +75,22 @@ def _gae(spec, batch, rewards, reward_weights):
     if rewards.ndim != 1:
         raise ValueError(f"objective.advantage.estimator='gae' takes one reward per answer, got "
                          f"rewards of shape {rewards.shape}; sum the reward columns (not gdpo)")
-    mask = batch["mask"]
+    mask = required(batch, "mask", "advantage.estimator='gae'")
     values = required(batch, "values", "advantage.estimator='gae'")
     advantages, _ = gae(outcome_token_rewards(rewards, mask), values, mask,
                         gamma=spec.gamma, lam=_policy_lambda(spec, mask))
     return masked_whiten(advantages, mask) if spec.whiten else advantages
+
+
+def _reverse_kl(spec, batch, rewards, reward_weights):
+    """On-policy distillation's `[B, T]` advantages: the per-token reward -k_t =
+    log pi_T(y_t) - log pi_old(y_t), the teacher's log-prob over the sampler's (Agarwal et
+    al., arXiv:2306.13649, sec. 3.1, with the reverse KL); rewards are not read."""
+    mask = required(batch, "mask", "advantage.estimator='reverse_kl'")
+    teacher = required(batch, "teacher_logp", "advantage.estimator='reverse_kl'")
+    _, diagnostics = reverse_kl_distill_loss(
+        required(batch, "old_logp", "advantage.estimator='reverse_kl'"), teacher, mask)
+    return -diagnostics["reverse_kl"]
 
 
 ADVANTAGE_ESTIMATORS = {
@@ -87,7 +99,10 @@ ADVANTAGE_ESTIMATORS = {
     "reinforce_pp": _reinforce_pp,
     "gdpo": _gdpo,
     "gae": _gae,
+    "reverse_kl": _reverse_kl,
 }
+# Estimators that read no reward (the batch's "rewards", if any, is ignored).
+REWARDLESS_ESTIMATORS = {"reverse_kl"}
 
 # --- Policy losses: name -> (function, the ObjectiveSpec fields passed as keywords).
 # A field is its keyword's name, or (spec field, keyword) where the two differ.

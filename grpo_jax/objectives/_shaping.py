@@ -68,6 +68,7 @@ def truncated_mask(mask, truncated):
     _checks.check_real("truncated_mask", mask=mask, truncated=truncated)
     rows, _ = _checks.check_token_arrays("truncated_mask", mask=mask)
     _checks.check_rows("truncated_mask", "truncated", truncated, rows=rows)
+    mask = jnp.asarray(mask)
     return jnp.where(jnp.asarray(truncated, bool)[:, None], jnp.zeros_like(mask), mask)
 
 
@@ -90,6 +91,7 @@ def group_has_signal(rewards, group_size):
     """
     _checks.check_real("group_has_signal", rewards=rewards)
     _checks.check_rows("group_has_signal", "rewards", rewards)
+    rewards = jnp.asarray(rewards)
     _checks.check_group_size(group_size, rewards.shape[0], fn="group_has_signal")
     grouped = rewards.reshape(-1, group_size)
     return jnp.max(grouped, axis=1) != jnp.min(grouped, axis=1)
@@ -186,6 +188,7 @@ def offpolicy_sequence_mask(logp, old_logp, adv, mask, *, delta):
     _checks.check_real(fn, adv=adv, mask=mask)
     batch = _checks.check_token_arrays(fn, logp=logp, old_logp=old_logp, mask=mask)
     _checks.check_row_values(fn, "adv (advantages)", adv, batch, per_token=True)
+    logp, old_logp, adv, mask = map(jnp.asarray, (logp, old_logp, adv, mask))
     valid = mask.astype(bool)
     count = jnp.maximum(jnp.sum(valid, axis=-1, dtype=jnp.float32), 1.0)
     log_old_over_new = jnp.where(valid, old_logp - logp, 0.0).astype(jnp.float32)

@@ -11,7 +11,9 @@ Each field has a flat keyword (what presets and `ObjectiveSpec` take) and a conf
 
 import dataclasses
 import difflib
+import numbers
 import typing
+import warnings
 from typing import Any, Mapping
 
 from grpo_jax.objectives import _checks
@@ -24,6 +26,9 @@ from grpo_jax.objectives._trust_region import DPPO_DIVERGENCES
 OVERLONG_MODES = ("none", "mask")
 ADVANTAGE_SCALES = ("group", "batch", "none")
 # Losses whose paper defines the objective per answer: 1/G sum_i 1/|y_i| sum_t.
+BUILTIN_ESTIMATORS = ("group", "rloo", "reinforce_pp", "gdpo", "gae", "reverse_kl")
+BUILTIN_LOSSES = ("pg", "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "dppo", "clip_cov",
+                  "kl_cov")
 PER_ANSWER_LOSSES = {"gspo": "Zheng et al., arXiv:2507.18071, eq. 5",
                      "sapo": "Gao et al., arXiv:2511.20347, the SAPO objective",
                      "gmpo": "Zhao et al., arXiv:2507.20673, the GMPO objective"}
@@ -38,7 +43,8 @@ class ObjectiveSpec:
     group_size (group_size), required: G, the completions per prompt; rows are P
       prompts x G completions laid out consecutively, and G must divide the batch.
     estimator (advantage.estimator) "group": "group" (GRPO, Dr. GRPO), "rloo",
-      "reinforce_pp", "gdpo", or "gae" (PPO, VAPO: GAE over batch["values"]).
+      "reinforce_pp", "gdpo", "gae" (PPO, VAPO: GAE over batch["values"]), or
+      "reverse_kl" (on-policy distillation: per-token teacher_logp - old_logp, no reward).
     advantage_scale (advantage.scale) "group": group estimator's divisor: the group's
       std ("group"), the batch's ("batch"), none ("none", Dr. GRPO).
     ddof (advantage.ddof) 0: the std's ddof (0 population; TRL and verl use 1).
@@ -145,12 +151,19 @@ class ObjectiveSpec:
     importance_high: float | None = None
 
     def __post_init__(self):
+        for name in ("group_size", "norm_len"):   # numpy integers (np.int64) are ints too
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                object.__setattr__(self, name, int(value))
         _validate(self)
 
     def replace(self, **changes):
-        """A copy with `changes` (flat keywords); unknown names are rejected."""
+        """A copy with `changes` (flat keywords); unknown names, and fields the copy does
+        not read, are rejected."""
         check_keywords(changes, "ObjectiveSpec.replace")
-        return dataclasses.replace(self, **changes)
+        spec = dataclasses.replace(self, **changes)
+        check_read(spec, changes, "ObjectiveSpec.replace")
+        return spec
 
     def config_items(self):
         """``(config path, value)`` for every field, in declaration order."""
@@ -205,9 +218,53 @@ CONFIG_PATHS = {
 _KEYWORD_OF_PATH = {path: name for name, path in CONFIG_PATHS.items()}
 
 
-def _closest(name, candidates):
+# The names TRL (GRPOConfig) and verl (actor_rollout_ref.actor, algorithm) give the same
+# settings -> (flat keyword, a note). Spelling does not find them: difflib maps
+# clip_ratio_low to clip_cov_low and kl_loss_coef to kl_cov_coef, other losses' fields.
+PEER_NAMES = {
+    "clip_ratio_low": ("eps_low", ""),
+    "clip_ratio_high": ("eps_high", ""),
+    "clip_ratio": ("eps_low", "set eps_low and eps_high to it"),
+    "epsilon": ("eps_low", "TRL's symmetric range: set eps_low and eps_high to it"),
+    "epsilon_low": ("eps_low", ""),
+    "epsilon_high": ("eps_high", "TRL's CISPO cap is absolute, eps_high relative: "
+                                 "presets.cispo(..., trl_epsilon_high=...)"),
+    "clip_ratio_c": ("dual_clip", ""),
+    "beta": ("kl_beta", ""),
+    "kl_loss_coef": ("kl_beta", ""),
+    "kl_coef": ("kl_beta", "verl's in-reward KL: kl_beta with kl_in_reward=True"),
+    "kl_loss_type": ("kl_kind", "low_var_kl is k3"),
+    "use_kl_loss": ("kl_beta", "a KL loss is kl_beta > 0"),
+    "use_kl_in_reward": ("kl_in_reward", ""),
+    "importance_sampling_level": (
+        "policy_loss", "TRL's 'sequence' level is GSPO's ratio, policy_loss='gspo' "
+                       "(importance_level is the sampler/trainer correction's level)"),
+    "loss_type": ("aggregation", "TRL's 'grpo', 'bnpo', 'dr_grpo', 'dapo' are "
+                                 "normalisations; its 'cispo' and 'sapo' are policy_loss"),
+    "loss_agg_mode": ("aggregation", ""),
+    "scale_rewards": ("advantage_scale", ""),
+    "num_generations": ("group_size", ""),
+    "entropy_coeff": ("entropy_coef", ""),
+    "mask_truncated_completions": ("overlong", "overlong='mask'"),
+    "vllm_importance_sampling_correction": ("importance", ""),
+    "vllm_importance_sampling_cap": ("importance_high", ""),
+    "vllm_importance_sampling_mode": ("importance_mode", "and importance_level"),
+    "max_completion_length": ("norm_len", "Dr. GRPO's constant"),
+}
+
+
+def _closest(name, candidates, *, paths=False):
+    """The "; did you mean ...?" hint for an unknown name (keywords, or config paths)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in PEER_NAMES:
+        keyword, note = PEER_NAMES[leaf]
+        shown = f"objective.{CONFIG_PATHS[keyword]}" if paths else repr(keyword)
+        return (f"; did you mean {shown}? ({leaf!r} is TRL's or verl's name"
+                + (f"; {note})" if note else ")"))
     match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.5)
-    return f"; did you mean {match[0]!r}?" if match else ""
+    if not match:
+        return ""
+    return f"; did you mean objective.{match[0]}?" if paths else f"; did you mean {match[0]!r}?"
 
 
 def check_keywords(changes, where):
@@ -248,14 +305,15 @@ def objective_spec(config: Any) -> ObjectiveSpec:
                              "truncation cap, or the mask's upper bound) with "
                              "objective.importance.low (the mask's lower bound)")
         if path not in _KEYWORD_OF_PATH:
-            match = difflib.get_close_matches(path, list(_KEYWORD_OF_PATH), n=1, cutoff=0.5)
-            hint = f"; did you mean objective.{match[0]}?" if match else ""
-            raise ValueError(f"objective.{path} is not an objective field{hint}")
+            raise ValueError(f"objective.{path} is not an objective field"
+                             f"{_closest(path, _KEYWORD_OF_PATH, paths=True)}")
         values[_KEYWORD_OF_PATH[path]] = value
     if "group_size" not in values:
         raise ValueError("objective.group_size is missing: set it to G, the completions per "
                          "prompt (the batch's rows are P prompts x G completions)")
-    return ObjectiveSpec(**values)
+    spec = ObjectiveSpec(**values)
+    warn_unread(spec)
+    return spec
 
 
 def _field(name):
@@ -294,6 +352,12 @@ def _validate(spec):
         _checks.check_greater(_field("dual_clip"), spec.dual_clip, 1.0)
     for name in ("gamma", "lam"):
         _checks.check_unit_interval(_field(name), getattr(spec, name))
+    if spec.norm_len is not None and (isinstance(spec.norm_len, bool)
+                                      or not isinstance(spec.norm_len, int)
+                                      or spec.norm_len < 1):
+        raise ValueError(f"objective.aggregation.norm_len must be None (T, the batch's token "
+                         f"axis) or an integer >= 1 (Dr. GRPO: the generation budget), got "
+                         f"{spec.norm_len!r}")
     if spec.estimator == "rloo" and spec.group_size < 2:
         raise ValueError(f"objective.group_size must be >= 2 for rloo, got {spec.group_size}")
     if spec.group_size < 2 and (spec.estimator in ("group", "gdpo") or (
@@ -315,6 +379,77 @@ def _validate(spec):
             f"({PER_ANSWER_LOSSES[kind]}) defines with 'seq-mean-token-mean'; set "
             "objective.aggregation.mode='seq-mean-token-mean', or "
             "objective.aggregation.allow_other_modes=True to run this variant on purpose")
+
+
+def _reads(spec):
+    """``{field: the settings that read it}`` for each field `spec` does NOT read."""
+    kind, est = spec.policy_loss, spec.estimator
+    unread = {}
+
+    def need(fields, reads, settings):
+        if not reads:
+            unread.update({f: settings for f in fields})
+
+    loss_fields = {}   # every loss's fields, from the registry (registered losses too)
+    for name, (_, fields) in POLICY_LOSSES.items():
+        for field in fields:
+            loss_fields.setdefault(field if isinstance(field, str) else field[0], []).append(name)
+    reads = {f if isinstance(f, str) else f[0] for f in POLICY_LOSSES[kind][1]}
+    if kind in BUILTIN_LOSSES:   # a registered loss may read any field (functools.partial)
+        for field, kinds in loss_fields.items():
+            need((field,), field in reads,
+                 "objective.loss.kind " + ", ".join(repr(k) for k in kinds))
+    if est in BUILTIN_ESTIMATORS:   # a registered estimator may read any field
+        need(("advantage_scale", "ddof"), est == "group", "objective.advantage.estimator 'group'")
+        need(("advantage_eps",), est in ("group", "gdpo"),
+             "objective.advantage.estimator 'group' or 'gdpo'")
+        need(("gamma",), est in ("reinforce_pp", "gae"),
+             "objective.advantage.estimator 'reinforce_pp' or 'gae'")
+        need(("baseline",), est == "reinforce_pp", "objective.advantage.estimator 'reinforce_pp'")
+        need(("lam", "lam_alpha", "whiten"), est == "gae", "objective.advantage.estimator 'gae'")
+    need(("norm_len",), spec.aggregation == "seq-mean-token-sum-norm",
+         "objective.aggregation.mode 'seq-mean-token-sum-norm'")
+    need(("allow_other_modes",), kind in PER_ANSWER_LOSSES,
+         "objective.loss.kind " + ", ".join(repr(k) for k in PER_ANSWER_LOSSES))
+    need(("offpolicy_delta",), spec.offpolicy_mask, "objective.offpolicy_mask.enabled=True")
+    need(("m2po_tau",), spec.m2po, "objective.m2po.enabled=True")
+    need(("importance_level", "importance_mode", "importance_low", "importance_high"),
+         spec.importance, "objective.importance.enabled=True")
+    return unread
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ObjectiveSpec)
+             if f.default is not dataclasses.MISSING}
+_WARNED = set()
+
+
+def _unread_message(spec, name, settings):
+    return (f"{_field(name)}={getattr(spec, name)!r} has no effect here: only {settings} "
+            f"read it (this objective: loss.kind {spec.policy_loss!r}, advantage.estimator "
+            f"{spec.estimator!r}, aggregation.mode {spec.aggregation!r})")
+
+
+def check_read(spec, given, where):
+    """Raises ValueError when a keyword the caller gave (`given`) is a field `spec` never
+    reads: it would do nothing (``presets.sapo(group_size=4, eps_high=0.3)``: SAPO has
+    no clip). `where` names the call."""
+    unread = _reads(spec)
+    for name in given:
+        if name in unread:
+            raise ValueError(f"{where}: {_unread_message(spec, name, unread[name])}; "
+                             "leave it out")
+
+
+def warn_unread(spec):
+    """Warns, once per message, for each field of a config section that `spec` never
+    reads but that differs from its default. A section carries every field, and a
+    sweep's base may set one that only some entries read, so this warns, not raises."""
+    for name, settings in _reads(spec).items():
+        if getattr(spec, name) != _DEFAULTS[name]:
+            message = _unread_message(spec, name, settings)
+            if message not in _WARNED:
+                _WARNED.add(message)
+                warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def field_types() -> Mapping[str, type]:

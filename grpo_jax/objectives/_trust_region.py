@@ -267,8 +267,9 @@ def m2po_mask(logp, old_logp, mask, *, tau=0.04):
     gets under tau, only the smallest token is kept (AReaL's rule; a batch of one token
     is kept). Ties at the cut are broken by position (the earlier token is dropped
     first; AReaL's unstable sort leaves that order unspecified). The mask is a function
-    of the whole batch passed in: compute it over the full minibatch, not per
-    micro-batch, for a result that does not depend on the split.
+    of the whole batch passed in, so a trainer that splits the minibatch masks per
+    micro-batch, as AReaL does (docs/objectives.md, "Objectives that depend on the
+    micro-batch", measures how much the loss moves).
 
     Args:
       logp: `[B, T]` log-probs under the current policy (read without gradient).

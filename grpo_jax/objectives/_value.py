@@ -52,6 +52,7 @@ def value_loss(values, old_values, returns, mask, *, clip=None):
     _checks.check_real("value_loss", returns=returns, mask=mask)
     _checks.check_token_arrays("value_loss", values=values, old_values=old_values,
                                returns=returns, mask=mask)
+    values, old_values, returns, mask = map(jnp.asarray, (values, old_values, returns, mask))
     valid = mask.astype(bool)
     f32 = lambda x: jnp.where(valid, x.astype(jnp.float32), 0.0)
     values = f32(values)
@@ -98,6 +99,7 @@ def explained_variance(values, returns, mask):
     _checks.check_floating("explained_variance", values=values)
     _checks.check_real("explained_variance", returns=returns, mask=mask)
     _checks.check_token_arrays("explained_variance", values=values, returns=returns, mask=mask)
+    values, returns, mask = map(jnp.asarray, (values, returns, mask))
     valid = mask.astype(bool)
     count = jnp.maximum(jnp.sum(valid, dtype=jnp.float32), 1.0)
 

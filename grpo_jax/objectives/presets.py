@@ -12,7 +12,8 @@ of that name builds: the recipes in configs/ are made by calling these functions
 ``group_size`` (G, the completions per prompt) is required: it fixes the grouping of the
 rows, so it is stated at the call, never inherited from a recipe, and a batch G does not
 divide is an error. Any other `ObjectiveSpec` field can be given as a keyword; an unknown
-keyword is a TypeError naming the closest field.
+keyword is a TypeError naming the closest field, and a field the objective does not read
+(``presets.sapo(group_size=4, eps_high=0.3)``) a ValueError naming the settings that do.
 
 What a recipe holds beyond the objective (dynamic sampling, DAPO's soft overlong
 penalty, which is a reward, the rollout regime, the learning rate) is the trainer's, in
@@ -20,16 +21,17 @@ configs/<method>.py; each preset's docstring says what that is.
 """
 
 from grpo_jax.objectives._compose import PolicyObjective, policy_objective
-from grpo_jax.objectives._spec import ObjectiveSpec, check_keywords
+from grpo_jax.objectives._spec import ObjectiveSpec, check_keywords, check_read
 
 __all__ = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "reinforce_pp", "gdpo",
-           "ppo", "vapo", "gmpo", "dppo", "m2po", "clip_cov", "kl_cov"]
+           "ppo", "vapo", "gmpo", "dppo", "m2po", "clip_cov", "kl_cov", "distill"]
 
 
 def _build(preset, fields, changes, reward_weights=None) -> PolicyObjective:
     check_keywords(changes, f"presets.{preset}")
-    return policy_objective(ObjectiveSpec(**{**fields, **changes}),
-                            reward_weights=reward_weights)
+    spec = ObjectiveSpec(**{**fields, **changes})
+    check_read(spec, changes, f"presets.{preset}")
+    return policy_objective(spec, reward_weights=reward_weights)
 
 
 def grpo(*, group_size, eps_low=0.2, eps_high=0.2, kl_beta=0.001, kl_kind="k3",
@@ -82,13 +84,25 @@ def gspo(*, group_size, eps_low=3e-4, eps_high=4e-4, **changes) -> PolicyObjecti
                                eps_high=eps_high), changes)
 
 
-def cispo(*, group_size, eps_low=1.0, eps_high=0.28, **changes) -> PolicyObjective:
+def cispo(*, group_size, eps_low=1.0, eps_high=0.28, trl_epsilon_high=None,
+          **changes) -> PolicyObjective:
     """CISPO: the importance weight clipped (upper bound only), never the gradient.
 
-    eps_low = 1 removes the lower bound as MiniMax-M1 does. The recipe adds DAPO's dynamic
-    sampling and soft overlong reward. Paper: MiniMax, MiniMax-M1 (arXiv:2506.13585),
-    sec. 3.1, eq. 4-5.
+    eps_low = 1 removes the lower bound as MiniMax-M1 does. The weight's cap is
+    1 + eps_high (relative, as the paper's epsilon); ``trl_epsilon_high=c`` takes TRL's
+    absolute cap c instead (TRL's ``epsilon_high`` with ``loss_type="cispo"``: c = 5.0 is
+    eps_high = 4.0 here; passing 5.0 as eps_high would cap at 6). The recipe adds DAPO's
+    dynamic sampling and soft overlong reward. Paper: MiniMax, MiniMax-M1
+    (arXiv:2506.13585), sec. 3.1, eq. 4-5.
     """
+    if trl_epsilon_high is not None:
+        if eps_high != 0.28:
+            raise ValueError("presets.cispo: give eps_high (relative: the cap is 1 + eps_high) "
+                             "or trl_epsilon_high (TRL's absolute cap), not both")
+        if not trl_epsilon_high >= 1.0:
+            raise ValueError(f"presets.cispo: trl_epsilon_high is TRL's absolute cap on the "
+                             f"weight pi_theta / pi_old and must be >= 1, got {trl_epsilon_high}")
+        eps_high = float(trl_epsilon_high) - 1.0
     return _build("cispo", dict(group_size=group_size, policy_loss="cispo",
                                 aggregation="token-mean", eps_low=eps_low, eps_high=eps_high),
                   changes)
@@ -230,3 +244,19 @@ def kl_cov(*, group_size, kl_fraction=2e-3, kl_coef=1.0, **changes) -> PolicyObj
     return _build("kl_cov", dict(group_size=group_size, policy_loss="kl_cov",
                                  aggregation="token-mean", kl_cov_fraction=kl_fraction,
                                  kl_cov_coef=kl_coef), changes)
+
+
+def distill(*, group_size=1, **changes) -> PolicyObjective:
+    """On-policy distillation: the student samples, a teacher's log-probs of the sampled
+    tokens give each token the reward -(log pi_old - log pi_teacher), the reverse KL.
+
+    The batch carries ``teacher_logp`` (`[B, T]`, the same tokenizer) instead of rewards;
+    the per-token advantages are teacher_logp - old_logp, the loss the plain
+    importance-weighted policy gradient, token mean: on-policy (old_logp = logp) its value
+    is the token mean of the reverse-KL estimate and its gradient that of
+    `reverse_kl_distill_loss`. No groups are needed (group_size 1 unless given).
+    Paper: Agarwal et al., On-Policy Distillation of Language Models (GKD,
+    arXiv:2306.13649), sec. 3.1, with the reverse KL.
+    """
+    return _build("distill", dict(group_size=group_size, estimator="reverse_kl",
+                                  policy_loss="pg", aggregation="token-mean"), changes)

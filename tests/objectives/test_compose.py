@@ -54,7 +54,8 @@ class TestMatchesHandComposition:
             np.testing.assert_allclose(metrics[name], np.asarray(diag[name])[m].mean(), rtol=1e-6)
         np.testing.assert_allclose(metrics["entropy"], np.asarray(b["entropy"])[m].mean(), rtol=1e-6)
         assert set(metrics) == {"loss", "policy_loss", "kl_ref", "entropy", "ratio", "kl_old",
-                                "clip_low", "clip_high"}
+                                "clip_low", "clip_high", "nonfinite_logp", "nonfinite_rewards"}
+        assert metrics["nonfinite_logp"] == 0 and metrics["nonfinite_rewards"] == 0
 
     def test_dual_clip_reports_its_own_metric(self):
         cfg = _config("grpo", **{"loss.dual_clip": 1.1, "kl.beta": 0.04})
@@ -131,7 +132,8 @@ class TestMatchesHandComposition:
         per_token = objectives.pg_loss(logp, b["old_logp"], adv, b["mask"])[0]
         np.testing.assert_allclose(loss, objectives.aggregate(per_token, b["mask"], mode="token-mean"),
                                    rtol=1e-6)
-        assert set(metrics) == {"loss", "policy_loss", "entropy", "ratio", "kl_old"}
+        assert set(metrics) == {"loss", "policy_loss", "entropy", "ratio", "kl_old",
+                                "nonfinite_logp", "nonfinite_rewards"}
 
     def test_k3_unbiased_kl_term(self):
         cfg = _config("grpo", **{"kl.kind": "k3_unbiased", "kl.beta": 0.04})

@@ -5,13 +5,15 @@ import doctest
 
 import pytest
 
-from grpo_jax.objectives import (_advantages, _aggregation, _covariance, _kl, _logits,
-                                 _mismatch, _policy_losses, _shaping, _trust_region, _value)
+from grpo_jax.objectives import (_advantages, _aggregation, _covariance, _distill, _kl,
+                                 _logits, _mismatch, _policy_losses, _shaping, _trust_region,
+                                 _value)
 from tests.doctest_numbers import WrittenPrecisionChecker, numbers_agree, run_examples
 
 
-@pytest.mark.parametrize("module", [_advantages, _aggregation, _covariance, _kl, _logits,
-                                    _mismatch, _policy_losses, _shaping, _trust_region, _value],
+@pytest.mark.parametrize("module", [_advantages, _aggregation, _covariance, _distill, _kl,
+                                    _logits, _mismatch, _policy_losses, _shaping, _trust_region,
+                                    _value],
                          ids=lambda m: m.__name__)
 def test_examples(module):
     result = run_examples(module)
@@ -65,7 +67,7 @@ def test_every_public_function_documents_shapes_example_and_paper():
                  "sapo_loss", "kl_penalty", "aggregate", "rollout_correction",
                  "mismatch_metrics", "decoupled_ppo_loss", "gmpo_loss", "dppo_loss",
                  "m2po_mask", "clip_cov_loss", "kl_cov_loss", "token_covariance",
-                 "binary_divergence"):
+                 "binary_divergence", "reverse_kl_distill_loss", "generalized_jsd"):
         doc = getattr(objectives, name).__doc__
         for section in ("Args:", "Returns:", "Example:", "References:", "["):
             assert section in doc, f"{name} docstring lacks {section!r}"

@@ -85,6 +85,8 @@ class TestPresetsAreTheirMethod:
         logp, b = batch(4)
         if name == "gdpo":   # one column per reward
             b["rewards"] = jnp.stack([b["rewards"], b["correct"]], axis=1)
+        if name == "distill":   # a teacher's log-probs instead of a reward
+            b["teacher_logp"] = b["old_logp"] - 0.1
         loss, metrics = objective(logp, b)
         assert np.isfinite(float(loss)) and float(metrics["loss"]) == float(loss)
 

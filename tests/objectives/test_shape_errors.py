@@ -119,6 +119,10 @@ CASES = [case(fn, a, msg, err) for fn in LOSSES for a, msg, err in (
     case(obj.explained_variance, (f, short, m), LIKE("returns", "values", "2, 4")),
     case(obj.explained_variance, (i, f, m), FLOAT("values"), TypeError),
     case(obj.explained_variance, (f[None], f, m), RANK("values", "1, 8, 5")),
+    case(obj.reverse_kl_distill_loss, (f, wide, m), LIKE("teacher_logp", "logp", "8, 6")),
+    case(obj.reverse_kl_distill_loss, (f, i, m), FLOAT("teacher_logp"), TypeError),
+    case(obj.generalized_jsd, (logits, logits, jnp.ones((2, 5))),
+         r"mask must be \[B, T\] = \[2, 4\] \(the logits' first two axes\); got \[2, 5\]$"),
 ]
 
 
@@ -145,7 +149,7 @@ def test_every_public_function_has_a_case():
               "entropy_from_logits", "pg_loss", "ppo_clip_loss", "gspo_loss", "cispo_loss",
               "sapo_loss", "overlong_penalty", "truncated_mask", "group_has_signal",
               "importance_weights", "offpolicy_sequence_mask", "value_loss",
-              "explained_variance"}
+              "explained_variance", "reverse_kl_distill_loss", "generalized_jsd"}
     assert public == {_name(c.values[0]) for c in CASES}
 
 
