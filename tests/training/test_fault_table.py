@@ -27,6 +27,7 @@ from grpo_jax.environments import Step, ToolEnvironment, _episodes
 from grpo_jax.training import checkpoint, metrics as metrics_lib, rl, sft, task as task_lib
 from grpo_jax.training import tokenizer as tokenizer_lib, warm_start
 from tests.environments.envs import HostileReply
+from tests.training.test_faults import _Position
 from tests.training.training_setups import (REPO, assert_rows_equal, assert_same_export,
                                             faults_config, finished_checkpoints, read_metrics)
 
@@ -221,16 +222,6 @@ def test_a_full_disk_during_an_append_ends_after_a_resume_as_the_uninterrupted_r
 
 
 # --- Checkpoints: keep none, another base, a directory that cannot be made ----------------
-
-class _Position:
-    def __init__(self, index=0):
-        self.index = index
-
-    def get_state(self):
-        return {"index": self.index}
-
-    def set_state(self, state):
-        self.index = state["index"]
 
 
 def test_a_checkpointer_that_would_keep_none_is_refused(tmp_path):
