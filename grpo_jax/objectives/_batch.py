@@ -44,12 +44,14 @@ BATCH_KEYS = {
                                   "(positive_nll_weight > 0)"),
 }
 # What grpo_jax's trainer carries in a micro-batch besides: its model's inputs (prompt and
-# completion tokens, a multi-turn episode's context mask, an MoE's replayed routing, the
-# kept sampling support), the packing plan, the critic's targets, the adapters' dropout
-# key and the row lengths. An objective accepts these keys and reads none of them.
+# completion tokens, a multi-turn episode's context mask, an MoE's replayed routing or
+# the experts its sampler chose, the kept sampling support), the packing plan, the critic's
+# targets, the adapters' dropout key and the row lengths. An objective accepts these keys
+# and reads none of them.
 TRAINER_KEYS = frozenset({
     "prompt_tokens", "prompt_mask", "tokens", "lengths", "context_mask", "returns",
-    "support_ids", "support_size", "prompt_routing", "routing", "dropout_key",
+    "support_ids", "support_size", "prompt_routing", "routing", "sampled_prompt_routing",
+    "sampled_routing", "dropout_key",
     "pack_back", "pack_fill", "pack_positions", "pack_rows_fraction", "pack_segments",
     "pack_src", "pack_target",
 })
