@@ -696,7 +696,7 @@ def test_split_meshes_compile_the_sampler_on_the_rollout_devices_alone():
     cfg = models.get_model_config("tiny")
     params, steps = expected_param_bytes(cfg, fsdp=4), 2 * 4
     b, s, n = 16 * 4, 16, NEW_TOKENS
-    per_row = 4 * (2 * s + 3 * n + 1) + 1   # as in TestCpuReport: GSPO's columns
+    per_row = 4 * (2 * s + 3 * n + 2) + 1   # as in TestCpuReport: GSPO's columns, rewards
     train = result["programs"]["train"]
     assert train["argument_bytes"] == 3 * params + steps + b // 4 * per_row + b // 4 * 4
     for name in ("prefill", "decode"):

