@@ -192,9 +192,20 @@ def test_a_row_carried_into_another_engine_with_its_key_samples_on_as_before(tin
         pad_id=0, slots=3, max_append=9, queued=[static.tokens[r, :9].tolist() for r in rows])
     carried.run()
     got = sampling.to_host(carried.rollout())
+    # One row may pick the neighbouring token at one draw and go its own way after it: a
+    # draw within float32 rounding of a boundary, where XLA's CPU kernels for this batch's
+    # shape round otherwise (`test_engine.assert_same_rows_but_a_rounding_flip`); seen on
+    # one CPU, at the 25th token of one carried row. Up to that token it agrees.
+    same = (got.tokens == static.tokens[rows]).all(axis=1)
+    assert same.sum() >= len(same) - 1, f"rows {np.flatnonzero(~same)} differ"
+    for row in np.flatnonzero(~same):
+        first = int(np.argmax(got.tokens[row] != static.tokens[rows][row]))
+        assert first > 9   # the queued tokens themselves are never redrawn
+        np.testing.assert_allclose(got.logp[row, :first], static.logp[rows][row, :first],
+                                   atol=1e-5, rtol=0)
     for name in ("tokens", "lengths", "truncated", "logp"):
-        np.testing.assert_allclose(getattr(got, name), getattr(static, name)[rows], atol=1e-5,
-                                   rtol=0, err_msg=name)
+        np.testing.assert_allclose(getattr(got, name)[same], getattr(static, name)[rows][same],
+                                   atol=1e-5, rtol=0, err_msg=name)
     assert got.appended[:, :9].all() and not got.appended[:, 9:].any()
     with pytest.raises(ValueError, match=r"give the Engine rng .* or keys .*, not both"):
         engine(tiny_model, slots=3, keys=keys)
