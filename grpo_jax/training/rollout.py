@@ -73,10 +73,12 @@ def routing_keys(config, model_cfg):
     """Where a batch keeps the sampler's experts of every token: `REPLAYED_ROUTING` with
     ``rollout.keep_routing``; on an MoE without it `SAMPLED_ROUTING` (the routing churn
     is measured against them, nothing replays them), except with partial rollouts, whose
-    carried rows keep no records; () for a dense model."""
+    carried rows keep no records, and with a paged KV cache, which records none (there the
+    churn goes unmeasured); () for a dense model."""
     if config.rollout.keep_routing:
         return REPLAYED_ROUTING
-    if model_cfg.n_experts and not config.rollout.partial.enabled:
+    r = config.rollout
+    if model_cfg.n_experts and not r.partial.enabled and not r.kv_page_size:
         return SAMPLED_ROUTING
     return ()
 

@@ -10,6 +10,7 @@ from flax import nnx
 
 from grpo_jax import config_lib, models, objectives, parallel, sampling
 from grpo_jax.training import batch as batch_lib, programs, rl
+from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
 from tests import readme_metrics
 from tests.training.training_setups import read_metrics, tiny_config
@@ -159,3 +160,28 @@ def test_an_moe_run_without_keep_routing_logs_the_churn(data_dir, tmp_path):
         assert 0 <= row["routing_churn"] <= 1 and row["log_ratio_std"] >= 0, row
     # the second update of a step is off the sampling policy: its log-ratios spread
     assert max(r["log_ratio_std"] for r in rows) > 0
+
+
+def test_paged_or_partial_moe_rollouts_carry_no_sampled_experts(data_dir):
+    """A paged KV cache records no routing (nor do partial rollouts' carried rows): an MoE
+    run without keep routing then carries no experts; with keep routing they replay."""
+    moe = models.get_model_config("tiny_moe")
+    keys = {name: rollout_lib.routing_keys(tiny_config("grpo", data_dir, **{
+        "model.name": "tiny_moe", **overrides}), moe) for name, overrides in {
+            "contiguous": {}, "paged": {"rollout.slots": 8, "rollout.kv_page_size": 16},
+            "partial": {"rollout.partial.enabled": True},
+            "kept": {"rollout.keep_routing": True}}.items()}
+    assert keys == {"contiguous": batch_lib.SAMPLED_ROUTING_KEYS, "paged": (), "partial": (),
+                    "kept": ("prompt_routing", "routing")}
+    assert rollout_lib.routing_keys(tiny_config("grpo", data_dir),
+                                    models.get_model_config("tiny")) == ()
+
+
+@pytest.mark.slow
+def test_a_paged_moe_run_trains_without_the_churn(data_dir, tmp_path):
+    """The tiny MoE with its slots' caches paged: one step trains; no churn is logged."""
+    config = tiny_config("grpo", data_dir, **{"model.name": "tiny_moe", "train.steps": 1,
+                                              "rollout.slots": 8, "rollout.kv_page_size": 16})
+    assert rl.train(config, str(tmp_path)) == 1
+    (row,) = read_metrics(tmp_path)
+    assert "routing_churn" not in row and row["log_ratio_std"] >= 0
