@@ -173,7 +173,12 @@ def write_all(root: pathlib.Path, humaneval_gz: pathlib.Path) -> pathlib.Path:
     write_jsonl(root / "mbpp" / "mbpp.jsonl", MBPP)
     (root / "mbpp" / "sanitized-mbpp.json").write_text(json.dumps(MBPP_SANITIZED, indent=1),
                                                        encoding="utf-8")
-    write_jsonl(root / "apps" / "train.jsonl", APPS_TRAIN, extra_lines=("{not json",))
+    prompt = json.loads(gzip.decompress(humaneval_gz.read_bytes()).splitlines()[0])["prompt"]
+    # HumanEval/0's prompt with other spacing: contaminated.
+    copied = apps_row(13, prompt.replace("\n", " \n  "), ["print(1)\n"],
+                      {"inputs": [""], "outputs": ["1\n"]})
+    write_jsonl(root / "apps" / "train.jsonl", [*APPS_TRAIN, copied],
+                extra_lines=("{not json",))
     write_jsonl(root / "apps" / "test.jsonl", APPS_TEST)
     (root / "humaneval").mkdir(parents=True, exist_ok=True)
     (root / "humaneval" / "HumanEval.jsonl.gz").write_bytes(

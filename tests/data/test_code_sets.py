@@ -103,14 +103,14 @@ class TestApps:
         info = data.metadata("apps", data_dir=out, config=apps_config(root),
                              manual_dir=str(root / "apps"))
         assert info["train"] == {
-            "rows": 14, "malformed": 2, "bad_tests": 3, "oversized": 0, "no_tests": 1,
-            "truncated": 2, "contaminated": 1, "duplicates": 1, "no_answer": 1, "kept": 5,
+            "rows": 15, "malformed": 2, "bad_tests": 3, "oversized": 0, "no_tests": 1,
+            "truncated": 2, "contaminated": 2, "duplicates": 1, "no_answer": 1, "kept": 5,
             "decontaminated_against": ["humaneval", "mbpp"]}
         assert info["test"]["kept"] == 1 and info["test"]["decontaminated_against"] == []
 
     def test_without_benchmarks_the_copy_stays(self, root, out):
         train = read("apps", "train", out, root / "apps", apps_config())
-        assert [e["task_id"] for e in train] == ["0", "1", "2", "3", "4", "12"]
+        assert [e["task_id"] for e in train] == ["0", "1", "2", "3", "4", "12", "13"]
 
     def test_stdio_row(self, root, out):
         by_id = {e["task_id"]: e for e in read("apps", "train", out, root / "apps",
