@@ -19,6 +19,8 @@ _extras.require("grpo_jax.data")   # before the imports it guards
 
 from grpo_jax.data._records import decode_example
 from grpo_jax.data._records import split_of
+from grpo_jax.data.apps import Apps
+from grpo_jax.data.apps import AppsConfig
 from grpo_jax.data.arithmetic import Arithmetic
 from grpo_jax.data.arithmetic import ArithmeticConfig
 from grpo_jax.data.benchmarks import BENCHMARKS
@@ -36,6 +38,8 @@ from grpo_jax.data.loader import make_loader
 from grpo_jax.data.loader import metadata
 from grpo_jax.data.loader import shard_bounds
 from grpo_jax.data.math500 import Math500
+from grpo_jax.data.mbpp import Mbpp
+from grpo_jax.data.mbpp import MbppSanitized
 from grpo_jax.data.prompts import TASK_FORMATS
 from grpo_jax.data.prompts import chat_prompt
 from grpo_jax.data.prompts import format_prompt

@@ -29,6 +29,7 @@ from grpo_jax import paths
 from grpo_jax.data import _manual
 from grpo_jax.data import _records
 from grpo_jax.data import _release
+from grpo_jax.data import apps
 from grpo_jax.data import arithmetic
 from grpo_jax.data import benchmarks
 from grpo_jax.data import code_tasks
@@ -37,6 +38,7 @@ from grpo_jax.data import gsm8k
 from grpo_jax.data import humaneval
 from grpo_jax.data import math500
 from grpo_jax.data import math_train
+from grpo_jax.data import mbpp
 from grpo_jax.data import reasoning_gym_tasks
 from grpo_jax.data import rpt
 
@@ -45,7 +47,8 @@ BUILDERS = {
     for builder in (arithmetic.Arithmetic, countdown.Countdown,
                     reasoning_gym_tasks.ReasoningGym, gsm8k.Gsm8k, math500.Math500, rpt.Rpt,
                     humaneval.Humaneval, code_tasks.CodeTasks,
-                    *math_train.RELEASE_BUILDERS, *benchmarks.RELEASE_BUILDERS)
+                    *math_train.RELEASE_BUILDERS, *benchmarks.RELEASE_BUILDERS,
+                    *mbpp.RELEASE_BUILDERS, *apps.RELEASE_BUILDERS)
 }
 
 # The builders whose examples are generated from knobs (a run's ``config.task.knobs``).
@@ -56,7 +59,8 @@ CONFIG_CLASSES = {"arithmetic": arithmetic.ArithmeticConfig,
                   "code_tasks": code_tasks.CodeTasksConfig,
                   # Builders of release files: their config is keyed on the files read.
                   **{builder.name: builder.BUILDER_CONFIG_CLASS
-                     for builder in (*math_train.RELEASE_BUILDERS, *benchmarks.RELEASE_BUILDERS)}}
+                     for builder in (*math_train.RELEASE_BUILDERS, *benchmarks.RELEASE_BUILDERS,
+                                     *mbpp.RELEASE_BUILDERS, *apps.RELEASE_BUILDERS)}}
 
 
 def builder_config(name: str, knobs: dict[str, Any]) -> tfds.core.BuilderConfig | None:
@@ -85,13 +89,14 @@ def data_source(name: str, *, split: str, data_dir: str,
     Args:
       name: one of ``BUILDERS`` (``"arithmetic"``, ``"countdown"``, ``"reasoning_gym"``,
         ``"gsm8k"``, ``"math500"``, ``"rpt"``, the training sets of ``math_train`` and
-        the benchmarks of ``benchmarks``).
-      split: ``"train"`` or ``"test"``.
+        the benchmarks of ``benchmarks``, the code sets ``humaneval``, ``mbpp``,
+        ``mbpp_sanitized``, ``apps`` and ``code_tasks``).
+      split: ``"train"`` or ``"test"`` (MBPP also ``"validation"`` and ``"prompt"``).
       data_dir: where the array_record files are written and read.
       config: the builder config (an instance, or the name of a predefined one);
         ``None`` picks the builder's default.
       manual_dir: the directory holding the official files (GSM8K, MATH-500, the
-        builders of ``math_train`` and ``benchmarks``).
+        builders of ``math_train`` and ``benchmarks``, HumanEval, MBPP, APPS).
       prepare: build the dataset when it is missing; when False a missing dataset is
         an error.
 

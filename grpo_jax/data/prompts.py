@@ -18,7 +18,8 @@ Answer formats (the final answer a completion must give; every ``solution`` give
   olympiadbench                             ``\\boxed{<answer>}``
   countdown, countdown_compact              ``<answer><expression></answer>``
   rpt                                       ``\\boxed{<the next token(s)>}``
-  humaneval, code_tasks                     a ```` ```python ```` block (the last one counts)
+  humaneval, code_tasks, mbpp               a ```` ```python ```` block (the last one counts)
+  mbpp_sanitized, apps                      a ```` ```python ```` block
 
 e.g. arithmetic ``8+6+0=14 7+5+1=13 4+2+1=7 #### 734``, countdown
 ``<answer>(6 - 2) * 6</answer>``, rpt ``\\boxed{fox}``.
@@ -85,7 +86,8 @@ TASK_FORMATS = {
     "countdown": TaskFormat(ANSWER_TAGS),
     "countdown_compact": TaskFormat(ANSWER_TAGS, plain_template="{question}:"),
     "rpt": TaskFormat(NEXT_TOKENS),
-    "humaneval": TaskFormat(PYTHON_BLOCK),
+    **{name: TaskFormat(PYTHON_BLOCK) for name in ("humaneval", "mbpp", "mbpp_sanitized",
+                                                    "apps")},
     "code_tasks": TaskFormat(PYTHON_BLOCK, plain_template="{question}\n"),
 }
 

@@ -53,6 +53,12 @@ TASK_REWARDS = [
      {"tests": '{"kind": "assert", "setup": "", "cases": ["assert f() == 1"]}'}),
     ("code_tasks", "code_tests", "def f(x):\n    return x\n",
      {"tests": '{"kind": "assert", "setup": "", "cases": ["assert f(2) == 2"]}'}),
+    ("mbpp", "code_tests", "def f(x):\n    return x\n",
+     {"tests": '{"kind": "assert", "setup": "", "cases": ["assert f(2) == 2"]}'}),
+    ("mbpp_sanitized", "code_tests", "def f(x):\n    return x\n",
+     {"tests": '{"kind": "assert", "setup": "", "cases": ["assert f(2) == 2"]}'}),
+    ("apps", "code_tests", "print(int(input()) + 1)\n",
+     {"tests": '{"kind": "stdio", "cases": [{"input": "2\\n", "output": "3\\n"}]}'}),
 ]
 
 
