@@ -99,7 +99,7 @@ def get_config(arg=None):
     config.reward.correct = "gsm8k"      # the reward whose value 1 means "correct" (accuracy)
     config.reward.timeout_s = 10.0       # per row, for graders that run in the process pool
 
-    # Rollouts: P prompts x G completions, a prompt's G rows consecutive (docs/design.md).
+    # Rollouts: P prompts x G completions, a prompt's G rows consecutive (docs/semantics.md).
     # P, G, the budget and the updates per batch are the recipe's regime (set_regime).
     config.rollout = config_dict.ConfigDict()
     config.rollout.prompts_per_batch = 64

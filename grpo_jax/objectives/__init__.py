@@ -4,7 +4,7 @@ Nothing here sees a model or a config object, and only `clip_cov_loss` takes a P
 (as an argument). The composer (`policy_objective`) reads an `ObjectiveSpec` (or a
 recipe's config section, converted to one once) and returns a pure function; `presets`
 builds each method's objective by name (``presets.dapo(group_size=16)``).
-docs/design.md gives the exact semantics of each, side by side.
+docs/semantics.md gives the exact semantics of each, side by side.
 
 The gradient contract, the same for every function: the current policy's log-probs
 (``logp``; a value model's ``values``) are the only differentiated input. Old, reference

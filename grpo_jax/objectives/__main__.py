@@ -1,4 +1,4 @@
-"""Prints the worked examples of docs/design.md, each computed by grpo_jax.objectives.
+"""Prints the worked examples of docs/semantics.md, each computed by grpo_jax.objectives.
 
     python -m grpo_jax.objectives
 

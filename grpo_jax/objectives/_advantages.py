@@ -65,7 +65,7 @@ def group_advantages(rewards, group_size, *, scale="group", ddof=0, eps=1e-6):
       rewards: `[B]` scalar reward per completion, B = P * G.
       group_size: G, the completions per prompt; must divide B.
       scale: ``"group"``, ``"batch"`` or ``"none"``.
-      ddof: 0 for the population std (docs/design.md's worked example), 1 for the
+      ddof: 0 for the population std (docs/semantics.md's worked example), 1 for the
         unbiased std (TRL, verl).
       eps: added to the std before dividing.
 

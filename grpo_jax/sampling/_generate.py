@@ -1,6 +1,6 @@
 """Grouped rollouts: prefill each prompt once, then decode G completions in a `lax.while_loop`.
 
-B = P*G rows, the G completions of a prompt consecutive (docs/design.md, "Batch layout"). The
+B = P*G rows, the G completions of a prompt consecutive (docs/semantics.md, "Batch layout"). The
 prompts are prefilled once per prompt (not per completion) into a P-row cache that the G
 completions share (`Decoder.init_cache(prefix=...)`: stored and read once per prompt);
 each completion's own cache grows in segments (`_segment_ends`), one while loop per

@@ -1,13 +1,13 @@
 """Independent float64 numpy references for `grpo_jax.objectives`.
 
-Written from docs/design.md (the definitions of every objective) and, where
+Written from docs/semantics.md (the definitions of every objective) and, where
 that is silent, from the conventions the public docstrings state. Nothing here imports
 or calls the code under test. Plain per-row / per-group / per-token Python loops on
 purpose: each function should be readable as the formula it checks.
 
 Conventions shared by the policy losses:
 
-- r = exp(clip(logp - old_logp, -20, 20)) (docs/design.md, "Batch layout").
+- r = exp(clip(logp - old_logp, -20, 20)) (docs/semantics.md, "Batch layout").
 - Every per-token output is 0 at masked positions, and so is every gradient.
 - Each loss reference returns `(loss, grad, diagnostics)`, where `grad` is the
   analytic d(sum_t L_t)/d logp_t, per token.

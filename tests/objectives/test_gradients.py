@@ -1,4 +1,4 @@
-"""Gradient semantics of the policy losses (docs/design.md, "Policy losses")."""
+"""Gradient semantics of the policy losses (docs/semantics.md, "Policy losses")."""
 
 import functools
 

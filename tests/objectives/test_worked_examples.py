@@ -1,4 +1,4 @@
-"""The worked examples of docs/design.md, reproduced exactly by the library."""
+"""The worked examples of docs/semantics.md, reproduced exactly by the library."""
 
 import decimal
 import functools
