@@ -95,6 +95,8 @@ from grpo_jax.objectives._spec import ObjectiveSpec, objective_spec
 from grpo_jax.objectives._trl_variants import top_entropy_mask
 from grpo_jax.objectives._trust_region import m2po_mask
 
+sg = jax.lax.stop_gradient
+
 
 def _keyword(spec, field):
     """A registry field -> ``(keyword, value)`` from `spec`."""
@@ -175,7 +177,7 @@ class PolicyObjective:
                  "behaviour_logp": spec.importance, "truncated": spec.overlong == "mask",
                  "loss_seed": spec.policy_loss in RANDOM_LOSSES,
                  "teacher_logp": spec.estimator in REWARDLESS_ESTIMATORS}
-        optional = ["prompt_ids", "row_valid", "num_tokens", "num_seqs"]
+        optional = ["prompt_ids", "row_valid", "num_tokens", "num_seqs", "entropy_coef"]
         if spec.positive_nll_weight > 0:
             optional.append("num_positive_tokens")
         if spec.entropy_coef == 0 and spec.top_entropy_quantile == 1:
@@ -338,7 +340,10 @@ class PolicyObjective:
                             old_logp=old_logp)
             metrics["kl_ref"] = reduce(kl)
             total = total + spec.kl_beta * kl
-        if spec.entropy_coef != 0:
+        if "entropy_coef" in batch:   # a step's coefficient (adaptive entropy control)
+            total = total - sg(jnp.asarray(batch["entropy_coef"], jnp.float32)) * required(
+                batch, "entropy", "batch['entropy_coef']")
+        elif spec.entropy_coef != 0:
             total = total - spec.entropy_coef * required(batch, "entropy", "entropy_coef != 0")
         loss = reduce(total)
         if spec.positive_nll_weight > 0:   # VAPO: imitate the batch's correct answers

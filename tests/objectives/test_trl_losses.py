@@ -318,3 +318,23 @@ class TestMisuse:
             presets.dapo(group_size=2, loss_type="luspo")
         with pytest.raises(TypeError, match="adaptive_entropy_coef"):
             presets.dapo(group_size=2, use_adaptive_entropy=True)
+
+
+class TestStepCoefficient:
+
+    def test_batch_entropy_coef_replaces_the_field(self):
+        """An adaptive controller's coefficient rides in the batch: no rebuild per step."""
+        logp, old, mask = _np_batch(5)
+        entropy = np.random.default_rng(6).uniform(0, 2, mask.shape)
+        batch = {"old_logp": old, "mask": mask, "advantages": np.array([1.0, -1, 0.5, 0]),
+                 "entropy": entropy}
+        base = objectives.policy_objective({"group_size": 2})
+        fixed = objectives.policy_objective({"group_size": 2, "entropy_coef": 0.03})
+        stepped = base(jnp.asarray(logp), {**batch, "entropy_coef": jnp.float32(0.03)})[0]
+        np.testing.assert_allclose(stepped, fixed(jnp.asarray(logp), batch)[0], rtol=1e-6)
+        plain = base(jnp.asarray(logp), batch)[0]
+        bonus = 0.03 * np.sum(entropy * mask) / np.sum(mask)
+        np.testing.assert_allclose(float(plain) - float(stepped), bonus, rtol=1e-5)
+        with pytest.raises(KeyError, match="batch\\['entropy_coef'\\]"):
+            base(jnp.asarray(logp), {k: v for k, v in {**batch, "entropy_coef": 0.1}.items()
+                                     if k != "entropy"})
