@@ -78,8 +78,12 @@ def _objective_metrics(kind):
         cfg.loss.dual_clip = 3.0
     if kind in ("gspo", "sapo", "gmpo"):   # defined per answer
         cfg.aggregation.mode = "seq-mean-token-mean"
+    if kind == "luspo":
+        cfg.aggregation.mode = "seq-mean-token-sum"
     cfg.kl.beta, cfg.entropy_coef, cfg.positive_nll_weight = 0.1, 0.01, 0.1
+    cfg.top_entropy_quantile = 0.5
     cfg.importance.enabled = cfg.offpolicy_mask.enabled = cfg.m2po.enabled = True
+    cfg.importance.enabled = kind != "vespo"   # VESPO refuses the token correction
     rng = np.random.default_rng(0)
     logp = lambda: jnp.asarray(rng.normal(-2.0, 0.5, (4, 3)), jnp.float32)
     batch = {"old_logp": logp(), "behaviour_logp": logp(), "ref_logp": logp(),
@@ -91,16 +95,18 @@ def _objective_metrics(kind):
 
 
 @pytest.mark.parametrize("kind", ["pg", "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "dppo",
-                                  "clip_cov", "kl_cov"])
+                                  "clip_cov", "kl_cov", "luspo", "vespo"])
 def test_every_objective_metric_is_documented(kind):
     metrics = _objective_metrics(kind)
-    options = {"kl_ref", "entropy", "importance_weight", "importance_truncated",
-               "offpolicy_masked", "positive_nll", "m2po_masked"}
+    options = {"kl_ref", "entropy", "offpolicy_masked", "positive_nll", "m2po_masked",
+               "entropy_kept"}
+    if kind != "vespo":
+        options |= {"importance_weight", "importance_truncated"}
     clips = {"clip_low", "clip_high"}
     activity = {"ppo_clip": clips | {"clip_dual"}, "gspo": clips, "cispo": clips,
                 "sapo": {"gate_scale"}, "pg": set(), "gmpo": clips,
                 "dppo": clips | {"divergence", "ratio_capped"}, "clip_cov": clips | {"cov_detached"},
-                "kl_cov": {"cov_penalized"}}[kind]
+                "kl_cov": {"cov_penalized"}, "luspo": clips, "vespo": {"vespo_weight"}}[kind]
     assert {"loss", "policy_loss", "ratio", "kl_old"} | options | activity <= set(metrics)
     assert readme_metrics.undocumented(metrics) == []
 

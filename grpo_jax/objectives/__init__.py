@@ -22,6 +22,7 @@ from grpo_jax.objectives._advantages import outcome_token_rewards
 from grpo_jax.objectives._advantages import reinforce_pp_advantages
 from grpo_jax.objectives._advantages import rloo_advantages
 from grpo_jax.objectives._aggregation import AGGREGATION_MODES
+from grpo_jax.objectives._aggregation import SPLIT_DEPENDENT_MODES
 from grpo_jax.objectives._aggregation import aggregate
 from grpo_jax.objectives._batch import BATCH_KEYS
 from grpo_jax.objectives._batch import TRAINER_KEYS
@@ -62,6 +63,10 @@ from grpo_jax.objectives._spec import CONFIG_PATHS
 from grpo_jax.objectives._spec import OVERLONG_MODES
 from grpo_jax.objectives._spec import ObjectiveSpec
 from grpo_jax.objectives._spec import objective_spec
+from grpo_jax.objectives._trl_variants import adaptive_entropy_coef
+from grpo_jax.objectives._trl_variants import entropy_bonus_coef
+from grpo_jax.objectives._trl_variants import top_entropy_mask
+from grpo_jax.objectives._trl_variants import vespo_loss
 from grpo_jax.objectives._trust_region import binary_divergence
 from grpo_jax.objectives._trust_region import dppo_loss
 from grpo_jax.objectives._trust_region import gmpo_loss

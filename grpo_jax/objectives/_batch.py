@@ -30,7 +30,10 @@ BATCH_KEYS = {
     "values": ("[B, T]", "the critic's V(s_t) (advantage.estimator 'gae')"),
     "correct": ("[B]", "which answers are right (positive_nll_weight > 0)"),
     "entropy": ("[B, T]", "token entropy, computed inside the differentiated function "
-                          "(entropy_coef != 0); a metric whenever present"),
+                          "(entropy_coef != 0, top_entropy_quantile < 1); a metric "
+                          "whenever present"),
+    "entropy_coef": ("[]", "this step's entropy coefficient, in place of entropy_coef "
+                           "(adaptive control: entropy_bonus_coef); needs entropy"),
     "behaviour_logp": ("[B, T]", "the sampler's log-probs (importance.enabled; read by "
                                  "m2po and offpolicy_mask when present, else old_logp)"),
     "truncated": ("[B]", "which answers hit the length limit (overlong.mode 'mask')"),

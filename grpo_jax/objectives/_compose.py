@@ -17,7 +17,8 @@ over the whole minibatch, the tokens the loss is normalised over (truncated answ
 already removed when overlong.mode == "mask"); ``num_seqs`` counts the real rows (padding
 rows excluded, truncated rows included, as `aggregate`'s default B does). With them the
 losses and metrics of micro-batches add up to those of the full batch, except M2PO's,
-Clip-Cov's and KL-Cov's, whose token selection is a statistic of the micro-batch
+Clip-Cov's, KL-Cov's and top_entropy_quantile's, whose token selection is a statistic of
+the micro-batch, and aggregation "bnpo"'s, a micro-batch's own token mean
 (docs/objectives.md, "Objectives that depend on the micro-batch").
 
 Metrics, each a scalar:
@@ -50,6 +51,9 @@ Metrics, each a scalar:
   ``cov_detached``       share of tokens clip_cov leaves out              token mean
   ``cov_penalized``      share of tokens kl_cov penalises                 token mean
   ``m2po_masked``        share of tokens M2PO's mask drops (m2po)         token mean
+  ``entropy_kept``       share of tokens the top-entropy selection keeps  token mean
+                         (top_entropy_quantile < 1)
+  ``vespo_weight``       vespo's sequence weight phi(w) per token         token mean
   ``importance_weight``  the sampler/trainer correction weight            token mean
                          (importance.enabled), after its bounds
   ``importance_masked``  share of tokens whose weight the mask zeroes     token mean
@@ -88,7 +92,10 @@ from grpo_jax.objectives._registry import (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, 
                                            REWARDLESS_ESTIMATORS, required)
 from grpo_jax.objectives._shaping import offpolicy_sequence_mask, truncated_mask
 from grpo_jax.objectives._spec import ObjectiveSpec, objective_spec
+from grpo_jax.objectives._trl_variants import top_entropy_mask
 from grpo_jax.objectives._trust_region import m2po_mask
+
+sg = jax.lax.stop_gradient
 
 
 def _keyword(spec, field):
@@ -165,14 +172,15 @@ class PolicyObjective:
         spec = self.spec
         needs = {"old_logp": True, "mask": True, "advantages": False, "rewards": False,
                  "ref_logp": spec.kl_beta > 0, "values": spec.estimator == "gae",
-                 "correct": spec.positive_nll_weight > 0, "entropy": spec.entropy_coef != 0,
+                 "correct": spec.positive_nll_weight > 0,
+                 "entropy": spec.entropy_coef != 0 or spec.top_entropy_quantile < 1,
                  "behaviour_logp": spec.importance, "truncated": spec.overlong == "mask",
                  "loss_seed": spec.policy_loss in RANDOM_LOSSES,
                  "teacher_logp": spec.estimator in REWARDLESS_ESTIMATORS}
-        optional = ["prompt_ids", "row_valid", "num_tokens", "num_seqs"]
+        optional = ["prompt_ids", "row_valid", "num_tokens", "num_seqs", "entropy_coef"]
         if spec.positive_nll_weight > 0:
             optional.append("num_positive_tokens")
-        if spec.entropy_coef == 0:
+        if spec.entropy_coef == 0 and spec.top_entropy_quantile == 1:
             optional.append("entropy")
         if (spec.m2po or spec.offpolicy_mask) and not spec.importance:
             optional.append("behaviour_logp")
@@ -308,12 +316,22 @@ class PolicyObjective:
                              tau=spec.m2po_tau)
             per_token = per_token * keep
             diagnostics = {**diagnostics, "m2po_masked": (1.0 - keep) * mask}
+        if spec.top_entropy_quantile < 1:   # "80/20": the policy loss on forking tokens only
+            keep = top_entropy_mask(
+                required(batch, "entropy", "top_entropy_quantile < 1"), mask,
+                quantile=spec.top_entropy_quantile)
+            per_token = per_token * keep
+            diagnostics = {**diagnostics, "entropy_kept": keep}
         if "entropy" in batch:
             diagnostics = {**diagnostics, "entropy": batch["entropy"]}
 
+        # bnpo weighs a micro-batch by its share of the real rows.
+        local_seqs = (jnp.sum(batch["row_valid"], dtype=jnp.float32)
+                      if "row_valid" in batch and spec.aggregation == "bnpo" else None)
+
         def reduce(x):
             return aggregate(x, mask, mode=spec.aggregation, num_tokens=num_tokens,
-                             num_seqs=num_seqs, norm_len=spec.norm_len)
+                             num_seqs=num_seqs, norm_len=spec.norm_len, local_seqs=local_seqs)
 
         metrics.update(policy_loss=reduce(per_token), **_token_means(diagnostics, mask, num_tokens))
         total = per_token
@@ -322,7 +340,10 @@ class PolicyObjective:
                             old_logp=old_logp)
             metrics["kl_ref"] = reduce(kl)
             total = total + spec.kl_beta * kl
-        if spec.entropy_coef != 0:
+        if "entropy_coef" in batch:   # a step's coefficient (adaptive entropy control)
+            total = total - sg(jnp.asarray(batch["entropy_coef"], jnp.float32)) * required(
+                batch, "entropy", "batch['entropy_coef']")
+        elif spec.entropy_coef != 0:
             total = total - spec.entropy_coef * required(batch, "entropy", "entropy_coef != 0")
         loss = reduce(total)
         if spec.positive_nll_weight > 0:   # VAPO: imitate the batch's correct answers

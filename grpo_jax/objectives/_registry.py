@@ -18,6 +18,7 @@ from grpo_jax.objectives._distill import reverse_kl_distill_loss
 from grpo_jax.objectives._kl import kl_penalty
 from grpo_jax.objectives._policy_losses import (cispo_loss, gspo_loss, pg_loss, ppo_clip_loss,
                                                 sapo_loss)
+from grpo_jax.objectives._trl_variants import vespo_loss
 from grpo_jax.objectives._trust_region import dppo_loss, gmpo_loss
 
 
@@ -120,6 +121,10 @@ POLICY_LOSSES = {
                                  ("clip_cov_low", "cov_low"), ("clip_cov_high", "cov_high"),
                                  "eps_low", "eps_high")),
     "kl_cov": (kl_cov_loss, (("kl_cov_fraction", "kl_fraction"), ("kl_cov_coef", "kl_coef"))),
+    # LUSPO: GSPO's per-token loss, aggregated by seq-mean-token-sum (`ObjectiveSpec`).
+    "luspo": (gspo_loss, ("eps_low", "eps_high")),
+    "vespo": (vespo_loss, (("vespo_k_pos", "k_pos"), ("vespo_lambda_pos", "lambda_pos"),
+                           ("vespo_k_neg", "k_neg"), ("vespo_lambda_neg", "lambda_neg"))),
 }
 # Losses that draw at random: their key comes from the batch's per-row seeds.
 RANDOM_LOSSES = {"clip_cov"}

@@ -28,10 +28,14 @@ ADVANTAGE_SCALES = ("group", "batch", "none")
 # Losses whose paper defines the objective per answer: 1/G sum_i 1/|y_i| sum_t.
 BUILTIN_ESTIMATORS = ("group", "rloo", "reinforce_pp", "gdpo", "gae", "reverse_kl")
 BUILTIN_LOSSES = ("pg", "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "dppo", "clip_cov",
-                  "kl_cov")
+                  "kl_cov", "luspo", "vespo")
 PER_ANSWER_LOSSES = {"gspo": "Zheng et al., arXiv:2507.18071, eq. 5",
                      "sapo": "Gao et al., arXiv:2511.20347, the SAPO objective",
                      "gmpo": "Zhao et al., arXiv:2507.20673, the GMPO objective"}
+# Losses defined with another aggregation: kind -> (the mode, where it is defined).
+# LUSPO is GSPO's loss with each answer's term scaled by its length: a token sum.
+LOSS_MODES = {"luspo": ("seq-mean-token-sum",
+                        "Liu et al., arXiv:2602.05261, the LUSPO objective")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +60,8 @@ class ObjectiveSpec:
       1 - 1/(alpha * length) replaces lam.
     whiten (advantage.whiten) True: gae whitens its advantages over the batch's tokens.
     policy_loss (loss.kind) "ppo_clip": "pg", "ppo_clip", "gspo", "cispo", "sapo",
-      "gmpo", "dppo", "clip_cov", "kl_cov".
+      "gmpo", "dppo", "clip_cov", "kl_cov", "luspo" (GSPO's loss under
+      seq-mean-token-sum), "vespo" (`vespo_loss`).
     eps_low, eps_high (loss.eps_low, loss.eps_high) 0.2, 0.2: the clip range (gmpo: of
       the log-ratio).
     dual_clip (loss.dual_clip) None: c > 1 caps -r A at -c A for A < 0 (ppo_clip).
@@ -71,15 +76,23 @@ class ObjectiveSpec:
     clip_cov_low, clip_cov_high (loss.cov_low, loss.cov_high) 1.0, 5.0: its covariance band.
     kl_cov_fraction (loss.kl_fraction) 2e-3: kl_cov's share of tokens penalised.
     kl_cov_coef (loss.kl_coef) 1.0: kl_cov's penalty weight (`kl_cov_loss`).
+    vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg (loss.k_pos,
+      loss.lambda_pos, loss.k_neg, loss.lambda_neg) 2.0, 3.0, 3.0, 2.0: vespo's kernel
+      power and decay for A >= 0 and A < 0 (TRL's defaults).
     aggregation (aggregation.mode) "token-mean": how per-token losses become a scalar
-      (`aggregate`).
+      (`aggregate`; "bnpo": TRL's per-micro-batch token mean).
     norm_len (aggregation.norm_len) None: seq-mean-token-sum-norm's constant (None: T).
-    allow_other_modes (aggregation.allow_other_modes) False: let gspo and sapo, defined
-      per answer (seq-mean-token-mean), run with another aggregation on purpose.
+    allow_other_modes (aggregation.allow_other_modes) False: let gspo, sapo and gmpo,
+      defined per answer (seq-mean-token-mean), and luspo (seq-mean-token-sum) run with
+      another aggregation on purpose.
     kl_beta (kl.beta) 0.0: weight of the KL to the reference (batch["ref_logp"]).
     kl_kind (kl.kind) "k3": "k1", "k2", "k3" or "k3_unbiased" (`kl_penalty`).
     kl_in_reward (kl.in_reward) False: reinforce_pp folds -beta KL into token rewards.
     entropy_coef (entropy_coef) 0.0: weight of the entropy bonus (batch["entropy"]).
+    top_entropy_quantile (top_entropy_quantile) 1.0: rho < 1 keeps the policy loss on
+      the top rho share of tokens by entropy only (batch["entropy"]; `top_entropy_mask`,
+      "80/20", arXiv:2506.01939, which uses 0.2); the KL and entropy terms and the
+      normalisation keep every token.
     positive_nll_weight (positive_nll_weight) 0.0: VAPO's weight on the NLL of the
       batch's correct answers (batch["correct"]).
     overlong (overlong.mode) "none": "mask" drops truncated answers from the loss and its
@@ -131,6 +144,10 @@ class ObjectiveSpec:
     clip_cov_high: float = 5.0
     kl_cov_fraction: float = 2e-3
     kl_cov_coef: float = 1.0
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
     aggregation: str = "token-mean"
     norm_len: int | None = None
     allow_other_modes: bool = False
@@ -138,6 +155,7 @@ class ObjectiveSpec:
     kl_kind: str = "k3"
     kl_in_reward: bool = False
     entropy_coef: float = 0.0
+    top_entropy_quantile: float = 1.0
     positive_nll_weight: float = 0.0
     overlong: str = "none"
     offpolicy_mask: bool = False
@@ -196,6 +214,10 @@ CONFIG_PATHS = {
     "clip_cov_high": "loss.cov_high",
     "kl_cov_fraction": "loss.kl_fraction",
     "kl_cov_coef": "loss.kl_coef",
+    "vespo_k_pos": "loss.k_pos",
+    "vespo_lambda_pos": "loss.lambda_pos",
+    "vespo_k_neg": "loss.k_neg",
+    "vespo_lambda_neg": "loss.lambda_neg",
     "aggregation": "aggregation.mode",
     "norm_len": "aggregation.norm_len",
     "allow_other_modes": "aggregation.allow_other_modes",
@@ -203,6 +225,7 @@ CONFIG_PATHS = {
     "kl_kind": "kl.kind",
     "kl_in_reward": "kl.in_reward",
     "entropy_coef": "entropy_coef",
+    "top_entropy_quantile": "top_entropy_quantile",
     "positive_nll_weight": "positive_nll_weight",
     "overlong": "overlong.mode",
     "offpolicy_mask": "offpolicy_mask.enabled",
@@ -240,7 +263,11 @@ PEER_NAMES = {
         "policy_loss", "TRL's 'sequence' level is GSPO's ratio, policy_loss='gspo' "
                        "(importance_level is the sampler/trainer correction's level)"),
     "loss_type": ("aggregation", "TRL's 'grpo', 'bnpo', 'dr_grpo', 'dapo' are "
-                                 "normalisations; its 'cispo' and 'sapo' are policy_loss"),
+                                 "normalisations; its 'cispo', 'sapo', 'luspo' and 'vespo' "
+                                 "are policy_loss"),
+    "use_adaptive_entropy": ("entropy_coef", "adaptive control is a trainer's state from "
+                                             "step to step: adaptive_entropy_coef and "
+                                             "entropy_bonus_coef give each step's entropy_coef"),
     "loss_agg_mode": ("aggregation", ""),
     "scale_rewards": ("advantage_scale", ""),
     "num_generations": ("group_size", ""),
@@ -342,7 +369,8 @@ def _validate(spec):
     for name in ("eps_low", "eps_high", "kl_beta", "offpolicy_delta", "positive_nll_weight",
                  "lam_alpha", "dppo_delta_low", "dppo_delta_high", "kl_cov_coef"):
         _checks.check_nonnegative(_field(name), getattr(spec, name))
-    for name in ("dppo_ratio_cap", "clip_cov_fraction", "kl_cov_fraction", "m2po_tau"):
+    for name in ("dppo_ratio_cap", "clip_cov_fraction", "kl_cov_fraction", "m2po_tau",
+                 "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
         _checks.check_greater(_field(name), getattr(spec, name), 0.0)
     _checks.check_choice(_field("dppo_divergence"), spec.dppo_divergence, DPPO_DIVERGENCES)
     if not spec.clip_cov_low < spec.clip_cov_high:
@@ -350,7 +378,7 @@ def _validate(spec):
                          f"{spec.clip_cov_low} and {spec.clip_cov_high}")
     if spec.dual_clip is not None:
         _checks.check_greater(_field("dual_clip"), spec.dual_clip, 1.0)
-    for name in ("gamma", "lam"):
+    for name in ("gamma", "lam", "top_entropy_quantile"):
         _checks.check_unit_interval(_field(name), getattr(spec, name))
     if spec.norm_len is not None and (isinstance(spec.norm_len, bool)
                                       or not isinstance(spec.norm_len, int)
@@ -373,12 +401,20 @@ def _validate(spec):
                          "a KL folded into the reward (objective.kl.in_reward=True) has none: "
                          "use kind 'k1', 'k2' or 'k3' there")
     kind, mode = spec.policy_loss, spec.aggregation
-    if kind in PER_ANSWER_LOSSES and mode != "seq-mean-token-mean" and not spec.allow_other_modes:
+    defined = LOSS_MODES.get(kind) or (
+        ("seq-mean-token-mean", PER_ANSWER_LOSSES[kind]) if kind in PER_ANSWER_LOSSES else None)
+    if defined and mode != defined[0] and not spec.allow_other_modes:
         raise ValueError(
             f"objective.aggregation.mode={mode!r} changes the {kind} objective, which its paper "
-            f"({PER_ANSWER_LOSSES[kind]}) defines with 'seq-mean-token-mean'; set "
-            "objective.aggregation.mode='seq-mean-token-mean', or "
+            f"({defined[1]}) defines with {defined[0]!r}; set "
+            f"objective.aggregation.mode={defined[0]!r}, or "
             "objective.aggregation.allow_other_modes=True to run this variant on purpose")
+    if kind == "vespo" and spec.importance:
+        raise ValueError("objective.importance.enabled=True with objective.loss.kind='vespo': "
+                         "VESPO corrects the sampler/trainer gap inside its sequence weight "
+                         "(TRL adds the log of that ratio to log w), not as a weight per "
+                         "token, and that is not built here; leave importance off or use "
+                         "another loss")
 
 
 def _reads(spec):
@@ -409,8 +445,8 @@ def _reads(spec):
         need(("lam", "lam_alpha", "whiten"), est == "gae", "objective.advantage.estimator 'gae'")
     need(("norm_len",), spec.aggregation == "seq-mean-token-sum-norm",
          "objective.aggregation.mode 'seq-mean-token-sum-norm'")
-    need(("allow_other_modes",), kind in PER_ANSWER_LOSSES,
-         "objective.loss.kind " + ", ".join(repr(k) for k in PER_ANSWER_LOSSES))
+    need(("allow_other_modes",), kind in PER_ANSWER_LOSSES or kind in LOSS_MODES,
+         "objective.loss.kind " + ", ".join(repr(k) for k in [*PER_ANSWER_LOSSES, *LOSS_MODES]))
     need(("offpolicy_delta",), spec.offpolicy_mask, "objective.offpolicy_mask.enabled=True")
     need(("m2po_tau",), spec.m2po, "objective.m2po.enabled=True")
     need(("importance_level", "importance_mode", "importance_low", "importance_high"),

@@ -24,7 +24,8 @@ from grpo_jax.objectives._compose import PolicyObjective, policy_objective
 from grpo_jax.objectives._spec import ObjectiveSpec, check_keywords, check_read
 
 __all__ = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "reinforce_pp", "gdpo",
-           "ppo", "vapo", "gmpo", "dppo", "m2po", "clip_cov", "kl_cov", "distill"]
+           "ppo", "vapo", "gmpo", "dppo", "m2po", "clip_cov", "kl_cov", "distill", "luspo",
+           "vespo"]
 
 
 def _build(preset, fields, changes, reward_weights=None) -> PolicyObjective:
@@ -260,3 +261,34 @@ def distill(*, group_size=1, **changes) -> PolicyObjective:
     """
     return _build("distill", dict(group_size=group_size, estimator="reverse_kl",
                                   policy_loss="pg", aggregation="token-mean"), changes)
+
+
+def luspo(*, group_size, eps_low=3e-4, eps_high=4e-4, **changes) -> PolicyObjective:
+    """LUSPO: GSPO's sequence-ratio loss with each answer's term scaled by its length.
+
+    The per-answer loss of GSPO times |y_i|, averaged over answers (``seq-mean-token-sum``
+    of GSPO's per-token loss): long answers are no longer weighted down, the length bias
+    of GSPO the paper removes. The clip range defaults to GSPO's preset (3e-4, 4e-4);
+    TRL's loss_type="luspo" with importance_sampling_level="sequence" is this loss with
+    TRL's epsilon range.
+    Paper: Liu, Yin, Shi, Yang, Zeng, Qiu, Length-Unbiased Sequence Policy Optimization
+    (arXiv:2602.05261), the LUSPO objective.
+    """
+    return _build("luspo", dict(group_size=group_size, policy_loss="luspo",
+                                aggregation="seq-mean-token-sum", eps_low=eps_low,
+                                eps_high=eps_high), changes)
+
+
+def vespo(*, group_size, k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0,
+          **changes) -> PolicyObjective:
+    """VESPO: the policy gradient softly weighted by a Gamma kernel of the sequence ratio.
+
+    `vespo_loss` per token (phi(w) = e^lambda w^k e^(-lambda w) of the product of the
+    token ratios, by the sign of A), token mean as TRL's loss_type="vespo"; the kernel's
+    parameters default to TRL's. No clip.
+    Paper: Shen, Zhao, Cheng, Huang, Yu, VESPO (arXiv:2602.10693), the reshaping kernel.
+    """
+    return _build("vespo", dict(group_size=group_size, policy_loss="vespo",
+                                aggregation="token-mean", vespo_k_pos=k_pos,
+                                vespo_lambda_pos=lambda_pos, vespo_k_neg=k_neg,
+                                vespo_lambda_neg=lambda_neg), changes)

@@ -244,7 +244,7 @@ class TestConfigErrors:
     @pytest.mark.parametrize("overrides, message", [
         ({"loss.kind": "ppo"},
          r"objective.loss.kind must be one of 'pg', 'ppo_clip', 'gspo', 'cispo', 'sapo', 'gmpo', 'dppo', "
-         r"'clip_cov', 'kl_cov'; got 'ppo'"),
+         r"'clip_cov', 'kl_cov', 'luspo', 'vespo'; got 'ppo'"),
         ({"loss.eps_high": -0.1}, r"objective.loss.eps_high must be >= 0, got -0.1"),
         ({"loss.dual_clip": 1.0}, r"objective.loss.dual_clip must be > 1.0, got 1.0"),
         ({"kl.kind": "k4"},

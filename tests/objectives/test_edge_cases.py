@@ -124,7 +124,8 @@ class TestErrors:
     def test_unknown_names(self):
         z = jnp.zeros((2, 2))
         _raises(r"mode must be one of 'token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', "
-                r"'seq-mean-token-sum-norm'; got 'sum'", objectives.aggregate, z, z, mode="sum")
+                r"'seq-mean-token-sum-norm', 'bnpo'; got 'sum'", objectives.aggregate, z, z,
+                mode="sum")
         _raises(r"kind must be one of 'k1', 'k2', 'k3', 'k3_unbiased'; got 'k4'",
                 objectives.kl_penalty, z, z, kind="k4")
         _raises(r"scale must be one of 'group', 'batch', 'none'; got 'std'",
