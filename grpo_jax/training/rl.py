@@ -50,7 +50,8 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax import config_lib, models, objectives, parallel, paths
-from grpo_jax.training import async_rl, checkpoint, critic as critic_lib, evaluation, footprint
+from grpo_jax.training import async_rl, checkpoint, critic as critic_lib, distill, evaluation
+from grpo_jax.training import footprint
 from grpo_jax.training import batch as batch_lib, metrics as metrics_lib, packing, programs
 from grpo_jax.training import partial, policy as policy_lib, preemption
 from grpo_jax.training import roles, rollout, steps, task as task_lib, warm_start
@@ -76,6 +77,7 @@ def check_settings(config):
     rollout.check_sampling_config(config)
     checkpoint.check_config(config)
     evaluation.check_config(config)
+    distill.check_config(config)   # distillation hook: the distill section's refusals
 
 
 def check_config(config, mesh):
@@ -308,6 +310,8 @@ class Run:
     rollout_frozen: Any = None
     carry: partial.Pool | None = None
     precision: policy_lib.RolloutPrecision | None = None
+    # distillation hook: the frozen teacher (`distill.Teacher`), never checkpointed
+    teacher: distill.Teacher | None = None
 
 
 def _copy(params):
@@ -358,7 +362,9 @@ def set_up(config, workdir, mesh, rollout_mesh=None):
         held_out=held_out,
         checkpointer=checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
                                              keep=config.train.keep_checkpoints),
-        advantages_fn=jax.jit(objective.advantages),
+        # distillation hooks: the teacher, and the advantages with its term mixed in
+        teacher=distill.load_teacher(config, mesh, policy, policy_run.pieces),
+        advantages_fn=jax.jit(distill.advantages_fn(config, objective)),
         mismatch_fn=jax.jit(objectives.mismatch_metrics),
         seeds_fn=jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh)))
 
@@ -606,6 +612,8 @@ def _policy_targets(run, batch, behaviour, step, plan):
         batch["old_logp"] = batch["behaviour_logp"]
     if config.objective.kl.beta > 0:
         batch["ref_logp"] = logp_fn(reference_params(run), batch, plan)
+    # distillation hook: the teacher's log-probs of the sampled tokens, before advantages
+    metrics.update(distill.add_teacher_logp(run.teacher, batch, plan, objective.loss_mask(batch)))
     batch["advantages"] = run.advantages_fn(batch)
     if objective.spec.policy_loss in objectives.RANDOM_LOSSES:   # Clip-Cov's draw
         batch["loss_seed"] = run.seeds_fn(batch["mask"], jnp.int32(step))
