@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from grpo_jax import config_lib, models, objectives, parallel, paths
 from grpo_jax.training import batch as batch_lib, distill, footprint, programs, rl, warm_start
@@ -151,9 +152,15 @@ def test_checkpoints_hold_no_teacher_and_a_resume_equals_the_whole_run(distilled
     config, workdir = distilled
     with open(workdir / "checkpoints" / "3" / "meta" / "metadata") as f:
         meta = json.load(f)
+    # The policy's parameters and optimizer state only (no lagged copies at policy_lag 0):
+    # as many parameter arrays as the student has, not the teacher's besides.
     assert {key.split("]")[0] + "]" for key in meta["fingerprint"]} == {
-        "['params']", "['opt_state']", "['lagged']"}
-    assert sorted(os.listdir(workdir / "checkpoints" / "3")) == ["meta", "state"]
+        "['params']", "['opt_state']"}
+    student, _ = models.from_pretrained(config.distill.teacher_path)   # the start's shape
+    arrays = len(jax.tree.leaves(nnx.state(student, nnx.Param)))
+    assert sum(key.startswith("['params']") for key in meta["fingerprint"]) == arrays
+    items = set(os.listdir(workdir / "checkpoints" / "3")) - {"_CHECKPOINT_METADATA"}
+    assert items == {"meta", "state"}   # orbax's items: no other saved tree
     cut = tmp_path / "cut"
     rl.train(config_lib.apply_overrides(config, {"train.steps": 2, "train.export": False}),
              str(cut))
