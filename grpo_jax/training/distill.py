@@ -27,6 +27,7 @@ arXiv:2306.13649, sec. 3.1) optimised by the recipe's policy loss.
 """
 
 import dataclasses
+import math
 import numbers
 from typing import Any, Callable
 
@@ -61,12 +62,15 @@ def check_config(config) -> None:
                          f"off), got {d.teacher_path!r}")
     weight = d.weight
     if (isinstance(weight, bool) or not isinstance(weight, numbers.Real)
-            or not jnp.isfinite(weight) or weight < 0):
+            or not math.isfinite(weight) or weight < 0):
         raise ValueError(f"distill.weight must be a finite number >= 0, got {weight!r}")
     if pure(config) and not enabled(config):
         raise ValueError("objective.advantage.estimator='reverse_kl' reads the teacher's "
                          "log-probs: set distill.teacher_path to the teacher's HF checkpoint")
     if not enabled(config):
+        if weight != 1.0:
+            raise ValueError(f"distill.weight={weight} has no effect without a teacher: set "
+                             "distill.teacher_path (an HF checkpoint), or leave weight at 1.0")
         return
     if pure(config) and weight != 1.0:
         raise ValueError(f"distill.weight={weight} scales the teacher's term added to a reward "

@@ -279,6 +279,8 @@ class Run:
       carry: with partial rollouts (``rollout.partial.enabled``), the `partial.Pool` of
         groups carried over after the last step taken (what a checkpoint saves; a
         producer's own may be further on); else None.
+      teacher: the frozen teacher of on-policy distillation (`distill.Teacher`, never
+        checkpointed), or None without ``distill.teacher_path``.
     """
 
     config: Any
@@ -599,8 +601,9 @@ def _value_targets(run, batch, lam, plan):
 
 def _policy_targets(run, batch, behaviour, step, plan):
     """Adds pi_old (the parameters that sampled, recomputed, or the sampler's log-probs),
-    pi_ref, the advantages and a random loss's seeds to `batch`; returns the metrics of
-    the sampler's against the trainer's log-probs (none when pi_old is the sampler's)."""
+    pi_ref, the distillation teacher's log-probs, the advantages and a random loss's seeds
+    to `batch`; returns the metrics of the sampler's against the trainer's log-probs (none
+    when pi_old is the sampler's) and the teacher's (`distill.add_teacher_logp`)."""
     config, objective, logp_fn = run.config, run.objective, run.policy_programs.forward
     metrics = {}
     if config.train.old_logp == "recompute":

@@ -30,6 +30,7 @@ def _config(**overrides):
     ({"distill.weight": -0.5}, r"distill.weight must be a finite number >= 0, got -0.5"),
     ({"distill.weight": float("nan")}, r"distill.weight must be a finite number >= 0"),
     ({"objective.advantage.estimator": "reverse_kl"}, r"set distill.teacher_path"),
+    ({"distill.weight": 0.5}, r"distill.weight=0.5 has no effect without a teacher"),
     ({**PURE, "distill.teacher_path": "/t", "distill.weight": 2.0},
      r"distill.weight=2.0 .* set distill.weight=1.0"),
     ({"distill.teacher_path": "/t", "distill.weight": 0.0},
@@ -159,11 +160,10 @@ def test_checkpoints_hold_no_teacher_and_a_resume_equals_the_whole_run(distilled
     student, _ = models.from_pretrained(config.distill.teacher_path)   # the start's shape
     arrays = len(jax.tree.leaves(nnx.state(student, nnx.Param)))
     assert sum(key.startswith("['params']") for key in meta["fingerprint"]) == arrays
-    items = set(os.listdir(workdir / "checkpoints" / "3")) - {"_CHECKPOINT_METADATA"}
+    items = {p.name for p in (workdir / "checkpoints" / "3").iterdir() if p.is_dir()}
     assert items == {"meta", "state"}   # orbax's items: no other saved tree
     cut = tmp_path / "cut"
-    rl.train(config_lib.apply_overrides(config, {"train.steps": 2, "train.export": False}),
-             str(cut))
+    rl.train(config_lib.replaced(config, {"train.steps": 2, "train.export": False}), str(cut))
     rl.train(config, str(cut))   # resumes from step 2, the teacher loaded again from its path
     whole, resumed = read_metrics(workdir), read_metrics(cut)
     assert [r["step"] for r in resumed] == [1, 2, 3]
@@ -173,14 +173,16 @@ def test_checkpoints_hold_no_teacher_and_a_resume_equals_the_whole_run(distilled
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("lora_rank", [0, 4])
 def test_the_batch_holds_the_teachers_log_probs_and_the_mixed_gradient(distilled, data_dir,
-                                                                        tmp_path):
-    """The student is the warm start, the teacher the distilled run's export (another
-    model, the same tokenizer)."""
+                                                                        tmp_path, lora_rank):
+    """The student is the warm start (with LoRA adapters: the teacher has none), the
+    teacher the distilled run's export (another model, the same tokenizer)."""
     _, workdir = distilled
     teacher = str(workdir / "export")
     config = tiny_config("dapo", data_dir, **{"distill.teacher_path": teacher,
-                                             "distill.weight": 0.5})
+                                             "distill.weight": 0.5,
+                                             "model.lora.rank": lora_rank})
     run, batch, metrics = _first_batch(config, tmp_path)
     mask = batch["mask"].astype(bool)
     want = _independent_teacher_logp(teacher, batch, config.rollout.temperature)
