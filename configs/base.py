@@ -251,6 +251,14 @@ def get_config(arg=None):
     config.critic.pretrain_steps = 0
     config.critic.optimizer = _optimizer(learning_rate=2e-6)
 
+    # On-policy distillation (docs/objectives.md): a frozen teacher scores the sampled tokens
+    # and each token's advantage gains weight * (log pi_teacher - log pi_old), the negative
+    # reverse KL. With objective.advantage.estimator = "reverse_kl" that term is the whole
+    # advantage (no reward read; weight must be 1).
+    config.distill = config_dict.ConfigDict()
+    config.distill.teacher_path = ""     # HF checkpoint, the policy's tokenizer; "" = off
+    config.distill.weight = 1.0          # w: A_t = A_reward + w (log pi_T - log pi_old)
+
     if arg.runlocal:
         _runlocal(config)
     set_regime(config, prompts=64, group_size=8, updates=1, max_new_tokens=1024,

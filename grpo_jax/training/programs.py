@@ -16,7 +16,7 @@ from flax import nnx
 
 from grpo_jax import config_lib, objectives, parallel, rewards
 from grpo_jax.training import batch as batch_lib
-from grpo_jax.training import critic as critic_lib, optimizer, steps
+from grpo_jax.training import critic as critic_lib, distill, optimizer, steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,11 +213,12 @@ def batch_layout(config, model_cfg, prompt_len):
         layout["ref_logp"] = ((b, n), jnp.float32)
     if config.critic.enabled:
         layout["values"] = layout["returns"] = ((b, n), jnp.float32)
+    layout.update(distill.layout(config, b, n))   # distillation hook: teacher_logp
     objective = rl_objective(config)
     if objective.spec.policy_loss in objectives.RANDOM_LOSSES:
         layout["loss_seed"] = ((b,), jnp.int32)
     abstract = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in layout.items()}
-    advantages = jax.eval_shape(objective.advantages, abstract)
+    advantages = jax.eval_shape(distill.advantages_fn(config, objective), abstract)
     layout["advantages"] = (advantages.shape, advantages.dtype)
     return layout
 
@@ -227,7 +228,7 @@ def check_batch(batch, layout_keys, *, pretraining):
     report compiles for); during value pre-training only the critic's keys are added."""
     expected = set(layout_keys)
     if pretraining:
-        expected -= {"old_logp", "ref_logp", "advantages", "loss_seed"}
+        expected -= {"old_logp", "ref_logp", "advantages", "loss_seed", "teacher_logp"}
     if set(batch) != expected:
         raise AssertionError(
             f"the RL batch has keys {sorted(set(batch) - expected)} that "

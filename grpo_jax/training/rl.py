@@ -50,7 +50,8 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax import config_lib, models, objectives, parallel, paths
-from grpo_jax.training import async_rl, checkpoint, critic as critic_lib, evaluation, footprint
+from grpo_jax.training import async_rl, checkpoint, critic as critic_lib, distill, evaluation
+from grpo_jax.training import footprint
 from grpo_jax.training import batch as batch_lib, metrics as metrics_lib, packing, programs
 from grpo_jax.training import partial, policy as policy_lib, preemption
 from grpo_jax.training import roles, rollout, steps, task as task_lib, warm_start
@@ -76,6 +77,7 @@ def check_settings(config):
     rollout.check_sampling_config(config)
     checkpoint.check_config(config)
     evaluation.check_config(config)
+    distill.check_config(config)   # distillation hook: the distill section's refusals
 
 
 def check_config(config, mesh):
@@ -277,6 +279,8 @@ class Run:
       carry: with partial rollouts (``rollout.partial.enabled``), the `partial.Pool` of
         groups carried over after the last step taken (what a checkpoint saves; a
         producer's own may be further on); else None.
+      teacher: the frozen teacher of on-policy distillation (`distill.Teacher`, never
+        checkpointed), or None without ``distill.teacher_path``.
     """
 
     config: Any
@@ -308,6 +312,8 @@ class Run:
     rollout_frozen: Any = None
     carry: partial.Pool | None = None
     precision: policy_lib.RolloutPrecision | None = None
+    # distillation hook: the frozen teacher (`distill.Teacher`), never checkpointed
+    teacher: distill.Teacher | None = None
 
 
 def _copy(params):
@@ -358,7 +364,9 @@ def set_up(config, workdir, mesh, rollout_mesh=None):
         held_out=held_out,
         checkpointer=checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
                                              keep=config.train.keep_checkpoints),
-        advantages_fn=jax.jit(objective.advantages),
+        # distillation hooks: the teacher, and the advantages with its term mixed in
+        teacher=distill.load_teacher(config, mesh, policy, policy_run.pieces),
+        advantages_fn=jax.jit(distill.advantages_fn(config, objective)),
         mismatch_fn=jax.jit(objectives.mismatch_metrics),
         seeds_fn=jax.jit(loss_seeds, out_shardings=parallel.row_sharding(mesh)))
 
@@ -593,8 +601,9 @@ def _value_targets(run, batch, lam, plan):
 
 def _policy_targets(run, batch, behaviour, step, plan):
     """Adds pi_old (the parameters that sampled, recomputed, or the sampler's log-probs),
-    pi_ref, the advantages and a random loss's seeds to `batch`; returns the metrics of
-    the sampler's against the trainer's log-probs (none when pi_old is the sampler's)."""
+    pi_ref, the distillation teacher's log-probs, the advantages and a random loss's seeds
+    to `batch`; returns the metrics of the sampler's against the trainer's log-probs (none
+    when pi_old is the sampler's) and the teacher's (`distill.add_teacher_logp`)."""
     config, objective, logp_fn = run.config, run.objective, run.policy_programs.forward
     metrics = {}
     if config.train.old_logp == "recompute":
@@ -606,6 +615,8 @@ def _policy_targets(run, batch, behaviour, step, plan):
         batch["old_logp"] = batch["behaviour_logp"]
     if config.objective.kl.beta > 0:
         batch["ref_logp"] = logp_fn(reference_params(run), batch, plan)
+    # distillation hook: the teacher's log-probs of the sampled tokens, before advantages
+    metrics.update(distill.add_teacher_logp(run.teacher, batch, plan, objective.loss_mask(batch)))
     batch["advantages"] = run.advantages_fn(batch)
     if objective.spec.policy_loss in objectives.RANDOM_LOSSES:   # Clip-Cov's draw
         batch["loss_seed"] = run.seeds_fn(batch["mask"], jnp.int32(step))
