@@ -28,6 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as kernel_lib
 
 MAX_PAGES_PER_BLOCK = 16   # pages the kernel reads per block (a divisor of the row's pages)
+LANES = 128   # on TPU the kernel's head dim must be a multiple (its blocks' last dimension)
 
 
 def pages_per_block(pages):
@@ -102,9 +103,20 @@ def kernel_attention(q, k_pages, v_pages, lengths, page_indices):
 
 
 def selected(cfg):
-    """Whether paged decoding attends through the kernel: on a TPU backend, or anywhere
-    with `model.attention="splash"` (the Pallas kernels; interpreted on CPU)."""
-    return cfg.attention_impl == "splash" or jax.default_backend() == "tpu"
+    """Whether paged decoding attends through the kernel: on a TPU backend when the head
+    dim is a multiple of `LANES` (the kernel's blocks need it there), or anywhere with
+    `model.attention="splash"` (the Pallas kernels; interpreted on CPU).
+
+    Raises:
+      ValueError: with "splash" on a TPU backend and a head dim the kernel cannot take.
+    """
+    on_tpu, fits = jax.default_backend() == "tpu", cfg.head_dim % LANES == 0
+    if cfg.attention_impl == "splash" and on_tpu and not fits:
+        raise ValueError(f"model.attention='splash' decodes the paged cache through the Pallas "
+                         f"kernel, which needs head_dim % {LANES} == 0 on TPU, got "
+                         f"{cfg.head_dim}; set model.attention='xla' (the XLA gather) or "
+                         "rollout.kv_page_size=0")
+    return cfg.attention_impl == "splash" or (on_tpu and fits)
 
 
 def to_kernel_layout(k_pool, v_pool):

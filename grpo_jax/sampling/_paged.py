@@ -28,9 +28,8 @@ on CPU and GPU, materialising one layer's gathered keys and values at a time. On
 backend, or anywhere with `model.attention="splash"` (`models.paged_kernel.selected`), the
 pools take the Pallas paged-attention kernel's layout and a slot's own pages are read in
 place by the kernel, its prompt's pages through XLA (`models.paged_kernel`). The tail does
-not narrow (`_engine`'s
-`tail_widths`): the pages already free what a stopped row held. Rows that pause
-(`Engine`) decode contiguously.
+not narrow (`_engine`'s `tail_widths`): the pages already free what a stopped row held.
+Rows that pause (`Engine`) decode contiguously.
 """
 
 import functools

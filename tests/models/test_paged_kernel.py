@@ -7,11 +7,14 @@ kernel's matmuls round their operands as the TPU's default precision does, so ex
 operands leave only float32 rounding between the two paths.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from grpo_jax import models
 from grpo_jax.models import layers, paged_kernel
 
 N, K, H, PAGE, M = 4, 2, 128, 8, 14   # the kernel's head dim is a multiple of 128
@@ -73,9 +76,23 @@ def test_the_kernel_attends_as_the_gather_path():
                                      jnp.asarray(own_only)[:, None], scale=scale)
     assert np.abs(np.asarray(alone) - np.asarray(want)).max() > 0.05
 
+def test_the_kernel_is_chosen_by_model_attention_off_tpu():
+    """On CPU only `model.attention="splash"` (interpreted) takes the kernel."""
+    tiny = models.get_model_config("tiny")
+    assert jax.default_backend() == "cpu"
+    assert paged_kernel.selected(dataclasses.replace(tiny, attention_impl="splash"))
+    assert not paged_kernel.selected(tiny)
+
+
 def test_pages_per_block_divides_the_row():
     assert [paged_kernel.pages_per_block(t) for t in (1, 3, 12, 16, 17, 48)] == [1, 3, 12, 16,
                                                                                   1, 16]
+
+
+def kernel_reads(compiled, pool_shape):
+    """Whether a Mosaic kernel of the compiled program takes an operand of `pool_shape`."""
+    return any('custom_call_target="tpu_custom_call"' in line and pool_shape in line
+               for line in compiled.as_text().splitlines())
 
 
 @pytest.mark.slow
@@ -101,6 +118,34 @@ def test_the_kernel_compiles_for_a_tpu_and_reads_the_pages_in_place():
         spec((rows, 1, n, h), jnp.bfloat16), spec((kv, pool, page, h), jnp.bfloat16),
         spec((kv, pool, page, h), jnp.bfloat16), spec((rows, tp + tc), jnp.int32),
         spec((rows, (tp + tc) * page), jnp.bool_)).compile()
-    assert "tpu_custom_call" in compiled.as_text()
+    assert kernel_reads(compiled, f"bf16[{kv},{pool},{page},{h}]")
     gathered = 2 * rows * kv * (tp + tc) * page * h * 2   # keys and values, bfloat16
     assert compiled.memory_analysis().temp_size_in_bytes < gathered
+
+
+@pytest.mark.slow
+def test_the_paged_engine_compiles_for_a_tpu_with_the_kernel():
+    """The whole paged sampler (8 slots, 16-token pages, a bfloat16 tiny model with head
+    dim 128 and `attention="splash"`) compiles for a v5e chip, the kernel in it."""
+    pytest.importorskip("libtpu", reason="compiling for a TPU topology needs libtpu: "
+                                         "pip install -e '.[train,tpu]'")
+    from jax.experimental import topologies
+    from grpo_jax import sampling
+    from grpo_jax.sampling import _paged
+    device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
+    one = jax.sharding.SingleDeviceSharding(device)
+    cfg = dataclasses.replace(models.get_model_config("tiny"), head_dim=128, dtype="bfloat16",
+                              param_dtype="bfloat16", attention_impl="splash")
+    graphdef, state = models.abstract_model(cfg)
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), state)
+
+    def spec(shape, dtype=jnp.int32):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=one)
+
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=one)
+    compiled = _paged.generate_paged.lower(
+        graphdef, state, spec((4, 40)), spec((4, 40)), key, spec((4,)), sampling.Greedy(),
+        spec((1,)), spec(()), spec(()), group_size=4, buffer_len=256, num_slots=8,
+        page_size=16, kv_pages=0, rules=None).compile()
+    # 2 kv heads; 4 prompts x 3 pages + 8 slots x 16 pages + the trash page.
+    assert kernel_reads(compiled, "bf16[2,141,16,128]")
