@@ -25,7 +25,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as kernel_lib
+from jax.experimental.pallas.ops.tpu.paged_attention import (
+    paged_attention_kernel as kernel_lib,
+)
 
 MAX_PAGES_PER_BLOCK = 16   # pages the kernel reads per block (a divisor of the row's pages)
 LANES = 128   # on TPU the kernel's head dim must be a multiple (its blocks' last dimension)

@@ -130,6 +130,7 @@ def test_the_paged_engine_compiles_for_a_tpu_with_the_kernel():
     pytest.importorskip("libtpu", reason="compiling for a TPU topology needs libtpu: "
                                          "pip install -e '.[train,tpu]'")
     from jax.experimental import topologies
+
     from grpo_jax import sampling
     from grpo_jax.sampling import _paged
     device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
