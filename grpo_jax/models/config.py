@@ -78,8 +78,10 @@ class ModelConfig:
         also every matmul result). True and False (or "True"/"true", "False"/"false")
         mean "full" and "off".
       attention_impl: one of `ATTENTION_IMPLS`: "xla" (any backend), "splash" (the Pallas
-        TPU kernel for training and prefill; decoding stays XLA) or "cudnn" (NVIDIA GPUs,
-        bf16/fp16, through `jax.nn.dot_product_attention`).
+        TPU kernels: splash for training and prefill, the paged-attention kernel for the
+        paged engine's decoding, which also uses it on any TPU backend; the contiguous
+        decode stays XLA) or "cudnn" (NVIDIA GPUs, bf16/fp16, through
+        `jax.nn.dot_product_attention`).
       moe_impl: one of `MOE_IMPLS`, how routed experts are computed ("ragged" or "dense").
       scan_layers: run runs of identical layers with `jax.lax.scan` over stacked weights
         (one compiled layer body per run instead of one per layer); the KV cache is

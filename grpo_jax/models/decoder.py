@@ -42,9 +42,10 @@ class KVCache:
         per prompt and read once per group (see `Decoder.init_cache`).
       pages: None, or a `layers.PageIndex`: then `k` and `v` are page pools (one
         `[M, K, H, page]` / `[M, K, page, H]` array per layer, `[n, M, ...]` per scanned
-        run) shared by all rows, each row reading the pages its table lists and writing
-        its new token where `pages` says (`Decoder.paged_decode_step`); `valid` is
-        `[B, L]` over the table's columns and `index` is unused.
+        run; `[K, M, page, H]` both with `pages.kernel`) shared by all rows, each row
+        reading the pages its table lists and writing its new token where `pages` says
+        (`Decoder.paged_decode_step`); `valid` is `[B, L]` over the table's columns and
+        `index` is unused.
     """
 
     k: tuple

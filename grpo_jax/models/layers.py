@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from grpo_jax.models import lora, sharding, splash
+from grpo_jax.models import lora, paged_kernel, sharding, splash
 
 INIT_STD = 0.02  # std of the random normal weights (transformers' initializer_range)
 
@@ -167,11 +167,18 @@ class PageIndex:
         `T * page` wide, column l in page `table[b, l // page]` at offset `l % page`.
       write_page: `[B]` int32, the page the row's new token goes to.
       write_offset: `[B]` int32, its offset in that page.
+      kernel: the pools are in `paged_kernel`'s layout (`[K, M, page, H]` keys and values)
+        and attention runs through the Pallas kernel (`paged_kernel.paged_attention`);
+        else `paged_write_and_gather`'s layout and its XLA gather.
+      shared_pages: with `kernel`, the leading pages of `table` that are the prompt's
+        (attended through XLA); the rest are the row's own, valid on a prefix.
     """
 
     table: jax.Array
     write_page: jax.Array
     write_offset: jax.Array
+    kernel: bool = struct.field(pytree_node=False, default=False)
+    shared_pages: int = struct.field(pytree_node=False, default=0)
 
 
 def paged_write_and_gather(pools, k, v, index, cache_layer=None):
@@ -257,7 +264,8 @@ class Attention(nnx.Module):
             every step.
           cache_index: scalar int32 slot of the first new token; or a `PageIndex`: then
             `kv_cache` holds page pools shared by all rows and the new token (S = 1) is
-            written per row (`paged_write_and_gather`).
+            written per row (`paged_write_and_gather`; with `PageIndex.kernel`,
+            `paged_kernel`, which also attends).
           prefix: optional shared prefix rows attended before the cache (see
             `grouped_attention`); always the XLA path, whatever `attention_impl`.
           cache_layer: with a stacked cache (`[n, B, K, H, L]`, a scanned model's), this
@@ -276,6 +284,13 @@ class Attention(nnx.Module):
         k = apply_rope(self._project(x, "k", dropout_key), positions, inv_freq).transpose(0, 2, 3, 1)  # [B, K, H, S]
         v = self._project(x, "v", dropout_key).transpose(0, 2, 1, 3)  # [B, K, S, H]
         k, v = (sharding.constrain(a, ("batch", "kv_heads")) for a in (k, v))
+        if isinstance(cache_index, PageIndex) and cache_index.kernel:   # pages read in place
+            kv_cache, pools = paged_kernel.write_token(kv_cache, k, v, cache_index.write_page,
+                                                       cache_index.write_offset, cache_layer)
+            out = paged_kernel.paged_attention(q, pools, cache_index.table, mask[:, 0],
+                                               shared_pages=cache_index.shared_pages,
+                                               scale=cfg.head_dim**-0.5)
+            return self._output(out, x, dropout_key), kv_cache
         if isinstance(cache_index, PageIndex):   # a paged cache: pools shared by all rows
             kv_cache, k, v = paged_write_and_gather(kv_cache, k, v, cache_index, cache_layer)
         elif kv_cache is not None:
@@ -303,13 +318,18 @@ class Attention(nnx.Module):
                 scale=cfg.head_dim**-0.5, implementation="cudnn")
         else:
             out = grouped_attention(q, k, v, mask, scale=cfg.head_dim**-0.5, prefix=prefix)
+        return self._output(out, x, dropout_key), kv_cache
+
+    def _output(self, out, x, dropout_key):
+        """The output projection of the heads' results `out` `[B, S, N, H]`: `[B, S, D]`."""
+        cfg = self.cfg
         out = sharding.constrain(out, ("batch", None, "heads"))
         y = jnp.einsum("bsnh,nhd->bsd", out, weight_array(self.o).astype(x.dtype))
         y = y + lora.apply(self.o_lora, out.reshape(*out.shape[:2], -1), (cfg.d_model,), cfg.lora,
                            dropout_key, "attn.o")
         if cfg.o_bias:
             y = y + self.o_bias[...].astype(x.dtype)
-        return y, kv_cache
+        return y
 
 
 class Mlp(nnx.Module):

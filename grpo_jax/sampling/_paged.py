@@ -23,12 +23,13 @@ A re-run row draws the same tokens: token t of a row is drawn with its own key
 schedule decodes it, so paged, contiguous and static samplers give the same rows up to
 float rounding in the logits (attention sums over a different column layout).
 
-Attention reads a slot's pages through an XLA gather (`layers.paged_write_and_gather`):
-it runs on CPU and GPU, and materialises one layer's gathered keys and values at a
-time. The Pallas TPU kernel (`jax.experimental.pallas.ops.tpu.ragged_paged_attention`),
-which reads the pages in place, is the next step. The tail does not narrow (`_engine`'s
-`tail_widths`): the pages already free what a stopped row held. Rows that pause
-(`Engine`) decode contiguously.
+Attention reads a slot's pages through an XLA gather (`layers.paged_write_and_gather`)
+on CPU and GPU, materialising one layer's gathered keys and values at a time. On a TPU
+backend, or anywhere with `model.attention="splash"` (`models.paged_kernel.selected`), the
+pools take the Pallas paged-attention kernel's layout and a slot's own pages are read in
+place by the kernel, its prompt's pages through XLA (`models.paged_kernel`). The tail does
+not narrow (`_engine`'s `tail_widths`): the pages already free what a stopped row held.
+Rows that pause (`Engine`) decode contiguously.
 """
 
 import functools
@@ -37,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from grpo_jax.models import KVCache
+from grpo_jax.models import KVCache, paged_kernel
 from grpo_jax.models.layers import PageIndex
 from grpo_jax.sampling._engine import _Slots, _sample_slots, prefill_prompts, rollout_of
 from grpo_jax.sampling._generate import _on_mesh, _shard_rows, row_keys
@@ -90,10 +91,11 @@ def check_pages(num_slots, buffer_len, page_size, kv_pages):
                          f"{per_row}, or 0 for {num_slots * per_row}")
 
 
-def _prompt_pools(prompt_cache, page, num_free):
+def _prompt_pools(prompt_cache, page, num_free, kernel=False):
     """Page pools holding the P prompts (pages `[0, P * Tp)`, prompt p's at
     `[p Tp, (p + 1) Tp)`), then `num_free` completion pages and one trash page (written
-    by slots with no row, never read as valid), all zeros."""
+    by slots with no row, never read as valid), all zeros; with `kernel`, in
+    `paged_kernel`'s layout."""
     def pool(x, keys):
         lead = x.shape[:-4]
         p = x.shape[-4]
@@ -114,8 +116,10 @@ def _prompt_pools(prompt_cache, page, num_free):
         empty = jnp.zeros((*lead, num_free + 1, *x.shape[len(lead) + 1:]), x.dtype)
         return jnp.concatenate([x, empty], axis=len(lead))
 
-    return (tuple(pool(k, True) for k in prompt_cache.k),
-            tuple(pool(v, False) for v in prompt_cache.v))
+    pools = [(pool(k, True), pool(v, False)) for k, v in zip(prompt_cache.k, prompt_cache.v)]
+    if kernel:
+        pools = [paged_kernel.to_kernel_layout(*kv) for kv in pools]
+    return tuple(k for k, _ in pools), tuple(v for _, v in pools)
 
 
 def _release(pages, slots, release_c, pad_id, reset_c=None):
@@ -204,7 +208,7 @@ def _admit(slots, pages, prompt_logits, *, group_size, page):
 
 
 def paged_step(graphdef, state, carry, prompt_pages, prompt_valid, prompt_len, prompt_logits,
-               keys_b, cap_b, *, method, stop_tokens, pad_id, group_size, page):
+               keys_b, cap_b, *, method, stop_tokens, pad_id, group_size, page, kernel=False):
     """One iteration of the paged loop: live slots sample; stopped rows free their pages;
     rows that reach a new page take one (preempting the youngest if too few are free);
     the model decodes the fed tokens; free slots take pending rows.
@@ -217,6 +221,7 @@ def paged_step(graphdef, state, carry, prompt_pages, prompt_valid, prompt_len, p
       prompt_len: `[P]` int32, real prompt tokens (the first completion token's position).
       prompt_logits, keys_b, cap_b, method, stop_tokens, pad_id, group_size: as `_engine`.
       page: tokens per page.
+      kernel: the pools are in `paged_kernel`'s layout and attention runs through it.
 
     Returns:
       the next carry.
@@ -241,7 +246,8 @@ def paged_step(graphdef, state, carry, prompt_pages, prompt_valid, prompt_len, p
     write_c = jnp.where(slots.live, jnp.take_along_axis(
         pages.table, jnp.clip(column_c // page, 0, pages.table.shape[1] - 1)[:, None], 1)[:, 0], m)
     index = PageIndex(table=jnp.concatenate([prompt_pages[prompt_c], base + pages.table], axis=1),
-                      write_page=base + write_c, write_offset=column_c % page)
+                      write_page=base + write_c, write_offset=column_c % page,
+                      kernel=kernel, shared_pages=prompt_pages.shape[1])
     cache = slots.cache.replace(
         valid=jnp.concatenate([prompt_valid[prompt_c], comp_valid & slots.live[:, None]], axis=1),
         pages=index)
@@ -276,7 +282,8 @@ def generate_paged(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids,
         model, prompt_tokens, prompt_mask, method=method, record_support=record_support,
         record_routing=False)
     m = pool_pages(c, n, page, kv_pages)
-    pool_k, pool_v = _prompt_pools(prompt_cache, page, m)
+    kernel = paged_kernel.selected(model.cfg)
+    pool_k, pool_v = _prompt_pools(prompt_cache, page, m, kernel)
     tp, tc = -(-s // page), -(-n // page)
     prompt_pages = jnp.arange(p * tp, dtype=jnp.int32).reshape(p, tp)
     prompt_valid = jnp.pad(prompt_mask.astype(bool), ((0, 0), (0, tp * page - s)))
@@ -305,7 +312,8 @@ def generate_paged(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids,
     step = functools.partial(
         paged_step, graphdef, state, prompt_pages=prompt_pages, prompt_valid=prompt_valid,
         prompt_len=prompt_len, prompt_logits=prompt_logits, keys_b=keys_b, cap_b=cap_b,
-        method=method, stop_tokens=stop_tokens, pad_id=pad_id, group_size=group_size, page=page)
+        method=method, stop_tokens=stop_tokens, pad_id=pad_id, group_size=group_size, page=page,
+        kernel=kernel)
     carry = _admit(slots, pages, prompt_logits, group_size=group_size, page=page)
 
     def cond(carry):
