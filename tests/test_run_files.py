@@ -2,11 +2,16 @@
 killed run's torn last line, empty), the same rows whichever way the file is named."""
 
 import gzip
+import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
 from grpo_jax import run_files
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 ROWS = '{"step": 2, "loss": 0.25}\n\n{"step": 1, "loss": 0.5, "eval_accuracy": 0.1}\n'
 # Blank lines skipped, step order whatever the file's order.
@@ -65,3 +70,13 @@ def test_empty_missing_and_whole_files(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_accuracy": 0.5}')   # no newline
     assert run_files.read_metrics(tmp_path) == ({"step": 0, "eval_accuracy": 0.5},)
     assert run_files.last_logged_step(tmp_path) == 0
+
+
+def test_the_run_files_the_report_and_the_sweep_import_no_jax():
+    """They read runs on any machine, fast: importing them must not pull in jax."""
+    code = ("import sys; import grpo_jax.run_files, grpo_jax.report, grpo_jax.sweep; "
+            "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
