@@ -57,7 +57,7 @@ the runs' files and the config's `get_report()`: rows follow the sweep's entry o
 PNGs are drawn by Agg in matplotlib's default style with no software or time metadata,
 so the same runs give the same bytes (with the same matplotlib and FreeType).
 
-The package, each module above the ones it imports:
+The package's modules, each importing only modules named before it:
 
 - `runs`: the runs' files read (`load_runs`, through `grpo_jax.run_files`) and collected
   (`collect_runs`);
