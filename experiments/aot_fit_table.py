@@ -107,7 +107,7 @@ def run_cell(spec):
     config_lib.apply_overrides(config, spec["fields"])
     begin = time.time()
     result = aot.compile_run(config, spec["topology"], prompt_len=PROMPT_LEN,
-                        programs=tuple(spec["programs"]))
+                             programs=tuple(spec["programs"]))
     result.update(wall_s=time.time() - begin, commit=commit(), command=command(
         spec["recipe"], spec["topology"], spec["fields"], spec["programs"]))
     if "grpo" == spec["recipe"]:   # what GRPO holds beside the sampler (see module docstring)

@@ -180,10 +180,10 @@ def median_step_seconds(metrics):
 
 def keep_results(workdir, results, recipe):
     """Copies the answers, metrics and measurements of a finished run to `results`."""
+    from grpo_jax import run_files
     os.makedirs(results, exist_ok=True)
     shutil.copy(os.path.join(workdir, "base.json"), os.path.join(results, "base_answers.json"))
     shutil.copy(os.path.join(workdir, "after.json"), os.path.join(results, "after_answers.json"))
-    from grpo_jax import run_files
     with open(os.path.join(workdir, "rl", run_files.METRICS), "rb") as src, \
             gzip.open(os.path.join(results, run_files.METRICS_GZ), "wb") as dst:
         shutil.copyfileobj(src, dst)
