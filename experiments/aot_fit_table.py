@@ -5,7 +5,7 @@
     python experiments/aot_fit_table.py --compare   # the comparisons (about 30 min)
     python experiments/aot_fit_table.py --lora      # LoRA / QLoRA on v5p:2x2x1 and v5e:2x4
 
-Each cell (model x recipe x rule set x topology) is one `grpo_jax.aot.report`, run in its
+Each cell (model x recipe x rule set x topology) is one `grpo_jax.aot.compile_run`, run in its
 own process, one at a time (a compile of qwen3_8b's update takes minutes and gigabytes),
 written to OUT/CELL.json with the commit it ran at; finished cells are skipped on a re-run.
 The tables and the command of every cell go to OUT/../aot_fit_table.md.
@@ -106,8 +106,8 @@ def run_cell(spec):
     config = config_lib.load_config(str(REPO / "configs" / f"{spec['recipe']}.py"))
     config_lib.apply_overrides(config, spec["fields"])
     begin = time.time()
-    result = aot.report(config, spec["topology"], prompt_len=PROMPT_LEN,
-                        programs=tuple(spec["programs"]))
+    result = aot.compile_run(config, spec["topology"], prompt_len=PROMPT_LEN,
+                             programs=tuple(spec["programs"]))
     result.update(wall_s=time.time() - begin, commit=commit(), command=command(
         spec["recipe"], spec["topology"], spec["fields"], spec["programs"]))
     if "grpo" == spec["recipe"]:   # what GRPO holds beside the sampler (see module docstring)

@@ -103,7 +103,7 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     common = [f"--config={args.config}", *[f"--config.{o}" for o in args.override]]
-    from grpo_jax import report, sweep   # the runs are their own processes
+    from grpo_jax import run_files, sweep   # the runs are their own processes
     header = ["# python " + " ".join(shlex.quote(a) for a in sys.argv),
               f"# commit {sweep.source_commit()}, {sweep.machine_description(os.cpu_count())}"]
     workdirs, kept = {}, []
@@ -123,7 +123,7 @@ def main():
                            cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
     if kept:   # the commit above is this comparison's, not necessarily those runs'
         header.insert(2, f"# kept from an earlier invocation (not run again): {', '.join(kept)}")
-    by_step = lambda workdir: {row["step"]: row for row in report.read_metrics(workdir)}
+    by_step = lambda workdir: {row["step"]: row for row in run_files.read_metrics(workdir)}
     table = compare_metrics(by_step(workdirs["async"]), by_step(workdirs["policy_lag"]))
     exports = compare_exports(workdirs["async"], workdirs["policy_lag"])
     text, equal = format_report(table, exports, header)

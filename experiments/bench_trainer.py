@@ -31,7 +31,7 @@ import tempfile
 import jax
 import numpy as np
 
-from grpo_jax import config_lib, parallel
+from grpo_jax import config_lib, parallel, run_files
 from grpo_jax.training import metrics as metrics_lib, rl
 
 TIMINGS = ("time_rollout", "time_old_logp", "time_update", "rollout_tokens_per_s",
@@ -133,8 +133,7 @@ def measure(args):
     metrics_lib.MetricWriter.write = write_and_count
     with tempfile.TemporaryDirectory() as workdir:
         rl.train(config, workdir)
-        with open(os.path.join(workdir, "metrics.jsonl")) as f:
-            rows = [json.loads(line) for line in f][1:]
+        rows = list(run_files.read_metrics(workdir))[1:]
     print(json.dumps({"rows": rows, "d2h": d2h.bytes, "devices": jax.device_count(),
                       "platform": jax.devices()[0].platform, "jax": jax.__version__,
                       "prompts": config.rollout.prompts_per_batch,

@@ -429,6 +429,7 @@ def rl_command(shape: dict, checkpoint: str, workdir: str, data_dir: str) -> lis
 def part_rl_step(shape, cap_s, smoke):
     """The RL step's split: a random checkpoint (made on the CPU, so that process holds no
     GPU memory), then `grpo_jax.main`; its last step's timings."""
+    from grpo_jax import run_files
     keys = ("time_rollout", "time_old_logp", "time_update", "rollout_tokens_per_s",
             "update_tokens_per_s", "response_length_mean", "generated_tokens")
     with tempfile.TemporaryDirectory() as tmp:
@@ -445,8 +446,7 @@ def part_rl_step(shape, cap_s, smoke):
                              timeout=max(cap_s - checkpoint_s, 1), env=_env())
         if run.returncode:
             raise RuntimeError(f"grpo_jax.main exited {run.returncode}: {run.stderr[-3000:]}")
-        with open(os.path.join(workdir, "metrics.jsonl")) as f:
-            rows = [json.loads(line) for line in f]
+        rows = run_files.read_metrics(workdir)
     last = rows[-1]
     return {"vocab_size": made["result"]["vocab_size"], "steps": len(rows),
             "measured_step": last["step"], "checkpoint_s": checkpoint_s,

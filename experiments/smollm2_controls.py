@@ -151,7 +151,7 @@ def mean(values):
 
 def format_table(args, machine, base_rows, per_seed):
     """The table: base controls, each seed's RL and SFT, means, and the paired RL - SFT."""
-    from grpo_jax import report_stats
+    from grpo_jax.report import stats as report_stats
     head = (f"{'model':<30s} {'steps':>5s} {'accuracy':>8s} {'first line':>10s} "
             f"{'strict':>6s} {'format':>6s} {'length':>6s} {'cut':>5s}")
     line = lambda name, s, steps="": (
@@ -199,6 +199,7 @@ def format_table(args, machine, base_rows, per_seed):
 
 def keep_results(args, seeds, results):
     """Copies every kept answer file and each run's metrics to `results`."""
+    from grpo_jax import run_files
     os.makedirs(results, exist_ok=True)
     for name in ("base.json", "base_one_shot.json", "machine.json"):
         shutil.copy(os.path.join(args.workdir, name), os.path.join(results, name))
@@ -207,8 +208,8 @@ def keep_results(args, seeds, results):
             source = os.path.join(args.workdir, f"seed-{seed}", name)
             target = os.path.join(results, f"seed-{seed}_{name}")
             shutil.copy(source + "_answers.json", target + "_answers.json")
-            with open(os.path.join(source, "metrics.jsonl"), "rb") as src, \
-                    gzip.open(target + "_metrics.jsonl.gz", "wb") as dst:
+            with open(os.path.join(source, run_files.METRICS), "rb") as src, \
+                    gzip.open(f"{target}_{run_files.METRICS_GZ}", "wb") as dst:
                 shutil.copyfileobj(src, dst)
 
 

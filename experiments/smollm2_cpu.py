@@ -170,12 +170,6 @@ def train_measured(config, rl_dir, seconds):
             "checkpoint_bytes": last_checkpoint_bytes(rl_dir)}
 
 
-def read_metrics(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def median_step_seconds(metrics):
     """Median wall time between consecutive steps' metric rows (the first step, which
     compiles, has no predecessor and is left out)."""
@@ -186,11 +180,12 @@ def median_step_seconds(metrics):
 
 def keep_results(workdir, results, recipe):
     """Copies the answers, metrics and measurements of a finished run to `results`."""
+    from grpo_jax import run_files
     os.makedirs(results, exist_ok=True)
     shutil.copy(os.path.join(workdir, "base.json"), os.path.join(results, "base_answers.json"))
     shutil.copy(os.path.join(workdir, "after.json"), os.path.join(results, "after_answers.json"))
-    with open(os.path.join(workdir, "rl", "metrics.jsonl"), "rb") as src, \
-            gzip.open(os.path.join(results, "metrics.jsonl.gz"), "wb") as dst:
+    with open(os.path.join(workdir, "rl", run_files.METRICS), "rb") as src, \
+            gzip.open(os.path.join(results, run_files.METRICS_GZ), "wb") as dst:
         shutil.copyfileobj(src, dst)
     with open(os.path.join(workdir, "rl.json")) as f:
         run = json.load(f)
@@ -204,6 +199,7 @@ def keep_results(workdir, results, recipe):
 def compare_table(entries, examples=None):
     """One table over ``NAME=DIR`` results directories (see `keep_results`); with
     `examples` (the held-out golds) the kept answers are graded again (`regrade`)."""
+    from grpo_jax import run_files
     lines = [
         "# python experiments/smollm2_cpu.py --compare " + " ".join(entries),
         "# SmolLM2-135M-Instruct, configs/smollm2.py (DAPO, 2-digit addition in chat), greedy",
@@ -227,7 +223,7 @@ def compare_table(entries, examples=None):
             base = summary(grade(json.load(f)))
         with open(os.path.join(directory, "after_answers.json")) as f:
             after = summary(grade(json.load(f)))
-        metrics = read_metrics(os.path.join(directory, "metrics.jsonl.gz"))
+        metrics = run_files.read_metrics(os.path.join(directory, run_files.METRICS_GZ))
         gib = lambda key: f"{run[key] / 2**30:.2f} GiB" if key in run else "n/a"
         mib = lambda key: f"{run[key] / 2**20:.0f} MiB" if key in run else "n/a"
         lines.append(

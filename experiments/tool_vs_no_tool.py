@@ -84,9 +84,8 @@ def run_seed(config, seed, workdir):
 def rollout_ends(run):
     """`ROLLOUT_KEYS` of the run's first and last training step, and the environment's
     failures summed over all steps."""
-    with open(os.path.join(run, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    rows = [r for r in rows if "accuracy" in r]
+    from grpo_jax import run_files
+    rows = [r for r in run_files.read_metrics(run) if "accuracy" in r]
     return {"first": {k: rows[0][k] for k in ROLLOUT_KEYS}, "last": {k: rows[-1][k] for k in ROLLOUT_KEYS},
             "steps": (rows[0]["step"], rows[-1]["step"]),
             "environment_failures": sum(r.get("environment_failures", 0) for r in rows)}

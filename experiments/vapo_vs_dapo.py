@@ -167,11 +167,11 @@ FROM_STEP = 6   # the first steps compile (--from_step: 2 for a run of a few lon
 def format_step_table(results, workdir, from_step=FROM_STEP):
     """Each run's per-step `STEP_METRICS` (those it logs), the mean over steps from
     `from_step` on, one column per metric, one value per seed."""
-    from grpo_jax import report
+    from grpo_jax import run_files
     names = list(dict.fromkeys(r["recipe"] for r in results))
     means = {}
     for r in results:
-        rows = [row for row in report.read_metrics(
+        rows = [row for row in run_files.read_metrics(
             os.path.join(workdir, f"{r['recipe']}_seed{r['seed']}")) if row["step"] >= from_step]
         means[r["recipe"], r["seed"]] = {
             key: statistics.mean(row[key] for row in rows) for key in STEP_METRICS

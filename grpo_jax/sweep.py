@@ -54,10 +54,8 @@ _extras.require("grpo_jax.sweep")   # before the imports it guards
 import ml_collections
 from absl import logging as absl_logging
 
-from grpo_jax import config_lib, paths
-
-RUN_RECORD = "sweep_run.json"
-LOG = "train.log"
+from grpo_jax import config_lib, paths, run_files
+from grpo_jax.run_files import LOG, RUN_RECORD   # a run's files, named where they are owned
 STOPPED = 75   # the trainer's exit status after a SIGTERM (training.preemption.EXIT_STATUS)
 
 
@@ -152,22 +150,16 @@ def expand(spec, workdir_root, *, seeds=None, python=sys.executable):
 
 # --- where a run stands -----------------------------------------------------------------
 
-def last_logged_step(workdir):
-    """The step of the last row of ``workdir/metrics.jsonl``, or None."""
-    lines = [line for line in (paths.read_text_or_none(paths.join(workdir, "metrics.jsonl"))
-                               or "").splitlines() if line.strip()]
-    return json.loads(lines[-1])["step"] if lines else None
-
-
 def checkpointed_steps(workdir):
     from grpo_jax.training import checkpoint   # imports orbax: only when runs are looked at
-    return checkpoint.complete_steps(paths.join(workdir, "checkpoints"))
+    return checkpoint.complete_steps(paths.join(workdir, run_files.CHECKPOINTS))
 
 
 def is_finished(run):
     """The last step's checkpoint is complete and metrics.jsonl ends with its row."""
     last = final_step(run.config)
-    return last in checkpointed_steps(run.workdir) and last_logged_step(run.workdir) == last
+    return (last in checkpointed_steps(run.workdir)
+            and run_files.last_logged_step(run.workdir) == last)
 
 
 def describe_state(run):
@@ -283,7 +275,7 @@ class _Started:
         """Started to build inputs and has not written metrics yet: what it builds may be
         half written. (The trainer writes its first metrics after the dataset and the
         warm start are built and loaded.)"""
-        metrics = paths.path(self.run.workdir) / "metrics.jsonl"
+        metrics = paths.path(self.run.workdir) / run_files.METRICS
         return self.building and not (metrics.exists()
                                       and metrics.stat().mtime >= int(self.began))
 

@@ -75,7 +75,7 @@ class TestCpuReport:
     @pytest.fixture(scope="module")
     @staticmethod
     def result():
-        return aot.report(tiny_config(), "cpu", prompt_len=16, log=lambda line: None)
+        return aot.compile_run(tiny_config(), "cpu", prompt_len=16, log=lambda line: None)
 
     def test_json_keys(self, result):
         assert result["topology"] == "cpu" and result["devices"] == len(jax.devices())
@@ -225,7 +225,7 @@ def test_continuous_batching_reports_one_engine_step_over_its_slots():
     slots of S + N columns (keys and values of every layer, split over the 8 row ways)
     and the P prompts' prefilled cache it admits rows from, counted by hand."""
     config = tiny_config(**{"rollout.slots": 8})
-    decode = aot.report(config, "cpu", prompt_len=16, programs=("decode",),
+    decode = aot.compile_run(config, "cpu", prompt_len=16, programs=("decode",),
                         log=lambda line: None)["programs"]["decode"]
     cfg = models.get_model_config("tiny")
     p, s, n, c, ways = 16, 16, NEW_TOKENS, 8, 8
@@ -275,9 +275,9 @@ def test_device_bytes_counts_each_device_share():
 
 def test_errors_name_the_fix():
     with pytest.raises(ValueError, match="unknown programs"):
-        aot.report(tiny_config(), "cpu", prompt_len=16, programs=("critic",))
+        aot.compile_run(tiny_config(), "cpu", prompt_len=16, programs=("critic",))
     with pytest.raises(ValueError, match="rollout.keep_routing=False for a dense model"):
-        aot.report(tiny_config(**{"rollout.keep_routing": True}), "cpu", prompt_len=16)
+        aot.compile_run(tiny_config(**{"rollout.keep_routing": True}), "cpu", prompt_len=16)
     config = tiny_config()
     del config.model["attention"]
     with pytest.raises(ValueError, match="model.attention"):
@@ -288,15 +288,15 @@ def test_oom_messages_are_parsed():
     """XLA:TPU's out-of-memory messages, as libtpu 0.0.52 and 0.0.42.1 word them."""
     temps = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total "
              "memory required for HLO temporaries (47.68G) exceeds available HBM (15.75G).")
-    assert aot.report_lib.needed_bytes(temps) == (int(47.68 * 2**30), "temp")
+    assert aot.compiler_lib.needed_bytes(temps) == (int(47.68 * 2**30), "temp")
     untagged = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
                 "temporaries (1.02T) exceeds available HBM (95.74G).")   # libtpu 0.0.42.1
-    assert aot.report_lib.needed_bytes(untagged) == (int(1.02 * 2**40), "temp")
+    assert aot.compiler_lib.needed_bytes(untagged) == (int(1.02 * 2**40), "temp")
     total = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out "
              "of memory in memory space hbm. Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 6.90M.")
-    assert aot.report_lib.needed_bytes(total) == (int(15.75 * 2**30 + 6.90 * 2**20), "total")
-    assert aot.report_lib.needed_bytes("RESOURCE_EXHAUSTED: something else") is None
-    assert aot.report_lib.needed_bytes("INVALID_ARGUMENT: HLO temporaries (1.0G)") is None
+    assert aot.compiler_lib.needed_bytes(total) == (int(15.75 * 2**30 + 6.90 * 2**20), "total")
+    assert aot.compiler_lib.needed_bytes("RESOURCE_EXHAUSTED: something else") is None
+    assert aot.compiler_lib.needed_bytes("INVALID_ARGUMENT: HLO temporaries (1.0G)") is None
 
 
 @pytest.mark.slow
@@ -345,7 +345,7 @@ def test_tiny_model_fits_a_v5e_2x2():
     tpu_topology()
     config = tiny_config(mesh="data=1,fsdp=2,tensor=2", **{"model.rules": "fsdp_tp",
                                                              "model.attention": "splash"})
-    result = aot.report(config, "v5e:2x2", prompt_len=128, log=lambda line: None)
+    result = aot.compile_run(config, "v5e:2x2", prompt_len=128, log=lambda line: None)
     assert result["devices"] == 4 and result["device_kind"] == "TPU v5 lite"
     assert result["hbm_bytes_per_device"] == int(15.75 * 2**30) and result["fits"] is True
     for name, program in result["programs"].items():
@@ -361,7 +361,8 @@ def test_a_run_that_cannot_fit_is_reported_with_advice():
     config = tiny_config(mesh="data=1,fsdp=4,tensor=1", **{
         "model.name": "qwen3_0_6b", "model.dtype": "bfloat16", "model.param_dtype": "bfloat16",
         "rollout.prompts_per_batch": 256, "rollout.max_new_tokens": 1024, "objective.group_size": 16})
-    result = aot.report(config, "v5e:2x2", prompt_len=128, programs=("decode",), log=lambda line: None)
+    result = aot.compile_run(config, "v5e:2x2", prompt_len=128, programs=("decode",),
+                             log=lambda line: None)
     assert result["fits"] is False
     decode = result["programs"]["decode"]
     cache = 28 * 2 * 4096 * 8 * 128 * 1024 * 2 / 4   # layers x (k, v) x rows x K x H x slots x bf16 / chips
@@ -457,7 +458,7 @@ class TestReplicatedStateBytes:
 def result(name, *, temp, parts, held=0, held_state=0, oom=False, failed=False, other=0):
     """A made-up compiled program: total = the state among its arguments + temp + other."""
     total = None if failed else sum(parts.values()) + (temp or 0) + other + held
-    return aot.report_lib.Result(name, "", None, None, None, temp, held, total, None, None, 1.0,
+    return aot.compiler_lib.Result(name, "", None, None, None, temp, held, total, None, None, 1.0,
                                  oom=oom, failed=failed, message="boom" if failed else "",
                                  parts=parts, held_state=held_state)
 
@@ -474,7 +475,7 @@ class TestAdvice:
         rows = config.rollout.prompts_per_batch * config.objective.group_size // config.train.minibatches
         assert (rows, config.train.micro_batches) == (16, 1)
         train = result("train", temp=30 * GIB, parts={"weights": 2 * GIB, "optimizer": 4 * GIB})
-        text = aot.report_lib.advice(train, self.HBM, config, mesh)
+        text = aot.compiler_lib.advice(train, self.HBM, config, mesh)
         assert text.startswith("train does not fit: needs 36.00 GiB per device, 20.00 GiB over the 16.00 GiB HBM")
         # room for temporaries: 16 - 6 = 10 GiB -> 3x fewer rows per piece -> the first
         # m >= 3 dividing 16 rows with whole 8-way rows: 16 / 2 = 8 -> m = 2 fails (3 needed);
@@ -490,7 +491,7 @@ class TestAdvice:
         rows = 64 * config.objective.group_size // config.train.minibatches   # 64
         train = result("train", temp=25 * GIB, parts={"weights": GIB, "optimizer": 2 * GIB},
                        other=GIB)
-        text = aot.report_lib.advice(train, self.HBM, config, mesh)
+        text = aot.compiler_lib.advice(train, self.HBM, config, mesh)
         # room 16 - 4 = 12 GiB: 25 / 12 -> 3x; 64 rows: m = 4 (16 rows, splits 2 ways)
         assert rows == 64 and "`--config.train.micro_batches=4` (now 1" in text
         assert "about 6.25 GiB" in text and "--config.mesh" not in text   # already sharded
@@ -503,7 +504,7 @@ class TestAdvice:
         mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:2])
         decode = result("decode", temp=2 * GIB, parts={"weights": 2 * GIB, "cache": 28 * GIB},
                         held=4 * GIB)
-        text = aot.report_lib.advice(decode, self.HBM, config, mesh)
+        text = aot.compiler_lib.advice(decode, self.HBM, config, mesh)
         # fixed 6 GiB, cache + temporaries 30 GiB scale with rows: 10 / 30 of 64 prompts = 21,
         # and 20 x 4 rows split into 4 minibatches of 20 rows over 2 ways, 21 x 4 do not
         assert "`--config.rollout.prompts_per_batch=20` (now 64" in text
@@ -517,7 +518,7 @@ class TestAdvice:
         mesh = parallel.make_mesh(config.mesh)
         decode = result("decode", temp=GIB, parts={"weights": 4 * GIB, "cache": 20 * GIB},
                         held=8 * GIB, held_state=6 * GIB)
-        text = aot.report_lib.advice(decode, self.HBM, config, mesh)
+        text = aot.compiler_lib.advice(decode, self.HBM, config, mesh)
         assert "training weights and optimizer state (held while it runs) (6.00 GiB per device)" in text
         assert "saves about 5.25 GiB" in text
         assert "the sampler's weights (4.00 GiB" in text and "tensor=4 --config.model.rules=fsdp_tp" in text
@@ -529,7 +530,7 @@ class TestAdvice:
     def test_a_compile_error_that_is_not_memory(self):
         config = tiny_config()
         failed = result("logprob", temp=None, parts={}, failed=True)
-        text = aot.report_lib.advice(failed, self.HBM, config, parallel.make_mesh(config.mesh))
+        text = aot.compiler_lib.advice(failed, self.HBM, config, parallel.make_mesh(config.mesh))
         assert text.startswith("logprob does not compile, for a reason other than memory: boom")
 
     def test_a_v5e_refusing_part_of_its_slice_is_told_to_sample_on_the_training_mesh(self):
@@ -540,7 +541,7 @@ class TestAdvice:
             result("train", temp=None, parts={}, failed=True),
             message="INTERNAL: RET_CHECK failure (...) On platforms with limited ICI routing "
                     "device assignment should include all slice devices.")
-        text = aot.report_lib.advice(failed, self.HBM, config, parallel.make_mesh(config.mesh))
+        text = aot.compiler_lib.advice(failed, self.HBM, config, parallel.make_mesh(config.mesh))
         assert text.startswith("train does not compile on part of the slice")
         assert text.endswith("set rollout.mesh=''")
 
@@ -563,17 +564,18 @@ class TestRefusedPrograms:
     def test_out_of_memory_is_a_row_with_a_lower_bound(self):
         error = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
                              "required for HLO temporaries (10.00G) exceeds available HBM (15.75G).")
-        refused = aot.report_lib.compile_program(self.program(error))
+        refused = aot.compiler_lib.compile_program(self.program(error))
         assert refused.oom and not refused.failed
         assert refused.temp == 10 * GIB and refused.total == (10 + 6 + 1) * GIB
-        table = aot.report_lib.format_table([refused], 16 * GIB)
+        table = aot.compiler_lib.format_table([refused], 16 * GIB)
         assert "NO: needs >= 17.00 GiB" in table
 
     def test_any_other_error_is_a_row_too(self):
-        refused = aot.report_lib.compile_program(self.program(ValueError("Mosaic failed\nat line 3")))
+        refused = aot.compiler_lib.compile_program(
+            self.program(ValueError("Mosaic failed\nat line 3")))
         assert refused.failed and refused.total is None and refused.message == "Mosaic failed"
-        assert aot.report_lib.does_not_fit(refused, None)
-        assert "NO: does not compile" in aot.report_lib.format_table([refused], None)
+        assert aot.compiler_lib.does_not_fit(refused, None)
+        assert "NO: does not compile" in aot.compiler_lib.format_table([refused], None)
 
 
 def test_host_memory_estimate_names_scan_layers():
@@ -690,7 +692,7 @@ def test_split_meshes_compile_the_sampler_on_the_rollout_devices_alone():
     split 4 ways, not 8) and prefill and decode on the other 4, holding none of the
     training state."""
     config = tiny_config(**{"mesh": "data=1,fsdp=4,tensor=1", "rollout.mesh": "data=4"})
-    result = aot.report(config, "cpu", prompt_len=16, log=lambda line: None)
+    result = aot.compile_run(config, "cpu", prompt_len=16, log=lambda line: None)
     assert result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     assert result["rollout_mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
     cfg = models.get_model_config("tiny")

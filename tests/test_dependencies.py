@@ -166,8 +166,7 @@ runpy.run_module("grpo_jax.objectives", run_name="__main__")   # python -m grpo_
 import grpo_jax
 for m in pkgutil.iter_modules(grpo_jax.__path__, "grpo_jax."):
     if m.name in ("grpo_jax._extras", "grpo_jax.objectives", "grpo_jax.paths",
-                  "grpo_jax.parallel", "grpo_jax.report_stats",   # the last two: numpy alone
-                  "grpo_jax.report_frontier"):                    # (matplotlib when drawing)
+                  "grpo_jax.parallel"):   # the last: numpy alone
         continue
     try:
         importlib.import_module(m.name)

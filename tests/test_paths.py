@@ -9,7 +9,7 @@ import time
 import ml_collections
 import pytest
 
-from grpo_jax import paths
+from grpo_jax import paths, run_files
 
 
 @pytest.mark.parametrize("given, expected", [
@@ -97,7 +97,7 @@ def place(request, tmp_path):
 
 
 def test_write_whole_replaces_a_file_and_leaves_nothing_beside_it(place):
-    target = paths.join(place, "sub", "metrics.jsonl")
+    target = paths.join(place, "sub", run_files.METRICS)
     assert paths.read_text_or_none(target) is None
     paths.write_whole(target, "a\n")
     paths.write_whole(target, "a\nbé\n")
@@ -105,7 +105,7 @@ def test_write_whole_replaces_a_file_and_leaves_nothing_beside_it(place):
     assert paths.read_text_or_none(target) == "a\nbé\n"
     assert paths.path(paths.join(place, "blob")).read_bytes() == b"\x00\xff"
     assert sorted(p.name for p in paths.path(place).iterdir()) == ["blob", "sub"]
-    assert [p.name for p in (paths.path(place) / "sub").iterdir()] == ["metrics.jsonl"]
+    assert [p.name for p in (paths.path(place) / "sub").iterdir()] == [run_files.METRICS]
 
 
 def test_a_failed_local_write_keeps_the_old_file(tmp_path):
@@ -175,8 +175,8 @@ LOCAL_ONLY = {
     "paths.py:exclusive": "a local lock file (a store takes none)",
     "paths.py:staged": "its local temporary directory",
     "paths.py:local_copy": "its local temporary directory",
-    "report.py:<module>": "the checkout, where sweep configs are found",
-    "report.py:config_module": "a sweep config file of the checkout",
+    "report/spec.py:<module>": "the checkout, where sweep configs are found",
+    "report/spec.py:config_module": "a sweep config file of the checkout",
     "sweep.py:source_commit": "the checkout",
     "sweep.py:machine_description": "/proc/cpuinfo",
     "sweep.py:local_log": "a run's local log while it runs",

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from grpo_jax import report, sweep
+from grpo_jax import report, run_files, sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def _write_run(root, spec, entry, seed, steps, commits=("abc1234",)):
         if step == 4:
             row["eval_accuracy"] = FINAL_ACCURACY[entry][seed]
         rows.append(json.dumps(row) + "\n")
-    (workdir / "metrics.jsonl").write_text("".join(rows))
+    (workdir / run_files.METRICS).write_text("".join(rows))
 
 
 @pytest.fixture
@@ -168,13 +168,14 @@ def test_collected_copies_give_the_same_report(sweep_root, tmp_path, capsys):
                                      "00_learning_rate-0.1/seed-2", "01_learning_rate-0.2/seed-0",
                                      "01_learning_rate-0.2/seed-1", "01_learning_rate-0.2/seed-2",
                                      "01_learning_rate-0.2/seed-3")
-         for name in ("sweep_run.json", "metrics.jsonl.gz")]
+         for name in (run_files.RUN_RECORD, run_files.METRICS_GZ)]
         + ["report.md", "eval_accuracy.png", "loss_vs_generated_tokens.png"])
     for name in ("report.md", "eval_accuracy.png", "loss_vs_generated_tokens.png"):
         assert (kept / name).read_bytes() == (root / name).read_bytes(), name
-    gz = (kept / "00_learning_rate-0.1" / "seed-0" / "metrics.jsonl.gz").read_bytes()
+    gz = (kept / "00_learning_rate-0.1" / "seed-0" / run_files.METRICS_GZ).read_bytes()
     report.collect_runs(root, tmp_path / "again")   # the same rows, the same bytes
-    assert (tmp_path / "again" / "00_learning_rate-0.1" / "seed-0" / "metrics.jsonl.gz").read_bytes() == gz
+    again = tmp_path / "again" / "00_learning_rate-0.1" / "seed-0" / run_files.METRICS_GZ
+    assert again.read_bytes() == gz
 
 
 def test_the_bands_are_the_seeds_mean_lowest_and_highest_at_their_common_steps(sweep_root):

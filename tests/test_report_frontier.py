@@ -1,4 +1,4 @@
-"""grpo_jax.report_frontier: when a run collapsed, and the frontier's tables and heat maps
+"""grpo_jax.report.frontier: when a run collapsed, and the frontier's tables and heat maps
 from hand-built runs whose collapses are known."""
 
 import json
@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from grpo_jax import report, report_frontier, sweep
+from grpo_jax import report, run_files, sweep
+from grpo_jax.report import frontier as report_frontier
 
 COLLAPSE = report_frontier.Collapse("eval_accuracy", 0.5, 2)
 
@@ -82,7 +83,7 @@ def _write_sweep(tmp_path, recipe=RECIPE):
             curve = _curve(overrides["objective.loss.kind"], overrides["optimizer.learning_rate"],
                            overrides["optimizer.warmup_steps"], seed)
             rows = [{"step": step, "eval_accuracy": value} for step, value in zip(STEPS, curve)]
-            (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (workdir / run_files.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
 

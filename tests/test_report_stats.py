@@ -1,4 +1,4 @@
-"""grpo_jax.report_stats against hand-computed values and scipy.stats (in the test only):
+"""grpo_jax.report.stats against hand-computed values and scipy.stats (in the test only):
 the t distribution, the paired t-interval and test, the exact sign-flip p for n = 3..8,
 Holm, exact McNemar, the noncentral-t power and seeds needed, Kaplan-Meier."""
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from grpo_jax import report_stats as rs
+from grpo_jax.report import stats as rs
 
 stats = pytest.importorskip("scipy.stats")
 

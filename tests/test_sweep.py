@@ -15,7 +15,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from grpo_jax import config_lib, objectives, rewards, sweep
+from grpo_jax import config_lib, objectives, rewards, run_files, sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ class TestWhereARunStands:
         (path / "commit_success.txt").write_text("")
 
     def _log(self, run, *steps):
-        with open(pathlib.Path(run.workdir) / "metrics.jsonl", "a") as f:
+        with open(pathlib.Path(run.workdir) / run_files.METRICS, "a") as f:
             f.writelines(f'{{"step": {s}, "loss": 0.5}}\n' for s in steps)
 
     def test_new_resumable_and_finished(self, tmp_path):

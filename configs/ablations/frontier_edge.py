@@ -26,7 +26,7 @@ held-out accuracy curve, the clip fractions. Seeds: in the committed frontier's 
 these 4 cells, each seed's mean over the cells of an objective's area under the curve minus
 PG's (PPO-clip +0.10..+0.18, GSPO +0.18..+0.22, CISPO and SAPO -0.10..+0.01 over 3 seeds)
 has a pooled sd of 0.047 (df 8), so 9 seeds detect a 0.05 gap with power 0.8
-(`report_stats.seeds_needed`):
+(`report.stats.seeds_needed`):
 
     python -m grpo_jax.sweep --config configs/ablations/frontier_edge.py \\
         --workdir_root runs/frontier_edge --seeds 0,1,2,3,4,5,6,7,8 --parallel 2

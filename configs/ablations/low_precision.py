@@ -28,7 +28,7 @@ is ~1e-3 nats per token (tests/training/test_rollout_dtype.py); read the mismatc
 before reading the accuracy as "no effect".
 
 Seeds: 8, the fewest that detect a 0.05 gap with power 0.8 at a pooled paired sd of 0.04
-(`report_stats.seeds_needed`; the committed runlocal ablations' primary outcomes had
+(`report.stats.seeds_needed`; the committed runlocal ablations' primary outcomes had
 0.02-0.13, 0.38 where runs collapsed):
 
     python -m grpo_jax.sweep --config configs/ablations/low_precision.py \\

@@ -25,7 +25,7 @@ log-ratios), the clip activity, and collapse: held-out accuracy below half the s
 value at 2 consecutive evaluations (read from the accuracy curves).
 
 Seeds: 8, the fewest that detect a 0.05 gap with power 0.8 at a pooled paired sd of 0.04
-(`report_stats.seeds_needed`; the committed runlocal ablations' primary outcomes had
+(`report.stats.seeds_needed`; the committed runlocal ablations' primary outcomes had
 0.02-0.13, 0.38 where runs collapsed):
 
     python -m grpo_jax.sweep --config configs/ablations/moe_ratio.py \\

@@ -6,7 +6,7 @@
 With libtpu installed (``pip install -e ".[train,tpu]"``), XLA:TPU compiles for a named topology's
 abstract devices (`jax.experimental.topologies`); the topology "cpu" compiles for this
 host's CPU devices instead (no HBM to check against: a smoke test of the same path).
-`report` lowers the run's programs (`programs.build`), compiles them one at a time and
+`compile_run` lowers the run's programs (`programs.build`), compiles them one at a time and
 returns the per-device bytes, FLOPs and estimated times, and whether the run fits.
 """
 
@@ -19,12 +19,12 @@ _extras.require("grpo_jax.aot")   # before the imports it guards
 import jax
 
 from grpo_jax import parallel
+from grpo_jax.aot import compiler as compiler_lib
 from grpo_jax.aot import host as host_lib
 from grpo_jax.aot import programs as programs_lib
-from grpo_jax.aot import report as report_lib
 from grpo_jax.aot.programs import build
-from grpo_jax.aot.report import HBM_BYTES
-from grpo_jax.aot.report import PROGRAMS
+from grpo_jax.aot.compiler import HBM_BYTES
+from grpo_jax.aot.compiler import PROGRAMS
 from grpo_jax.training import footprint
 
 
@@ -70,7 +70,7 @@ def meshes(config, devices):
     sampler's mesh."""
     spec, reason = parallel.choose_mesh(
         config.mesh, state_bytes=lambda: footprint.replicated_state_bytes(config),
-        device_memory=report_lib.hbm_bytes(devices[0]))
+        device_memory=compiler_lib.hbm_bytes(devices[0]))
     rollout_mesh = None
     if config.rollout.mesh:   # split meshes: the sampler's programs on the last devices
         devices, rollout_devices = parallel.split_devices(config.rollout.mesh, devices)
@@ -79,8 +79,8 @@ def meshes(config, devices):
     return parallel.make_mesh(spec, devices=devices), rollout_mesh, reason
 
 
-def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
-    """Compiles the run's `programs` for `topology`; returns the report as a dict.
+def compile_run(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
+    """Compiles the run's `programs` for `topology`; returns the fit report as a dict.
 
     A program the compiler refuses (for memory or any other reason) is a row of the
     report and a line of advice, never an exception. The mesh "auto" is chosen as the
@@ -104,7 +104,7 @@ def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
     if unknown:
         raise ValueError(f"unknown programs {unknown}; choose from {PROGRAMS}")
     devices = topology_devices(topology)
-    hbm = report_lib.hbm_bytes(devices[0])
+    hbm = compiler_lib.hbm_bytes(devices[0])
     mesh, rollout_mesh, reason = meshes(config, devices)
     if reason:
         log(reason)
@@ -121,11 +121,11 @@ def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
         f"of {len(devices)} x {devices[0].device_kind}{on}")
     results = []
     for program in lowered:
-        results.append(report_lib.compile_program(program))
+        results.append(compiler_lib.compile_program(program))
         program.lowered = None   # the lowered module can be large: drop it once compiled
         refused = " (refused)" if results[-1].oom or results[-1].failed else ""
         log(f"  {program.name}: compiled in {results[-1].compile_s:.1f} s{refused}")
-    too_big = [r for r in results if report_lib.does_not_fit(r, hbm)]
+    too_big = [r for r in results if compiler_lib.does_not_fit(r, hbm)]
     return {
         "topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
         "versions": compiler_versions(topology), "mesh": dict(mesh.shape),
@@ -134,6 +134,6 @@ def report(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
         "host_memory_estimate": host.to_json(),
         "fits": False if too_big else (None if hbm is None else True),
         "programs": {r.name: r.to_json() for r in results},
-        "table": report_lib.format_table(results, hbm),
-        "advice": [report_lib.advice(r, hbm, config, mesh) for r in too_big],
+        "table": compiler_lib.format_table(results, hbm),
+        "advice": [compiler_lib.advice(r, hbm, config, mesh) for r in too_big],
     }

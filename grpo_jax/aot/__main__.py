@@ -44,7 +44,7 @@ def main(argv):
     if _PLAN.value is not None:
         return _plan()
     try:
-        result = aot.report(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
+        result = aot.compile_run(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
                             programs=tuple(_PROGRAMS.value or aot.PROGRAMS))
     except ValueError as error:   # bad input: the message names the flag or field and the fix
         sys.exit(f"error: {error}")

@@ -3,7 +3,7 @@
     python -m grpo_jax.aot --config configs/gspo.py --topology v5p:2x2x2 --plan_splits default
 
 For each split (r chips sample, the other t learn; `default_splits`) and for one mesh over
-every chip, it compiles the run's real programs (`aot.report`: scanned layers, splash
+every chip, it compiles the run's real programs (`aot.compile_run`: scanned layers, splash
 attention, as the run compiles them), checks each side against the HBM, and estimates one
 RL step's time from the compiler's cost model:
 
@@ -264,8 +264,8 @@ def configuration(config, topology, devices, *, prompt_len, bandwidth, chip, log
         mesh, rollout_mesh, _ = aot.meshes(config, devices)
         if split:
             _check_sampler_rows(config, rollout_mesh)
-        result = aot.report(config, topology, prompt_len=prompt_len, programs=SAMPLER + LEARNER,
-                            log=log)
+        result = aot.compile_run(config, topology, prompt_len=prompt_len,
+                                 programs=SAMPLER + LEARNER, log=log)
     except ValueError as error:   # the split cannot run this config: said, not raised
         chips = (math.prod(size for _, size in parallel.parse_mesh(config.rollout.mesh))
                  if split else len(devices))

@@ -17,7 +17,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import parallel, paths
+from grpo_jax import parallel, paths, run_files
 
 # The console line: (metric, label, format). Everything else goes to the files only.
 CONSOLE = (
@@ -124,34 +124,21 @@ def progress_bar(done, total, width=20):
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def kept_lines(text, step, name="metrics.jsonl"):
+def kept_lines(text, step, name=run_files.METRICS):
     """The lines of a metrics.jsonl's `text` (read from the file `name`) whose rows are of
     steps up to `step`: a resumed run redoes the later ones, and each step keeps one row.
     A run starting at step 0 keeps none (it redoes ``train.eval_at_start``'s step-0 row too).
 
     A last line that is not a whole row (an append cut short: a full disk, a lost machine)
     is dropped, with a line naming the file: its step was not saved, so the resume redoes
-    it. Any other line that is not a row is an error naming the file and the line.
+    it. Any other line that is not a row is an error naming the file and the line
+    (`run_files.parse_rows`).
     """
-    lines = (text or "").splitlines()
-    kept = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            row_step = row["step"]
-        except (ValueError, TypeError, KeyError) as error:
-            if number == len(lines):
-                print(f"{name}:{number}: dropping a torn last row ({len(line)} characters, "
-                      f"{type(error).__name__}); its step is redone", flush=True)
-                continue
-            raise ValueError(
-                f"{name}:{number} is not a metrics row ({type(error).__name__}: {error}); "
-                f"fix or delete that line, or move {name} aside, and re-run") from error
-        if step > 0 and row_step <= step:
-            kept.append(line + "\n")
-    return kept
+    rows, torn = run_files.parse_rows(text, name)
+    if torn is not None:
+        print(f"{name}:{torn.number}: dropping a torn last row ({len(torn.line)} characters, "
+              f"{torn.error}); its step is redone", flush=True)
+    return [line + "\n" for line, row in rows if step > 0 and row["step"] <= step]
 
 
 class MetricWriter:
@@ -185,7 +172,7 @@ class MetricWriter:
         self._tb = self._appending = None
         self.whole_file = paths.is_url(workdir) if whole_file is None else whole_file
         if parallel.is_main():
-            self._path = paths.path(workdir) / "metrics.jsonl"
+            self._path = paths.path(workdir) / run_files.METRICS
             text = paths.read_text_or_none(self._path)
             self._lines = kept_lines(text, start_step, name=str(self._path))
             if not self.whole_file:
@@ -195,7 +182,7 @@ class MetricWriter:
                 self._appending = self._path.open("a", encoding="utf-8")
                 self._lines = None   # the file holds them
             import tensorboardX   # imported lazily: only the writing process needs it
-            self._tb = tensorboardX.SummaryWriter(str(paths.path(workdir) / "tensorboard"))
+            self._tb = tensorboardX.SummaryWriter(str(paths.path(workdir) / run_files.TENSORBOARD))
 
     def write(self, step, metrics):
         """Records `metrics` (name -> number) for `step` and prints the console line."""

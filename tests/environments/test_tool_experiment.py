@@ -4,6 +4,8 @@ import importlib.util
 import json
 import pathlib
 
+from grpo_jax import run_files
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -29,7 +31,7 @@ def test_rollout_ends_and_the_table(tmp_path):
             {"step": 2, "eval_accuracy": 0.3},   # an evaluation-only row is skipped
             {"step": 3, "accuracy": 0.75, "tool_use_rate": 1.0, "tool_calls_per_episode": 1.5,
              "tool_errors_per_episode": 0.0, "environment_failures": 2.0}]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / run_files.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     ends = script.rollout_ends(str(tmp_path))
     assert ends["steps"] == (1, 3) and ends["environment_failures"] == 3.0
     assert ends["first"]["accuracy"] == 0.25 and ends["last"]["tool_use_rate"] == 1.0

@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from grpo_jax import run_files
+
 from tests.training.training_setups import REPO
 
 
@@ -66,7 +68,7 @@ def test_the_step_table_averages_each_seeds_steps_from_the_sixth(tmp_path):
         run.mkdir()
         rows = [{"step": t, "time_rollout": 100.0 if t < 6 else t + offset, "staleness": 1.0,
                  "time_weight_transfer": 0.5} for t in range(1, 9)]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / run_files.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     results = [{"recipe": "split", "seed": s} for s in (0, 1)]
     table = equal_time.format_step_table(results, str(tmp_path)).splitlines()
     assert table[0].startswith("# per step, mean over steps 6.. of each run, per seed 0 / 1")

@@ -16,11 +16,6 @@ from tests.training.training_setups import (comparable, finished_checkpoints, re
                                             tiny_config)
 
 
-def _metrics(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
 def _unseen_rows(config, policy, mesh, *, skip):
     """Rollouts by `policy` of the 16 prompts the run's stream holds after its first `skip`
     batches (prompts the run never drew), 4 answers each."""
@@ -65,7 +60,7 @@ def test_value_pretraining_lowers_the_held_out_value_loss(data_dir, tmp_path):
     config = tiny_config("vapo", data_dir, **{
         "critic.pretrain_steps": steps, "train.steps": 0, "train.export": True})
     assert rl.train(config, str(tmp_path)) == steps
-    rows = _metrics(tmp_path)
+    rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all("grad_norm" not in r and "eval_accuracy" not in r for r in rows)   # frozen
     assert all(np.isfinite(r["value_loss"]) for r in rows)

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from grpo_jax import run_files
 from grpo_jax.training import demo
 from tests import readme_metrics
 from tests.training.training_setups import tiny_config
@@ -24,12 +25,11 @@ def test_demo_pipeline_runs_each_stage_once_and_prints_the_table(data_dir, tmp_p
     assert results[2]["seconds"] == results[1]["seconds"]   # the control gets RL's wall time
     for stage in ("sft", "rl", "sft_control"):
         assert os.path.exists(tmp_path / stage / "export" / "config.json")
-        with open(tmp_path / stage / "metrics.jsonl") as f:   # docs/metrics.md names each metric
-            keys = set().union(*(json.loads(line) for line in f))
+        # docs/metrics.md names each metric
+        keys = set().union(*run_files.read_metrics(tmp_path / stage))
         assert readme_metrics.undocumented(keys) == [], stage
     # The timed control logs and saves its last step, whatever sft.log_every is.
-    with open(tmp_path / "sft_control" / "metrics.jsonl") as f:
-        last_logged = json.loads(f.readlines()[-1])["step"]
+    last_logged = run_files.last_logged_step(tmp_path / "sft_control")
     saved = [int(d) for d in os.listdir(tmp_path / "sft_control" / "checkpoints") if d.isdigit()]
     assert last_logged == max(saved)
     out = capsys.readouterr().out

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib, paths, rewards
+from grpo_jax import config_lib, paths, rewards, run_files
 from grpo_jax.environments import Step, ToolEnvironment, _episodes
 from grpo_jax.training import checkpoint, metrics as metrics_lib, rl, sft, task as task_lib
 from grpo_jax.training import tokenizer as tokenizer_lib, warm_start
@@ -102,10 +102,11 @@ def test_every_entry_point_refuses_before_its_warm_start_or_model(entry, runloca
 # --- A torn last metrics row, a full disk during the append -------------------------------
 
 ROWS = '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.25}\n'
+DROPPED = f"{run_files.METRICS}:3: dropping a torn last row"
 TORN = [   # (metrics.jsonl, resumed after step, steps kept, the line the resume prints)
-    (ROWS + '{"step": 3, "time": 17', 2, [1, 2], "metrics.jsonl:3: dropping a torn last row"),
-    (ROWS + '{"step": 3, "time": 17', 1, [1], "metrics.jsonl:3: dropping a torn last row"),
-    (ROWS + '{"st\n', 2, [1, 2], "metrics.jsonl:3: dropping a torn last row"),
+    (ROWS + '{"step": 3, "time": 17', 2, [1, 2], DROPPED),
+    (ROWS + '{"step": 3, "time": 17', 1, [1], DROPPED),
+    (ROWS + '{"st\n', 2, [1, 2], DROPPED),
     (ROWS + '{"step": 3}', 3, [1, 2, 3], None),   # whole but for its newline: kept
     (ROWS, 2, [1, 2], None),
 ]
@@ -115,7 +116,7 @@ TORN = [   # (metrics.jsonl, resumed after step, steps kept, the line the resume
                          ids=["torn", "torn-resumed-earlier", "torn-then-newline",
                               "whole-without-newline", "whole"])
 def test_a_torn_last_row_is_dropped_named_and_repaired(text, start, kept, said, tmp_path, capsys):
-    path = tmp_path / "metrics.jsonl"
+    path = tmp_path / run_files.METRICS
     path.write_text(text)
     writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=6, start_step=start,
                                       stream=io.StringIO())
@@ -127,8 +128,8 @@ def test_a_torn_last_row_is_dropped_named_and_repaired(text, start, kept, said, 
 
 
 def test_a_line_that_is_not_a_row_before_the_last_names_the_file_and_line(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2\n{"step": 3}\n')
-    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'metrics.jsonl'}:2 is not a "
+    (tmp_path / run_files.METRICS).write_text('{"step": 1}\n{"step": 2\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / run_files.METRICS}:2 is not a "
                                                    "metrics row (JSONDecodeError")):
         metrics_lib.MetricWriter(str(tmp_path), total_steps=6, start_step=3, stream=io.StringIO())
 
@@ -136,12 +137,12 @@ def test_a_line_that_is_not_a_row_before_the_last_names_the_file_and_line(tmp_pa
 def test_a_metrics_file_deleted_mid_run_is_named_and_the_later_rows_kept(tmp_path, capsys):
     writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=4, stream=io.StringIO())
     writer.write(1, {"loss": 0.5})
-    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / run_files.METRICS).unlink()
     writer.write(2, {"loss": 0.25})
     writer.write(3, {"loss": 0.125})
     writer.close()
     assert [r["step"] for r in read_metrics(tmp_path)] == [2, 3]
-    assert (f"{tmp_path / 'metrics.jsonl'} was deleted while the run wrote it; the rows from "
+    assert (f"{tmp_path / run_files.METRICS} was deleted while the run wrote it; the rows from "
             "step 2 on go to a new one" in capsys.readouterr().out)
 
 
@@ -184,10 +185,10 @@ def test_a_full_disk_during_the_append_names_the_file_and_the_fix(tmp_path, monk
     writer.close()   # the failed file is closed already: nothing more to raise
     assert failure.value.errno == errno.ENOSPC
     message = str(failure.value)
-    assert (f"appending the metrics row of step 2 to {tmp_path / 'metrics.jsonl'} failed: No "
+    assert (f"appending the metrics row of step 2 to {tmp_path / run_files.METRICS} failed: No "
             "space left on device") in message
     assert "Free some space" in message and "re-run the same command" in message
-    assert (tmp_path / "metrics.jsonl").read_text().splitlines()[-1] == '{"step": 2, "time": '
+    assert (tmp_path / run_files.METRICS).read_text().splitlines()[-1] == '{"step": 2, "time": '
 
     monkeypatch.undo()
     metrics_lib.MetricWriter(str(tmp_path), total_steps=4, start_step=1,
@@ -204,18 +205,18 @@ def test_a_full_disk_during_an_append_ends_after_a_resume_as_the_uninterrupted_r
     config = faults_config(data_dir, **{"train.checkpoint_every": 2, "train.export": True})
     monkeypatch.setattr(metrics_lib.MetricWriter, "write", _fill_the_disk_at(5))
     with pytest.raises(OSError, match=re.escape(
-            f"appending the metrics row of step 5 to {tmp_path / 'metrics.jsonl'} failed")):
+            f"appending the metrics row of step 5 to {tmp_path / run_files.METRICS} failed")):
         rl.train(config, str(tmp_path))
     monkeypatch.undo()
     assert finished_checkpoints(tmp_path) == [2, 4]
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines = (tmp_path / run_files.METRICS).read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines[:-1]] == [1, 2, 3, 4]
     assert lines[-1] == '{"step": 5, "time": '   # the torn row
 
     capsys.readouterr()
     assert rl.train(config, str(tmp_path)) == 12
     out = capsys.readouterr().out
-    assert f"{tmp_path / 'metrics.jsonl'}:5: dropping a torn last row" in out
+    assert f"{tmp_path / run_files.METRICS}:5: dropping a torn last row" in out
     assert f"resumed from the checkpoint of step 4 in {tmp_path}" in out
     assert_rows_equal(tmp_path, reference, range(1, 13))
     assert_same_export(tmp_path, reference)

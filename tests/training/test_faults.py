@@ -26,6 +26,7 @@ import pytest
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
+from grpo_jax import run_files
 from grpo_jax.training import checkpoint, preemption, rl
 from tests.training.training_setups import (FAULTS, REPO, assert_rows_equal, assert_same_export,
                                             cli, cli_config_file, faults_config,
@@ -224,13 +225,13 @@ def test_a_failed_write_mid_run_stops_it_and_the_rerun_equals_an_uninterrupted_r
     assert "File too large" in str(failure.value) and "intact (steps [2])" in str(failure.value)
     assert finished_checkpoints(tmp_path) == [2]
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5, 6]
-    with open(tmp_path / "metrics.jsonl", "a") as metrics:   # and a torn row, as a lost
+    with open(tmp_path / run_files.METRICS, "a") as metrics:   # and a torn row, as a lost
         metrics.write('{"step": 7, "time": 17')               # machine leaves one
 
     capsys.readouterr()
     assert rl.train(config, str(tmp_path)) == 12
     out = capsys.readouterr().out
-    assert f"{tmp_path / 'metrics.jsonl'}:7: dropping a torn last row" in out
+    assert f"{tmp_path / run_files.METRICS}:7: dropping a torn last row" in out
     assert f"ignoring {directory}/4.orbax-checkpoint-tmp: an unfinished save" in out
     assert f"resumed from the checkpoint of step 2 in {tmp_path}" in out
     assert_rows_equal(tmp_path, reference, range(1, 13))   # rows 3-6 dropped and redone, once

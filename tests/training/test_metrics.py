@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax import run_files
 from grpo_jax.training import metrics as metrics_lib
 
 
@@ -35,33 +36,33 @@ def test_eta_comes_from_steady_steps_and_compile_time_is_shown_apart(tmp_path, m
     assert "0.10s/step eta 0.8m | compile 55s" in second   # 500 x 0.1 s = 50 s
     writer.close()
 
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = run_files.read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [50, 100]
     assert [r["time_compile"] for r in rows] == [55.0, 0.0]   # per interval, not cumulative
     assert [r["loss"] for r in rows] == [0.5, 0.25]
 
 
 def test_a_resumed_run_drops_the_rows_it_redoes(tmp_path):
-    path = tmp_path / "metrics.jsonl"
+    path = tmp_path / run_files.METRICS
     path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in (1, 2, 3, 4)))
     writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=6, start_step=2,
                                       stream=io.StringIO())
     writer.write(3, {"loss": 0.75})
     writer.close()
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = run_files.read_metrics(path)
     assert [(r["step"], r["loss"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 0.75)]
 
 
 def test_a_fresh_start_redoes_step_0_and_a_resume_keeps_it(tmp_path):
     """``train.eval_at_start`` logs the starting policy as step 0: a run that starts over
     (no checkpoint) writes it again, a run resumed at step 2 keeps it."""
-    path = tmp_path / "metrics.jsonl"
+    path = tmp_path / run_files.METRICS
     old = "".join(json.dumps({"step": s, "eval_accuracy": s / 10}) + "\n" for s in (0, 1, 2, 3))
     for start, kept in ((0, []), (2, [(0, 0.0), (1, 0.1), (2, 0.2)])):
         path.write_text(old)
         metrics_lib.MetricWriter(str(tmp_path), total_steps=6, start_step=start,
                                  stream=io.StringIO()).close()
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        rows = run_files.read_metrics(path)
         assert [(r["step"], r["eval_accuracy"]) for r in rows] == kept
 
 
@@ -74,10 +75,9 @@ def test_rows_reach_the_file_at_each_flush_and_a_minute_after_the_last(tmp_path,
     monkeypatch.setattr(metrics_lib.time, "time", lambda: clock["now"])
     writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=9, stream=io.StringIO(),
                                       whole_file=True)
-    path = tmp_path / "metrics.jsonl"
 
     def steps_on_disk():
-        return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+        return [row["step"] for row in run_files.read_metrics(tmp_path)]
 
     writer.write(1, {"loss": 1.0})
     assert steps_on_disk() == []
@@ -94,18 +94,18 @@ def test_rows_reach_the_file_at_each_flush_and_a_minute_after_the_last(tmp_path,
     assert steps_on_disk() == [1, 2, 3, 4]
     writer.close()
     assert steps_on_disk() == [1, 2, 3, 4, 5]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "tensorboard"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [run_files.METRICS, run_files.TENSORBOARD]
 
 
 def test_a_local_workdir_gets_each_row_as_it_comes(tmp_path):
     """On a local disk every row is in metrics.jsonl once written (a `tail -f` sees each
     step), with no flush; a bucket's workdir is written whole (the test above)."""
-    path = tmp_path / "metrics.jsonl"
+    path = tmp_path / run_files.METRICS
     path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in (1, 2, 3)))
     writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=9, start_step=2, stream=io.StringIO())
     assert not writer.whole_file
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    assert [row["step"] for row in run_files.read_metrics(path)] == [1, 2]
     writer.write(3, {"loss": 0.5})
-    assert [(r["step"], r["loss"]) for r in map(json.loads, path.read_text().splitlines())] == [
+    assert [(r["step"], r["loss"]) for r in run_files.read_metrics(path)] == [
         (1, 0.1), (2, 0.2), (3, 0.5)]
     writer.close()

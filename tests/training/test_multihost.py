@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from grpo_jax import run_files
 from grpo_jax.training import preemption, rl
 from tests.training.training_setups import (FAULTS, LAG_RUN, assert_rows_equal,
                                              assert_same_export, cli_config_file,
@@ -92,7 +93,7 @@ def test_two_processes_equal_one_process_through_kill_and_sigterm(data_dir, refe
                       extra=("pack_rows_fraction", "pack_fill"))
     assert_same_export(workdir, reference, rtol=1e-4, atol=1e-6)
     # Process 0 alone wrote metrics and printed the mesh of both processes' devices.
-    assert len(list(workdir.glob("metrics.jsonl*"))) == 1
+    assert len(list(workdir.glob(run_files.METRICS + "*"))) == 1
     assert "over 8 cpu device(s) in 2 processes" in log0 and "step    12/12" in log0
     assert "step " not in log1 and "mesh" not in log1
 
@@ -161,7 +162,7 @@ def _assert_equal_to_one_process(workdir, reference, log0, log1):
     assert all(r["time_weight_transfer"] > 0 and r["time_batch_transfer"] > 0 for r in rows)
     assert "training mesh {'data': 4, 'fsdp': 1, 'tensor': 1} over 4 cpu device(s) in 2 " \
            "processes" in log0 and "step     5/5" in log0
-    assert "step " not in log1 and len(list(workdir.glob("metrics.jsonl*"))) == 1
+    assert "step " not in log1 and len(list(workdir.glob(run_files.METRICS + "*"))) == 1
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from grpo_jax import config_lib, objectives, parallel, sampling
+from grpo_jax import config_lib, objectives, parallel, run_files, sampling
 from grpo_jax.training import (evaluation, policy as policy_lib, programs, rl, rollout,
                                task as task_lib, warm_start)
 from tests import readme_metrics
@@ -135,7 +135,7 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
     deadline = time.time() + 600
     while time.time() < deadline and process.poll() is None:
         # Mid-run, past step 3, once the step-2 checkpoint is on disk (saves are async).
-        if (os.path.exists(workdir / "metrics.jsonl") and len(read_metrics(workdir)) >= 3
+        if (os.path.exists(workdir / run_files.METRICS) and len(read_metrics(workdir)) >= 3
                 and finished_checkpoints(workdir)):
             process.kill()   # SIGKILL: no cleanup, no final save
             break

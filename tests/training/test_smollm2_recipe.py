@@ -14,7 +14,7 @@ import pytest
 import tokenizers
 import transformers
 
-from grpo_jax import config_lib, data, models
+from grpo_jax import config_lib, data, models, run_files
 from grpo_jax.data import prompts
 from grpo_jax.training import rl
 from tests.training.training_setups import REPO
@@ -68,8 +68,7 @@ def test_smollm2_recipe_runs_in_chat_with_its_rewards(chat_checkpoint, tmp_path)
         match = re.fullmatch(r"<user>(\d{1,2})\+(\d{1,2})\n\n(.*)<assistant>", row["prompt"], re.S)
         assert match, row["prompt"]
         assert match.group(3) == instruction
-    with open(workdir / "metrics.jsonl") as f:
-        metrics = json.loads(f.readline())
+    metrics = run_files.read_metrics(workdir)[0]
     assert {"rewards/gsm8k", "rewards/integer_answer", "accuracy"} <= set(metrics)
     # accuracy counts the right number (gsm8k), the format reward only adds to it
     assert metrics["accuracy"] == pytest.approx(metrics["rewards/gsm8k"])
@@ -107,9 +106,9 @@ def test_smollm2_cpu_compare_table_reads_kept_runs(tmp_path, monkeypatch):
     (run / "after_answers.json").write_text(json.dumps(answers([1, 1, 1, 0], after_completions)))
     (run / "run.json").write_text(json.dumps({"commit": "abc1234", "peak_rss_bytes": 3 * 2**30,
                                                "checkpoint_bytes": 5 * 2**20}))
-    with gzip.open(run / "metrics.jsonl.gz", "wt") as f:
-        for t in (100.0, 160.0, 200.0, 250.0):   # gaps 60, 40, 50 -> median 50
-            f.write(json.dumps({"time": t}) + "\n")
+    with gzip.open(run / run_files.METRICS_GZ, "wt") as f:
+        for step, t in enumerate((100.0, 160.0, 200.0, 250.0), 1):   # gaps 60, 40, 50: median 50
+            f.write(json.dumps({"step": step, "time": t}) + "\n")
     table = script.compare_table([f"lora={run}"]).splitlines()
     row = next(line for line in table if line.startswith("lora ")).split()
     assert row == ["lora", "abc1234", "4", "50.0", "3.00", "GiB", "5", "MiB", "0.250",

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from grpo_jax import sweep
+from grpo_jax import run_files, sweep
 from grpo_jax.training import checkpoint
 from tests.training.training_setups import REPO
 
@@ -45,8 +45,7 @@ def _pid_running(workdir):
 
 
 def _logged_steps(workdir):
-    path = workdir / "metrics.jsonl"
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+    return [row["step"] for row in run_files.read_metrics(workdir)]
 
 
 @pytest.mark.slow

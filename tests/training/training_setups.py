@@ -8,7 +8,6 @@ Also the helpers the trainer tests share to run `python -m grpo_jax.main` in sub
 and read what a run left in its workdir.
 """
 
-import json
 import os
 import pathlib
 import re
@@ -21,6 +20,7 @@ import numpy as np
 import safetensors.numpy
 
 from grpo_jax import config_lib, paths
+from grpo_jax.run_files import read_metrics   # the tests' reader of a run's metrics
 from grpo_jax.training import checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -97,12 +97,6 @@ FAULTS = {"rollout.prompts_per_batch": 8, "train.steps": 12, "train.eval_every":
 def faults_config(data_dir, **overrides):
     """`tiny_config("dapo")` with the `FAULTS` settings and `overrides`."""
     return tiny_config("dapo", data_dir, **{**FAULTS, **overrides})
-
-
-def read_metrics(workdir):
-    """Every row of `workdir/metrics.jsonl` (local or in a bucket), in order."""
-    text = (paths.path(workdir) / "metrics.jsonl").read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines()]
 
 
 def comparable(row):

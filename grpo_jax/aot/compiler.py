@@ -308,7 +308,7 @@ def advice(result, hbm, config, mesh):
 
 
 def format_table(results, hbm):
-    """The report's table: one row per program, bytes per device in GiB."""
+    """The fit report's table: one row per program, bytes per device in GiB."""
     header = ("| program | shape | argument | output | alias | temp | held | total | HBM | fits "
               "| TFLOP | est. time | compile |")
     lines = [header, "|" + "---|" * 13]

@@ -342,7 +342,8 @@ def verdict(name_b, name_a, mean, p, n, *, adjusted, power=None, gap=None, digit
     which = "Holm p" if adjusted else "p"
     if p is not None and p < ALPHA:
         direction = "higher" if mean > 0 else "lower"
-        return f"{name_b} {direction} than {name_a} by {abs(mean):.{digits}f} ({which} {format_p(p)})"
+        return (f"{name_b} {direction} than {name_a} by {abs(mean):.{digits}f} "
+                f"({which} {format_p(p)})")
     text = f"no difference detected at {n} seed{'s' if n != 1 else ''}"
     if power is not None and gap is not None:
         text += f"; power for a {gap:g} gap {power:.2f}"

@@ -25,12 +25,11 @@ import io
 import itertools
 import re
 import statistics
-
 from typing import Any
 
 import numpy as np
 
-from grpo_jax import report_stats
+from grpo_jax.report import stats as report_stats
 
 
 @dataclasses.dataclass(frozen=True)
