@@ -41,7 +41,7 @@ def rl_rows(config, cfg, lengths, rng):
     for key, (shape, dtype) in layout.items():
         if np.issubdtype(dtype, np.integer):
             rows[key] = rng.integers(1, cfg.vocab_size, shape).astype(dtype)
-        elif dtype == bool:
+        elif np.issubdtype(dtype, np.bool_):
             rows[key] = np.ones(shape, bool)
         else:
             rows[key] = rng.normal(-2.0, 0.5, shape).astype(dtype)
