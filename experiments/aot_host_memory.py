@@ -44,7 +44,9 @@ def peak_rss_gib(cmd):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="qwen3_0_6b,qwen3_8b")
-    parser.add_argument("--programs", default="train", help="programs each compile runs, in one process")
+    parser.add_argument(
+        "--programs", default="train", help="programs each compile runs, in one process"
+    )
     args = parser.parse_args()
     from grpo_jax import models
     from grpo_jax.aot import host

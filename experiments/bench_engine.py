@@ -69,9 +69,13 @@ def serve(model, prompts, mask, lengths, *, group_size, budget, slots, chunk, st
         parts = []
         for first in range(0, prompts.shape[0], per_call):
             rows = slice(first * group_size, (first + per_call) * group_size)
-            parts.append(sampling.generate(
-                *model, prompts[first:first + per_call], mask[first:first + per_call],
-                max_new_tokens=lengths[rows], prompt_ids=np.arange(first, first + per_call), **kwargs))
+            parts.append(
+                sampling.generate(
+                    *model, prompts[first : first + per_call], mask[first : first + per_call],
+                    max_new_tokens=lengths[rows], prompt_ids=np.arange(first, first + per_call),
+                    **kwargs,
+                )
+            )
         rollouts = jax.block_until_ready(parts)
     else:
         paging = dict(kv_page_size=kv_page_size, kv_pages=kv_pages,

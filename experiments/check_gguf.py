@@ -79,13 +79,19 @@ def table(title, columns, rows):
     print(title)
     widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows)]
     for cells in [columns, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+        print(
+            "  ".join(
+                str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                for i, (c, w) in enumerate(zip(cells, widths))
+            )
+        )
     print()
 
 
 def chat(tokenizer, text):
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                         tokenize=False)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
 
 
 def logit_errors(model, torch_model, token_lists):
@@ -107,7 +113,9 @@ def logit_errors(model, torch_model, token_lists):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("gguf_path")
-    parser.add_argument("--out_dir", default=None, help="where to write the conversion (default: a temporary dir)")
+    parser.add_argument(
+        "--out_dir", default=None, help="where to write the conversion (default: a temporary dir)"
+    )
     parser.add_argument("--new_tokens", type=int, default=32)
     args = parser.parse_args(argv)
     header(sys.argv[1:] if argv is None else argv)
@@ -136,22 +144,34 @@ def main(argv=None):
     prompts = LOGIT_PROMPTS + [chat(tokenizer, QUESTION)]
     token_lists = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     rows = []
-    for name, path in [("float32 (default)", out_dir), ("bfloat16 storage", os.path.join(tmp, "bfloat16"))]:
+    for name, path in [
+        ("float32 (default)", out_dir), ("bfloat16 storage", os.path.join(tmp, "bfloat16")),
+    ]:
         ours, _ = models.from_pretrained(path, param_dtype="float32")
         error, agree = logit_errors(jax.jit(lambda t, m=ours: m(t)), torch_model, token_lists)
-        rows.append([name, len(prompts), sum(map(len, token_lists)), f"{error:.2e}", f"{agree:.4f}"])
+        rows.append(
+            [name, len(prompts), sum(map(len, token_lists)), f"{error:.2e}", f"{agree:.4f}"]
+        )
     table("1. logits vs transformers loading the same GGUF (float32 compute)",
           ["converted weights", "prompts", "positions", "max rel error", "argmax agree"], rows)
 
     strings = {repr(t)[:44]: t for t in TOKENIZER_STRINGS}
-    strings.update({f"chat template: {t[:29]!r}": chat(tokenizer, t) for t in (QUESTION, TOKENIZER_STRINGS[4])})
+    strings.update(
+        {f"chat template: {t[:29]!r}": chat(tokenizer, t) for t in (QUESTION, TOKENIZER_STRINGS[4])}
+    )
     rows = []
     for label, text in strings.items():
         ours_ids, their_ids = tokenizer(text)["input_ids"], theirs_tok(text)["input_ids"]
-        first = next((i for i, (a, b) in enumerate(zip(ours_ids, their_ids)) if a != b),
-                     None if len(ours_ids) == len(their_ids) else min(len(ours_ids), len(their_ids)))
-        diff = "" if first is None else f"ours {tokenizer.convert_ids_to_tokens(ours_ids[first:first + 3])} vs " \
-            f"theirs {theirs_tok.convert_ids_to_tokens(their_ids[first:first + 3])}"
+        first = next(
+            (i for i, (a, b) in enumerate(zip(ours_ids, their_ids)) if a != b),
+            None if len(ours_ids) == len(their_ids) else min(len(ours_ids), len(their_ids)),
+        )
+        diff = (
+            ""
+            if first is None
+            else f"ours {tokenizer.convert_ids_to_tokens(ours_ids[first : first + 3])} vs "
+            f"theirs {theirs_tok.convert_ids_to_tokens(their_ids[first : first + 3])}"
+        )
         rows.append([label, len(ours_ids), len(their_ids), "yes" if first is None else "no", diff])
     table("2. tokenizer ids: converted tokenizer.json vs transformers' GGUF tokenizer",
           ["string", "ours", "theirs", "equal", "first difference"], rows)
@@ -161,11 +181,17 @@ def main(argv=None):
           "does with a Digits pre-tokenizer); transformers' GGUF tokenizer applies GPT-2's regex alone, so\n"
           "spaces before a digit group differently there.\n")
 
-    (ours_answer,), = sampling.sample_texts(model, tokenizer, [QUESTION], chat=True, max_new_tokens=args.new_tokens)
-    ids = torch.tensor([theirs_tok(chat(theirs_tok, QUESTION), add_special_tokens=False)["input_ids"]])
+    ((ours_answer,),) = sampling.sample_texts(
+        model, tokenizer, [QUESTION], chat=True, max_new_tokens=args.new_tokens
+    )
+    ids = torch.tensor(
+        [theirs_tok(chat(theirs_tok, QUESTION), add_special_tokens=False)["input_ids"]]
+    )
     with torch.no_grad():
-        out = torch_model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False,
-                                   eos_token_id=theirs_tok.eos_token_id, pad_token_id=theirs_tok.pad_token_id)
+        out = torch_model.generate(
+            ids, max_new_tokens=args.new_tokens, do_sample=False,
+            eos_token_id=theirs_tok.eos_token_id, pad_token_id=theirs_tok.pad_token_id,
+        )
     their_answer = theirs_tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     table(f"3. greedy chat answer to {QUESTION!r}, {args.new_tokens} new tokens at most",
           ["sampler", "answer"], [["grpo_jax sampling.sample_texts", repr(ours_answer)],

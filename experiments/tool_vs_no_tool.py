@@ -87,9 +87,12 @@ def rollout_ends(run):
     with open(os.path.join(run, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     rows = [r for r in rows if "accuracy" in r]
-    return {"first": {k: rows[0][k] for k in ROLLOUT_KEYS}, "last": {k: rows[-1][k] for k in ROLLOUT_KEYS},
-            "steps": (rows[0]["step"], rows[-1]["step"]),
-            "environment_failures": sum(r.get("environment_failures", 0) for r in rows)}
+    return {
+        "first": {k: rows[0][k] for k in ROLLOUT_KEYS},
+        "last": {k: rows[-1][k] for k in ROLLOUT_KEYS},
+        "steps": (rows[0]["step"], rows[-1]["step"]),
+        "environment_failures": sum(r.get("environment_failures", 0) for r in rows),
+    }
 
 
 def _spread(values):
@@ -110,7 +113,9 @@ def format_table(results, header):
                          f"{_spread(cell('eval_mean_at_k')):>16s} "
                          f"{_spread(cell('eval_pass_at_k')):>16s} {calling:>24s}")
     first, last = results[0]["rollouts"]["steps"]
-    lines += ["", f"training rollouts (sampled at the rollout temperature): step {first} -> step {last}"]
+    lines += [
+        "", f"training rollouts (sampled at the rollout temperature): step {first} -> step {last}",
+    ]
     for r in results:
         ends = r["rollouts"]
         lines.append(f"seed {r['seed']}: " + ", ".join(
@@ -136,7 +141,9 @@ def format_table(results, header):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="a tool recipe, e.g. configs/tool_countdown.py")
+    parser.add_argument(
+        "--config", required=True, help="a tool recipe, e.g. configs/tool_countdown.py"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", help="also write the table here")

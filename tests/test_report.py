@@ -143,7 +143,9 @@ def test_report_md_has_the_hand_computed_means_and_spreads(sweep_root):
     assert "| fast | – | 0.300 | 0.173 | 0.087 | – |" in text
 
 
-def test_rerunning_gives_the_same_bytes_and_the_pngs_carry_no_software_or_time(sweep_root, tmp_path):
+def test_rerunning_gives_the_same_bytes_and_the_pngs_carry_no_software_or_time(
+    sweep_root, tmp_path
+):
     root, _ = sweep_root
     report.write_report(root, tmp_path / "first")
     report.write_report(root, tmp_path / "second")
@@ -173,8 +175,10 @@ def test_collected_copies_give_the_same_report(sweep_root, tmp_path, capsys):
     for name in ("report.md", "eval_accuracy.png", "loss_vs_generated_tokens.png"):
         assert (kept / name).read_bytes() == (root / name).read_bytes(), name
     gz = (kept / "00_learning_rate-0.1" / "seed-0" / "metrics.jsonl.gz").read_bytes()
-    report.collect_runs(root, tmp_path / "again")   # the same rows, the same bytes
-    assert (tmp_path / "again" / "00_learning_rate-0.1" / "seed-0" / "metrics.jsonl.gz").read_bytes() == gz
+    report.collect_runs(root, tmp_path / "again")  # the same rows, the same bytes
+    assert (
+        tmp_path / "again" / "00_learning_rate-0.1" / "seed-0" / "metrics.jsonl.gz"
+    ).read_bytes() == gz
 
 
 def test_the_bands_are_the_seeds_mean_lowest_and_highest_at_their_common_steps(sweep_root):
@@ -317,8 +321,10 @@ def test_without_get_report_the_defaults_are_used(sweep_root):
     root, spec = sweep_root
     pathlib.Path(spec).write_text('"""No report spec."""\n')
     text = report.write_report(root).read_text()
-    assert ("| learning_rate | seeds | eval_accuracy (final) | eval_accuracy (mean of last 3 "
-            "evals; t-CI, or range under 5 seeds) | accuracy (final) | reward_mean (mean) |") in text
+    assert (
+        "| learning_rate | seeds | eval_accuracy (final) | eval_accuracy (mean of last 3 "
+        "evals; t-CI, or range under 5 seeds) | accuracy (final) | reward_mean (mean) |"
+    ) in text
     assert ("| `0.1` | 3 | 0.600 ± 0.10 | 0.450 (range [0.400, 0.500] over 3 seeds) | – | – |"
             in text)
     assert "No finished run logged `reward_mean`: no plot." in text
@@ -397,8 +403,10 @@ def test_the_mechanism_table_averages_each_window_then_the_seeds():
     # Steps 1-5, windows of 2: (1-2), (3-4), (5). Seed s logs a = step + s and b = 1 at
     # every step, c at odd steps only; "a - b" is a - 1.
     def run(seed):
-        rows = tuple({"step": t, "a": float(t + seed), "b": 1.0, **({"c": 10.0 * t} if t % 2 else {})}
-                     for t in range(1, 6))
+        rows = tuple(
+            {"step": t, "a": float(t + seed), "b": 1.0, **({"c": 10.0 * t} if t % 2 else {})}
+            for t in range(1, 6)
+        )
         return report.RunData(f"00/seed-{seed}", {"seed": seed, "config": {
             "mode": "rl", "train": {"steps": 5}}}, rows)
     windows = report.parse_windows({"size": 2, "measures": ("a", "a - b", "c")})

@@ -214,7 +214,9 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
             raise ValueError(f"arithmetic.ops must be a non-empty subset of {OPS}, got {self.ops}")
         for field in ("teacher_fraction", "forget_carry_p", "calculator_fraction"):
             if not 0.0 <= getattr(self, field) <= 1.0:
-                raise ValueError(f"arithmetic.{field} must be in [0, 1], got {getattr(self, field)}")
+                raise ValueError(
+                    f"arithmetic.{field} must be in [0, 1], got {getattr(self, field)}"
+                )
         super().__post_init__()
 
 

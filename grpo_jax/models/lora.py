@@ -136,7 +136,9 @@ def spec_from_config(section):
                          f"{tuple(QUANTIZED_TYPES)} (QLoRA's frozen base), got {quantize!r}")
     patterns = tuple(section.targets)
     if not patterns:
-        raise ValueError("model.lora.targets is empty; name projections such as ('attn.*', 'mlp.*')")
+        raise ValueError(
+            "model.lora.targets is empty; name projections such as ('attn.*', 'mlp.*')"
+        )
     return LoraSpec(int(section.rank), float(section.alpha), resolve_targets(patterns), dropout,
                     quantize)
 
@@ -283,8 +285,9 @@ def quantize_base(state, spec):
     if isinstance(weights[0], jax.ShapeDtypeStruct):
         quantized = jax.eval_shape(quantize, weights)
         if out is not None:
-            quantized = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                     quantized, out)
+            quantized = jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), quantized, out
+            )
     else:
         quantized = jax.jit(quantize, out_shardings=out, donate_argnums=0)(weights)
     for path, value in zip(chosen, quantized):
@@ -328,7 +331,9 @@ def merged_state(state, spec):
         w = flat[weight]
         delta = (flat.pop(a).get_value().astype(jnp.float32) @ flat.pop(b).get_value())
         value = w.get_value()
-        flat[weight] = w.replace((value + spec.scale * delta.reshape(value.shape)).astype(value.dtype))
+        flat[weight] = w.replace(
+            (value + spec.scale * delta.reshape(value.shape)).astype(value.dtype)
+        )
     return nnx.from_flat_state(flat)
 
 

@@ -185,7 +185,9 @@ def time_limit(seconds: float, what: str):
     is not, which is what the size bounds are for. A timer already running gets its
     handler back and is re-armed with the time it had left.
     """
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "setitimer"
+    ):
         yield
         return
 
@@ -203,7 +205,9 @@ def time_limit(seconds: float, what: str):
     except _Expired:
         raise TimeoutError(f"{what} took over {seconds} s of CPU time") from None
     finally:
-        signal.signal(signal.SIGVTALRM, signal.SIG_DFL if previous_handler is None else previous_handler)
+        signal.signal(
+            signal.SIGVTALRM, signal.SIG_DFL if previous_handler is None else previous_handler
+        )
         if outer_delay:
             remaining = max(outer_delay - (time.process_time() - start), 1e-3)
             signal.setitimer(signal.ITIMER_VIRTUAL, remaining, outer_interval)

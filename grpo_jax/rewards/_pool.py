@@ -59,7 +59,9 @@ def to_outcome(value: object) -> Outcome:
     return Outcome(value, "ok")
 
 
-def run_contained(fn: Callable[..., object], args: tuple, kwargs: dict, as_reward: bool = True) -> Outcome:
+def run_contained(
+    fn: Callable[..., object], args: tuple, kwargs: dict, as_reward: bool = True
+) -> Outcome:
     """Calls `fn(*args, **kwargs)`; a TimeoutError (a grader's own time limit) becomes a 0.0
     "timeout", any other exception or a non-finite value a 0.0 "error". With `as_reward`
     False the value is kept as returned (a tool's output; None on failure)."""
@@ -95,7 +97,9 @@ def _worker_main(conn, memory_limit_bytes: int | None) -> None:
 class _Worker:
     def __init__(self, context, memory_limit_bytes: int | None):
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child_conn, memory_limit_bytes), daemon=True)
+        self.process = context.Process(
+            target=_worker_main, args=(child_conn, memory_limit_bytes), daemon=True
+        )
         self.process.start()
         child_conn.close()
         try:
@@ -137,7 +141,10 @@ class GraderPool:
       [Outcome(value=1.0, status='ok', detail=''), Outcome(value=0.0, status='ok', detail='')]
     """
 
-    def __init__(self, num_workers: int | None = None, *, timeout_s: float = 10.0, memory_limit_gb: float | None = 4.0):
+    def __init__(
+        self, num_workers: int | None = None, *, timeout_s: float = 10.0,
+        memory_limit_gb: float | None = 4.0,
+    ):
         if num_workers is None:
             num_workers = min(8, os.cpu_count() or 1)
         if num_workers < 1:
@@ -185,7 +192,9 @@ class GraderPool:
                 continue
             next_deadline = min(deadline for _, deadline in running.values())
             by_conn = {worker.conn: worker for worker in running}
-            ready = multiprocessing.connection.wait(list(by_conn), max(0.0, next_deadline - time.monotonic()))
+            ready = multiprocessing.connection.wait(
+                list(by_conn), max(0.0, next_deadline - time.monotonic())
+            )
             for conn in ready:
                 worker = by_conn[conn]
                 row, _ = running.pop(worker)

@@ -70,7 +70,9 @@ def strip_units(answer: str, *, prose: bool) -> str | None:
     if len(answer) > MAX_UNIT_ANSWER_CHARS:
         return answer
     latex = _normalise.normalise_digits(answer)
-    text = _LATEX_SPACE.sub(" ", _TEXT_MODE.sub(lambda m: f" {m.group(1)} ", latex))  # text mode as prose
+    text = _LATEX_SPACE.sub(
+        " ", _TEXT_MODE.sub(lambda m: f" {m.group(1)} ", latex)
+    )  # text mode as prose
     number = _LEADING_NUMBER.match(text)
     if number is None:
         return answer
@@ -79,6 +81,8 @@ def strip_units(answer: str, *, prose: bool) -> str | None:
         return None
     if not _UNIT_WORDS.fullmatch(rest):
         return answer
-    if not prose and not _AT_MOST_A_NUMBER.fullmatch(_LATEX_SPACE.sub(" ", _TEXT_MODE.sub(" ", latex))):
+    if not prose and not _AT_MOST_A_NUMBER.fullmatch(
+        _LATEX_SPACE.sub(" ", _TEXT_MODE.sub(" ", latex))
+    ):
         return answer  # letters outside text mode: math (3x), not a unit
     return number.group(1)

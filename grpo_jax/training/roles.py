@@ -211,14 +211,18 @@ def _sample(channel, config, workdir, mesh, rollout_mesh, last, scorer):
     source = task_lib.data_source(config.task, "train")
     train_iter = iter(task_lib.loader(source, config, batch_size=config.rollout.prompts_per_batch))
     train_iter.set_state(position)
-    policy = policy_lib.start_policy(config, rollout_mesh, workdir,
-                                     None if config.model.path else task_lib.tokenizer_corpus(source))
+    policy = policy_lib.start_policy(
+        config, rollout_mesh, workdir,
+        None if config.model.path else task_lib.tokenizer_corpus(source),
+    )
     precision = policy_lib.RolloutPrecision.of(config, policy)   # rollout.dtype
     if precision is not None:   # the parameters cast once, as they arrive
         policy = precision.policy(policy)
     own = (lambda trained: trained) if precision is None else precision.params
     frozen = nnx.filter_state(policy.params, nnx.Not(programs.trained_filter(config)))
-    method, episodic = rollout.sampling_method(config), rollout.Episodic.of(config, policy.tokenizer)
+    method, episodic = (
+        rollout.sampling_method(config), rollout.Episodic.of(config, policy.tokenizer),
+    )
     lagged, _, seconds = channel.receive("lagged", mesh, rollout_mesh, watch=("end",))
     # version -> (its trained parameters, the seconds their copy took)
     versions = {v: (own(trained), seconds)

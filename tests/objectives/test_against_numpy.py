@@ -812,5 +812,7 @@ class TestCompletionLogprobs:
     def test_bad_shapes_name_the_fix(self):
         with pytest.raises(ValueError, match="completion_len must be a Python int >= 1"):
             obj.completion_logprobs(jnp.zeros((1, 4, 3)), jnp.zeros((1, 4), jnp.int32), 1, 0)
-        with pytest.raises(ValueError, match=r"logits must be \[B, L, V\] with \[B, L\] = tokens' \(1, 4\)"):
+        with pytest.raises(
+            ValueError, match=r"logits must be \[B, L, V\] with \[B, L\] = tokens' \(1, 4\)"
+        ):
             obj.completion_logprobs(jnp.zeros((1, 5, 3)), jnp.zeros((1, 4), jnp.int32), 1, 2)

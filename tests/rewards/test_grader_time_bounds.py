@@ -101,7 +101,11 @@ def _call(reward, completion) -> tuple[float, float, _pool.Outcome]:
 
 
 def test_inputs_are_long_and_many():
-    assert all(len(text) <= LONGEST for name in ("math", "self_verify") for text in _completions(name).values())
+    assert all(
+        len(text) <= LONGEST
+        for name in ("math", "self_verify")
+        for text in _completions(name).values()
+    )
     assert sum(len(text) > 9_000 for text in ADVERSARIAL.values()) >= 15
 
 
@@ -109,7 +113,9 @@ def test_inputs_are_long_and_many():
 @pytest.mark.parametrize("name", rewards.reward_names())
 def test_grader_returns_fast_without_the_pool(name):
     reward = rewards.get_reward(name)
-    _call(reward, BENIGN)  # first-use costs (math-verify's parser, a JAX compile) are not the input's
+    _call(
+        reward, BENIGN
+    )  # first-use costs (math-verify's parser, a JAX compile) are not the input's
     failures = {}
     for label, completion in _completions(name).items():
         cpu, wall, outcome = _call(reward, completion)
@@ -126,7 +132,9 @@ def pool():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [name for name in rewards.reward_names() if rewards.get_reward(name).where == "pool"])
+@pytest.mark.parametrize(
+    "name", [name for name in rewards.reward_names() if rewards.get_reward(name).where == "pool"]
+)
 def test_pool_grader_returns_fast_in_the_pool(pool, name):
     reward = rewards.get_reward(name)
     pool.map(reward.fn, [("p", BENIGN, EXAMPLE)] * 2)  # both workers, once each, before timing

@@ -77,7 +77,11 @@ def test_rows_reach_the_file_at_each_flush_and_a_minute_after_the_last(tmp_path,
     path = tmp_path / "metrics.jsonl"
 
     def steps_on_disk():
-        return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+        return (
+            [json.loads(line)["step"] for line in path.read_text().splitlines()]
+            if path.exists()
+            else []
+        )
 
     writer.write(1, {"loss": 1.0})
     assert steps_on_disk() == []
@@ -102,7 +106,9 @@ def test_a_local_workdir_gets_each_row_as_it_comes(tmp_path):
     step), with no flush; a bucket's workdir is written whole (the test above)."""
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in (1, 2, 3)))
-    writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=9, start_step=2, stream=io.StringIO())
+    writer = metrics_lib.MetricWriter(
+        str(tmp_path), total_steps=9, start_step=2, stream=io.StringIO()
+    )
     assert not writer.whole_file
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
     writer.write(3, {"loss": 0.5})
