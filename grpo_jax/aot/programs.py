@@ -2,8 +2,8 @@
 
 Every input is a `jax.ShapeDtypeStruct` carrying the sharding the run gives it, so a
 program lowers for devices that are not there (a TPU topology's abstract devices) and no
-memory is allocated. The programs are the RL loop's own (`training.programs` builds them for `rl.train`
-and for this report alike):
+memory is allocated. The programs are the RL loop's own (`training.programs` builds them for
+`rl.train` and for this report alike):
 
 | program | function | shape |
 |---|---|---|
@@ -11,13 +11,13 @@ and for this report alike):
 | logprob | `batch.make_logprob_fn` (pi_old, pi_ref) | the whole batch |
 | prefill | `Decoder.prefill` of the prompts, sampling layout | P prompts x S |
 | decode | one `Decoder.decode_step`, sampling layout | P G rows, a cache of S + N slots |
-| | with ``rollout.slots`` = C: one step of the continuous-batching engine (`sampling.engine_step`: sample, decode, admit) | C slots of S + N columns, the P prompts' cache |
+| | with ``rollout.slots`` = C: one continuous-batching step (`sampling.engine_step`: sample, decode, admit) | C slots of S + N columns, the P prompts' cache |
 | critic_train | the critic's `steps.make_update_step` (``critic.enabled``) | one minibatch |
 | values | `critic.make_value_fn`, the critic's values (``critic.enabled``) | the whole batch |
 
 With ``train.packing`` on (`training.programs.packs`), train, logprob, critic_train and
 values are the packed programs, at their largest plan (`packing_plans`).
-"""
+"""  # noqa: E501 (a table: rows stay whole)
 
 import dataclasses
 import math
@@ -43,8 +43,9 @@ class Program:
       held: per-device bytes of the run's state that stays in memory while it runs but
         is not among its arguments (the optimizer state while sampling, ...).
       shape: what it was lowered for, in words.
-      parts: per-device bytes of the run's state among its arguments and outputs, by name: "weights",
-        "optimizer" (its state), "cache" (the KV cache), for the advice on what to change.
+      parts: per-device bytes of the run's state among its arguments and outputs, by name:
+        "weights", "optimizer" (its state), "cache" (the KV cache), for the advice on what to
+        change.
       held_state: of `held`, the training weights, optimizer state and their copies
         (pi_ref, lagged policies): what sharding the weights over more chips shrinks.
     """

@@ -32,8 +32,8 @@ they include, as the model reads it in a multi-turn rollout):
 
   ``478*256``  ->  ``<calculator>478*256</calculator><result>122368</result> #### 122368``
 
-so a warm start learns the call's format. The known-good recipe for the trainer demo is 3-digit addition,
-``teacher_fraction=0.5``, ``forget_carry_p=1.0``.
+so a warm start learns the call's format. The known-good recipe for the trainer demo is
+3-digit addition, ``teacher_fraction=0.5``, ``forget_carry_p=1.0``.
 """
 
 import dataclasses

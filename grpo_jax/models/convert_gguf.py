@@ -124,9 +124,9 @@ def _llama3_scaling(rope_freqs, head_dim, theta, source):
     implied = layers.rope_inv_freq(head_dim, theta) / layers.rope_inv_freq(head_dim, theta, scaling)
     if rope_freqs.shape != implied.shape or not np.allclose(rope_freqs, implied, rtol=1e-5):
         raise ValueError(
-            f"{source}: {ROPE_FREQS} does not match Llama 3 rope scaling with factor {scaling.factor}, "
-            "low_freq_factor 1, high_freq_factor 4 and original length 8192; other rope scalings "
-            "are not supported"
+            f"{source}: {ROPE_FREQS} does not match Llama 3 rope scaling with factor "
+            f"{scaling.factor}, low_freq_factor 1, high_freq_factor 4 and original length 8192; "
+            "other rope scalings are not supported"
         )
     return scaling
 

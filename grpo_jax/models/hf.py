@@ -214,7 +214,7 @@ def load_config(path, **overrides):
 def from_pretrained(
     path, *, mesh=None, rules="fsdp", dtype="float32", param_dtype="float32", seed=0, **overrides
 ):
-    """Loads a local Hugging Face checkpoint into a `Decoder`, each tensor straight into its sharding.
+    """Loads a local Hugging Face checkpoint into a `Decoder`, each tensor into its sharding.
 
     Each tensor is read from the memory-mapped safetensors file and every device receives
     only its own slice (`jax.make_array_from_callback`), so no device ever holds a full

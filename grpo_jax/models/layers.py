@@ -21,7 +21,7 @@ INIT_STD = 0.02  # std of the random normal weights (transformers' initializer_r
 
 
 def initial_value(init, shape, dtype, normal):
-    """A weight's starting value: "ones" (norm scales), "zeros" (biases) or `INIT_STD * normal(shape)`."""
+    """A weight's initial value: "ones" (norms), "zeros" (biases) or `INIT_STD * normal(shape)`."""
     if init == "ones":
         return np.ones(shape, dtype)
     if init == "zeros":

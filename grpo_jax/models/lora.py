@@ -22,11 +22,11 @@ dequantises it inside the jitted step (`layers.weight_array`), so only the integ
 in memory between steps; the adapters stay float32.
 
 Routed experts get one adapter each (`ExpertLoRA`, folded into the experts' weights
-inside the forward). A and B are `nnx.LoRAParam`s, so `nnx.LoRAParam` selects what a trainer differentiates
-and what its optimizer and checkpoints hold; zeroing them gives back the base model (the
-KL reference) without a second copy of its weights. `merged_state` folds the adapters
-into the weights (W + alpha/r A B) for a plain Hugging Face export; `peft_tensors` names
-them as `peft` does, to load onto the transformers model.
+inside the forward). A and B are `nnx.LoRAParam`s, so `nnx.LoRAParam` selects what a trainer
+differentiates and what its optimizer and checkpoints hold; zeroing them gives back the base
+model (the KL reference) without a second copy of its weights. `merged_state` folds the
+adapters into the weights (W + alpha/r A B) for a plain Hugging Face export; `peft_tensors`
+names them as `peft` does, to load onto the transformers model.
 
 Targets are the projection paths of `PROJECTIONS`, chosen by fnmatch patterns
 ("attn.*", "mlp.up") or the projection's own name ("q", "down").

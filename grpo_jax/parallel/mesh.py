@@ -100,7 +100,7 @@ def _resolve_sizes(axes, num_devices):
 
 
 def make_mesh(axes, devices=None):
-    """`jax.sharding.Mesh` from ``"data=-1,tensor=1"`` or ``[(name, size), ...]`` (one size may be -1)."""
+    """`jax.sharding.Mesh` from ``"data=-1,tensor=1"`` or ``[(name, size), ...]`` (one size -1)."""
     devices = jax.devices() if devices is None else devices
     names, sizes = _resolve_sizes(parse_mesh(axes), len(devices))
     axis_types = (AxisType.Auto,) * len(names)

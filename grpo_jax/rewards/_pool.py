@@ -78,7 +78,8 @@ def run_contained(
 def _worker_main(conn, memory_limit_bytes: int | None) -> None:
     # A process group of its own: killing the worker kills what a grader started too.
     os.setpgid(0, 0)
-    # Before "ready", so no call's budget pays for imports (free when the forkserver preloaded them).
+    # Before "ready", so no call's budget pays for imports (free when the forkserver
+    # preloaded them).
     importlib.import_module("grpo_jax.rewards")
     if memory_limit_bytes:  # a runaway grader gets MemoryError instead of waking the OOM killer
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
@@ -108,7 +109,8 @@ class _Worker:
             started = False
         if not started:
             self.kill()
-            raise RuntimeError(f"a grader worker failed to start within {_STARTUP_TIMEOUT_S} s; see its error above")
+            raise RuntimeError(f"a grader worker failed to start within {_STARTUP_TIMEOUT_S} s; "
+                               "see its error above")
 
     def kill(self) -> None:
         """Kills the worker and every process of its group (a grader's children too)."""
@@ -137,7 +139,8 @@ class GraderPool:
     Example:
       >>> from grpo_jax.rewards import math_reward
       >>> with GraderPool(1, timeout_s=5.0) as pool:
-      ...     pool.map(math_reward, [("Q", "\\\\boxed{4}", {"answer": "4"}), ("Q", "", {"answer": "4"})])
+      ...     pool.map(math_reward, [("Q", "\\\\boxed{4}", {"answer": "4"}),
+      ...                            ("Q", "", {"answer": "4"})])
       [Outcome(value=1.0, status='ok', detail=''), Outcome(value=0.0, status='ok', detail='')]
     """
 

@@ -114,7 +114,8 @@ def score_batch(
 
     Args:
       specs: the rewards, from `as_specs(config.rewards)`.
-      prompts, completions, examples: `[B]` each; row i is (prompts[i], completions[i], examples[i]).
+      prompts, completions, examples: `[B]` each; row i is (prompts[i], completions[i],
+        examples[i]).
       pool: runs the rewards registered `where="pool"` under its time budget. Without a
         pool they run in this process with no time budget (tests, debugging).
       completion_lengths: `[B]` completion lengths in tokens; when given, each row's

@@ -18,7 +18,7 @@ but never a hedge:
 So a completion gains nothing by hedging: an answer that is one number with a hedge
 word scores 0, and one with a second number is read whole (`{18, 19}` is not 18).
 Answers longer than `MAX_UNIT_ANSWER_CHARS` are never read as number-plus-unit.
-"""
+"""  # noqa: E501 (a table: rows stay whole)
 
 import re
 

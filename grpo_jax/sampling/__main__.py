@@ -41,8 +41,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}; pass prompts with --prompt")
     parallel.use_cpu_cores()  # before JAX runs anything
     mesh = parallel.make_mesh([("data", -1), ("tensor", 1)])
-    print(f"sampling on mesh {dict(mesh.shape)} over {mesh.size} {jax.devices()[0].platform} device(s)",
-          file=sys.stderr)
+    print(f"sampling on mesh {dict(mesh.shape)} over {mesh.size} "
+          f"{jax.devices()[0].platform} device(s)", file=sys.stderr)
     model, tokenizer = models.from_pretrained(
         _CHECKPOINT.value, dtype=_DTYPE.value, mesh=mesh, rules="sampling"
     )

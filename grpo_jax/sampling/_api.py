@@ -139,13 +139,14 @@ def check_request(prompt_tokens, prompt_mask, group_size, max_new_tokens, max_le
         missing = sorted(_rule_axes(rules) - set(mesh.axis_names))
         if missing:
             raise ValueError(
-                f"the {rules!r} sharding rules split weights over mesh axes {missing}, which the mesh "
-                f"{dict(mesh.shape)} lacks; add them to the mesh (size 1 is fine)"
+                f"the {rules!r} sharding rules split weights over mesh axes {missing}, which the "
+                f"mesh {dict(mesh.shape)} lacks; add them to the mesh (size 1 is fine)"
             )
         ways = row_multiple()
         if (p * group_size) % ways:
             raise ValueError(
-                f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes ({ways} ways); "
+                f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes "
+                f"({ways} ways); "
                 f"use a number of prompts times group_size that is a multiple of {ways}"
             )
     if prompt_ids is None:

@@ -75,8 +75,9 @@ def transfer_order(start, last, k):
     ``("params", v)`` the first time it needs a version v = max(0, s - 1 - k) that the
     sampler does not hold yet.
 
-    >>> transfer_order(0, 5, 1)
-    [('batch', 1), ('batch', 2), ('params', 1), ('batch', 3), ('params', 2), ('batch', 4), ('params', 3), ('batch', 5)]
+    >>> transfer_order(0, 5, 1)  # doctest: +NORMALIZE_WHITESPACE
+    [('batch', 1), ('batch', 2), ('params', 1), ('batch', 3), ('params', 2), ('batch', 4),
+     ('params', 3), ('batch', 5)]
     """
     held, order = set(starting_versions(start, k)), []
     for step in range(start + 1, last + 1):
@@ -105,8 +106,8 @@ def learning(rollout_mesh):
 
 class Learner:
     """The learner's side of the roles, in place of `async_rl.Producer` (the same
-    `publish` and `take`; `learning` ends the samplers): it sends the versions the sampler needs and receives
-    each step's batch on the training mesh, in `transfer_order`.
+    `publish` and `take`; `learning` ends the samplers): it sends the versions the sampler
+    needs and receives each step's batch on the training mesh, in `transfer_order`.
 
     Args:
       channel: the `transfer.Channel` of the roles; rollout_mesh: the sampler's mesh.

@@ -1,4 +1,4 @@
-"""The task side of a run: its datasets, prompts as token rows, completions back to text, rewards."""
+"""The task side of a run: datasets, prompts as token rows, completions back to text, rewards."""
 
 import grain
 import numpy as np
