@@ -137,9 +137,11 @@ class TestExpand:
         assert sweep.expand(spec, tmp_path / "r")[0].seed == 0   # default: the config's seed
 
     @pytest.mark.parametrize("body, seeds, message", [
-        ("def get_sweep():\n    return [{'seed': 1}]\n", None, "sets 'seed'; give seeds with --seeds"),
+        ("def get_sweep():\n    return [{'seed': 1}]\n", None,
+         "sets 'seed'; give seeds with --seeds"),
         ("def get_sweep():\n    return [{'train.lr': 1}]\n", [1, 1], "--seeds repeats a seed"),
-        ("def get_sweep():\n    return [{'train.lrr': 1}]\n", None, "'train.lrr' names no config field"),
+        ("def get_sweep():\n    return [{'train.lrr': 1}]\n", None,
+         "'train.lrr' names no config field"),
         ("def get_sweep():\n    return [{'mode': 'demo'}]\n", None, "mode 'rl' or 'sft'"),
         ("", None, "defines no get_sweep()"),
     ])

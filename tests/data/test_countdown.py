@@ -1,4 +1,4 @@
-"""The small countdown generator: expressions, problems, the check tool's search traces, the builder."""
+"""The small countdown generator: expressions, problems, the check tool's traces, the builder."""
 
 import ast
 import collections

@@ -35,12 +35,14 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 USER_DEFINED = "<think>"
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
-    "+ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "+ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. What is 17 + 25? It is 42.",
     "Don't panic: we'll compute 1234 * 5678 and they've checked the answer twice.",
-    "Natural language models read tokens; the tokens come from byte-level merges.\n\nNew lines too.",
+    "Natural language models read tokens; the tokens come from byte-level merges.\n\n"
+    "New lines too.",
     "Café, naïve, 東京 and emoji 🙂 are bytes as well.  Two spaces, tabs\tand 3.14159.",
 ]
 SAMPLES = [
@@ -54,7 +56,8 @@ SAMPLES = [
 ]
 # The split regex of Llama 3's tokenizer.json.
 LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"
 )
 
@@ -119,15 +122,18 @@ _COMMON = dict(
 )
 FAMILIES = {
     # SmolLM2's shape: plain llama, tied embeddings.
-    "llama": Family(dict(model_type="llama", norm_eps=1e-5, rope_theta=100000.0, tie_embeddings=True), "smollm"),
+    "llama": Family(dict(model_type="llama", norm_eps=1e-5, rope_theta=100000.0,
+                         tie_embeddings=True), "smollm"),
     # Llama 3.1 rope scaling, attention biases (q/k biases are permuted too), untied, BOS added.
     "llama_scaled": Family(dict(
         model_type="llama", norm_eps=1e-5, rope_theta=500000.0, qkv_bias=True, o_bias=True,
         rope_scaling=models.Llama3RopeScaling(factor=8.0),
     ), "llama-bpe", add_bos=True),
-    "qwen2": Family(dict(model_type="qwen2", norm_eps=1e-6, rope_theta=1e6, qkv_bias=True, tie_embeddings=True), "qwen2"),
+    "qwen2": Family(dict(model_type="qwen2", norm_eps=1e-6, rope_theta=1e6, qkv_bias=True,
+                         tie_embeddings=True), "qwen2"),
     # head_dim 32 != d_model / n_heads: the file must say it (attention.key_length).
-    "qwen3": Family(dict(model_type="qwen3", norm_eps=1e-6, rope_theta=1e6, qk_norm=True, head_dim=32), "qwen2"),
+    "qwen3": Family(dict(model_type="qwen3", norm_eps=1e-6, rope_theta=1e6, qk_norm=True,
+                         head_dim=32), "qwen2"),
 }
 # GGUF tensor type per llama.cpp tensor kind ("f32": every tensor float32).
 MIXED_TYPES = {
@@ -163,7 +169,7 @@ def llama_cpp_rope_freqs(scaling, head_dim, theta):
 
 
 def random_checkpoint(cfg, path, seed=0):
-    """{HF name: float32 array} of a random `cfg` model saved at `path`; norms and biases perturbed."""
+    """{HF name: float32 array} of a random `cfg` model saved at `path`, norms and biases moved."""
     models.save_pretrained(models.init_model(cfg, seed=seed), path)
     file = SafetensorsFile(os.path.join(path, "model.safetensors"))
     rng = np.random.default_rng(seed)
@@ -380,7 +386,7 @@ def test_embedded_tokenizer_json_is_taken_as_is(trained_bpe):
 
 @pytest.mark.parametrize("pre, added", [("llama-bpe", True), ("smollm", False), ("qwen2", False)])
 def test_bos_default_follows_llama_cpp(trained_bpe, pre, added):
-    """A file without tokenizer.ggml.add_bos_token gets llama.cpp's default for its pre-tokenizer."""
+    """A file without tokenizer.ggml.add_bos_token gets llama.cpp's default for its pre."""
     tokens, merges = trained_bpe
     keys = gguf.Keys.Tokenizer
     metadata = {
@@ -507,7 +513,8 @@ def test_command_line_runs_without_torch(converted, tmp_path):
     c = converted("llama", "mixed")
     script = (
         "import runpy, sys; sys.modules['torch'] = None; "
-        f"sys.argv = ['convert_gguf', {c['gguf']!r}, {str(tmp_path / 'out')!r}, '--dtype', 'bfloat16']; "
+        f"sys.argv = ['convert_gguf', {c['gguf']!r}, {str(tmp_path / 'out')!r}, "
+        "'--dtype', 'bfloat16']; "
         "runpy.run_module('grpo_jax.models.convert_gguf', run_name='__main__'); "
         "assert sys.modules['torch'] is None"
     )

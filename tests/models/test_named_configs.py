@@ -1,4 +1,4 @@
-"""Named configs: each builds, has transformers' parameter count, and survives the HF config round trip."""
+"""Named configs: each builds, has transformers' parameter count, survives the HF config trip."""
 
 import dataclasses
 import math
@@ -24,7 +24,7 @@ class TestNamedConfigs:
         assert models.from_hf_config(models.to_hf_config(cfg)) == cfg
 
     def test_parameter_count_equals_transformers(self, name):
-        """Our parameter count equals that of transformers' model of the same config (meta device)."""
+        """Our parameter count is that of transformers' model of the same config (meta device)."""
         torch = pytest.importorskip("torch", reason="counting transformers' parameters needs torch")
         import transformers
 

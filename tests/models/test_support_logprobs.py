@@ -1,5 +1,6 @@
 """support_token_logprobs: the log-prob renormalised over a recorded support, from gathered
-unembedding columns, equals a float64 numpy computation on the full logits (values and gradients)."""
+unembedding columns, equals a float64 numpy computation on the full logits (values and
+gradients)."""
 
 
 import jax

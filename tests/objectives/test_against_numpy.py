@@ -455,7 +455,8 @@ class TestPpoClipLoss:
 
   def test_docstring_example(self):
     logp, old = np.log(f32([[0.75, 0.5]])), np.log(f32([[0.5, 0.5]]))
-    loss, _ = jax.jit(obj.ppo_clip_loss)(f32(logp), f32(old), f32([1.0]), np.ones((1, 2), np.float32))
+    loss, _ = jax.jit(obj.ppo_clip_loss)(f32(logp), f32(old), f32([1.0]),
+                                         np.ones((1, 2), np.float32))
     close(loss, ref.ppo_clip_loss(logp, old, [1.0], np.ones((1, 2)))[0])
 
 

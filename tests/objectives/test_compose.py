@@ -270,15 +270,17 @@ class TestConfigErrors:
 
     @pytest.mark.parametrize("overrides, message", [
         ({"loss.kind": "ppo"},
-         r"objective.loss.kind must be one of 'pg', 'ppo_clip', 'gspo', 'cispo', 'sapo', 'gmpo', 'dppo', "
-         r"'clip_cov', 'kl_cov'; got 'ppo'"),
+         r"objective.loss.kind must be one of 'pg', 'ppo_clip', 'gspo', 'cispo', 'sapo', 'gmpo', "
+         r"'dppo', 'clip_cov', 'kl_cov'; got 'ppo'"),
         ({"loss.eps_high": -0.1}, r"objective.loss.eps_high must be >= 0, got -0.1"),
         ({"loss.dual_clip": 1.0}, r"objective.loss.dual_clip must be > 1.0, got 1.0"),
         ({"kl.kind": "k4"},
          r"objective.kl.kind must be one of 'k1', 'k2', 'k3', 'k3_unbiased'; got 'k4'"),
         ({"aggregation.mode": "mean"}, r"objective.aggregation.mode must be one of"),
-        ({"advantage.estimator": "ppo"}, r"objective.advantage.estimator must be one of 'group', 'rloo'"),
-        ({"advantage.estimator": "rloo", "group_size": 1}, r"objective.group_size must be >= 2 for rloo"),
+        ({"advantage.estimator": "ppo"},
+         r"objective.advantage.estimator must be one of 'group', 'rloo'"),
+        ({"advantage.estimator": "rloo", "group_size": 1},
+         r"objective.group_size must be >= 2 for rloo"),
         ({"kl.in_reward": True}, r"objective.kl.in_reward=True needs"),
         ({"advantage.estimator": "reinforce_pp", "kl.in_reward": True, "kl.kind": "k3_unbiased"},
          r"objective.kl.kind='k3_unbiased' corrects the KL loss's gradient; a KL folded into the "

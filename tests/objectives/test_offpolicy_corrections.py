@@ -49,7 +49,7 @@ def _estimators():
 
 
 class TestUnbiasedKlEstimate:
-    """Tokens drawn from pi_old: the estimate and its gradient are unbiased for KL(pi_theta || pi_ref)."""
+    """Tokens from pi_old: the estimate and its gradient are unbiased for KL(pi_theta || pi_ref)."""
 
     @staticmethod
     def _expectation_under_old(estimator, theta, old_logp, ref_logp):

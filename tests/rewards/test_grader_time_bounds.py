@@ -4,12 +4,12 @@
 A correctness bound on adversarial inputs, not a benchmark: 3 s of CPU is far above what
 the size bounds of `_limits` allow (0.56 s at most on the 2-core CI machine class, spent by
 math-verify's parser on superscripts at the nesting cap; a virtual machine under load
-charged the same call 1.1-1.6 s, under `_limits.TIME_LIMIT_S`) and far below what the same inputs cost without them
-(10 s for 1,000 nested braces, minutes for `9^{9^{9^{9}}}`). The bound is on CPU time (a
-row grader's: its thread's), which load stretches far less than wall time; wall time gets a
-loose hang guard. Every row
-must also be decided by the size bounds, not by the time limit: an "ok" outcome, never
-"timeout" (in the pool, where the worker's CPU is not visible, "ok" is the CPU bound).
+charged the same call 1.1-1.6 s, under `_limits.TIME_LIMIT_S`) and far below what the same
+inputs cost without them (10 s for 1,000 nested braces, minutes for `9^{9^{9^{9}}}`). The
+bound is on CPU time (a row grader's: its thread's), which load stretches far less than wall
+time; wall time gets a loose hang guard. Every row must also be decided by the size bounds,
+not by the time limit: an "ok" outcome, never "timeout" (in the pool, where the worker's CPU
+is not visible, "ok" is the CPU bound).
 """
 
 import time

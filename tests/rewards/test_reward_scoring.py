@@ -1,4 +1,4 @@
-"""The batch scorer and the grader pool: combining rewards, containing graders that hang or raise."""
+"""The batch scorer and the grader pool: combining rewards, containing graders that hang or fail."""
 
 import os
 import pathlib

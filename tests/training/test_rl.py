@@ -322,14 +322,16 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
 
 
 @pytest.mark.parametrize("overrides, error, message", [
-    ({"objective.loss.eps_high": -0.1}, ValueError, r"objective.loss.eps_high must be >= 0, got -0.1"),
+    ({"objective.loss.eps_high": -0.1}, ValueError,
+     r"objective.loss.eps_high must be >= 0, got -0.1"),
     ({"objective.loss.dual_clip": 1.0}, ValueError, r"objective.loss.dual_clip must be > 1.0"),
     ({"objective.kl.kind": "k9"}, ValueError, r"objective.kl.kind must be one of 'k1', 'k2', 'k3'"),
     ({"train.micro_batches": 3}, ValueError, r"16 rows must divide into train.minibatches \* "
                                              r"train.micro_batches = 6 pieces"),
     ({"train.micro_batches": 2, "mesh": "data=8,fsdp=1,tensor=1"}, ValueError,
      r"a micro-batch of 4 rows does not split over the 8-way row axes"),
-    ({"train.old_logp": "vllm"}, ValueError, r"train.old_logp must be one of \('recompute', 'sampler'\)"),
+    ({"train.old_logp": "vllm"}, ValueError,
+     r"train.old_logp must be one of \('recompute', 'sampler'\)"),
     ({"train.old_logp": "sampler", "objective.importance.enabled": True}, ValueError,
      r"with train.old_logp='sampler' they are the same numbers"),
     ({"filtering.short_batch": "skip"}, ValueError, r"filtering.short_batch must be one of"),
@@ -350,7 +352,8 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
      r"train.packing must be one of \('auto', 'on', 'off'\), got 'yes'"),
     ({"train.ref_reset_every": 5}, ValueError, r"train.ref_reset_every replaces the KL reference"),
     ({"mesh": "data:8"}, ValueError, r"write it as name=size pairs"),
-    ({"model.path": "/no/such/checkpoint"}, FileNotFoundError, r"model.path '/no/such/checkpoint' is not a directory"),
+    ({"model.path": "/no/such/checkpoint"}, FileNotFoundError,
+     r"model.path '/no/such/checkpoint' is not a directory"),
     ({"objective.advantage.estimator": "gae"}, ValueError,
      r"estimator='gae' takes the critic's values; set critic.enabled=True"),
     ({"critic.enabled": True}, ValueError, r"critic.enabled trains a value model that "
