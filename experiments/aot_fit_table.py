@@ -163,8 +163,8 @@ def lora_table(out):
     lines = ["", "LoRA and QLoRA on smaller slices (GSPO, rank 16 on every projection; QLoRA: the "
              "base's projections in int8; tokens 8,192: the regime above, 16 rows per chip; short: "
              "4 prompts x 16 answers, 1,024 + 3,072 tokens):", "",
-             "| model | weights | rules | topology | tokens | train | logprob | prefill | decode | HBM "
-             "| fits | compile (s) |", "|" + "---|" * 12]
+             "| model | weights | rules | topology | tokens | train | logprob | prefill | decode "
+             "| HBM | fits | compile (s) |", "|" + "---|" * 12]
     commands, commits = [], set()
     for name, spec in lora_cells():
         variant = name.split("_qwen3")[0][len("lora_"):]
@@ -318,8 +318,11 @@ def comparison_tables(out):
         for program in ("train", "prefill"):
             lines += [row(model, program, "splash", base(model)),
                       row(model, program, "xla", f"compare_{model}_xla_attention")]
-    commands = [f"- `{name}`: `{command(spec['recipe'], spec['topology'], spec['fields'], spec['programs'])}`"
-                for name, spec in comparison_cells()]
+    commands = [
+        f"- `{name}`: "
+        f"`{command(spec['recipe'], spec['topology'], spec['fields'], spec['programs'])}`"
+        for name, spec in comparison_cells()
+    ]
     ran = sorted({_provenance(json.loads((out / f"{name}.json").read_text()))
                   for name, _ in comparison_cells() if (out / f"{name}.json").exists()})
     lines += ["", f"Comparison cells compiled at: {'; '.join(ran) or 'none yet'}."]

@@ -161,7 +161,8 @@ def main(argv=None):
         model = nnx.split(models.init_model(cfg, seed=0))
         name = f"tiny model with V = {vocab:,}, float32"
     print(f"{platform.processor() or platform.machine()}, {len(jax.devices())} CPU device(s), "
-          f"jax {jax.__version__}; {name}; temperature {args.temperature}; {p} prompts of {prompts.shape[1]} columns x G = {g}",
+          f"jax {jax.__version__}; {name}; temperature {args.temperature}; {p} prompts of "
+          f"{prompts.shape[1]} columns x G = {g}",
           flush=True)
     cfg, page, s = nnx.merge(*model).cfg, args.page, prompts.shape[1]
     # The engine: the P prompts' prefill, and its slots' S + N columns each.

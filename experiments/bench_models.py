@@ -1,6 +1,6 @@
 """Throughput of grpo_jax.models and the memory of the chunked log-prob path.
 
-    python experiments/bench_models.py                      # CPU: tiny and 0.6B shapes, short sequences
+    python experiments/bench_models.py                      # CPU: tiny and 0.6B, short sequences
     python experiments/bench_models.py --gpu                # GPU: bf16 compute, seq 2048, MFU
     python experiments/bench_models.py --quick              # smoke run (tiny only)
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/bench_models.py \
@@ -170,7 +170,8 @@ def header(args):
         pass
     return "\n".join([
         f"# bench_models  commit {commit}  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"# device {device.platform} {device.device_kind} x{jax.device_count()}; CPU {cpu}, {os.cpu_count()} cores;"
+        f"# device {device.platform} {device.device_kind} x{jax.device_count()}; CPU {cpu}, "
+        f"{os.cpu_count()} cores;"
         f" jax {jax.__version__}; load average at start {os.getloadavg()[0]:.1f}",
         f"# command: python {' '.join(sys.argv)}",
         f"# B={args.batch} S={args.seq} dtype={args.dtype} (float32 weights) remat={args.remat} "

@@ -3,7 +3,7 @@
     python experiments/bench_sampler.py            # tables 1-3: the tiny model
     python experiments/bench_sampler.py --tables vocab,step --smollm2 /work/cache/smollm2_hf
                                                    # tables 4-5: real vocabularies
-    python experiments/bench_sampler.py --quick    # tables 1-3 on tiny shapes, 1 repeat: a smoke run
+    python experiments/bench_sampler.py --quick    # tables 1-3, tiny shapes, 1 repeat: a smoke run
     python experiments/bench_sampler.py --quick --tables vocab,step --smollm2 DIR   # 4-5 likewise
                                                    # (table 4: top-p 0.95 only)
 
@@ -73,8 +73,8 @@ from _bench_common import (GROUP_SIZE, PROBE, PROMPT_LEN, QUICK_PROBE, ours, pic
 
 parallel.use_cpu_cores()   # before JAX runs anything; a no-op when XLA_FLAGS sets the count
 
-# (B, new tokens, prompt tokens): the speed target's grid, then long prompts, where the G completions
-# sharing one cached prompt (cascade attention) matters most.
+# (B, new tokens, prompt tokens): the speed target's grid, then long prompts, where the G
+# completions sharing one cached prompt (cascade attention) matters most.
 CASES = [(b, n, PROMPT_LEN) for b in (16, 64, 256) for n in (128, 512)] + [
     (64, 128, 256), (256, 128, 256),
 ]
@@ -92,9 +92,10 @@ def header(argv):
     torch = torch_or_none()
     print(f"# bench_sampler  commit {commit or '?'}{' (sampling/ modified)' if dirty else ''}  "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"# CPU {cpu.group(1) if cpu else platform.processor()}, {os.cpu_count()} cores, no GPU; python "
-          f"{platform.python_version()}, jax {jax.__version__} ({jax.default_backend()}, "
-          f"{jax.device_count()} device(s)), torch {torch.__version__ if torch else 'not installed'}")
+    print(f"# CPU {cpu.group(1) if cpu else platform.processor()}, {os.cpu_count()} cores, "
+          f"no GPU; python {platform.python_version()}, jax {jax.__version__} "
+          f"({jax.default_backend()}, {jax.device_count()} device(s)), "
+          f"torch {torch.__version__ if torch else 'not installed'}")
     print(f"# command: python experiments/bench_sampler.py {' '.join(argv)}".rstrip())
     print(f"# load average at start {os.getloadavg()[0]:.1f} (other processes share the cores)\n")
 
@@ -129,7 +130,8 @@ def bench_throughput(path, cases, repeats, probe=PROBE):
         hf_tps = batch * new / min(t_hf) if t_hf else float("nan")
         rows.append([batch, new, prompt_len, f"{one:,.0f}", f"{spread_tps:,.0f}", f"{hf_tps:,.0f}",
                      f"{one / hf_tps:.2f}x", f"{spread_tps / hf_tps:.2f}x", f"{compile_s:.1f}"])
-        print(f"  B={batch} new={new} prompt={prompt_len}: ours {one:,.0f} / {spread_tps:,.0f} tok/s (1 / {mesh.size} devices), "
+        print(f"  B={batch} new={new} prompt={prompt_len}: ours {one:,.0f} / "
+              f"{spread_tps:,.0f} tok/s (1 / {mesh.size} devices), "
               f"transformers {hf_tps:,.0f} tok/s", file=sys.stderr, flush=True)
     table(
         f"1. generation tokens/s, tiny model (float32), G={GROUP_SIZE}, best of {repeats}",
@@ -227,8 +229,9 @@ def bench_attention(path, batch, slots_list):
         old_ms, new_ms = layouts_attention_ms(batch, slots, cfg)
         rows.append([batch, slots, f"{old_ms:.2f}", f"{new_ms:.2f}", f"{old_ms / new_ms:.1f}x"])
     table(
-        f"3. decode attention of one layer, one device (ms per step, 1 query token, K={cfg.n_kv_heads} kv heads "
-        f"x G={cfg.n_heads // cfg.n_kv_heads}, H={cfg.head_dim}); the model runs {cfg.n_layers} per step",
+        f"3. decode attention of one layer, one device (ms per step, 1 query token, "
+        f"K={cfg.n_kv_heads} kv heads x G={cfg.n_heads // cfg.n_kv_heads}, H={cfg.head_dim}); "
+        f"the model runs {cfg.n_layers} per step",
         [
             "B", "cache slots", "k, v [B,K,L,H] einsums (before)",
             "k [B,K,H,L], v [B,K,L,H] (model)", "ratio",

@@ -131,11 +131,12 @@ def bench_real_vocab(
                             f"{compile_s:.1f}",
                         ]
                     )
-                    print(f"  {name} {dtype} B={batch} {label}: ours {ours_tps:,.0f} tok/s ({ours_cpu:.1f} CPU s), "
-                          f"transformers {hf_tps:,.0f} tok/s ({hf_cpu:.1f} CPU s)", file=sys.stderr, flush=True)
+                    print(f"  {name} {dtype} B={batch} {label}: ours {ours_tps:,.0f} tok/s "
+                          f"({ours_cpu:.1f} CPU s), transformers {hf_tps:,.0f} tok/s "
+                          f"({hf_cpu:.1f} CPU s)", file=sys.stderr, flush=True)
     table(
-        f"4. generation tokens/s at real vocabulary sizes, G={GROUP_SIZE}, {new_tokens} new tokens, temperature 1, "
-        f"grpo_jax on {mesh.size} devices, best of {repeats}",
+        f"4. generation tokens/s at real vocabulary sizes, G={GROUP_SIZE}, {new_tokens} new "
+        f"tokens, temperature 1, grpo_jax on {mesh.size} devices, best of {repeats}",
         ["model", "dtype", "B", "method", f"grpo_jax {mesh.size} dev", "transformers", "ratio",
          "CPU-time ratio", "compile s"],
         rows,
@@ -198,14 +199,15 @@ def bench_sampling_step(named_paths, batch, repeats):
         q = jnp.exp(sampling.Temperature(1.0).log_probs(logits))
         floor, _ = jax.jit(FullSortTopP(0.95).cut)(q)
         nucleus = np.asarray(jnp.sum(q >= floor[:, None], axis=-1))
-        notes.append(f"# {name}: the 0.95 nucleus has a median of {np.median(nucleus):.0f} tokens (max "
-                     f"{nucleus.max()}); {np.mean(nucleus < 64):.0%} of the rows resolve within 64 candidates")
+        notes.append(f"# {name}: the 0.95 nucleus has a median of {np.median(nucleus):.0f} "
+                     f"tokens (max {nucleus.max()}); {np.mean(nucleus < 64):.0%} of the rows "
+                     "resolve within 64 candidates")
         timings = [(label, lambda m=method: draw(m, logits)) for label, method in ways]
         timings += [(label, lambda f=fn: f(logits)) for label, fn in primitives]
         for label, fn in timings:
             jax.block_until_ready(fn())
             ms = min(seconds(lambda: jax.block_until_ready(fn())) for _ in range(3 * repeats)) * 1e3
             rows.append([name, f"{logits.shape[-1]:,}", label, f"{ms:.1f}"])
-    table(f"5. one sampling step, B={batch}, one device, logits after 32 sampled tokens (ms per call, "
-          f"best of {3 * repeats})", ["logits of", "V", "cut", "ms"], rows)
+    table(f"5. one sampling step, B={batch}, one device, logits after 32 sampled tokens "
+          f"(ms per call, best of {3 * repeats})", ["logits of", "V", "cut", "ms"], rows)
     print("\n".join(notes) + "\n")

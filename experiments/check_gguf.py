@@ -70,8 +70,8 @@ def header(argv):
     print(f"# check_gguf  commit {commit or '?'}{' (grpo_jax/ modified)' if dirty else ''}  "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# CPU {cpu.group(1) if cpu else platform.processor()}, {os.cpu_count()} cores; python "
-          f"{platform.python_version()}, jax {jax.__version__}, torch {torch.__version__}, transformers "
-          f"{transformers.__version__}, gguf {importlib.metadata.version('gguf')}")
+          f"{platform.python_version()}, jax {jax.__version__}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, gguf {importlib.metadata.version('gguf')}")
     print(f"# command: python experiments/check_gguf.py {' '.join(argv)}\n")
 
 
@@ -130,16 +130,17 @@ def main(argv=None):
     cfg = convert_gguf.convert(args.gguf_path, out_dir)
     seconds = time.perf_counter() - start
     convert_gguf.convert(args.gguf_path, os.path.join(tmp, "bfloat16"), dtype="bfloat16")
-    print(f"converted {gguf_file} -> {out_dir} in {seconds:.1f} s: {cfg.model_type}, {cfg.n_layers} layers, "
-          f"d {cfg.d_model}, {cfg.n_heads} query / {cfg.n_kv_heads} kv heads, vocab {cfg.vocab_size}, "
-          f"tied embeddings {cfg.tie_embeddings}\n")
+    print(f"converted {gguf_file} -> {out_dir} in {seconds:.1f} s: {cfg.model_type}, "
+          f"{cfg.n_layers} layers, d {cfg.d_model}, {cfg.n_heads} query / {cfg.n_kv_heads} kv "
+          f"heads, vocab {cfg.vocab_size}, tied embeddings {cfg.tie_embeddings}\n")
 
     model, tokenizer = models.from_pretrained(out_dir)
     theirs_tok = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
     torch_model = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file,
                                                                     dtype=torch.float32).eval()
     n_params = sum(p.numel() for p in torch_model.parameters())
-    print(f"transformers' GGUF model: {type(torch_model).__name__}, {n_params / 1e6:.1f}M parameters\n")
+    print(f"transformers' GGUF model: {type(torch_model).__name__}, "
+          f"{n_params / 1e6:.1f}M parameters\n")
 
     prompts = LOGIT_PROMPTS + [chat(tokenizer, QUESTION)]
     token_lists = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -176,9 +177,12 @@ def main(argv=None):
     table("2. tokenizer ids: converted tokenizer.json vs transformers' GGUF tokenizer",
           ["string", "ours", "theirs", "equal", "first difference"], rows)
     print(f"chat template identical: {tokenizer.chat_template == theirs_tok.chat_template}")
-    print(f"pre-tokenizer: {convert_gguf.read_metadata(gguf.GGUFReader(args.gguf_path)).get('tokenizer.ggml.pre')!r}. "
-          "For 'smollm' llama.cpp splits off every digit before GPT-2's regex (as SmolLM's tokenizer.json\n"
-          "does with a Digits pre-tokenizer); transformers' GGUF tokenizer applies GPT-2's regex alone, so\n"
+    pre = convert_gguf.read_metadata(gguf.GGUFReader(args.gguf_path)).get("tokenizer.ggml.pre")
+    print(f"pre-tokenizer: {pre!r}. "
+          "For 'smollm' llama.cpp splits off every digit before GPT-2's regex (as SmolLM's "
+          "tokenizer.json\n"
+          "does with a Digits pre-tokenizer); transformers' GGUF tokenizer applies GPT-2's regex "
+          "alone, so\n"
           "spaces before a digit group differently there.\n")
 
     ((ours_answer,),) = sampling.sample_texts(

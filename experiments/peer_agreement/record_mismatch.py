@@ -265,7 +265,8 @@ def record_verl(git_dir, tmp):
     return _document(VERL_REPO, VERL_COMMIT, date, path,
                      ["compute_rollout_correction_weights", "compute_rollout_rejection_mask",
                       "compute_offpolicy_metrics"],
-                     "log_ratio = trainer_logp - sampler_logp (verl: old_log_prob - rollout_log_prob); "
+                     "log_ratio = trainer_logp - sampler_logp "
+                     "(verl: old_log_prob - rollout_log_prob); "
                      "response_mask = mask",
                      cases, calls)
 
@@ -350,11 +351,13 @@ def record_areal(git_dir, tmp):
         {"eps_clip": 0.2, "rejection_sampling": {"level": "token", "action": "mask",
                                                  "metric": "ratio", "upper": 5.0}},
         {"eps_clip": 0.2, "eps_clip_higher": 0.28,
-         "rejection_sampling": {"level": "token", "action": "mask", "metric": "ratio", "upper": 2.0}},
+         "rejection_sampling": {"level": "token", "action": "mask", "metric": "ratio",
+                                "upper": 2.0}},
         {"eps_clip": 0.2, "rejection_sampling": {"level": "token", "action": "clamp",
                                                  "metric": "ratio", "upper": 2.0}},
         {"eps_clip": 0.2, "c_clip": 3.0,
-         "rejection_sampling": {"level": "token", "action": "mask", "metric": "ratio", "upper": 5.0}},
+         "rejection_sampling": {"level": "token", "action": "mask", "metric": "ratio",
+                                "upper": 5.0}},
     ]
     return _document(AREAL_REPO, AREAL_COMMIT, date, path, ["ppo_actor_loss_fn"],
                      "logprobs = logp, proximal_logprobs = prox_logp, old_logprobs = behav_logp, "
