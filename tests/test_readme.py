@@ -53,6 +53,16 @@ def test_ci_runs_both_readme_commands():
         assert _block_after(marker, "bash").startswith("python3 -m venv .venv && ")
 
 
+def test_the_test_command_lints_before_it_tests():
+    """`ruff check` (ruff.toml) runs in the test command, before pytest, and `.ci/run` requires
+    its all-clear; the test extra installs it."""
+    command = _block_after("<!-- test-command -->", "bash")
+    assert " && ruff check && python -m pytest " in command
+    assert "All checks passed!" in (REPO / ".ci" / "run").read_text()
+    assert '"ruff>=' in (REPO / "setup.py").read_text()
+    assert (REPO / "ruff.toml").is_file()
+
+
 def test_objectives_main_prints_the_worked_examples():
     out = subprocess.run([sys.executable, "-m", "grpo_jax.objectives"], capture_output=True,
                          text=True, check=True, timeout=300).stdout
