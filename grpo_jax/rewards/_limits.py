@@ -185,9 +185,8 @@ def time_limit(seconds: float, what: str):
     is not, which is what the size bounds are for. A timer already running gets its
     handler back and is re-armed with the time it had left.
     """
-    if threading.current_thread() is not threading.main_thread() or not hasattr(
-        signal, "setitimer"
-    ):
+    if (threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "setitimer")):
         yield
         return
 

@@ -91,9 +91,8 @@ def _summary(name: str, outcomes: list[_pool.Outcome]) -> dict[str, float]:
         _logger.warning("reward %r: %d of %d rows failed; first: %s %s",
                         name, len(failed), len(outcomes), failed[0].status, failed[0].detail)
     return {
-        f"rewards/{name}": float(np.mean([outcome.value for outcome in outcomes]))
-        if outcomes
-        else 0.0,
+        f"rewards/{name}": (float(np.mean([outcome.value for outcome in outcomes]))
+                            if outcomes else 0.0),
         f"reward_errors/{name}": float(sum(outcome.status == "error" for outcome in failed)),
         f"reward_timeouts/{name}": float(sum(outcome.status == "timeout" for outcome in failed)),
     }

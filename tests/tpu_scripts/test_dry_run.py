@@ -231,13 +231,8 @@ class TestBabysit:
             what = " ".join(argv[3:5])
             if what == "tpu-vm ssh":
                 command = _remote(argv)
-                return "ssh " + (
-                    "kill"
-                    if "pkill" in command
-                    else "run"
-                    if "grpo_jax.main" in command
-                    else "setup"
-                )
+                return "ssh " + ("kill" if "pkill" in command
+                                 else "run" if "grpo_jax.main" in command else "setup")
             return what
         return [verb(argv) for argv in commands]
 
