@@ -385,9 +385,8 @@ def test_a_run_that_cannot_fit_is_reported_with_advice():
     )
     assert result["fits"] is False
     decode = result["programs"]["decode"]
-    cache = (
-        28 * 2 * 4096 * 8 * 128 * 1024 * 2 / 4
-    )  # layers x (k, v) x rows x K x H x slots x bf16 / chips
+    # layers x (k, v) x rows x K x H x slots x bf16 / chips
+    cache = 28 * 2 * 4096 * 8 * 128 * 1024 * 2 / 4
     assert decode["bytes_per_device"] > cache and decode["compiler_oom"]
     advice = result["advice"][0]
     assert advice.startswith(

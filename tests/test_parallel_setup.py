@@ -50,9 +50,8 @@ def largest_power_of_two_up_to(n):
 @pytest.mark.slow
 def test_one_device_per_core_as_a_power_of_two():
     expected = largest_power_of_two_up_to(min(mesh_lib.cpu_cores(), 8))
-    assert probe() == (
-        expected, expected, None,
-    )  # a second call, after JAX started, changes nothing
+    # a second call, after JAX started, changes nothing
+    assert probe() == (expected, expected, None)
 
 
 @pytest.mark.slow

@@ -239,9 +239,8 @@ def from_pretrained(
     loaded = read_weights(path, state, weight_map(cfg), mesh=mesh, rules=rules,
                           param_dtype=param_dtype)
     loaded.update(decoder.initial_variables(cfg, state, seed, mesh, rules, only=nnx.LoRAParam))
-    state = lora.quantize_base(
-        nnx.from_flat_state(loaded), cfg.lora
-    )  # QLoRA: integers after loading
+    # QLoRA: integers after loading
+    state = lora.quantize_base(nnx.from_flat_state(loaded), cfg.lora)
     return nnx.merge(graphdef, state), load_tokenizer(path)
 
 

@@ -279,9 +279,10 @@ class Attention(nnx.Module):
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         q = sharding.constrain(apply_rope(self._project(x, "q", dropout_key), positions, inv_freq),
                                ("batch", None, "heads"))
+        # [B, K, H, S]
         k = apply_rope(self._project(x, "k", dropout_key), positions, inv_freq).transpose(
             0, 2, 3, 1
-        )  # [B, K, H, S]
+        )
         v = self._project(x, "v", dropout_key).transpose(0, 2, 1, 3)  # [B, K, S, H]
         k, v = (sharding.constrain(a, ("batch", "kv_heads")) for a in (k, v))
         if isinstance(cache_index, PageIndex):   # a paged cache: pools shared by all rows

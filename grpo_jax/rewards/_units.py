@@ -70,9 +70,8 @@ def strip_units(answer: str, *, prose: bool) -> str | None:
     if len(answer) > MAX_UNIT_ANSWER_CHARS:
         return answer
     latex = _normalise.normalise_digits(answer)
-    text = _LATEX_SPACE.sub(
-        " ", _TEXT_MODE.sub(lambda m: f" {m.group(1)} ", latex)
-    )  # text mode as prose
+    # text mode as prose
+    text = _LATEX_SPACE.sub(" ", _TEXT_MODE.sub(lambda m: f" {m.group(1)} ", latex))
     number = _LEADING_NUMBER.match(text)
     if number is None:
         return answer

@@ -135,9 +135,8 @@ def test_the_trainer_reads_environment_tokens_and_its_loss_skips_them(model, tok
             "context_mask": rollout.mask}
     rows = {k: jnp.asarray(v) for k, v in rows.items()}
     sampled = np.asarray(rows["mask"]) > 0
-    assert (
-        env.sum() >= 10 and (env.argmax(1) < rollout.lengths - 1).any()
-    )  # turns go on after replies
+    # turns go on after replies
+    assert env.sum() >= 10 and (env.argmax(1) < rollout.lengths - 1).any()
     policy = nnx.merge(*model)
     padded = np.asarray(batch_lib.completion_logprobs(policy, rows))
     np.testing.assert_allclose(padded[sampled], rollout.logp[sampled], atol=1e-5, rtol=0)

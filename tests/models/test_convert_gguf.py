@@ -414,9 +414,8 @@ class TestRopePermutation:
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_block_types_read_in_numpy_order(tmp_path, qtype):
     block, size = gguf.GGML_QUANT_SIZES[qtype]
-    raw = np.random.default_rng(0).integers(
-        0, 256, size=(3, 2 * size), dtype=np.uint8
-    )  # 3 rows of 2 blocks
+    # 3 rows of 2 blocks
+    raw = np.random.default_rng(0).integers(0, 256, size=(3, 2 * size), dtype=np.uint8)
     writer = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
     writer.add_tensor("w", raw, raw_dtype=qtype)
     writer.write_header_to_file()

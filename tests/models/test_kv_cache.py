@@ -116,9 +116,8 @@ class TestKVCache:
             np.repeat(first, group, 0), full[:, PROMPT - 1], rtol=1e-5, atol=1e-5
         )
         np.testing.assert_allclose(steps, full[:, PROMPT:], rtol=1e-5, atol=1e-5)
-        assert (
-            cache.prefix.k[0].shape[0] == 3 and cache.k[0].shape[0] == 3 * group
-        )  # stored once per prompt
+        # stored once per prompt
+        assert cache.prefix.k[0].shape[0] == 3 and cache.k[0].shape[0] == 3 * group
 
     def test_new_values_do_not_recompile(self, setup):
         model, tokens, mask, _ = setup

@@ -183,6 +183,5 @@ def test_remat_flag_reads_as_a_policy():
     for spelling, policy in (
         ("True", "full"), ("true", "full"), ("False", "off"), ("false", "off"),
     ):
-        assert (
-            dataclasses.replace(CFG, remat=spelling).remat == policy
-        )  # as the command line gives it
+        # as the command line gives it
+        assert dataclasses.replace(CFG, remat=spelling).remat == policy

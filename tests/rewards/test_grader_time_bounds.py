@@ -113,9 +113,8 @@ def test_inputs_are_long_and_many():
 @pytest.mark.parametrize("name", rewards.reward_names())
 def test_grader_returns_fast_without_the_pool(name):
     reward = rewards.get_reward(name)
-    _call(
-        reward, BENIGN
-    )  # first-use costs (math-verify's parser, a JAX compile) are not the input's
+    # first-use costs (math-verify's parser, a JAX compile) are not the input's
+    _call(reward, BENIGN)
     failures = {}
     for label, completion in _completions(name).items():
         cpu, wall, outcome = _call(reward, completion)

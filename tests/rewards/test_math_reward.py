@@ -208,9 +208,8 @@ GSM8K_TABLE = [
     ("#### ", "72", 0.0),
     # adversarial
     ("#### __import__('os').system('ls')", "72", 0.0),
-    (
-        "#### 72; __import__('os').system('ls')", "72", 1.0,
-    ),  # text: math-verify drops the junk, nothing runs
+    # text: math-verify drops the junk, nothing runs
+    ("#### 72; __import__('os').system('ls')", "72", 1.0),
     ("#### __import__('os').system('ls'); 72", "72", 1.0),
     ("#### __import__('os').system('ls'); 71", "72", 0.0),
     ("#### " + "9" * 500, "72", 0.0),

@@ -128,9 +128,8 @@ class TestContainment:
         replaced = pool.replaced_workers
         start = time.monotonic()
         values, metrics = _score([(name, 1.0)], ["ok", "hang", "ok", "hang", "ok"], pool=pool)
-        assert (
-            time.monotonic() - start < 30.0
-        )  # one budget of 2 s on 2 workers plus restarts, not 3600 s
+        # one budget of 2 s on 2 workers plus restarts, not 3600 s
+        assert time.monotonic() - start < 30.0
         np.testing.assert_array_equal(values, [1.0, 0.0, 1.0, 0.0, 1.0])
         assert metrics["reward_timeouts"] == 2.0 and metrics[f"reward_timeouts/{name}"] == 2.0
         assert metrics["reward_errors"] == 0.0

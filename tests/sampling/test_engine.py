@@ -142,9 +142,8 @@ def test_slots_keep_the_same_records(tiny_model, static):
     want = run(moe, slots=0, record_routing=True, max_new_tokens=24)
     assert_same_rows(routed, want)
     np.testing.assert_array_equal(routed.prompt_routing, want.prompt_routing)
-    fed = (
-        np.arange(routed.routing.shape[1])[None] < routed.lengths[:, None] - 1
-    )  # fed to sample the next
+    # fed to sample the next
+    fed = np.arange(routed.routing.shape[1])[None] < routed.lengths[:, None] - 1
     np.testing.assert_array_equal(routed.routing[fed], want.routing[fed])
     assert routed.routing[fed].any() and not routed.routing[~fed].any()
     assert len(set(want.lengths)) > 3

@@ -175,9 +175,8 @@ class TestLogProbs:
     def test_equal_across_kv_cache_segments(self, tiny_model):
         """150 tokens cross the growth of the cache from 64 to 128 to 192 completion slots."""
         assert _generate._segment_ends(256) == [64, 128, 192, 256]
-        assert _generate._segment_ends(512) == [
-            64, 128, 192, 256, 320, 448, 512,
-        ]  # +1/4, multiples of 64
+        # +1/4, multiples of 64
+        assert _generate._segment_ends(512) == [64, 128, 192, 256, 320, 448, 512]
         method = sampling.Temperature(1.0)
         r = run(tiny_model, [[5, 6, 7]], method, group_size=2, max_new_tokens=150, stop_tokens=[])
         np.testing.assert_array_equal(r.lengths, [150, 150])

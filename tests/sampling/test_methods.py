@@ -14,9 +14,8 @@ from grpo_jax.sampling import _buckets, _methods, _sample
 from tests.doctest_numbers import run_examples
 
 PROBS = np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05])  # distinct, so cuts are unambiguous
-LOGITS = (
-    np.log(PROBS).astype(np.float32) + 1.0
-)  # an offset: methods must not assume normalised input
+# an offset: methods must not assume normalised input
+LOGITS = np.log(PROBS).astype(np.float32) + 1.0
 DRAWS = 20_000
 P_VALUE = 1e-3
 

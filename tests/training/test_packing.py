@@ -161,8 +161,8 @@ class TestPackedForward:
         rows.update(
             prompt_routing=experts(S).astype(np.int32), routing=experts(N).astype(np.int32),
             support_ids=support.astype(np.int32),
-            support_size=rng.integers(2, 2 * k, (B, N)).astype(np.int32),
-        )  # > k: whole softmax
+            support_size=rng.integers(2, 2 * k, (B, N)).astype(np.int32),   # > k: whole softmax
+        )
         padded, packed = (_forward(mesh, graphdef, params, rows, _logp_and_entropy, packed=p)
                           for p in (False, True))
         real = rows["mask"] > 0

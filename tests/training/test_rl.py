@@ -182,9 +182,8 @@ def test_continuous_batching_and_packing_give_the_reference_step(data_dir, refer
     padded), and the same pi_old, updates and metrics up to float reordering."""
     config = faults_config(data_dir, **{"train.steps": 1, "rollout.slots": 8,
                                         "train.log_rollouts_every": 1, "train.packing": "on"})
-    assert programs.packs(config) and not programs.packs(
-        faults_config(data_dir)
-    )  # reference: padded
+    # reference: padded
+    assert programs.packs(config) and not programs.packs(faults_config(data_dir))
     rl.train(config, str(tmp_path))
     assert (tmp_path / "rollouts" / "1.jsonl").read_text() == \
         (reference / "rollouts" / "1.jsonl").read_text()

@@ -34,9 +34,8 @@ def _update(mesh, tx, rows, micro_batches, mode="token-mean"):
 
 
 def _step(mesh, rows, micro_batches, mode):
-    tx = optax.sgd(
-        1.0
-    )  # Adam's first step is ~lr*sign(g): tiny gradients would amplify float noise
+    # Adam's first step is ~lr*sign(g): tiny gradients would amplify float noise
+    tx = optax.sgd(1.0)
     _, (params, _, metrics) = _update(mesh, tx, rows, micro_batches, mode)
     return jax.device_get(nnx.to_pure_dict(params)), jax.device_get(metrics)
 
