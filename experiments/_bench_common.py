@@ -29,7 +29,12 @@ def table(title, columns, rows):
     print(title)
     widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows)]
     for cells in [columns, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+        print(
+            "  ".join(
+                str(c).rjust(w) if i else str(c).ljust(w)
+                for i, (c, w) in enumerate(zip(cells, widths))
+            )
+        )
     print()
 
 
@@ -39,22 +44,26 @@ def prompts(batch, vocab_size, length=PROMPT_LEN):
     return rng.integers(0, vocab_size, size=(batch // GROUP_SIZE, length)).astype(np.int32)
 
 
-def ours(graphdef, state, ids, new_tokens, seed, max_len_bucket=None, mesh=None, method=sampling.Temperature(1.0),
-         mask=None, pad_id=0):
+def ours(
+    graphdef, state, ids, new_tokens, seed, max_len_bucket=None, mesh=None,
+    method=sampling.Temperature(1.0), mask=None, pad_id=0,
+):
     """One `generate` call, under `mesh` when given (rows split over its "data" axis)."""
     mask = np.ones_like(ids) if mask is None else mask
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         rollout = sampling.generate(
-            graphdef, state, ids, mask, rng=jax.random.key(seed), method=method, group_size=GROUP_SIZE,
-            max_new_tokens=new_tokens, stop_tokens=[], pad_id=pad_id, max_len_bucket=max_len_bucket,
+            graphdef, state, ids, mask, rng=jax.random.key(seed), method=method,
+            group_size=GROUP_SIZE, max_new_tokens=new_tokens, stop_tokens=[], pad_id=pad_id,
+            max_len_bucket=max_len_bucket,
         )
         jax.block_until_ready(rollout)
     assert int(rollout.lengths.min()) == new_tokens
     return rollout
 
 
-def transformers_generate(torch, torch_model, ids, new_tokens, seed, mask=None, top_p=1.0, top_k=0, pad_id=0,
-                          device="cpu"):
+def transformers_generate(
+    torch, torch_model, ids, new_tokens, seed, mask=None, top_p=1.0, top_k=0, pad_id=0, device="cpu"
+):
     """transformers' sampling (temperature 1, then top-k / top-p when set), forced to
     `new_tokens`; the prompts go to `device`, the model's."""
     torch.manual_seed(seed)
@@ -63,8 +72,9 @@ def transformers_generate(torch, torch_model, ids, new_tokens, seed, mask=None, 
         out = torch_model.generate(
             input_ids=torch.tensor(ids, device=device).long(),
             attention_mask=torch.tensor(mask, device=device).long(),
-            do_sample=True, temperature=1.0, top_k=top_k, top_p=top_p, num_return_sequences=GROUP_SIZE,
-            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id,
+            do_sample=True, temperature=1.0, top_k=top_k, top_p=top_p,
+            num_return_sequences=GROUP_SIZE, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            pad_token_id=pad_id,
         )
     assert out.shape == (ids.shape[0] * GROUP_SIZE, ids.shape[1] + new_tokens)
     return out
@@ -81,8 +91,11 @@ def pick_torch_threads(torch, torch_model, ids, new_tokens):
             lambda: transformers_generate(torch, torch_model, ids, new_tokens, 0))
     best = max(rates, key=rates.get)
     torch.set_num_threads(best)
-    print(f"# torch threads: {best} (probe, B={ids.shape[0] * GROUP_SIZE}, {new_tokens} new tokens: "
-          + ", ".join(f"{t} thread(s) {r:,.0f} tok/s" for t, r in rates.items()) + ")\n")
+    print(
+        f"# torch threads: {best} (probe, B={ids.shape[0] * GROUP_SIZE}, {new_tokens} new tokens: "
+        + ", ".join(f"{t} thread(s) {r:,.0f} tok/s" for t, r in rates.items())
+        + ")\n"
+    )
 
 
 def seconds(fn):

@@ -70,8 +70,10 @@ COMPARISONS = {
 # A slice runs the regime above, or "short": 4 prompts x 16 answers (8 rows per v5e chip),
 # 1,024 + 3,072 tokens. (model, rules) -> its slices (topology, chips, regime name).
 SHORT = {"rollout.prompts_per_batch": 4, "rollout.max_new_tokens": 3072}
-LORA_SLICES = {("qwen3_8b", "fsdp"): (("v5p:2x2x1", 4, ""), ("v5e:2x4", 8, ""), ("v5e:2x4", 8, "short")),
-               ("qwen3_30b_a3b", "fsdp_expert"): (("v5p:2x2x1", 4, ""),)}
+LORA_SLICES = {
+    ("qwen3_8b", "fsdp"): (("v5p:2x2x1", 4, ""), ("v5e:2x4", 8, ""), ("v5e:2x4", 8, "short")),
+    ("qwen3_30b_a3b", "fsdp_expert"): (("v5p:2x2x1", 4, ""),),
+}
 LORA_VARIANTS = {"full": {}, "lora": {"model.lora.rank": 16},
                  "qlora_int8": {"model.lora.rank": 16, "model.lora.quantize": "int8"}}
 
@@ -161,8 +163,8 @@ def lora_table(out):
     lines = ["", "LoRA and QLoRA on smaller slices (GSPO, rank 16 on every projection; QLoRA: the "
              "base's projections in int8; tokens 8,192: the regime above, 16 rows per chip; short: "
              "4 prompts x 16 answers, 1,024 + 3,072 tokens):", "",
-             "| model | weights | rules | topology | tokens | train | logprob | prefill | decode | HBM "
-             "| fits | compile (s) |", "|" + "---|" * 12]
+             "| model | weights | rules | topology | tokens | train | logprob | prefill | decode "
+             "| HBM | fits | compile (s) |", "|" + "---|" * 12]
     commands, commits = [], set()
     for name, spec in lora_cells():
         variant = name.split("_qwen3")[0][len("lora_"):]
@@ -176,7 +178,9 @@ def lora_table(out):
         commands.append(f"- `{name}`: `{result['command']}`")
         commits.add(_provenance(result))
         if "timed_out_s" in result:
-            lines.append(f"{head} not compiled (stopped after {result['timed_out_s']:.0f} s) | | | | | | |")
+            lines.append(
+                f"{head} not compiled (stopped after {result['timed_out_s']:.0f} s) | | | | | | |"
+            )
             continue
         programs, hbm = result["programs"], result["hbm_bytes_per_device"]
         over = [p for p, r in programs.items()
@@ -222,7 +226,9 @@ def cell_programs(out, name, spec):
             for program, compiled in sampler.items():
                 if program in SAMPLER:
                     extra = result["sampler_held"][program] - compiled["held_bytes"]
-                    programs[program] = {**compiled, "bytes_per_device": compiled["bytes_per_device"] + extra}
+                    programs[program] = {
+                        **compiled, "bytes_per_device": compiled["bytes_per_device"] + extra,
+                    }
     return result, programs
 
 
@@ -236,8 +242,10 @@ def total(program):
 
 def fit_table(out):
     """The markdown fit table of every cell, the commands, and the commits they ran at."""
-    lines = ["| model | recipe | rules | topology | train | logprob | prefill | decode | HBM | fits | "
-             "compile (s) |", "|" + "---|" * 11]
+    lines = [
+        "| model | recipe | rules | topology | train | logprob | prefill | decode | HBM | fits | "
+        "compile (s) |", "|" + "---|" * 11,
+    ]
     commands, commits = [], set()
     for name, spec in cells(TOPOLOGIES):
         model, rules = spec["fields"]["model.name"], spec["fields"]["model.rules"]
@@ -250,8 +258,10 @@ def fit_table(out):
         commands.append(f"- `{name}`: `{result['command']}`")
         commits.add(_provenance(result))
         if programs is None:
-            lines.append(f"| {model} | {spec['recipe']} | {rules} | {spec['topology']} | not compiled "
-                         f"(stopped after {result['timed_out_s']:.0f} s) | | | | | | |")
+            lines.append(
+                f"| {model} | {spec['recipe']} | {rules} | {spec['topology']} | not compiled "
+                f"(stopped after {result['timed_out_s']:.0f} s) | | | | | | |"
+            )
             continue
         hbm = result["hbm_bytes_per_device"]
         over = [p for p, r in programs.items()
@@ -261,9 +271,11 @@ def fit_table(out):
         fits = ("no: " + ", ".join(over) if over else
                 f"unknown: {', '.join(missing)} not compiled" if missing else "yes")
         seconds = sum(r["compile_s"] for r in result["programs"].values())
-        lines.append(f"| {model} | {spec['recipe']} | {rules} | {spec['topology']} | {cell('train')} | "
-                     f"{cell('logprob')} | {cell('prefill')} | {cell('decode')} | {gib(hbm)} | {fits} | "
-                     f"{seconds:.0f} |")
+        lines.append(
+            f"| {model} | {spec['recipe']} | {rules} | {spec['topology']} | {cell('train')} | "
+            f"{cell('logprob')} | {cell('prefill')} | {cell('decode')} | {gib(hbm)} | {fits} | "
+            f"{seconds:.0f} |"
+        )
     return lines, commands, commits
 
 
@@ -296,16 +308,21 @@ def comparison_tables(out):
               "micro-batches):", ""] + head("remat, micro-batches")
     for policy in REMAT_POLICIES:
         one = base("qwen3_8b") if policy == "full" else f"compare_qwen3_8b_remat_{policy}"
-        lines += [row("qwen3_8b", "train", f"{policy}, 1", one),
-                  row("qwen3_8b", "train", f"{policy}, 4", f"compare_qwen3_8b_remat_{policy}_micro4")]
+        lines += [
+            row("qwen3_8b", "train", f"{policy}, 1", one),
+            row("qwen3_8b", "train", f"{policy}, 4", f"compare_qwen3_8b_remat_{policy}_micro4"),
+        ]
     lines += ["", "Splash vs XLA attention at 8,192 tokens (GSPO, fsdp, v5p:2x2x2):", ""]
     lines += head("attention")
     for model in ("qwen3_0_6b", "qwen3_8b"):
         for program in ("train", "prefill"):
             lines += [row(model, program, "splash", base(model)),
                       row(model, program, "xla", f"compare_{model}_xla_attention")]
-    commands = [f"- `{name}`: `{command(spec['recipe'], spec['topology'], spec['fields'], spec['programs'])}`"
-                for name, spec in comparison_cells()]
+    commands = [
+        f"- `{name}`: "
+        f"`{command(spec['recipe'], spec['topology'], spec['fields'], spec['programs'])}`"
+        for name, spec in comparison_cells()
+    ]
     ran = sorted({_provenance(json.loads((out / f"{name}.json").read_text()))
                   for name, _ in comparison_cells() if (out / f"{name}.json").exists()})
     lines += ["", f"Comparison cells compiled at: {'; '.join(ran) or 'none yet'}."]
@@ -339,7 +356,9 @@ def main():
     parser.add_argument("--recipes", default="gspo,grpo")
     parser.add_argument("--compare", action="store_true", help="run the comparison cells instead")
     parser.add_argument("--lora", action="store_true", help="run the LoRA / QLoRA cells instead")
-    parser.add_argument("--only", default="", help="comma-separated cell names to run (default all)")
+    parser.add_argument(
+        "--only", default="", help="comma-separated cell names to run (default all)"
+    )
     parser.add_argument("--timeout_s", type=float, default=900, help="a cell's compile time limit")
     parser.add_argument("--min_free_gib", type=float, default=13,
                         help="host memory to wait for before a cell of a model larger than 0.6B")
@@ -369,10 +388,17 @@ def main():
                 [sys.executable, __file__, "--cell", json.dumps({**spec, "out": str(path)})],
                 cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=args.timeout_s)
             status = f"exit {done.returncode}"
-        except subprocess.TimeoutExpired:   # the table says so; a re-run skips the cell
-            path.write_text(json.dumps({"timed_out_s": args.timeout_s, "commit": commit(), "command":
-                                        command(spec["recipe"], spec["topology"], spec["fields"],
-                                                spec["programs"])}))
+        except subprocess.TimeoutExpired:  # the table says so; a re-run skips the cell
+            path.write_text(
+                json.dumps(
+                    {
+                        "timed_out_s": args.timeout_s, "commit": commit(),
+                        "command": command(
+                            spec["recipe"], spec["topology"], spec["fields"], spec["programs"]
+                        ),
+                    }
+                )
+            )
             status = "stopped at the time limit"
         print(f"== {name}: {status} after {time.time() - begin:.0f} s", flush=True)
         write_tables(out)

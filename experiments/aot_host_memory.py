@@ -1,6 +1,7 @@
 """Peak host memory of compiling the update for a TPU topology, scanned vs unrolled layers.
 
-    python experiments/aot_host_memory.py [--models qwen3_0_6b,qwen3_8b] > experiments/results/aot_host_memory.txt
+    python experiments/aot_host_memory.py [--models qwen3_0_6b,qwen3_8b] \\
+        > experiments/results/aot_host_memory.txt
 
 Each row runs one `python -m grpo_jax.aot ... --programs train` (GSPO, v5p:2x2x2, the fit
 table's regime; ``--programs`` to compile others in the same process) in a child process
@@ -44,11 +45,14 @@ def peak_rss_gib(cmd):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="qwen3_0_6b,qwen3_8b")
-    parser.add_argument("--programs", default="train", help="programs each compile runs, in one process")
+    parser.add_argument(
+        "--programs", default="train", help="programs each compile runs, in one process"
+    )
     args = parser.parse_args()
     from grpo_jax import models
     from grpo_jax.aot import host
-    print("| model | layers | scan_layers | layer bodies | peak RSS (GiB) | estimate (GiB) | wall (s) |")
+    print("| model | layers | scan_layers | layer bodies | peak RSS (GiB) | estimate (GiB) "
+          "| wall (s) |")
     print("|---|---|---|---|---|---|---|")
     for scan in (True, False):
         for name in args.models.split(","):

@@ -27,7 +27,6 @@ and the difference each added layer makes: the extrapolation assumes they are eq
 """
 
 import argparse
-import json
 import os
 import pathlib
 import subprocess

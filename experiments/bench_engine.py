@@ -69,9 +69,13 @@ def serve(model, prompts, mask, lengths, *, group_size, budget, slots, chunk, st
         parts = []
         for first in range(0, prompts.shape[0], per_call):
             rows = slice(first * group_size, (first + per_call) * group_size)
-            parts.append(sampling.generate(
-                *model, prompts[first:first + per_call], mask[first:first + per_call],
-                max_new_tokens=lengths[rows], prompt_ids=np.arange(first, first + per_call), **kwargs))
+            parts.append(
+                sampling.generate(
+                    *model, prompts[first : first + per_call], mask[first : first + per_call],
+                    max_new_tokens=lengths[rows], prompt_ids=np.arange(first, first + per_call),
+                    **kwargs,
+                )
+            )
         rollouts = jax.block_until_ready(parts)
     else:
         paging = dict(kv_page_size=kv_page_size, kv_pages=kv_pages,
@@ -157,7 +161,8 @@ def main(argv=None):
         model = nnx.split(models.init_model(cfg, seed=0))
         name = f"tiny model with V = {vocab:,}, float32"
     print(f"{platform.processor() or platform.machine()}, {len(jax.devices())} CPU device(s), "
-          f"jax {jax.__version__}; {name}; temperature {args.temperature}; {p} prompts of {prompts.shape[1]} columns x G = {g}",
+          f"jax {jax.__version__}; {name}; temperature {args.temperature}; {p} prompts of "
+          f"{prompts.shape[1]} columns x G = {g}",
           flush=True)
     cfg, page, s = nnx.merge(*model).cfg, args.page, prompts.shape[1]
     # The engine: the P prompts' prefill, and its slots' S + N columns each.

@@ -90,8 +90,10 @@ def bench(name, cfg, cases, repeats, mesh):
         with_merge = tokens / (min(folded) + min(merging))
         rows.append([name, batch, new, f"{fly_tps:,.0f}", f"{merged_tps:,.0f}",
                      f"{min(merging):.3f}", f"{with_merge:,.0f}", f"{with_merge / fly_tps:.2f}x"])
-        print(f"  {name} B={batch} new={new}: on the fly {fly_tps:,.0f} tok/s, merged "
-              f"{merged_tps:,.0f} tok/s (+ {min(merging):.3f} s merge)", file=sys.stderr, flush=True)
+        print(
+            f"  {name} B={batch} new={new}: on the fly {fly_tps:,.0f} tok/s, merged "
+            f"{merged_tps:,.0f} tok/s (+ {min(merging):.3f} s merge)", file=sys.stderr, flush=True,
+        )
     return rows
 
 

@@ -1,6 +1,6 @@
 """Throughput of grpo_jax.models and the memory of the chunked log-prob path.
 
-    python experiments/bench_models.py                      # CPU: tiny and 0.6B shapes, short sequences
+    python experiments/bench_models.py                      # CPU: tiny and 0.6B, short sequences
     python experiments/bench_models.py --gpu                # GPU: bf16 compute, seq 2048, MFU
     python experiments/bench_models.py --quick              # smoke run (tiny only)
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/bench_models.py \
@@ -58,7 +58,9 @@ def matmul_params(cfg):
     per_layer = []
     for i in range(cfg.n_layers):
         if cfg.is_moe_layer(i):
-            per_layer.append(attn + d * cfg.n_experts + 3 * d * cfg.moe_d_ff * cfg.n_experts_per_tok)
+            per_layer.append(
+                attn + d * cfg.n_experts + 3 * d * cfg.moe_d_ff * cfg.n_experts_per_tok
+            )
         else:
             per_layer.append(attn + 3 * d * cfg.d_ff)
     return sum(per_layer) + d * cfg.vocab_size
@@ -92,8 +94,10 @@ def median_seconds(fn, args, steps):
 
 def throughput(name, args):
     """One row of table 1: forward and forward+backward tokens/s (and MFU) of model `name`."""
-    cfg = models.get_model_config(name, dtype=args.dtype, remat=args.remat, attention_impl=args.attention_impl,
-                                  moe_impl=args.moe_impl)
+    cfg = models.get_model_config(
+        name, dtype=args.dtype, remat=args.remat, attention_impl=args.attention_impl,
+        moe_impl=args.moe_impl,
+    )
     mesh = None
     if args.data_parallel > 1:   # the rows split over a data axis, the weights by the fsdp rules
         mesh = jax.make_mesh((args.data_parallel, 1), ("data", "fsdp"),
@@ -105,13 +109,17 @@ def throughput(name, args):
     targets = jnp.roll(tokens, -1, axis=1)
 
     def loss(state, tokens):
-        logp = nnx.merge(graphdef, state).token_logprobs(tokens, targets, chunk_size=args.chunk_size)
+        logp = nnx.merge(graphdef, state).token_logprobs(
+            tokens, targets, chunk_size=args.chunk_size
+        )
         return jnp.sum(logp)
 
     n_tokens = args.batch * args.seq
     row = {"model": name, "params": sum(x.size for x in jax.tree.leaves(state))}
     peak = peak_flops(args.peak_tflops)
-    for label, fn, backward in (("fwd", jax.jit(loss), False), ("fwd+bwd", jax.jit(jax.value_and_grad(loss)), True)):
+    for label, fn, backward in (
+        ("fwd", jax.jit(loss), False), ("fwd+bwd", jax.jit(jax.value_and_grad(loss)), True),
+    ):
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
             seconds = median_seconds(fn, (state, tokens), args.steps)
         row[f"{label} tok/s"] = n_tokens / seconds
@@ -142,7 +150,9 @@ def table(rows):
     cells = [[f"{r[k]:,.0f}" if isinstance(r[k], (int, float)) and r[k] >= 100 else
               f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths)), "  ".join("-" * w for w in widths)]
+    lines = [
+        "  ".join(k.ljust(w) for k, w in zip(keys, widths)), "  ".join("-" * w for w in widths),
+    ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
 
@@ -153,12 +163,15 @@ def header(args):
     device = jax.devices()[0]
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line)
+        cpu = next(
+            line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line
+        )
     except (OSError, StopIteration):
         pass
     return "\n".join([
         f"# bench_models  commit {commit}  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"# device {device.platform} {device.device_kind} x{jax.device_count()}; CPU {cpu}, {os.cpu_count()} cores;"
+        f"# device {device.platform} {device.device_kind} x{jax.device_count()}; CPU {cpu}, "
+        f"{os.cpu_count()} cores;"
         f" jax {jax.__version__}; load average at start {os.getloadavg()[0]:.1f}",
         f"# command: python {' '.join(sys.argv)}",
         f"# B={args.batch} S={args.seq} dtype={args.dtype} (float32 weights) remat={args.remat} "
@@ -168,7 +181,9 @@ def header(args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", default=None, help="comma-separated named shapes "
                         "(default tiny,qwen3_0_6b; with --quick, tiny)")
     parser.add_argument("--batch", type=int, default=2)
@@ -185,7 +200,10 @@ def main():
                              "XLA_FLAGS=--xla_force_host_platform_device_count=N)")
     parser.add_argument("--peak_tflops", type=float, default=None)
     parser.add_argument("--gpu", action="store_true", help="bf16, B=8, S=2048, remat, 10 steps")
-    parser.add_argument("--quick", action="store_true", help="tiny model (unless --models), S=32, 2 steps, no table 2")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="tiny model (unless --models), S=32, 2 steps, no table 2",
+    )
     args = parser.parse_args()
     if args.gpu:
         args.dtype, args.batch, args.seq, args.remat, args.steps = "bfloat16", 8, 2048, True, 10

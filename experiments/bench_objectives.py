@@ -5,10 +5,11 @@
 
 Tables: (1) tokens/s of jit(value_and_grad) w.r.t. logp of every policy loss under every
 aggregation mode; (2) rows/s of the advantage estimators at 4,096 rows; (3) the composed
-DAPO objective (presets.dapo, which configs/dapo.py builds; loss and metrics) against a plain eager PyTorch DAPO
-loss on the same data, values checked to agree; (4) its memory-bandwidth limit: the bytes
-it must read and write once over measured copy bandwidth, and the bytes its compiled HLO
-moves; (5) where its time goes, variants timed round by round.
+DAPO objective (presets.dapo, which configs/dapo.py builds; loss and metrics) against a
+plain eager PyTorch DAPO loss on the same data, values checked to agree; (4) its
+memory-bandwidth limit: the bytes it must read and write once over measured copy bandwidth,
+and the bytes its compiled HLO moves; (5) where its time goes, variants timed round by
+round.
 
 Timings are medians over --repeats rounds (each averages enough calls to last ~50 ms),
 compilation and warm-up excluded, results block_until_ready. Each table times its rows

@@ -41,7 +41,7 @@ def rl_rows(config, cfg, lengths, rng):
     for key, (shape, dtype) in layout.items():
         if np.issubdtype(dtype, np.integer):
             rows[key] = rng.integers(1, cfg.vocab_size, shape).astype(dtype)
-        elif dtype == bool:
+        elif np.issubdtype(dtype, np.bool_):
             rows[key] = np.ones(shape, bool)
         else:
             rows[key] = rng.normal(-2.0, 0.5, shape).astype(dtype)
@@ -81,8 +81,10 @@ def measure(config, mesh, graphdef, params, rows, repeats):
         state = {"params": params, "opt": opt_state}
 
         def update():
-            copy = jax.tree.map(lambda x: x.copy(), state)   # the update donates its inputs
-            return run.update(copy["params"], copy["opt"], batch, index, plan=update_plan)[2]["loss"]
+            copy = jax.tree.map(lambda x: x.copy(), state)  # the update donates its inputs
+            return run.update(copy["params"], copy["opt"], batch, index, plan=update_plan)[2][
+                "loss"
+            ]
 
         update_s, loss = best_of(repeats, update)
         forward_s, _ = best_of(repeats, lambda: run.forward(params, batch, plan))
@@ -93,13 +95,17 @@ def measure(config, mesh, graphdef, params, rows, repeats):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="V = 4,096, budgets 64 and 256, 1 repeat")
+    parser.add_argument(
+        "--quick", action="store_true", help="V = 4,096, budgets 64 and 256, 1 repeat"
+    )
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group_size", type=int, default=8)
     parser.add_argument("--budgets", default="64,128,256,512")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
-    vocab, budgets = (4096, (64, 256)) if args.quick else (151_936, tuple(map(int, args.budgets.split(","))))
+    vocab, budgets = (
+        (4096, (64, 256)) if args.quick else (151_936, tuple(map(int, args.budgets.split(","))))
+    )
     repeats = 1 if args.quick else args.repeats
     mesh = parallel.make_mesh(f"data={len(jax.devices())},fsdp=1,tensor=1")
     cfg = models.get_model_config("tiny", vocab_size=vocab)
@@ -112,16 +118,24 @@ def main(argv=None):
         config = config_lib.apply_overrides(config_lib.load_config("configs/dapo.py"), {
             "rollout.max_new_tokens": budget, "rollout.prompts_per_batch": args.prompts,
             "objective.group_size": args.group_size})
-        lengths = lognormal_lengths(args.prompts * args.group_size, budget, np.random.default_rng(budget))
+        lengths = lognormal_lengths(
+            args.prompts * args.group_size, budget, np.random.default_rng(budget)
+        )
         rows = rl_rows(config, cfg, lengths, np.random.default_rng(0))
         result = measure(config, mesh, graphdef, params, rows, repeats)
-        (pad_u, pad_f, pad_loss, _), (pack_u, pack_f, pack_loss, fraction) = result["off"], result["on"]
+        (pad_u, pad_f, pad_loss, _), (pack_u, pack_f, pack_loss, fraction) = (
+            result["off"], result["on"],
+        )
         assert abs(pack_loss - pad_loss) <= 1e-5 * max(1.0, abs(pad_loss)), (pack_loss, pad_loss)
         print(f"budget {budget}: update {pad_u:.3f} s padded, {pack_u:.3f} s packed; forward "
               f"{pad_f:.3f} / {pack_f:.3f} s", flush=True)
-        table_rows.append([budget, f"{lengths.mean():.0f}", f"{lengths.mean() / budget:.2f}",
-                           f"{fraction:.3f}", f"{pad_u:.3f}", f"{pack_u:.3f}", f"{pad_u / pack_u:.2f}x",
-                           f"{pad_f:.3f}", f"{pack_f:.3f}", f"{pad_f / pack_f:.2f}x"])
+        table_rows.append(
+            [
+                budget, f"{lengths.mean():.0f}", f"{lengths.mean() / budget:.2f}",
+                f"{fraction:.3f}", f"{pad_u:.3f}", f"{pack_u:.3f}", f"{pad_u / pack_u:.2f}x",
+                f"{pad_f:.3f}", f"{pack_f:.3f}", f"{pad_f / pack_f:.2f}x",
+            ]
+        )
     table("update (fwd + bwd + AdamW) and pi_old's forward, seconds per call, best of "
           f"{repeats}", ["budget", "mean len", "mean/budget", "packed rows", "update padded",
                          "packed", "speed-up", "forward padded", "packed", "speed-up"], table_rows)

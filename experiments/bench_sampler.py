@@ -3,7 +3,7 @@
     python experiments/bench_sampler.py            # tables 1-3: the tiny model
     python experiments/bench_sampler.py --tables vocab,step --smollm2 /work/cache/smollm2_hf
                                                    # tables 4-5: real vocabularies
-    python experiments/bench_sampler.py --quick    # tables 1-3 on tiny shapes, 1 repeat: a smoke run
+    python experiments/bench_sampler.py --quick    # tables 1-3, tiny shapes, 1 repeat: a smoke run
     python experiments/bench_sampler.py --quick --tables vocab,step --smollm2 DIR   # 4-5 likewise
                                                    # (table 4: top-p 0.95 only)
 
@@ -73,9 +73,11 @@ from _bench_common import (GROUP_SIZE, PROBE, PROMPT_LEN, QUICK_PROBE, ours, pic
 
 parallel.use_cpu_cores()   # before JAX runs anything; a no-op when XLA_FLAGS sets the count
 
-# (B, new tokens, prompt tokens): the speed target's grid, then long prompts, where the G completions
-# sharing one cached prompt (cascade attention) matters most.
-CASES = [(b, n, PROMPT_LEN) for b in (16, 64, 256) for n in (128, 512)] + [(64, 128, 256), (256, 128, 256)]
+# (B, new tokens, prompt tokens): the speed target's grid, then long prompts, where the G
+# completions sharing one cached prompt (cascade attention) matters most.
+CASES = [(b, n, PROMPT_LEN) for b in (16, 64, 256) for n in (128, 512)] + [
+    (64, 128, 256), (256, 128, 256),
+]
 QUICK_CASES = [(16, 16, PROMPT_LEN)]
 
 
@@ -83,14 +85,17 @@ def header(argv):
     cpu = re.search(r"model name\s*:\s*(.*)", pathlib.Path("/proc/cpuinfo").read_text())
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "grpo_jax/sampling"],
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--", "grpo_jax/sampling"],
+        capture_output=True, text=True,
+    ).stdout.strip()
     torch = torch_or_none()
     print(f"# bench_sampler  commit {commit or '?'}{' (sampling/ modified)' if dirty else ''}  "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"# CPU {cpu.group(1) if cpu else platform.processor()}, {os.cpu_count()} cores, no GPU; python "
-          f"{platform.python_version()}, jax {jax.__version__} ({jax.default_backend()}, "
-          f"{jax.device_count()} device(s)), torch {torch.__version__ if torch else 'not installed'}")
+    print(f"# CPU {cpu.group(1) if cpu else platform.processor()}, {os.cpu_count()} cores, "
+          f"no GPU; python {platform.python_version()}, jax {jax.__version__} "
+          f"({jax.default_backend()}, {jax.device_count()} device(s)), "
+          f"torch {torch.__version__ if torch else 'not installed'}")
     print(f"# command: python experiments/bench_sampler.py {' '.join(argv)}".rstrip())
     print(f"# load average at start {os.getloadavg()[0]:.1f} (other processes share the cores)\n")
 
@@ -118,17 +123,22 @@ def bench_throughput(path, cases, repeats, probe=PROBE):
             t_one.append(seconds(lambda: ours(*single, ids, new, r + 1)))
             t_all.append(seconds(lambda: ours(*spread, ids, new, r + 1, mesh=mesh)))
             if torch_model is not None:
-                t_hf.append(seconds(lambda: transformers_generate(torch, torch_model, ids, new, r + 1)))
+                t_hf.append(
+                    seconds(lambda: transformers_generate(torch, torch_model, ids, new, r + 1))
+                )
         one, spread_tps = batch * new / min(t_one), batch * new / min(t_all)
         hf_tps = batch * new / min(t_hf) if t_hf else float("nan")
         rows.append([batch, new, prompt_len, f"{one:,.0f}", f"{spread_tps:,.0f}", f"{hf_tps:,.0f}",
                      f"{one / hf_tps:.2f}x", f"{spread_tps / hf_tps:.2f}x", f"{compile_s:.1f}"])
-        print(f"  B={batch} new={new} prompt={prompt_len}: ours {one:,.0f} / {spread_tps:,.0f} tok/s (1 / {mesh.size} devices), "
+        print(f"  B={batch} new={new} prompt={prompt_len}: ours {one:,.0f} / "
+              f"{spread_tps:,.0f} tok/s (1 / {mesh.size} devices), "
               f"transformers {hf_tps:,.0f} tok/s", file=sys.stderr, flush=True)
     table(
         f"1. generation tokens/s, tiny model (float32), G={GROUP_SIZE}, best of {repeats}",
-        ["B", "new tokens", "prompt", "grpo_jax 1 device", f"grpo_jax {mesh.size} devices", "transformers",
-         "ratio 1 dev", f"ratio {mesh.size} dev", "compile s (first call)"],
+        [
+            "B", "new tokens", "prompt", "grpo_jax 1 device", f"grpo_jax {mesh.size} devices",
+            "transformers", "ratio 1 dev", f"ratio {mesh.size} dev", "compile s (first call)",
+        ],
         rows,
     )
 
@@ -149,9 +159,14 @@ def logp_errors(teacher_graphdef, teacher_state, rollout):
 
 
 def bench_logp(path, batch, new):
-    loaded = {dtype: nnx.split(models.from_pretrained(path, dtype=dtype)[0]) for dtype in ("float32", "bfloat16")}
+    loaded = {
+        dtype: nnx.split(models.from_pretrained(path, dtype=dtype)[0])
+        for dtype in ("float32", "bfloat16")
+    }
     rows = []
-    for dtype, teacher in (("float32", "float32"), ("bfloat16", "bfloat16"), ("bfloat16", "float32")):
+    for dtype, teacher in (
+        ("float32", "float32"), ("bfloat16", "bfloat16"), ("bfloat16", "float32"),
+    ):
         rollout = ours(*loaded[dtype], prompts(batch, 512), new, 0)
         max_err, mean_err = logp_errors(*loaded[teacher], rollout)
         rows.append([dtype, f"{teacher} forward", f"{max_err:.2e}", f"{mean_err:.2e}"])
@@ -197,7 +212,9 @@ def layouts_attention_ms(batch, slots, cfg, steps=8):
 
         args = (jnp.zeros(k_shape(slots)), jnp.zeros((batch, k, slots, h)), x)
         jax.block_until_ready(loop(*args))
-        return min(seconds(lambda: jax.block_until_ready(loop(*args))) for _ in range(3)) / steps * 1e3
+        return (
+            min(seconds(lambda: jax.block_until_ready(loop(*args))) for _ in range(3)) / steps * 1e3
+        )
 
     old_ms = run(old_attention, lambda n: (batch, k, n, h), lambda at: (0, 0, at, 0))
     new_ms = run(lambda q, k_t, v: layers.grouped_attention(q, k_t, v, mask, scale=h**-0.5),
@@ -212,9 +229,13 @@ def bench_attention(path, batch, slots_list):
         old_ms, new_ms = layouts_attention_ms(batch, slots, cfg)
         rows.append([batch, slots, f"{old_ms:.2f}", f"{new_ms:.2f}", f"{old_ms / new_ms:.1f}x"])
     table(
-        f"3. decode attention of one layer, one device (ms per step, 1 query token, K={cfg.n_kv_heads} kv heads "
-        f"x G={cfg.n_heads // cfg.n_kv_heads}, H={cfg.head_dim}); the model runs {cfg.n_layers} per step",
-        ["B", "cache slots", "k, v [B,K,L,H] einsums (before)", "k [B,K,H,L], v [B,K,L,H] (model)", "ratio"],
+        f"3. decode attention of one layer, one device (ms per step, 1 query token, "
+        f"K={cfg.n_kv_heads} kv heads x G={cfg.n_heads // cfg.n_kv_heads}, H={cfg.head_dim}); "
+        f"the model runs {cfg.n_layers} per step",
+        [
+            "B", "cache slots", "k, v [B,K,L,H] einsums (before)",
+            "k [B,K,H,L], v [B,K,L,H] (model)", "ratio",
+        ],
         rows,
     )
 
@@ -223,8 +244,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 repeat (a smoke test)")
-    parser.add_argument("--tables", default="tiny", help="comma-separated: tiny (tables 1-3), vocab (4), step (5)")
-    parser.add_argument("--smollm2", help="SmolLM2-135M-Instruct as a Hugging Face safetensors directory (tables 4, 5)")
+    parser.add_argument(
+        "--tables", default="tiny", help="comma-separated: tiny (tables 1-3), vocab (4), step (5)"
+    )
+    parser.add_argument(
+        "--smollm2",
+        help="SmolLM2-135M-Instruct as a Hugging Face safetensors directory (tables 4, 5)",
+    )
     parser.add_argument("--batches", default="16,64,256", help="batch sizes of table 4")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="dtypes of table 4")
     parser.add_argument("--models", default="smollm2,random", help="models of tables 4 and 5")
@@ -248,7 +274,10 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as path:
             vocab_size = 4096 if args.quick else vocab.QWEN3_VOCAB   # --quick: a small stand-in
             vocab.save_random_model(path, vocab_size=vocab_size)
-            named = {"smollm2": ("SmolLM2-135M", args.smollm2), "random": (f"random, V={vocab_size:,}", path)}
+            named = {
+                "smollm2": ("SmolLM2-135M", args.smollm2),
+                "random": (f"random, V={vocab_size:,}", path),
+            }
             if not args.smollm2:
                 print("# no --smollm2 directory: SmolLM2 rows skipped\n")
                 del named["smollm2"]

@@ -173,7 +173,9 @@ def main(argv=None):
     print(f"{'quantity':28s} {'median':>12s}")
     for name in TIMINGS:
         print(f"{name:28s} {statistics.median(r[name] for r in rows):12.2f}")
-    step = statistics.median(r["time_rollout"] + r["time_old_logp"] + r["time_update"] for r in rows)
+    step = statistics.median(
+        r["time_rollout"] + r["time_old_logp"] + r["time_update"] for r in rows
+    )
     print(f"{'step (sum of the three)':28s} {step:12.2f}")
     h2d = _host_to_device_bytes(child.stderr)
     print(f"{'host->device MB per step':28s} {h2d / measured / 1e6:12.3f}")

@@ -70,8 +70,8 @@ def header(argv):
     print(f"# check_gguf  commit {commit or '?'}{' (grpo_jax/ modified)' if dirty else ''}  "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# CPU {cpu.group(1) if cpu else platform.processor()}, {os.cpu_count()} cores; python "
-          f"{platform.python_version()}, jax {jax.__version__}, torch {torch.__version__}, transformers "
-          f"{transformers.__version__}, gguf {importlib.metadata.version('gguf')}")
+          f"{platform.python_version()}, jax {jax.__version__}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, gguf {importlib.metadata.version('gguf')}")
     print(f"# command: python experiments/check_gguf.py {' '.join(argv)}\n")
 
 
@@ -79,13 +79,19 @@ def table(title, columns, rows):
     print(title)
     widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows)]
     for cells in [columns, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+        print(
+            "  ".join(
+                str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                for i, (c, w) in enumerate(zip(cells, widths))
+            )
+        )
     print()
 
 
 def chat(tokenizer, text):
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                         tokenize=False)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
 
 
 def logit_errors(model, torch_model, token_lists):
@@ -107,7 +113,9 @@ def logit_errors(model, torch_model, token_lists):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("gguf_path")
-    parser.add_argument("--out_dir", default=None, help="where to write the conversion (default: a temporary dir)")
+    parser.add_argument(
+        "--out_dir", default=None, help="where to write the conversion (default: a temporary dir)"
+    )
     parser.add_argument("--new_tokens", type=int, default=32)
     args = parser.parse_args(argv)
     header(sys.argv[1:] if argv is None else argv)
@@ -122,50 +130,72 @@ def main(argv=None):
     cfg = convert_gguf.convert(args.gguf_path, out_dir)
     seconds = time.perf_counter() - start
     convert_gguf.convert(args.gguf_path, os.path.join(tmp, "bfloat16"), dtype="bfloat16")
-    print(f"converted {gguf_file} -> {out_dir} in {seconds:.1f} s: {cfg.model_type}, {cfg.n_layers} layers, "
-          f"d {cfg.d_model}, {cfg.n_heads} query / {cfg.n_kv_heads} kv heads, vocab {cfg.vocab_size}, "
-          f"tied embeddings {cfg.tie_embeddings}\n")
+    print(f"converted {gguf_file} -> {out_dir} in {seconds:.1f} s: {cfg.model_type}, "
+          f"{cfg.n_layers} layers, d {cfg.d_model}, {cfg.n_heads} query / {cfg.n_kv_heads} kv "
+          f"heads, vocab {cfg.vocab_size}, tied embeddings {cfg.tie_embeddings}\n")
 
     model, tokenizer = models.from_pretrained(out_dir)
     theirs_tok = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
     torch_model = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file,
                                                                     dtype=torch.float32).eval()
     n_params = sum(p.numel() for p in torch_model.parameters())
-    print(f"transformers' GGUF model: {type(torch_model).__name__}, {n_params / 1e6:.1f}M parameters\n")
+    print(f"transformers' GGUF model: {type(torch_model).__name__}, "
+          f"{n_params / 1e6:.1f}M parameters\n")
 
     prompts = LOGIT_PROMPTS + [chat(tokenizer, QUESTION)]
     token_lists = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     rows = []
-    for name, path in [("float32 (default)", out_dir), ("bfloat16 storage", os.path.join(tmp, "bfloat16"))]:
+    for name, path in [
+        ("float32 (default)", out_dir), ("bfloat16 storage", os.path.join(tmp, "bfloat16")),
+    ]:
         ours, _ = models.from_pretrained(path, param_dtype="float32")
         error, agree = logit_errors(jax.jit(lambda t, m=ours: m(t)), torch_model, token_lists)
-        rows.append([name, len(prompts), sum(map(len, token_lists)), f"{error:.2e}", f"{agree:.4f}"])
+        rows.append(
+            [name, len(prompts), sum(map(len, token_lists)), f"{error:.2e}", f"{agree:.4f}"]
+        )
     table("1. logits vs transformers loading the same GGUF (float32 compute)",
           ["converted weights", "prompts", "positions", "max rel error", "argmax agree"], rows)
 
     strings = {repr(t)[:44]: t for t in TOKENIZER_STRINGS}
-    strings.update({f"chat template: {t[:29]!r}": chat(tokenizer, t) for t in (QUESTION, TOKENIZER_STRINGS[4])})
+    strings.update(
+        {f"chat template: {t[:29]!r}": chat(tokenizer, t) for t in (QUESTION, TOKENIZER_STRINGS[4])}
+    )
     rows = []
     for label, text in strings.items():
         ours_ids, their_ids = tokenizer(text)["input_ids"], theirs_tok(text)["input_ids"]
-        first = next((i for i, (a, b) in enumerate(zip(ours_ids, their_ids)) if a != b),
-                     None if len(ours_ids) == len(their_ids) else min(len(ours_ids), len(their_ids)))
-        diff = "" if first is None else f"ours {tokenizer.convert_ids_to_tokens(ours_ids[first:first + 3])} vs " \
-            f"theirs {theirs_tok.convert_ids_to_tokens(their_ids[first:first + 3])}"
+        first = next(
+            (i for i, (a, b) in enumerate(zip(ours_ids, their_ids)) if a != b),
+            None if len(ours_ids) == len(their_ids) else min(len(ours_ids), len(their_ids)),
+        )
+        diff = (
+            ""
+            if first is None
+            else f"ours {tokenizer.convert_ids_to_tokens(ours_ids[first : first + 3])} vs "
+            f"theirs {theirs_tok.convert_ids_to_tokens(their_ids[first : first + 3])}"
+        )
         rows.append([label, len(ours_ids), len(their_ids), "yes" if first is None else "no", diff])
     table("2. tokenizer ids: converted tokenizer.json vs transformers' GGUF tokenizer",
           ["string", "ours", "theirs", "equal", "first difference"], rows)
     print(f"chat template identical: {tokenizer.chat_template == theirs_tok.chat_template}")
-    print(f"pre-tokenizer: {convert_gguf.read_metadata(gguf.GGUFReader(args.gguf_path)).get('tokenizer.ggml.pre')!r}. "
-          "For 'smollm' llama.cpp splits off every digit before GPT-2's regex (as SmolLM's tokenizer.json\n"
-          "does with a Digits pre-tokenizer); transformers' GGUF tokenizer applies GPT-2's regex alone, so\n"
+    pre = convert_gguf.read_metadata(gguf.GGUFReader(args.gguf_path)).get("tokenizer.ggml.pre")
+    print(f"pre-tokenizer: {pre!r}. "
+          "For 'smollm' llama.cpp splits off every digit before GPT-2's regex (as SmolLM's "
+          "tokenizer.json\n"
+          "does with a Digits pre-tokenizer); transformers' GGUF tokenizer applies GPT-2's regex "
+          "alone, so\n"
           "spaces before a digit group differently there.\n")
 
-    (ours_answer,), = sampling.sample_texts(model, tokenizer, [QUESTION], chat=True, max_new_tokens=args.new_tokens)
-    ids = torch.tensor([theirs_tok(chat(theirs_tok, QUESTION), add_special_tokens=False)["input_ids"]])
+    ((ours_answer,),) = sampling.sample_texts(
+        model, tokenizer, [QUESTION], chat=True, max_new_tokens=args.new_tokens
+    )
+    ids = torch.tensor(
+        [theirs_tok(chat(theirs_tok, QUESTION), add_special_tokens=False)["input_ids"]]
+    )
     with torch.no_grad():
-        out = torch_model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False,
-                                   eos_token_id=theirs_tok.eos_token_id, pad_token_id=theirs_tok.pad_token_id)
+        out = torch_model.generate(
+            ids, max_new_tokens=args.new_tokens, do_sample=False,
+            eos_token_id=theirs_tok.eos_token_id, pad_token_id=theirs_tok.pad_token_id,
+        )
     their_answer = theirs_tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     table(f"3. greedy chat answer to {QUESTION!r}, {args.new_tokens} new tokens at most",
           ["sampler", "answer"], [["grpo_jax sampling.sample_texts", repr(ours_answer)],

@@ -337,7 +337,7 @@ def part_torch_update(shape, cap_s, save):
         out["models"][name] = {"update_s": update_s, "timed_calls": count,
                                "first_call_s": first_s, "loss": loss * micro}
         save(out)
-        del model, opt
+        model = opt = None   # frees them before the next model loads
         if device == "cuda":
             torch.cuda.empty_cache()
     return out

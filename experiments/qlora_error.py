@@ -70,7 +70,8 @@ def main():
     args = parser.parse_args()
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    print(f"# qlora_error  commit {commit or '?'}  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"# qlora_error  commit {commit or '?'}  "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# jax {jax.__version__}, {os.cpu_count()} cores; command: python "
           f"experiments/qlora_error.py {' '.join(sys.argv[1:])}".rstrip())
     print()

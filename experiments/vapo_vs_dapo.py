@@ -148,7 +148,8 @@ def format_table(results, header):
         lines.append(
             f"{recipe:{width}s} {len(rows):5d} {_spread([r['eval_accuracy'] for r in rows]):>15s} "
             f"{_spread([r.get('eval_mean_at_k') for r in rows]):>15s} "
-            f"{_spread([r.get('eval_pass_at_k') for r in rows]):>15s} {rl_steps:9.1f} {per_step:7.2f} "
+            f"{_spread([r.get('eval_pass_at_k') for r in rows]):>15s} "
+            f"{rl_steps:9.1f} {per_step:7.2f} "
             f"{statistics.mean(r['seconds'] for r in rows):8.0f} "
             f"{_spread(gib('device_peak_bytes')):>10s} {_spread(gib('peak_rss_bytes')):>8s}")
     lines.append("per run: " + "; ".join(

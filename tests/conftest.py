@@ -130,6 +130,8 @@ def pytest_configure(config):
     """`-n N` without `--dist` schedules with work stealing ("worksteal") rather than
     xdist's default ("load"), which hands each worker a quarter of the suite up front in
     consecutive blocks: the block of long tests would all go to one worker."""
-    chose = any(arg == "--dist" or arg.startswith("--dist=") for arg in config.invocation_params.args)
+    chose = any(
+        arg == "--dist" or arg.startswith("--dist=") for arg in config.invocation_params.args
+    )
     if getattr(config.option, "dist", "no") == "load" and not chose:
         config.option.dist = "worksteal"

@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from grpo_jax import aot, config_lib, models
+from grpo_jax import config_lib, models
 from grpo_jax.aot import plan
 
 GSPO = pathlib.Path(__file__).resolve().parent.parent / "configs" / "gspo.py"

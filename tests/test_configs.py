@@ -12,8 +12,10 @@ from grpo_jax import config_lib, data, objectives, rewards
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(pathlib.Path(p).name for p in glob.glob(str(REPO / "configs" / "*.py")))
-RECIPES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "reinforce_pp", "gdpo", "olmo3",
-           "ppo", "vapo")
+RECIPES = (
+    "grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "rloo", "reinforce_pp", "gdpo", "olmo3",
+    "ppo", "vapo",
+)
 
 
 def _load(name, arg=None):
@@ -34,8 +36,10 @@ def _tiny_batch(config):
         "old_logp": jnp.asarray(old, jnp.float32), "ref_logp": jnp.asarray(old - 0.1, jnp.float32),
         "behaviour_logp": jnp.asarray(old, jnp.float32), "mask": jnp.ones((B, T)),
         "rewards": jnp.asarray(rewards, jnp.float32), "lengths": jnp.full(B, T),
-        "truncated": jnp.zeros(B, bool), "values": jnp.asarray(rng.uniform(0, 1, (B, T)), jnp.float32),
-        "correct": jnp.asarray(rewards > 0)}
+        "truncated": jnp.zeros(B, bool),
+        "values": jnp.asarray(rng.uniform(0, 1, (B, T)), jnp.float32),
+        "correct": jnp.asarray(rewards > 0),
+    }
 
 
 def _objective(config):
@@ -48,9 +52,16 @@ def test_every_recipe_of_the_design_table_has_a_config():
 
 
 # smollm2 is sized for a CPU already and has no runlocal scaling; its tool variant is loaded too
-@pytest.mark.parametrize("name,arg", [(name, arg) for name in CONFIGS for arg in (None, "runlocal=True")
-                                      if not (name == "smollm2.py" and arg)]
-                         + [("smollm2.py", "tool=True")])
+@pytest.mark.parametrize(
+    "name,arg",
+    [
+        (name, arg)
+        for name in CONFIGS
+        for arg in (None, "runlocal=True")
+        if not (name == "smollm2.py" and arg)
+    ]
+    + [("smollm2.py", "tool=True")],
+)
 def test_config_builds_its_objective_and_runs(name, arg):
     config = _load(name, arg)
     module = config_lib.load_module(REPO / "configs" / name)
@@ -134,7 +145,9 @@ def test_recipes_differ_from_base_as_the_design_table_says():
         got = (o.advantage.estimator, o.advantage.scale, o.loss.kind, o.aggregation.mode,
                o.loss.eps_low, o.loss.eps_high, o.kl.beta)
         assert got == row, name
-    assert _load("dapo.py").filtering.dynamic_sampling and _load("olmo3.py").filtering.dynamic_sampling
+    assert (
+        _load("dapo.py").filtering.dynamic_sampling and _load("olmo3.py").filtering.dynamic_sampling
+    )
     assert [s[0] for s in _load("dapo.py").reward.specs] == ["gsm8k", "overlong"]
     assert [s[0] for s in _load("gdpo.py").reward.specs] == ["gsm8k", "length_budget"]
     assert _load("cispo.py").objective.loss.kind == "cispo"
@@ -163,7 +176,9 @@ def test_ppo_and_vapo_differ_in_the_pieces_vapo_adds():
 
 
 def test_unknown_config_argument_is_named():
-    with pytest.raises(ValueError, match=r"unknown config argument 'runlocl'; this config accepts runlocal"):
+    with pytest.raises(
+        ValueError, match=r"unknown config argument 'runlocl'; this config accepts runlocal"
+    ):
         _load("dapo.py", "runlocl=True")
 
 

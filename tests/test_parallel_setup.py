@@ -50,7 +50,8 @@ def largest_power_of_two_up_to(n):
 @pytest.mark.slow
 def test_one_device_per_core_as_a_power_of_two():
     expected = largest_power_of_two_up_to(min(mesh_lib.cpu_cores(), 8))
-    assert probe() == (expected, expected, None)   # a second call, after JAX started, changes nothing
+    # a second call, after JAX started, changes nothing
+    assert probe() == (expected, expected, None)
 
 
 @pytest.mark.slow
@@ -92,7 +93,9 @@ def test_explicit_addresses_start_it_and_must_come_together(monkeypatch):
 
 def test_distributed_start_up_is_off_by_default(monkeypatch):
     monkeypatch.delenv("GRPO_JAX_DISTRIBUTED", raising=False)
-    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: pytest.fail("started jax.distributed"))
+    monkeypatch.setattr(
+        jax.distributed, "initialize", lambda **kw: pytest.fail("started jax.distributed")
+    )
     assert hosts.initialize(_distributed()) is False
 
 
@@ -148,13 +151,20 @@ def test_auto_mesh_shards_the_weights_when_the_state_would_crowd_a_device(monkey
     (and one line saying why); 8 GiB stays data parallel; CPU devices report no memory."""
     config = config_lib.load_config(str(REPO / "configs" / "base.py"))
     assert config.mesh == "auto"
-    assert dict(hosts.setup_mesh(config, lambda: 9 * 2**30).shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert dict(hosts.setup_mesh(config, lambda: 9 * 2**30).shape) == {
+        "data": 8, "fsdp": 1, "tensor": 1,
+    }
     monkeypatch.setattr(hosts, "device_memory", lambda device: 16 * 2**30)
-    assert dict(hosts.setup_mesh(config, lambda: 8 * 2**30).shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert dict(hosts.setup_mesh(config, lambda: 8 * 2**30).shape) == {
+        "data": 8, "fsdp": 1, "tensor": 1,
+    }
     monkeypatch.setattr(hosts, "_ANNOUNCED_MESHES", set())
     mesh = hosts.setup_mesh(config, lambda: 9 * 2**30)
     assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1}
-    assert "mesh 'auto': the weights, gradients and optimizer state would take 9.0 GiB" in capsys.readouterr().out
+    assert (
+        "mesh 'auto': the weights, gradients and optimizer state would take 9.0 GiB"
+        in capsys.readouterr().out
+    )
 
 
 def test_a_rollout_mesh_takes_the_last_devices_and_the_training_mesh_the_rest():

@@ -52,7 +52,10 @@ def test_resolve_run_paths_returns_a_new_read_only_config_and_is_idempotent(tmp_
 
 def test_every_path_field_exists_in_the_base_config():
     from grpo_jax import config_lib
-    config = config_lib.load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "base.py"))
+
+    config = config_lib.load_config(
+        os.path.join(os.path.dirname(__file__), "..", "configs", "base.py")
+    )
     for dotted in paths.CONFIG_PATH_FIELDS:
         section, field = dotted.split(".")
         assert isinstance(config[section][field], str), dotted
@@ -125,8 +128,11 @@ def test_staged_files_and_local_copies_round_trip_through_the_place(place, tmp_p
                 f.write(text)
     assert os.path.isdir(local) == (not paths.is_url(place))   # a temporary one is gone
     with paths.local_copy(paths.join(place, "tokenizer")) as copy:
-        got = {os.path.relpath(os.path.join(root, name), copy): open(os.path.join(root, name)).read()
-               for root, _, names in os.walk(copy) for name in names}
+        got = {
+            os.path.relpath(os.path.join(root, name), copy): open(os.path.join(root, name)).read()
+            for root, _, names in os.walk(copy)
+            for name in names
+        }
     assert got == {"a.json": "{}", "nested/b.txt": "b"}
     walked = [(str(folder), sorted(folders), sorted(files))
               for folder, folders, files in paths.walk(paths.join(place, "tokenizer"))]

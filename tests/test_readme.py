@@ -19,7 +19,9 @@ def _block_after(marker, language, text=README):
 
 def test_objectives_example_runs_verbatim_and_is_right():
     namespace = {}
-    exec(_block_after("# Use the objectives in your own JAX model", "python", OBJECTIVES), namespace)
+    exec(
+        _block_after("# Use the objectives in your own JAX model", "python", OBJECTIVES), namespace
+    )
     loss, grads, mask, rewards = (namespace[k] for k in ("loss", "grads", "mask", "rewards"))
     # At rollout time logp == old_logp, so every ratio is 1 and the DAPO loss is
     # -sum_i A_i n_i / sum_i n_i with GRPO advantages (population std, eps 1e-6).
@@ -33,7 +35,9 @@ def test_objectives_example_runs_verbatim_and_is_right():
 def test_preset_example_is_the_hand_composed_dapo():
     """The preset block, run after the first one, gives the same DAPO loss and gradient."""
     namespace = {}
-    exec(_block_after("# Use the objectives in your own JAX model", "python", OBJECTIVES), namespace)
+    exec(
+        _block_after("# Use the objectives in your own JAX model", "python", OBJECTIVES), namespace
+    )
     by_hand_loss, by_hand_grads = namespace["loss"], namespace["grads"]
     exec(_block_after("Or take a method whole", "python", OBJECTIVES), namespace)
     np.testing.assert_allclose(float(namespace["loss"]), float(by_hand_loss), rtol=1e-6)
@@ -47,6 +51,16 @@ def test_ci_runs_both_readme_commands():
     assert "readme_command test-command" in ci and "readme_command main-command" in ci
     for marker in ("<!-- test-command -->", "<!-- main-command -->"):
         assert _block_after(marker, "bash").startswith("python3 -m venv .venv && ")
+
+
+def test_the_test_command_lints_before_it_tests():
+    """`ruff check` (ruff.toml) runs in the test command, before pytest, and `.ci/run` requires
+    its all-clear; the test extra installs it."""
+    command = _block_after("<!-- test-command -->", "bash")
+    assert " && ruff check && python -m pytest " in command
+    assert "All checks passed!" in (REPO / ".ci" / "run").read_text()
+    assert '"ruff>=' in (REPO / "setup.py").read_text()
+    assert (REPO / "ruff.toml").is_file()
 
 
 def test_objectives_main_prints_the_worked_examples():

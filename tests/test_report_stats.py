@@ -143,8 +143,14 @@ def test_interval_text_and_readings():
     lo, hi = stats.t.interval(0.95, 4, loc=np.mean(d), scale=stats.sem(d))
     assert rs.interval_text(d) == f"95% t-CI [{lo:.3f}, {hi:.3f}]"
     assert rs.interval_text([0.1]) == "–"
-    assert rs.verdict("B", "A", 0.1, 0.01, 8, adjusted=True) == "B higher than A by 0.100 (Holm p 0.010)"
-    assert rs.verdict("B", "A", -0.1, 0.0001, 8, adjusted=False) == "B lower than A by 0.100 (p <0.001)"
+    assert (
+        rs.verdict("B", "A", 0.1, 0.01, 8, adjusted=True)
+        == "B higher than A by 0.100 (Holm p 0.010)"
+    )
+    assert (
+        rs.verdict("B", "A", -0.1, 0.0001, 8, adjusted=False)
+        == "B lower than A by 0.100 (p <0.001)"
+    )
     assert (rs.verdict("B", "A", 0.1, 0.25, 3, adjusted=True, power=0.34, gap=0.05)
             == "no difference detected at 3 seeds; power for a 0.05 gap 0.34")
     assert rs.binomial_se(0.8, 500) == pytest.approx(math.sqrt(0.16 / 500))

@@ -25,10 +25,15 @@ def _has_sweep(path):
 
 
 # Every config with a sweep: the recipes (at their runlocal scale) and the ablations.
-SWEPT = ([f"configs/{p.name}:runlocal=True" for p in sorted((REPO / "configs").glob("*.py"))
-          if _has_sweep(p)] +
-         [f"configs/ablations/{p.name}" for p in sorted((REPO / "configs" / "ablations").glob("*.py"))
-          if _has_sweep(p)])
+SWEPT = [
+    f"configs/{p.name}:runlocal=True"
+    for p in sorted((REPO / "configs").glob("*.py"))
+    if _has_sweep(p)
+] + [
+    f"configs/ablations/{p.name}"
+    for p in sorted((REPO / "configs" / "ablations").glob("*.py"))
+    if _has_sweep(p)
+]
 
 
 def _parse_like_the_trainer(argv):
@@ -69,13 +74,19 @@ def test_dry_run_prints_every_entry_and_seed_with_the_command_that_builds_its_co
         for seed_position, seed in enumerate((0, 2)):
             status, command = runs[2 * index + seed_position]
             name, state = status.strip().rsplit(": ", 1)
-            assert state == "new" and name.startswith(f"{index:02d}_") and name.endswith(f"/seed-{seed}")
+            assert (
+                state == "new"
+                and name.startswith(f"{index:02d}_")
+                and name.endswith(f"/seed-{seed}")
+            )
             names.add(name.split("/")[0])
             argv = shlex.split(command)
             assert argv[:4] == [sys.executable, "-m", "grpo_jax.main", f"--config={spec}"]
             assert argv[4] == f"--workdir={root / name}"
             assert argv[-1] == f"--config.seed={seed}"
-            want = config_lib.apply_overrides(config_lib.load_config(spec), {**overrides, "seed": seed})
+            want = config_lib.apply_overrides(
+                config_lib.load_config(spec), {**overrides, "seed": seed}
+            )
             assert _parse_like_the_trainer(argv).to_dict() == want.to_dict(), name
             objectives.policy_objective(want.objective, reward_weights=rewards.spec_weights(
                 rewards.as_specs(want.reward.specs)))   # the entry's objective builds
@@ -114,17 +125,23 @@ def _recipe(tmp_path, body):
 class TestExpand:
 
     def test_entries_times_seeds_in_order(self, tmp_path):
-        spec = _recipe(tmp_path, "def get_sweep():\n    return [{'train.lr': 0.1}, {'train.lr': 0.2}]\n")
+        spec = _recipe(
+            tmp_path, "def get_sweep():\n    return [{'train.lr': 0.1}, {'train.lr': 0.2}]\n"
+        )
         runs = sweep.expand(spec, tmp_path / "r", seeds=[3, 1])
         assert [r.name for r in runs] == ["00_lr-0.1/seed-3", "00_lr-0.1/seed-1",
                                           "01_lr-0.2/seed-3", "01_lr-0.2/seed-1"]
-        assert [(r.config.train.lr, r.config.seed) for r in runs] == [(0.1, 3), (0.1, 1), (0.2, 3), (0.2, 1)]
+        assert [(r.config.train.lr, r.config.seed) for r in runs] == [
+            (0.1, 3), (0.1, 1), (0.2, 3), (0.2, 1),
+        ]
         assert sweep.expand(spec, tmp_path / "r")[0].seed == 0   # default: the config's seed
 
     @pytest.mark.parametrize("body, seeds, message", [
-        ("def get_sweep():\n    return [{'seed': 1}]\n", None, "sets 'seed'; give seeds with --seeds"),
+        ("def get_sweep():\n    return [{'seed': 1}]\n", None,
+         "sets 'seed'; give seeds with --seeds"),
         ("def get_sweep():\n    return [{'train.lr': 1}]\n", [1, 1], "--seeds repeats a seed"),
-        ("def get_sweep():\n    return [{'train.lrr': 1}]\n", None, "'train.lrr' names no config field"),
+        ("def get_sweep():\n    return [{'train.lrr': 1}]\n", None,
+         "'train.lrr' names no config field"),
         ("def get_sweep():\n    return [{'mode': 'demo'}]\n", None, "mode 'rl' or 'sft'"),
         ("", None, "defines no get_sweep()"),
     ])
@@ -135,10 +152,19 @@ class TestExpand:
     def test_a_root_holding_another_sweep_is_refused(self, tmp_path, capsys):
         spec = _recipe(tmp_path, "def get_sweep():\n    return [{'train.lr': 0.1}]\n")
         [run] = sweep.expand(spec, tmp_path / "r")
-        other = sweep.Run("other.py", *[getattr(run, f) for f in ("entry", "entry_name", "overrides",
-                                                                   "seed", "workdir", "command", "config")])
+        other = sweep.Run(
+            "other.py",
+            *[
+                getattr(run, f)
+                for f in (
+                    "entry", "entry_name", "overrides", "seed", "workdir", "command", "config",
+                )
+            ],
+        )
         sweep.write_record(other, commit="c", machine="m")
-        assert sweep.main(["--config", spec, "--workdir_root", str(tmp_path / "r"), "--dry_run"]) == 2
+        assert (
+            sweep.main(["--config", spec, "--workdir_root", str(tmp_path / "r"), "--dry_run"]) == 2
+        )
         assert "holds a run of the sweep of 'other.py'" in capsys.readouterr().err
 
 
@@ -227,14 +253,18 @@ class TestStartOrder:
     building; runs whose inputs exist start in any free share."""
 
     def _runs(self, tmp_path):
-        spec = _recipe(tmp_path, "def get_sweep():\n    return [{'train.lr': 0.1}, {'train.lr': 0.2}]\n")
+        spec = _recipe(
+            tmp_path, "def get_sweep():\n    return [{'train.lr': 0.1}, {'train.lr': 0.2}]\n"
+        )
         return sweep.expand(spec, tmp_path / "r", seeds=[0, 1])   # a0 a1 b0 b1
 
     def test_order(self, tmp_path, monkeypatch):
         a0, a1, b0, b1 = self._runs(tmp_path)
         built = set()   # the seeds whose warm start exists
-        monkeypatch.setattr(sweep, "missing_inputs",
-                            lambda config: [] if config.seed in built else [f"warm start {config.seed}"])
+        monkeypatch.setattr(
+            sweep, "missing_inputs",
+            lambda config: [] if config.seed in built else [f"warm start {config.seed}"],
+        )
         launcher = sweep.Launcher([[0], [1]], stream=io.StringIO())
         # Nothing is built: the first run builds, alone.
         assert launcher._next_startable([a0, a1, b0, b1]) is a0
@@ -279,7 +309,9 @@ def test_a_signal_to_the_sweep_stops_every_run_with_sigterm(tmp_path, monkeypatc
     before = signal.getsignal(signal.SIGINT)
     threading.Thread(target=interrupt_once_both_wait, daemon=True).start()
     failed, stopped = launcher.run(runs)
-    assert failed == [] and sorted(stopped) == ["00/seed-0", "01/seed-0", "02/seed-0"], out.getvalue()
+    assert failed == [] and sorted(stopped) == ["00/seed-0", "01/seed-0", "02/seed-0"], (
+        out.getvalue()
+    )
     assert signal.getsignal(signal.SIGINT) is before   # the sweep's handler is gone
     text = out.getvalue()
     assert "SIGINT: stopping; SIGTERM to 2 run(s)" in text

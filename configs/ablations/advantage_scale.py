@@ -44,10 +44,13 @@ def get_report():
         # The one primary outcome (every other measure is secondary): held-out accuracy,
         # the mean of the last evaluations, paired by seed.
         "primary": ("eval_accuracy", "last_k"),
-        "table": (("advantage_share_nearly_solved", "mean"), ("advantage_share_nearly_failed", "mean"),
-                  ("groups_nearly_solved", "mean"), ("groups_nearly_failed", "mean"),
-                  ("accuracy", "late"), ("eval_accuracy", "final")),
-        "plots": ("advantage_share_nearly_solved", "advantage_share_nearly_failed",
-                  "eval_accuracy"),
+        "table": (
+            ("advantage_share_nearly_solved", "mean"), ("advantage_share_nearly_failed", "mean"),
+            ("groups_nearly_solved", "mean"), ("groups_nearly_failed", "mean"),
+            ("accuracy", "late"), ("eval_accuracy", "final"),
+        ),
+        "plots": (
+            "advantage_share_nearly_solved", "advantage_share_nearly_failed", "eval_accuracy",
+        ),
         "labels": ("group std (GRPO)", "none (Dr. GRPO)", "batch std"),
     }

@@ -48,9 +48,13 @@ def get_report():
         # The one primary outcome (every other measure is secondary): held-out accuracy,
         # the mean of the last evaluations, paired by seed.
         "primary": ("eval_accuracy", "last_k"),
-        "table": (("eval_accuracy", "final"), ("eval_mean_at_k", "final"), ("accuracy", "late"),
-                  ("grad_norm", "mean"), ("grad_norm_std", "mean")),
+        "table": (
+            ("eval_accuracy", "final"), ("eval_mean_at_k", "final"), ("accuracy", "late"),
+            ("grad_norm", "mean"), ("grad_norm_std", "mean"),
+        ),
         "plots": ("eval_accuracy", "eval_mean_at_k", "reward_mean", "grad_norm"),
-        "labels": ("GRPO (group mean, std)", "RLOO (leave-one-out)", "REINFORCE++ (batch whitening)",
-                   "REINFORCE++ baseline (group mean, then batch whitening)"),
+        "labels": (
+            "GRPO (group mean, std)", "RLOO (leave-one-out)", "REINFORCE++ (batch whitening)",
+            "REINFORCE++ baseline (group mean, then batch whitening)",
+        ),
     }

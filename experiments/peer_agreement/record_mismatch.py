@@ -202,7 +202,9 @@ def ppo_inputs(name):
     behav = _logprobs(rng)
     prox = behav + rng.normal(0.0, stale, (B, T))
     logp = prox + rng.normal(0.0, update, (B, T))
-    adv = rng.normal(0.0, 1.0, (B, T)) if per_token else np.repeat(rng.normal(0.0, 1.0, (B, 1)), T, 1)
+    adv = (
+        rng.normal(0.0, 1.0, (B, T)) if per_token else np.repeat(rng.normal(0.0, 1.0, (B, 1)), T, 1)
+    )
     mask = _lengths_mask(lengths)
     logp, prox, behav = _below_zero(logp, prox, behav)
     return {"logp": _pad(logp, mask, -2.0), "prox_logp": _pad(prox, mask, -9.0),
@@ -263,7 +265,8 @@ def record_verl(git_dir, tmp):
     return _document(VERL_REPO, VERL_COMMIT, date, path,
                      ["compute_rollout_correction_weights", "compute_rollout_rejection_mask",
                       "compute_offpolicy_metrics"],
-                     "log_ratio = trainer_logp - sampler_logp (verl: old_log_prob - rollout_log_prob); "
+                     "log_ratio = trainer_logp - sampler_logp "
+                     "(verl: old_log_prob - rollout_log_prob); "
                      "response_mask = mask",
                      cases, calls)
 
@@ -313,7 +316,9 @@ def _areal_calls(fn, cases, configs):
             mask = _t(x["mask"]).bool()
             call_kwargs = dict(kwargs)
             if isinstance(call_kwargs.get("rejection_sampling"), dict):
-                call_kwargs["rejection_sampling"] = RejectionSampling(**call_kwargs["rejection_sampling"])
+                call_kwargs["rejection_sampling"] = RejectionSampling(
+                    **call_kwargs["rejection_sampling"]
+                )
             loss, stat = fn(logprobs=logp, proximal_logprobs=_t(x["prox_logp"]),
                             old_logprobs=_t(x["behav_logp"]), advantages=_t(x["adv"]),
                             loss_mask=mask, **call_kwargs)
@@ -325,7 +330,9 @@ def _areal_calls(fn, cases, configs):
                        "dual_clip_mask": _list(stat["dual_clip_mask"])}
             for key in ("behave_imp_weight", "behave_mask"):
                 if key in stat:
-                    outputs[key] = _list(torch.where(mask, stat[key], False if key == "behave_mask" else 0.0))
+                    outputs[key] = _list(
+                        torch.where(mask, stat[key], False if key == "behave_mask" else 0.0)
+                    )
             calls.append({"case": name, "function": "ppo_actor_loss_fn", "kwargs": kwargs,
                           "outputs": outputs})
     return calls
@@ -344,11 +351,13 @@ def record_areal(git_dir, tmp):
         {"eps_clip": 0.2, "rejection_sampling": {"level": "token", "action": "mask",
                                                  "metric": "ratio", "upper": 5.0}},
         {"eps_clip": 0.2, "eps_clip_higher": 0.28,
-         "rejection_sampling": {"level": "token", "action": "mask", "metric": "ratio", "upper": 2.0}},
+         "rejection_sampling": {"level": "token", "action": "mask", "metric": "ratio",
+                                "upper": 2.0}},
         {"eps_clip": 0.2, "rejection_sampling": {"level": "token", "action": "clamp",
                                                  "metric": "ratio", "upper": 2.0}},
         {"eps_clip": 0.2, "c_clip": 3.0,
-         "rejection_sampling": {"level": "token", "action": "mask", "metric": "ratio", "upper": 5.0}},
+         "rejection_sampling": {"level": "token", "action": "mask", "metric": "ratio",
+                                "upper": 5.0}},
     ]
     return _document(AREAL_REPO, AREAL_COMMIT, date, path, ["ppo_actor_loss_fn"],
                      "logprobs = logp, proximal_logprobs = prox_logp, old_logprobs = behav_logp, "

@@ -48,7 +48,9 @@ AREAL_ACTOR = "areal/trainer/ppo/actor.py"
 def _functions_from(path, names, namespace):
     """Executes the top-level functions `names` of the file at `path` in `namespace`."""
     tree = ast.parse(pathlib.Path(path).read_text())
-    wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
+    wanted = [
+        node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names
+    ]
     missing = set(names) - {node.name for node in wanted}
     if missing:
         raise ValueError(f"{path} lacks {sorted(missing)}")

@@ -95,10 +95,10 @@ def compile_run(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
       log: called with a line as each program compiles.
 
     Returns:
-      `{"topology", "devices", "device_kind", "versions", "mesh", "mesh_choice", "hbm_bytes_per_device",
-      "host_memory_estimate", "fits", "programs": {name: Result.to_json()}, "table",
-      "advice"}`; ``fits`` is None without a known HBM (CPU devices) unless a program does
-      not compile.
+      `{"topology", "devices", "device_kind", "versions", "mesh", "mesh_choice",
+      "hbm_bytes_per_device", "host_memory_estimate", "fits", "programs": {name:
+      Result.to_json()}, "table", "advice"}`; ``fits`` is None without a known HBM (CPU
+      devices) unless a program does not compile.
     """
     unknown = sorted(set(programs) - set(PROGRAMS))
     if unknown:
@@ -117,8 +117,8 @@ def compile_run(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
                                              rollout_mesh=rollout_mesh) if p.name in programs]
     on = "" if rollout_mesh is None else (
         f" (the sampler's on rollout mesh {dict(rollout_mesh.shape)} of {rollout_mesh.size} more)")
-    log(f"lowered {len(lowered)} programs in {time.time() - begin:.1f} s on mesh {dict(mesh.shape)} "
-        f"of {len(devices)} x {devices[0].device_kind}{on}")
+    log(f"lowered {len(lowered)} programs in {time.time() - begin:.1f} s on mesh "
+        f"{dict(mesh.shape)} of {len(devices)} x {devices[0].device_kind}{on}")
     results = []
     for program in lowered:
         results.append(compiler_lib.compile_program(program))

@@ -24,10 +24,15 @@ from absl import app, flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config: path/to/config.py[:args].")
-_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology (v5e:2x4, v5p:2x2x2, ...) or 'cpu'.")
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "TPU topology (v5e:2x4, v5p:2x2x2, ...) or 'cpu'."
+)
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 1024, "S, the prompt bucket the rollouts use.")
-_PROGRAMS = flags.DEFINE_list("programs", None, "Programs to compile (default: all the run has: "
-                              "train, logprob, prefill, decode; critic_train, values with a critic).")
+_PROGRAMS = flags.DEFINE_list(
+    "programs", None,
+    "Programs to compile (default: all the run has: "
+    "train, logprob, prefill, decode; critic_train, values with a critic).",
+)
 _JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
 _PLAN = flags.DEFINE_list("plan_splits", None, "The split plan instead of the report: rollout "
                           "chip counts to try (e.g. 2,4,6), or 'default' (a quarter, half and "

@@ -2,8 +2,8 @@
 
 Every input is a `jax.ShapeDtypeStruct` carrying the sharding the run gives it, so a
 program lowers for devices that are not there (a TPU topology's abstract devices) and no
-memory is allocated. The programs are the RL loop's own (`training.programs` builds them for `rl.train`
-and for this report alike):
+memory is allocated. The programs are the RL loop's own (`training.programs` builds them for
+`rl.train` and for this report alike):
 
 | program | function | shape |
 |---|---|---|
@@ -11,13 +11,13 @@ and for this report alike):
 | logprob | `batch.make_logprob_fn` (pi_old, pi_ref) | the whole batch |
 | prefill | `Decoder.prefill` of the prompts, sampling layout | P prompts x S |
 | decode | one `Decoder.decode_step`, sampling layout | P G rows, a cache of S + N slots |
-| | with ``rollout.slots`` = C: one step of the continuous-batching engine (`sampling.engine_step`: sample, decode, admit) | C slots of S + N columns, the P prompts' cache |
+| | with ``rollout.slots`` = C: one continuous-batching step (`sampling.engine_step`: sample, decode, admit) | C slots of S + N columns, the P prompts' cache |
 | critic_train | the critic's `steps.make_update_step` (``critic.enabled``) | one minibatch |
 | values | `critic.make_value_fn`, the critic's values (``critic.enabled``) | the whole batch |
 
 With ``train.packing`` on (`training.programs.packs`), train, logprob, critic_train and
 values are the packed programs, at their largest plan (`packing_plans`).
-"""
+"""  # noqa: E501 (a table: rows stay whole)
 
 import dataclasses
 import math
@@ -43,8 +43,9 @@ class Program:
       held: per-device bytes of the run's state that stays in memory while it runs but
         is not among its arguments (the optimizer state while sampling, ...).
       shape: what it was lowered for, in words.
-      parts: per-device bytes of the run's state among its arguments and outputs, by name: "weights",
-        "optimizer" (its state), "cache" (the KV cache), for the advice on what to change.
+      parts: per-device bytes of the run's state among its arguments and outputs, by name:
+        "weights", "optimizer" (its state), "cache" (the KV cache), for the advice on what to
+        change.
       held_state: of `held`, the training weights, optimizer state and their copies
         (pi_ref, lagged policies): what sharding the weights over more chips shrinks.
     """
@@ -59,7 +60,9 @@ class Program:
 
 def abstract(tree, shardings):
     """`ShapeDtypeStruct`s of `tree`'s leaves carrying `shardings` (a tree of the same shape)."""
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
 
 
 def device_bytes(tree):
@@ -83,7 +86,9 @@ def sft_rows(config, mesh, prompt_len):
     p, s, n = config.rollout.prompts_per_batch, prompt_len, config.rollout.max_new_tokens
     shapes = {"prompt_tokens": (p, s), "prompt_mask": (p, s), "tokens": (p, n), "mask": (p, n)}
     sharding = parallel.rows_sharding(mesh, p)
-    rows = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k, shape in shapes.items()}
+    rows = {
+        k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k, shape in shapes.items()
+    }
     rows["row_valid"] = jax.ShapeDtypeStruct((p,), bool, sharding=sharding)
     index = jax.ShapeDtypeStruct((p // config.train.minibatches,), jnp.int32,
                                  sharding=jax.NamedSharding(mesh, jax.P()))
@@ -187,8 +192,10 @@ def packing_plans(config, mesh, rows, pieces):
     def plan(lead, rows_per, back):
         shapes = {k: (*lead, rows_per, width) for k in packing.ROW_KEYS}
         shapes["pack_back"] = back
-        return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=packing.plan_sharding(shape, mesh))
-                for k, shape in shapes.items()}
+        return {
+            k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=packing.plan_sharding(shape, mesh))
+            for k, shape in shapes.items()
+        }
 
     return (plan((micro,), micro_rows, (micro, micro_rows, n)),
             plan((pieces,), b // pieces, (b, n)))
@@ -215,11 +222,15 @@ def _critic_programs(config, mesh, cfg, rows, index, pieces, plans, *, held):
     b, seq = rows["mask"].shape[0], f"S={rows['prompt_tokens'].shape[1]}+N={rows['mask'].shape[1]}"
     with jax.set_mesh(mesh):
         programs = [
-            Program("critic_train", update.lower(params, opt_state, rows, index, plan=plans[0]), held,
-                    f"{index.shape[0]} rows x {seq} in {config.train.micro_batches} micro-batch(es)",
-                    {"weights": device_bytes(params), "optimizer": device_bytes(opt_state)}),
-            Program("values", values.lower(params, rows, plans[1]), held + device_bytes(opt_state),
-                    f"{b} rows x {seq} in {pieces} piece(s)", {"weights": device_bytes(params)}),
+            Program(
+                "critic_train", update.lower(params, opt_state, rows, index, plan=plans[0]), held,
+                f"{index.shape[0]} rows x {seq} in {config.train.micro_batches} micro-batch(es)",
+                {"weights": device_bytes(params), "optimizer": device_bytes(opt_state)},
+            ),
+            Program(
+                "values", values.lower(params, rows, plans[1]), held + device_bytes(opt_state),
+                f"{b} rows x {seq} in {pieces} piece(s)", {"weights": device_bytes(params)},
+            ),
         ]
     return programs, device_bytes(params) + device_bytes(opt_state)
 
@@ -237,7 +248,9 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held
     s, n = prompt_len, config.rollout.max_new_tokens
     graphdef, state = models.abstract_model(cfg)
     params = models.quantize_base(_params(state, mesh, config.rollout.rules), cfg.lora)
-    same_layout = jax.tree.leaves(jax.tree.map(lambda a, b: a.sharding == b.sharding, params, train_params))
+    same_layout = jax.tree.leaves(
+        jax.tree.map(lambda a, b: a.sharding == b.sharding, params, train_params)
+    )
     if all(same_layout):
         held -= device_bytes(train_params)
         held_state -= device_bytes(train_params)
@@ -258,10 +271,16 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held
     prompt_cache_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), prompt_cache_shapes)
     prompt_cache = jax.tree.map(lambda x: x.sharding, prompt_cache_shapes)
-    prefill = jax.jit(prefill, out_shardings=(parallel.rows_sharding(mesh, p), layouts(prompt_cache)))
+    prefill = jax.jit(
+        prefill, out_shardings=(parallel.rows_sharding(mesh, p), layouts(prompt_cache))
+    )
     weights = device_bytes(params)
-    programs = [Program("prefill", prefill.lower(params, prompts, prompts), held, f"{p} prompts x S={s}",
-                        {"weights": weights, "cache": device_bytes(prompt_cache_shapes)}, held_state)]
+    programs = [
+        Program(
+            "prefill", prefill.lower(params, prompts, prompts), held, f"{p} prompts x S={s}",
+            {"weights": weights, "cache": device_bytes(prompt_cache_shapes)}, held_state,
+        )
+    ]
     if config.rollout.slots:
         return programs + [_engine_program(config, mesh, cfg, graphdef, params, prompts,
                                            held=held, held_state=held_state)]
@@ -303,7 +322,11 @@ def _engine_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_
 
     def place(x, sharding=None):
         if sharding is None:
-            sharding = parallel.rows_sharding(mesh, x.shape[0]) if x.ndim else jax.NamedSharding(mesh, jax.P())
+            sharding = (
+                parallel.rows_sharding(mesh, x.shape[0])
+                if x.ndim
+                else jax.NamedSharding(mesh, jax.P())
+            )
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
     slots, prompt_cache, logits, keys = jax.eval_shape(start, params, prompts)
@@ -315,9 +338,11 @@ def _engine_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_
     stop_tokens = place(jax.ShapeDtypeStruct((1,), jnp.int32))
 
     def step(state, slots, prompt_cache, logits, keys, budgets, stop_tokens):
-        return sampling.engine_step(graphdef, state, slots, prompt_cache, logits, keys, budgets,
-                                    method=method, stop_tokens=stop_tokens, pad_id=0, group_size=g,
-                                    batch_axes=parallel.row_axes(mesh), ways=parallel.row_ways(mesh))
+        return sampling.engine_step(
+            graphdef, state, slots, prompt_cache, logits, keys, budgets, method=method,
+            stop_tokens=stop_tokens, pad_id=0, group_size=g, batch_axes=parallel.row_axes(mesh),
+            ways=parallel.row_ways(mesh),
+        )
 
     lowered = jax.jit(step, donate_argnums=1).lower(params, slots, prompt_cache, logits, keys,
                                                    budgets, stop_tokens)

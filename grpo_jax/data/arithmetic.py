@@ -32,8 +32,8 @@ they include, as the model reads it in a multi-turn rollout):
 
   ``478*256``  ->  ``<calculator>478*256</calculator><result>122368</result> #### 122368``
 
-so a warm start learns the call's format. The known-good recipe for the trainer demo is 3-digit addition,
-``teacher_fraction=0.5``, ``forget_carry_p=1.0``.
+so a warm start learns the call's format. The known-good recipe for the trainer demo is
+3-digit addition, ``teacher_fraction=0.5``, ``forget_carry_p=1.0``.
 """
 
 import dataclasses
@@ -214,7 +214,9 @@ class ArithmeticConfig(_procedural.ProceduralConfig):
             raise ValueError(f"arithmetic.ops must be a non-empty subset of {OPS}, got {self.ops}")
         for field in ("teacher_fraction", "forget_carry_p", "calculator_fraction"):
             if not 0.0 <= getattr(self, field) <= 1.0:
-                raise ValueError(f"arithmetic.{field} must be in [0, 1], got {getattr(self, field)}")
+                raise ValueError(
+                    f"arithmetic.{field} must be in [0, 1], got {getattr(self, field)}"
+                )
         super().__post_init__()
 
 

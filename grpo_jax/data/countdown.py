@@ -160,7 +160,9 @@ class CountdownConfig(_procedural.ProceduralConfig):
         if not self.ops or not set(self.ops) <= set(OPS):
             raise ValueError(f"countdown.ops must be a non-empty subset of {OPS}, got {self.ops}")
         if not 0.0 <= self.check_fraction <= 1.0:
-            raise ValueError(f"countdown.check_fraction must be in [0, 1], got {self.check_fraction}")
+            raise ValueError(
+                f"countdown.check_fraction must be in [0, 1], got {self.check_fraction}"
+            )
         super().__post_init__()
 
 

@@ -205,8 +205,10 @@ class Rpt(tfds.core.GeneratorBasedBuilder):
     """Next-token(s) prediction with reasoning from a local corpus (see ``grpo_jax.data.rpt``)."""
 
     VERSION = tfds.core.Version("1.1.0")
-    RELEASE_NOTES = {"1.0.0": "First release.",
-                     "1.1.0": "proxy_entropy; hard positions selected by a proxy model; builtin corpus."}
+    RELEASE_NOTES = {
+        "1.0.0": "First release.",
+        "1.1.0": "proxy_entropy; hard positions selected by a proxy model; builtin corpus.",
+    }
 
     def _info(self) -> tfds.core.DatasetInfo:
         text = tfds.features.Text

@@ -17,7 +17,9 @@ MAX_DIGITS = 200   # a result longer than this is refused (a tool's reply is rea
 
 def _number(value: fractions.Fraction) -> str:
     """An exact value as the model reads it: an integer, or a fraction in lowest terms."""
-    text = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    text = (
+        str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    )
     if len(text) > MAX_DIGITS:
         return f"error: the result has more than {MAX_DIGITS} digits"
     return text

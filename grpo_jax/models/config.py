@@ -126,7 +126,9 @@ class ModelConfig:
     def __post_init__(self):
         object.__setattr__(self, "remat", as_remat_policy(self.remat))
         if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"remat must be one of {REMAT_POLICIES} (or a bool), got {self.remat!r}")
+            raise ValueError(
+                f"remat must be one of {REMAT_POLICIES} (or a bool), got {self.remat!r}"
+            )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(
                 f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
@@ -214,7 +216,9 @@ def from_hf_config(hf, *, source="config.json"):
             source, "model_type", hf.model_type, f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     if getattr(hf, "hidden_act", "silu") != "silu":
-        raise _unsupported(source, "hidden_act", hf.hidden_act, "only 'silu' (SwiGLU) is implemented")
+        raise _unsupported(
+            source, "hidden_act", hf.hidden_act, "only 'silu' (SwiGLU) is implemented"
+        )
     if getattr(hf, "use_sliding_window", False):
         raise _unsupported(source, "use_sliding_window", True, "set it to false")
     if getattr(hf, "mlp_bias", False):
@@ -222,7 +226,9 @@ def from_hf_config(hf, *, source="config.json"):
     rope = dict(hf.rope_parameters)
     rope_type = rope.get("rope_type", "default")
     if rope_type not in ("default", "llama3"):
-        raise _unsupported(source, "rope_parameters.rope_type", rope_type, "use 'default' or 'llama3'")
+        raise _unsupported(
+            source, "rope_parameters.rope_type", rope_type, "use 'default' or 'llama3'"
+        )
     scaling = None
     if rope_type == "llama3":
         scaling = Llama3RopeScaling(
@@ -251,7 +257,9 @@ def from_hf_config(hf, *, source="config.json"):
 def to_hf_config(cfg):
     """The transformers config that describes the same network as `cfg`."""
     if cfg.model_type == "qwen2" and (not cfg.qkv_bias or cfg.o_bias):
-        raise ValueError("a qwen2 config needs qkv_bias=True and o_bias=False (Qwen2's fixed layout)")
+        raise ValueError(
+            "a qwen2 config needs qkv_bias=True and o_bias=False (Qwen2's fixed layout)"
+        )
     if cfg.model_type != "qwen2" and cfg.qkv_bias != cfg.o_bias:
         raise ValueError(
             f"{cfg.model_type} puts attention_bias on q/k/v and o alike; "

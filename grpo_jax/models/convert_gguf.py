@@ -69,7 +69,9 @@ ROPE_FREQS = "rope_freqs.weight"
 
 def read_metadata(reader):
     """{key: value} of a `GGUFReader`'s fields (strings, numbers, bools, lists of them)."""
-    return {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+    return {
+        key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")
+    }
 
 
 def hf_name(gguf_name):
@@ -122,9 +124,9 @@ def _llama3_scaling(rope_freqs, head_dim, theta, source):
     implied = layers.rope_inv_freq(head_dim, theta) / layers.rope_inv_freq(head_dim, theta, scaling)
     if rope_freqs.shape != implied.shape or not np.allclose(rope_freqs, implied, rtol=1e-5):
         raise ValueError(
-            f"{source}: {ROPE_FREQS} does not match Llama 3 rope scaling with factor {scaling.factor}, "
-            "low_freq_factor 1, high_freq_factor 4 and original length 8192; other rope scalings "
-            "are not supported"
+            f"{source}: {ROPE_FREQS} does not match Llama 3 rope scaling with factor "
+            f"{scaling.factor}, low_freq_factor 1, high_freq_factor 4 and original length 8192; "
+            "other rope scalings are not supported"
         )
     return scaling
 
@@ -159,14 +161,18 @@ def model_config(metadata, tensors, *, param_dtype="float32", source="the GGUF f
                          "are not supported for GGUF files")
     scaling_type = get(Keys.Rope.SCALING_TYPE, "none")
     if scaling_type != "none":
-        raise ValueError(f"{source}: {Keys.Rope.SCALING_TYPE.format(arch=arch)}={scaling_type!r} is not "
-                         "supported (only Llama 3 scaling, stored as rope_freqs.weight)")
+        raise ValueError(
+            f"{source}: {Keys.Rope.SCALING_TYPE.format(arch=arch)}={scaling_type!r} is not "
+            "supported (only Llama 3 scaling, stored as rope_freqs.weight)"
+        )
     d_model, n_heads = get(Keys.LLM.EMBEDDING_LENGTH), get(Keys.Attention.HEAD_COUNT)
     head_dim = get(Keys.Attention.KEY_LENGTH, get(Keys.Rope.DIMENSION_COUNT, d_model // n_heads))
     for key in (Keys.Attention.VALUE_LENGTH, Keys.Rope.DIMENSION_COUNT):
         if get(key, head_dim) != head_dim:
-            raise ValueError(f"{source}: {key.format(arch=arch)}={get(key)} differs from the head "
-                             f"dimension {head_dim}; only full rope with equal key/value heads is supported")
+            raise ValueError(
+                f"{source}: {key.format(arch=arch)}={get(key)} differs from the head "
+                f"dimension {head_dim}; only full rope with equal key/value heads is supported"
+            )
     theta = _float32_decimal(get(Keys.Rope.FREQ_BASE, 10000.0))
     scaling = None
     if ROPE_FREQS in tensors:
@@ -176,8 +182,10 @@ def model_config(metadata, tensors, *, param_dtype="float32", source="the GGUF f
     vocab_size = get(Keys.LLM.VOCAB_SIZE, int(tensors["token_embd.weight"].shape[1]))
     n_tokens = len(metadata.get(Keys.Tokenizer.LIST, []))
     if n_tokens > vocab_size:
-        raise ValueError(f"{source}: the tokenizer's {n_tokens} tokens exceed the model's vocabulary "
-                         f"of {vocab_size}")
+        raise ValueError(
+            f"{source}: the tokenizer's {n_tokens} tokens exceed the model's vocabulary "
+            f"of {vocab_size}"
+        )
     bias = "blk.0.attn_q.bias" in tensors
     return config_lib.ModelConfig(
         model_type=arch,
@@ -216,7 +224,9 @@ def hf_tensors(tensors, cfg, *, dtype="float32", source="the GGUF file"):
             continue  # read into the config
         target = hf_name(name)
         if target is None:
-            raise ValueError(f"{source}: tensor {name} has no counterpart in a {cfg.model_type} model")
+            raise ValueError(
+                f"{source}: tensor {name} has no counterpart in a {cfg.model_type} model"
+            )
         array = dequantized(tensor)
         if cfg.model_type == "llama" and ".attn_q." in name:
             array = unpermute_rope(array, cfg.n_heads)
@@ -225,7 +235,9 @@ def hf_tensors(tensors, cfg, *, dtype="float32", source="the GGUF file"):
         out[target] = array.astype(_NUMPY_DTYPES[dtype], copy=False)
     missing = [n for entry in hf.weight_map(cfg) for n in entry.hf_names if n not in out]
     if missing:
-        raise KeyError(f"{source} lacks {len(missing)} tensors a {cfg.model_type} model needs: {missing[:5]}")
+        raise KeyError(
+            f"{source} lacks {len(missing)} tensors a {cfg.model_type} model needs: {missing[:5]}"
+        )
     return out
 
 
@@ -264,7 +276,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("gguf_path", help="the .gguf file")
     parser.add_argument("out_dir", help="the Hugging Face directory to write")
-    parser.add_argument("--dtype", default="float32", choices=OUTPUT_DTYPES, help="storage dtype of the weights")
+    parser.add_argument(
+        "--dtype", default="float32", choices=OUTPUT_DTYPES, help="storage dtype of the weights"
+    )
     args = parser.parse_args(argv)
     cfg = convert(args.gguf_path, args.out_dir, dtype=args.dtype)
     print(f"wrote {args.out_dir}: {cfg.model_type}, {cfg.n_layers} layers, d {cfg.d_model}, "

@@ -197,14 +197,20 @@ class Decoder(nnx.Module):
 
     def __init__(self, cfg, *, rngs):
         self.cfg = cfg
-        self.embed = layers.param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.param_dtype)
+        self.embed = layers.param(
+            rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.param_dtype
+        )
         if cfg.scan_layers:
-            self.stacks = nnx.List([_stacked_layers(cfg, moe, n, rngs) for _, n, moe in cfg.layer_runs()])
+            self.stacks = nnx.List(
+                [_stacked_layers(cfg, moe, n, rngs) for _, n, moe in cfg.layer_runs()]
+            )
         else:
             self.layers = nnx.List(
                 [DecoderLayer(cfg, cfg.is_moe_layer(i), rngs=rngs) for i in range(cfg.n_layers)]
             )
-        self.final_norm = layers.param(rngs, (cfg.d_model,), ("norm",), cfg.param_dtype, init="ones")
+        self.final_norm = layers.param(
+            rngs, (cfg.d_model,), ("norm",), cfg.param_dtype, init="ones"
+        )
         if not cfg.tie_embeddings:
             self.lm_head = layers.param(
                 rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.param_dtype
@@ -247,7 +253,9 @@ class Decoder(nnx.Module):
         same shape) replays them.
         """
         cfg = self.cfg
-        x = sharding.constrain(jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype), ("batch",))
+        x = sharding.constrain(
+            jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype), ("batch",)
+        )
         index = None if cache is None else cache.index if cache.pages is None else cache.pages
         prefix_valid = None if cache is None or cache.prefix is None else cache.prefix.valid
         new_k, new_v, stats, chosen = [], [], [], []
@@ -361,12 +369,16 @@ class Decoder(nnx.Module):
             raise ValueError(f"batch_size {batch_size} is not a multiple of the prefix's "
                              f"{prefix.valid.shape[0]} rows")
         if prefix is not None and prefix.prefix is not None:
-            raise ValueError("the prefix cache has a prefix of its own; only one level is supported")
+            raise ValueError(
+                "the prefix cache has a prefix of its own; only one level is supported"
+            )
         k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len)
         v_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
         def zeros(shape):
             stacked = lambda count: (count,) if cfg.scan_layers else ()
-            return tuple(jnp.zeros(stacked(count) + shape, cfg.dtype) for _, count, _ in layer_units(cfg))
+            return tuple(
+                jnp.zeros(stacked(count) + shape, cfg.dtype) for _, count, _ in layer_units(cfg)
+            )
 
         return KVCache(
             k=zeros(k_shape), v=zeros(v_shape), valid=jnp.zeros((batch_size, max_len), bool),
@@ -392,12 +404,16 @@ class Decoder(nnx.Module):
         b, s = tokens.shape
         max_len = cache.valid.shape[1]
         if s > max_len:
-            raise ValueError(f"cannot prefill {s} tokens into a cache of {max_len} slots; raise max_len")
+            raise ValueError(
+                f"cannot prefill {s} tokens into a cache of {max_len} slots; raise max_len"
+            )
         if attention_mask is None:
             attention_mask = jnp.ones((b, s), jnp.int32)
         seen = jnp.sum(cache.valid, axis=1, dtype=jnp.int32) + cache.prefix_lengths()
         positions = default_positions(attention_mask, offset=seen)
-        valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask.astype(bool), (0, cache.index))
+        valid = jax.lax.dynamic_update_slice(
+            cache.valid, attention_mask.astype(bool), (0, cache.index)
+        )
         if s == 1:
             # One new token attends every valid slot: all were written before it (or are
             # it), wherever they sit; a continuous-batching sampler writes completions

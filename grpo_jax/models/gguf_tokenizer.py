@@ -88,7 +88,10 @@ def _byte_level_bpe(metadata, source):
     pre = PRE_TOKENIZERS[pre_name]
     tokens = metadata[Keys.Tokenizer.LIST]
     # "a b": split at the first space after the first character, as llama.cpp does.
-    merges = [(m[: m.index(" ", 1)], m[m.index(" ", 1) + 1 :]) for m in metadata.get(Keys.Tokenizer.MERGES, [])]
+    merges = [
+        (m[: m.index(" ", 1)], m[m.index(" ", 1) + 1 :])
+        for m in metadata.get(Keys.Tokenizer.MERGES, [])
+    ]
     tokenizer = Tokenizer(models.BPE(
         vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=pre.ignore_merges
     ))
@@ -100,9 +103,13 @@ def _byte_level_bpe(metadata, source):
     tokenizer.add_special_tokens([
         AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL
     ])
-    tokenizer.add_tokens([
-        AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED
-    ])
+    tokenizer.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, k in zip(tokens, types)
+            if k == USER_DEFINED
+        ]
+    )
     return tokenizer
 
 

@@ -79,16 +79,22 @@ def _per_layer_weight_map(cfg):
             WeightMap(("layers", i, "mlp_norm"), (f"{pre}.post_attention_layernorm.weight",)),
         ]
         entries += [
-            WeightMap(("layers", i, "attn", ours), (f"{pre}.self_attn.{hf}.weight",), "linear", n_in)
+            WeightMap(
+                ("layers", i, "attn", ours), (f"{pre}.self_attn.{hf}.weight",), "linear", n_in
+            )
             for ours, hf, n_in in attn
         ]
         if cfg.qkv_bias:
             entries += [
-                WeightMap(("layers", i, "attn", f"{x}_bias"), (f"{pre}.self_attn.{x}_proj.bias",), "flat")
+                WeightMap(
+                    ("layers", i, "attn", f"{x}_bias"), (f"{pre}.self_attn.{x}_proj.bias",), "flat"
+                )
                 for x in "qkv"
             ]
         if cfg.o_bias:
-            entries.append(WeightMap(("layers", i, "attn", "o_bias"), (f"{pre}.self_attn.o_proj.bias",)))
+            entries.append(
+                WeightMap(("layers", i, "attn", "o_bias"), (f"{pre}.self_attn.o_proj.bias",))
+            )
         if cfg.qk_norm:
             entries += [
                 WeightMap(("layers", i, "attn", f"{x}_norm"), (f"{pre}.self_attn.{x}_norm.weight",))
@@ -96,7 +102,9 @@ def _per_layer_weight_map(cfg):
             ]
         mlp = ("gate", "up", "down")
         if cfg.is_moe_layer(i):
-            entries.append(WeightMap(("layers", i, "mlp", "router"), (f"{pre}.mlp.gate.weight",), "linear"))
+            entries.append(
+                WeightMap(("layers", i, "mlp", "router"), (f"{pre}.mlp.gate.weight",), "linear")
+            )
             entries += [
                 WeightMap(
                     ("layers", i, "mlp", x),
@@ -169,7 +177,9 @@ def _reader(entry, tensors, shape, dtype):
     want = _hf_shape(entry, per_tensor)
     for name in entry.hf_names:
         if name not in tensors:
-            raise KeyError(f"tensor {name} is missing from the checkpoint (needed for {entry.path})")
+            raise KeyError(
+                f"tensor {name} is missing from the checkpoint (needed for {entry.path})"
+            )
         found = tuple(tensors[name].header[name]["shape"])
         if found != want:
             raise ValueError(
@@ -194,14 +204,17 @@ def load_config(path, **overrides):
     """The `ModelConfig` of the HF directory `path`, with fields replaced by `overrides`."""
     config_path = os.path.join(path, "config.json")
     if not os.path.exists(config_path):
-        raise FileNotFoundError(f"{config_path} does not exist; is {path} a Hugging Face model directory?")
+        raise FileNotFoundError(
+            f"{config_path} does not exist; is {path} a Hugging Face model directory?"
+        )
     hf = transformers.AutoConfig.from_pretrained(path)
     return dataclasses.replace(config_lib.from_hf_config(hf, source=config_path), **overrides)
 
 
-def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dtype="float32", seed=0,
-                    **overrides):
-    """Loads a local Hugging Face checkpoint into a `Decoder`, each tensor straight into its sharding.
+def from_pretrained(
+    path, *, mesh=None, rules="fsdp", dtype="float32", param_dtype="float32", seed=0, **overrides
+):
+    """Loads a local Hugging Face checkpoint into a `Decoder`, each tensor into its sharding.
 
     Each tensor is read from the memory-mapped safetensors file and every device receives
     only its own slice (`jax.make_array_from_callback`), so no device ever holds a full
@@ -226,7 +239,8 @@ def from_pretrained(path, *, mesh=None, rules="fsdp", dtype="float32", param_dty
     loaded = read_weights(path, state, weight_map(cfg), mesh=mesh, rules=rules,
                           param_dtype=param_dtype)
     loaded.update(decoder.initial_variables(cfg, state, seed, mesh, rules, only=nnx.LoRAParam))
-    state = lora.quantize_base(nnx.from_flat_state(loaded), cfg.lora)   # QLoRA: integers after loading
+    # QLoRA: integers after loading
+    state = lora.quantize_base(nnx.from_flat_state(loaded), cfg.lora)
     return nnx.merge(graphdef, state), load_tokenizer(path)
 
 
@@ -249,13 +263,17 @@ def read_weights(path, state, entries, *, mesh, rules, param_dtype, expected_unu
     used = {n for e in entries for n in e.hf_names} | set(expected_unused)
     unused = sorted(set(tensors) - used)
     if unused:
-        logging.warning("%s: ignoring %d tensors the model does not use: %s", path, len(unused), unused[:5])
+        logging.warning(
+            "%s: ignoring %d tensors the model does not use: %s", path, len(unused), unused[:5]
+        )
     return loaded
 
 
 def load_tokenizer(path):
     """`transformers.AutoTokenizer` for `path`, or None when it has no tokenizer files."""
-    if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+    if not any(
+        os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")
+    ):
         return None
     return transformers.AutoTokenizer.from_pretrained(path)
 
@@ -333,7 +351,9 @@ def write_weights(state, entries, hf_config, path, *, tokenizer=None, dtype,
         for name, part in _host_tensors(flat[entry.path].get_value(), entry):
             if plan[name] != shard:
                 if writer:
-                    save_file(current, paths.join(path, file_names[shard]), metadata={"format": "pt"})
+                    save_file(
+                        current, paths.join(path, file_names[shard]), metadata={"format": "pt"}
+                    )
                 current, shard = {}, plan[name]
             current[name] = np.ascontiguousarray(_to_hf(entry, part).astype(dtype))
     if not writer:

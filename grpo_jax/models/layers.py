@@ -21,7 +21,7 @@ INIT_STD = 0.02  # std of the random normal weights (transformers' initializer_r
 
 
 def initial_value(init, shape, dtype, normal):
-    """A weight's starting value: "ones" (norm scales), "zeros" (biases) or `INIT_STD * normal(shape)`."""
+    """A weight's initial value: "ones" (norms), "zeros" (biases) or `INIT_STD * normal(shape)`."""
     if init == "ones":
         return np.ones(shape, dtype)
     if init == "zeros":
@@ -71,12 +71,16 @@ def rope_inv_freq(head_dim, theta, scaling=None):
         return inv_freq
     old_len = scaling.original_max_position_embeddings
     wavelen = 2 * math.pi / inv_freq
-    scaled = np.where(wavelen > old_len / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    scaled = np.where(
+        wavelen > old_len / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq
+    )
     smooth = (old_len / wavelen - scaling.low_freq_factor) / (
         scaling.high_freq_factor - scaling.low_freq_factor
     )
     smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-    medium = (wavelen >= old_len / scaling.high_freq_factor) & (wavelen <= old_len / scaling.low_freq_factor)
+    medium = (wavelen >= old_len / scaling.high_freq_factor) & (
+        wavelen <= old_len / scaling.low_freq_factor
+    )
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
@@ -146,7 +150,9 @@ def grouped_attention(q, k_t, v, mask, *, scale, prefix=None):
             return x.reshape(groups, kv, per_group, g * s, -1).transpose(0, 2, 1, 3, 4).reshape(
                 b, kv, g * s, -1)
 
-        scores_p = jax.lax.dot_general(to_groups(rows), k_p, matmul, preferred_element_type=jnp.float32)
+        scores_p = jax.lax.dot_general(
+            to_groups(rows), k_p, matmul, preferred_element_type=jnp.float32
+        )
         scores_p = jnp.where(valid_p[:, None, None, :], scores_p * scale, low)
         scores = jnp.concatenate([to_rows(scores_p), scores], axis=-1)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -281,7 +287,10 @@ class Attention(nnx.Module):
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         q = sharding.constrain(apply_rope(self._project(x, "q", dropout_key), positions, inv_freq),
                                ("batch", None, "heads"))
-        k = apply_rope(self._project(x, "k", dropout_key), positions, inv_freq).transpose(0, 2, 3, 1)  # [B, K, H, S]
+        # [B, K, H, S]
+        k = apply_rope(self._project(x, "k", dropout_key), positions, inv_freq).transpose(
+            0, 2, 3, 1
+        )
         v = self._project(x, "v", dropout_key).transpose(0, 2, 1, 3)  # [B, K, S, H]
         k, v = (sharding.constrain(a, ("batch", "kv_heads")) for a in (k, v))
         if isinstance(cache_index, PageIndex) and cache_index.kernel:   # pages read in place

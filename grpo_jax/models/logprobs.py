@@ -6,8 +6,9 @@ log-softmax keeps a second copy. Here the tokens are cut into chunks; each chunk
 are computed, reduced to one log-prob per token, and dropped, and `jax.checkpoint`
 recomputes them in the backward pass. A chunk is a slice of every row's positions, so the
 rows stay split over the devices as they are (chunks of the flattened `[B*T]` tokens made
-each chunk live on one device and XLA gathered every row's hidden states on every chip). Peak memory is O(chunk_size * V) instead of
-O(B * T * V); values and gradients equal the naive path (tests/models/test_chunked_logprobs.py).
+each chunk live on one device and XLA gathered every row's hidden states on every chip).
+Peak memory is O(chunk_size * V) instead of O(B * T * V); values and gradients equal the
+naive path (tests/models/test_chunked_logprobs.py).
 """
 
 import jax

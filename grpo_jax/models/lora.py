@@ -22,11 +22,11 @@ dequantises it inside the jitted step (`layers.weight_array`), so only the integ
 in memory between steps; the adapters stay float32.
 
 Routed experts get one adapter each (`ExpertLoRA`, folded into the experts' weights
-inside the forward). A and B are `nnx.LoRAParam`s, so `nnx.LoRAParam` selects what a trainer differentiates
-and what its optimizer and checkpoints hold; zeroing them gives back the base model (the
-KL reference) without a second copy of its weights. `merged_state` folds the adapters
-into the weights (W + alpha/r A B) for a plain Hugging Face export; `peft_tensors` names
-them as `peft` does, to load onto the transformers model.
+inside the forward). A and B are `nnx.LoRAParam`s, so `nnx.LoRAParam` selects what a trainer
+differentiates and what its optimizer and checkpoints hold; zeroing them gives back the base
+model (the KL reference) without a second copy of its weights. `merged_state` folds the
+adapters into the weights (W + alpha/r A B) for a plain Hugging Face export; `peft_tensors`
+names them as `peft` does, to load onto the transformers model.
 
 Targets are the projection paths of `PROJECTIONS`, chosen by fnmatch patterns
 ("attn.*", "mlp.up") or the projection's own name ("q", "down").
@@ -136,7 +136,9 @@ def spec_from_config(section):
                          f"{tuple(QUANTIZED_TYPES)} (QLoRA's frozen base), got {quantize!r}")
     patterns = tuple(section.targets)
     if not patterns:
-        raise ValueError("model.lora.targets is empty; name projections such as ('attn.*', 'mlp.*')")
+        raise ValueError(
+            "model.lora.targets is empty; name projections such as ('attn.*', 'mlp.*')"
+        )
     return LoraSpec(int(section.rank), float(section.alpha), resolve_targets(patterns), dropout,
                     quantize)
 
@@ -283,8 +285,9 @@ def quantize_base(state, spec):
     if isinstance(weights[0], jax.ShapeDtypeStruct):
         quantized = jax.eval_shape(quantize, weights)
         if out is not None:
-            quantized = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                     quantized, out)
+            quantized = jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), quantized, out
+            )
     else:
         quantized = jax.jit(quantize, out_shardings=out, donate_argnums=0)(weights)
     for path, value in zip(chosen, quantized):
@@ -328,7 +331,9 @@ def merged_state(state, spec):
         w = flat[weight]
         delta = (flat.pop(a).get_value().astype(jnp.float32) @ flat.pop(b).get_value())
         value = w.get_value()
-        flat[weight] = w.replace((value + spec.scale * delta.reshape(value.shape)).astype(value.dtype))
+        flat[weight] = w.replace(
+            (value + spec.scale * delta.reshape(value.shape)).astype(value.dtype)
+        )
     return nnx.from_flat_state(flat)
 
 

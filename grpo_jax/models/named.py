@@ -26,15 +26,20 @@ NAMED_CONFIGS = {
         norm_topk_prob=True, max_position_embeddings=2048,
     ),
     "qwen3_0_6b": ModelConfig(
-        **_QWEN3, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8, d_ff=3072, tie_embeddings=True
+        **_QWEN3, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8, d_ff=3072,
+        tie_embeddings=True,
     ),
     "qwen3_1_7b": ModelConfig(
-        **_QWEN3, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, d_ff=6144, tie_embeddings=True
+        **_QWEN3, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, d_ff=6144,
+        tie_embeddings=True,
     ),
-    "qwen3_8b": ModelConfig(**_QWEN3, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, d_ff=12288),
+    "qwen3_8b": ModelConfig(
+        **_QWEN3, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, d_ff=12288
+    ),
     "qwen3_30b_a3b": ModelConfig(
-        **{**_QWEN3, "model_type": "qwen3_moe"}, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4,
-        d_ff=6144, n_experts=128, n_experts_per_tok=8, moe_d_ff=768, norm_topk_prob=True,
+        **{**_QWEN3, "model_type": "qwen3_moe"}, d_model=2048, n_layers=48, n_heads=32,
+        n_kv_heads=4, d_ff=6144, n_experts=128, n_experts_per_tok=8, moe_d_ff=768,
+        norm_topk_prob=True,
     ),
     "qwen2_5_1_5b": ModelConfig(
         model_type="qwen2", vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,

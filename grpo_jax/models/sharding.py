@@ -56,7 +56,9 @@ def get_rules(rules):
     """A rule table from a rule-set name (see `RULE_SETS`) or a table passed as a dict."""
     if isinstance(rules, str):
         if rules not in RULE_SETS:
-            raise ValueError(f"unknown sharding rule set {rules!r}; choose one of {sorted(RULE_SETS)}")
+            raise ValueError(
+                f"unknown sharding rule set {rules!r}; choose one of {sorted(RULE_SETS)}"
+            )
         return RULE_SETS[rules]
     return dict(rules)
 
@@ -66,7 +68,9 @@ def logical_to_spec(logical_axes, rules):
     table = get_rules(rules)
     unknown = [a for a in logical_axes if a not in table]
     if unknown:
-        raise ValueError(f"logical axes {unknown} have no sharding rule; add them to the rule table")
+        raise ValueError(
+            f"logical axes {unknown} have no sharding rule; add them to the rule table"
+        )
     return jax.P(*(table[a] for a in logical_axes))
 
 
@@ -127,7 +131,9 @@ def activation_spec(shape, logical_axes, mesh):
     """
     spec = []
     for dim, name in zip(shape, logical_axes):
-        axes = mesh_lib.row_axes(mesh) if name == "batch" else _mesh_axes(_ACTIVATION_AXES.get(name))
+        axes = (
+            mesh_lib.row_axes(mesh) if name == "batch" else _mesh_axes(_ACTIVATION_AXES.get(name))
+        )
         axes = tuple(a for a in axes if a in mesh.shape)
         ways = math.prod(mesh.shape[a] for a in axes)
         spec.append(axes if axes and ways > 1 and dim % ways == 0 else None)

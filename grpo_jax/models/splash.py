@@ -71,7 +71,9 @@ def splash_attention(q, k, v, segments, *, scale):
     """
     b, s, n, h = q.shape
     pad = -s % block_size(s)
-    q = jnp.pad((q * scale).astype(q.dtype).transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, pad), (0, 0)))
+    q = jnp.pad(
+        (q * scale).astype(q.dtype).transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, pad), (0, 0))
+    )
     k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (k, v))
     segments = jnp.pad(segments.astype(jnp.int32), ((0, 0), (0, pad)))
     mesh = jax.sharding.get_abstract_mesh()

@@ -25,7 +25,9 @@ def _renormalised(h_cd, w_vd, y_c, ids_ck, temperature):
     return jnp.where(any_valid_c, chosen_c - lse_c, 0.0)
 
 
-def support_token_logprobs(hidden, unembedding, tokens, support_ids, *, temperature=1.0, chunk_size=256):
+def support_token_logprobs(
+    hidden, unembedding, tokens, support_ids, *, temperature=1.0, chunk_size=256
+):
     r"""Log-prob of each token under the tempered softmax restricted to its support.
 
     .. math:: \log \pi_S(y_t) = z_{t, y_t} / \tau - \operatorname{logsumexp}_{v \in S_t}

@@ -77,8 +77,10 @@ def main():
     for p in (0.600, 0.200, 0.050, 0.010):
         print(f"   {p:.3f} -> {float(_clip_ceiling(p, 0.2)):.3f}")
     for eps_high in (0.2, 0.28):
-        print(f"   1% -> 10% takes {batches_to_grow(0.01, 0.10, eps_high)} batches at "
-              f"eps_high {eps_high} (closed form {math.ceil(math.log(10) / math.log(1 + eps_high))})")
+        print(
+            f"   1% -> 10% takes {batches_to_grow(0.01, 0.10, eps_high)} batches at "
+            f"eps_high {eps_high} (closed form {math.ceil(math.log(10) / math.log(1 + eps_high))})"
+        )
 
     print("\n4. DAPO overlong penalty, max 20,000 tokens, 4,000-token zone")
     lengths = jnp.array([15_000, 16_000, 18_000, 20_000, 21_000])

@@ -267,7 +267,8 @@ def gdpo_advantages(rewards, group_size, *, weights=None, eps=1e-6):
     .. math::
         s_i = \sum_k w_k \frac{r_{ik} - \operatorname{mean}_{group}(r_k)}
                               {\operatorname{std}_{group}(r_k) + \epsilon},
-        \qquad A_i = \frac{s_i - \operatorname{mean}_{batch}(s)}{\operatorname{std}_{batch}(s) + \epsilon}
+        \qquad A_i = \frac{s_i - \operatorname{mean}_{batch}(s)}
+                          {\operatorname{std}_{batch}(s) + \epsilon}
 
     Normalising each reward separately keeps a reward with a wide range from drowning
     the others, which a sum normalised once (GRPO on the summed reward) does not.
@@ -283,7 +284,8 @@ def gdpo_advantages(rewards, group_size, *, weights=None, eps=1e-6):
       every statistic).
 
     Example:
-      >>> [round(float(a), 4) for a in gdpo_advantages(jnp.array([[1., 0], [0, 0], [1, 1], [1, 0]]), 2)]
+      >>> rewards = jnp.array([[1., 0], [0, 0], [1, 1], [1, 0]])
+      >>> [round(float(a), 4) for a in gdpo_advantages(rewards, 2)]
       [1.0, -1.0, 1.0, -1.0]
 
     References:

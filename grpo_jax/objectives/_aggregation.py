@@ -54,7 +54,8 @@ def aggregate(loss, mask, *, mode, num_tokens=None, num_seqs=None, norm_len=None
 
     Example:
       >>> loss = jnp.array([[1., 1, 0], [2, 0, 0]]); mask = jnp.array([[1, 1, 0], [1, 0, 0]])
-      >>> aggregate(loss, mask, mode="token-mean"), aggregate(loss, mask, mode="seq-mean-token-mean")
+      >>> (aggregate(loss, mask, mode="token-mean"),
+      ...  aggregate(loss, mask, mode="seq-mean-token-mean"))
       (Array(1.3333334, dtype=float32), Array(1.5, dtype=float32))
 
     References:

@@ -119,8 +119,9 @@ def check_group_layout(prompt_ids, group_size, *, fn="objective"):
     A concrete array is checked on the host: ValueError naming the first group that
     breaks the layout (its rows mixing prompts: interleaved rows, or a group_size larger
     than the batch's; two neighbouring groups with one prompt: a smaller one). A traced
-    array (under jit), or one spread over other hosts, cannot raise: the result is then a `[]` bool that the caller turns
-    into NaN advantages (loud: the loss is NaN). Returns True when concrete and valid.
+    array (under jit), or one spread over other hosts, cannot raise: the result is then a
+    `[]` bool that the caller turns into NaN advantages (loud: the loss is NaN). Returns
+    True when concrete and valid.
     """
     _checks.check_rows(fn, "batch['prompt_ids']", prompt_ids)
     ids = jnp.asarray(prompt_ids) if isinstance(prompt_ids, (list, tuple)) else prompt_ids

@@ -105,9 +105,11 @@ def check_static_int(name, value, *, fn=None):
     """Raises TypeError when a size that fixes a reshape arrives traced (under jit)."""
     if isinstance(value, jax.core.Tracer):
         raise TypeError(
-            ("" if fn is None else f"{fn}: ") + f"{name} is a traced value ({value!r}); it fixes the shape of a reshape, "
+            ("" if fn is None else f"{fn}: ")
+            + f"{name} is a traced value ({value!r}); it fixes the shape of a reshape, "
             "so it must be a Python int: pass it as a static argument "
-            f"(jax.jit(f, static_argnames={name!r})) or close over it (functools.partial)")
+            f"(jax.jit(f, static_argnames={name!r})) or close over it (functools.partial)"
+        )
 
 
 def _is_floating(dtype):

@@ -131,8 +131,8 @@ def clip_cov_loss(logp, old_logp, adv, mask, *, key, clip_fraction=2e-4, cov_low
     is what "detach" means there); tokens already clipped by PPO are never candidates.
     Given the candidates, the choice is a function of `key` (uniform random priorities,
     the |I| largest): the same key gives the same tokens; use a fresh key every step.
-    It cannot reproduce verl's torch.randperm draw. With clip_fraction >= (candidates / N) every candidate is chosen and the loss
-    is deterministic (equal to verl's).
+    It cannot reproduce verl's torch.randperm draw. With clip_fraction >= (candidates / N)
+    every candidate is chosen and the loss is deterministic (equal to verl's).
 
     Args:
       logp: `[B, T]` log-probs of the sampled tokens under the current policy.
@@ -180,9 +180,9 @@ def kl_cov_loss(logp, old_logp, adv, mask, *, kl_fraction=2e-3, kl_coef=1.0):
     with r_t = pi_theta / pi_old (no ratio clip: the penalty is the trust region) and
     Cov_t `token_covariance` over the N valid tokens of the batch. The paper states the
     penalty as a KL term between pi_old and pi_theta; the authors' code (and verl's)
-    computes it per token as |log r_t|, which is what is implemented here. Its gradient is beta sign(log r_t) (0 on-policy, as
-    torch's abs gives). Ties in Cov are broken by position (torch.topk leaves them
-    unspecified).
+    computes it per token as |log r_t|, which is what is implemented here. Its gradient is
+    beta sign(log r_t) (0 on-policy, as torch's abs gives). Ties in Cov are broken by
+    position (torch.topk leaves them unspecified).
 
     Args:
       logp: `[B, T]` log-probs of the sampled tokens under the current policy.

@@ -119,7 +119,8 @@ def rollout_correction(trainer_logp, sampler_logp, mask, *, level="token", mode=
       ``truncated_fraction``, their shares of this call's valid tokens.
 
     Example:
-      >>> trainer = jnp.log(jnp.array([[0.9, 0.5, 0.1]])); sampler = jnp.log(jnp.array([[0.3, 0.5, 0.4]]))
+      >>> trainer = jnp.log(jnp.array([[0.9, 0.5, 0.1]]))
+      >>> sampler = jnp.log(jnp.array([[0.3, 0.5, 0.4]]))
       >>> rollout_correction(trainer, sampler, jnp.ones((1, 3)))[0]      # TIS, C = 2
       Array([[2.  , 1.  , 0.25]], dtype=float32)
       >>> w, diag = rollout_correction(trainer, sampler, jnp.ones((1, 3)), mode="mask")
@@ -217,7 +218,8 @@ def mismatch_metrics(trainer_logp, sampler_logp, mask, *, weights=None):
       >>> trainer = jnp.log(jnp.array([[0.5, 0.25]])); sampler = jnp.log(jnp.array([[0.5, 0.5]]))
       >>> m = mismatch_metrics(trainer, sampler, jnp.ones((1, 2)))
       >>> m["abs_diff_max"], m["kl"], m["k3_kl"]
-      (Array(0.6931472, dtype=float32), Array(0.3465736, dtype=float32), Array(0.09657359, dtype=float32))
+      (Array(0.6931472, dtype=float32), Array(0.3465736, dtype=float32),
+       Array(0.09657359, dtype=float32))
 
     References:
       Schulman, Approximating KL Divergence (2020), k1 and k3; Liu, Li et al., When Speed

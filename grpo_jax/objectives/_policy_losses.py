@@ -178,7 +178,8 @@ def gspo_loss(logp, old_logp, adv, mask, *, eps_low=3e-4, eps_high=4e-4):
     r"""GSPO: one clipped ratio per sequence, the geometric mean of its token ratios.
 
     .. math::
-        s_i = \exp\Big(\frac{1}{|y_i|}\sum_t \log\frac{\pi_\theta(y_{i,t})}{\pi_{old}(y_{i,t})}\Big),
+        s_i = \exp\Big(\frac{1}{|y_i|}\sum_t
+                        \log\frac{\pi_\theta(y_{i,t})}{\pi_{old}(y_{i,t})}\Big),
         \qquad \log s_{i,t} = \operatorname{sg}(\log s_i) + \log\pi_\theta(y_{i,t})
                                 - \operatorname{sg}(\log\pi_\theta(y_{i,t}))
 
@@ -241,7 +242,9 @@ def cispo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high):
 
     Example:
       >>> logp = jnp.log(jnp.array([[0.75]])); old = jnp.log(jnp.array([[0.5]]))
-      >>> cispo_loss(logp, old, jnp.array([1.0]), jnp.ones((1, 1)), eps_low=1.0, eps_high=0.2)[0].round(4)
+      >>> loss, _ = cispo_loss(logp, old, jnp.array([1.0]), jnp.ones((1, 1)), eps_low=1.0,
+      ...                      eps_high=0.2)
+      >>> loss.round(4)
       Array([[0.3452]], dtype=float32)
 
     References:

@@ -45,11 +45,13 @@ def _reinforce_pp(spec, batch, rewards, reward_weights):
     token_rewards = None
     if spec.kl_in_reward:
         token_rewards = -spec.kl_beta * kl_penalty(
-            required(batch, "old_logp", "kl.in_reward"), required(batch, "ref_logp", "kl.in_reward"),
-            kind=spec.kl_kind)
+            required(batch, "old_logp", "kl.in_reward"),
+            required(batch, "ref_logp", "kl.in_reward"), kind=spec.kl_kind,
+        )
     return reinforce_pp_advantages(
-        rewards, required(batch, "mask", "advantage.estimator='reinforce_pp'"), gamma=spec.gamma, token_rewards=token_rewards,
-        group_size=spec.group_size if spec.baseline else None)
+        rewards, required(batch, "mask", "advantage.estimator='reinforce_pp'"), gamma=spec.gamma,
+        token_rewards=token_rewards, group_size=spec.group_size if spec.baseline else None,
+    )
 
 
 def _gdpo(spec, batch, rewards, reward_weights):

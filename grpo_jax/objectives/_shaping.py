@@ -38,7 +38,9 @@ def overlong_penalty(lengths, *, max_len, cache_len):
     _checks.check_greater("cache_len", cache_len, 0)
     _checks.check_greater("max_len", max_len, 0)
     if max_len < cache_len:
-        raise ValueError(f"cache_len must be <= max_len, got cache_len={cache_len} > max_len={max_len}")
+        raise ValueError(
+            f"cache_len must be <= max_len, got cache_len={cache_len} > max_len={max_len}"
+        )
     _checks.check_real("overlong_penalty", lengths=lengths)
     _checks.check_rows("overlong_penalty", "lengths", lengths)
     lengths = jnp.asarray(lengths, jnp.float32)

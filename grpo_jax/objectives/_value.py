@@ -56,7 +56,9 @@ def value_loss(values, old_values, returns, mask, *, clip=None):
     valid = mask.astype(bool)
     f32 = lambda x: jnp.where(valid, x.astype(jnp.float32), 0.0)
     values = f32(values)
-    old_values, returns = jax.lax.stop_gradient(f32(old_values)), jax.lax.stop_gradient(f32(returns))
+    old_values, returns = (
+        jax.lax.stop_gradient(f32(old_values)), jax.lax.stop_gradient(f32(returns)),
+    )
     squared = jnp.square(values - returns)
     if clip is None:
         return jnp.where(valid, 0.5 * squared, 0.0), {"value_clipped": jnp.zeros_like(squared)}

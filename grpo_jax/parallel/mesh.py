@@ -100,7 +100,7 @@ def _resolve_sizes(axes, num_devices):
 
 
 def make_mesh(axes, devices=None):
-    """`jax.sharding.Mesh` from ``"data=-1,tensor=1"`` or ``[(name, size), ...]`` (one size may be -1)."""
+    """`jax.sharding.Mesh` from ``"data=-1,tensor=1"`` or ``[(name, size), ...]`` (one size -1)."""
     devices = jax.devices() if devices is None else devices
     names, sizes = _resolve_sizes(parse_mesh(axes), len(devices))
     axis_types = (AxisType.Auto,) * len(names)
@@ -144,7 +144,9 @@ def check_process_split(spec, train_devices, rollout_devices):
 
     shared = set(processes(train_devices)) & set(processes(rollout_devices))
     if shared:
-        per_process = sum(d.process_index == min(shared) for d in (*train_devices, *rollout_devices))
+        per_process = sum(
+            d.process_index == min(shared) for d in (*train_devices, *rollout_devices)
+        )
         raise ValueError(
             f"rollout.mesh={spec!r} takes the last {len(rollout_devices)} devices, which splits "
             f"process {min(shared)}'s {per_process} devices between the training and the rollout "

@@ -128,8 +128,10 @@ class Channel:
                     raise
             for other in watch:
                 try:
-                    value = self._client.key_value_try_get_bytes(self._key(other, jax.process_index()))
-                except jax.errors.JaxRuntimeError:   # NOT_FOUND: not posted
+                    value = self._client.key_value_try_get_bytes(
+                        self._key(other, jax.process_index())
+                    )
+                except jax.errors.JaxRuntimeError:  # NOT_FOUND: not posted
                     continue
                 raise Ended(other, pickle.loads(value))
         self._client.key_value_delete(key)

@@ -26,7 +26,7 @@ answer size and a time limit, see `_limits`.
 graders that may hang run in a `GraderPool` under a time budget; failures score 0 and
 are counted, never raised. Every grader returns in well under a second on any
 completion of up to 10,000 characters, in the pool or not (a test pins it).
-"""
+"""  # noqa: E501 (a table: rows stay whole)
 
 from grpo_jax import _extras
 

@@ -44,7 +44,7 @@ def _nonempty(text: str) -> str | None:
 
 
 def _closing_brace(text: str, start: int) -> int | None:
-    """Index of the `}` closing a group whose `{` ends just before `start`; escaped braces are text."""
+    """Index of the `}` closing the group whose `{` ends before `start`; escaped braces are text."""
     depth = 1
     i = start
     while i < len(text):

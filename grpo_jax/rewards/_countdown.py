@@ -53,7 +53,9 @@ def _check_tree(node: ast.expr) -> list[int]:
         return [node.value]
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
         return _check_tree(node.left) + _check_tree(node.right)
-    raise InvalidExpression(f"{type(node).__name__} is not allowed; use integers, + - * / and parentheses")
+    raise InvalidExpression(
+        f"{type(node).__name__} is not allowed; use integers, + - * / and parentheses"
+    )
 
 
 def parse_expression(text: str) -> tuple[ast.expr, list[int]]:
@@ -67,11 +69,15 @@ def parse_expression(text: str) -> tuple[ast.expr, list[int]]:
       [25, 5, 3]
     """
     if len(text) > MAX_EXPRESSION_CHARS:  # checked first, so no work scales with the input
-        raise InvalidExpression(f"expression has {len(text)} characters, more than {MAX_EXPRESSION_CHARS}")
+        raise InvalidExpression(
+            f"expression has {len(text)} characters, more than {MAX_EXPRESSION_CHARS}"
+        )
     text = _normalise.normalise_digits(text).replace("×", "*").replace("÷", "/")
     text = " ".join(text.split())  # a line break inside the answer is just a space
     if not _ALLOWED_CHARS.fullmatch(text):
-        raise InvalidExpression(f"{text!r} has characters other than digits, + - * / and parentheses")
+        raise InvalidExpression(
+            f"{text!r} has characters other than digits, + - * / and parentheses"
+        )
     try:
         tree = ast.parse(text, mode="eval").body
     except (SyntaxError, ValueError, MemoryError, RecursionError) as error:

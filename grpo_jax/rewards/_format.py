@@ -37,7 +37,9 @@ def has_format(text: str, tags: tuple[str, ...]) -> bool:
 
 
 @register("format")
-def format_reward(prompt: str, completion: str, example: dict, *, tags=("think", "answer")) -> float:
+def format_reward(
+    prompt: str, completion: str, example: dict, *, tags=("think", "answer")
+) -> float:
     """1.0 if the completion has exactly the `tags` blocks in order (see `has_format`), else 0.0.
 
     When the prompt ends with the first opening tag (a template that pre-fills `<think>`),

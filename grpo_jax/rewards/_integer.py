@@ -44,5 +44,7 @@ def integer_answer_reward(prompt: str, completion: str, example: dict) -> float:
         return 0.0
     gold = _normalise.canonical_integer(_normalise.normalise_digits(str(example["answer"])).strip())
     if gold is None:
-        raise ValueError(f"example['answer'] = {example['answer']!r} is not an integer; integer_answer needs one")
+        raise ValueError(
+            f"example['answer'] = {example['answer']!r} is not an integer; integer_answer needs one"
+        )
     return float(_normalise.canonical_integer(text) == gold)

@@ -17,8 +17,10 @@ from grpo_jax.rewards._registry import register
 
 
 @register("overlong", where="batch")
-def overlong_reward(prompts, completions, examples, *, max_len: int | None = None,
-                    cache_len: int | None = None, cache_fraction: float | None = None) -> np.ndarray:
+def overlong_reward(
+    prompts, completions, examples, *, max_len: int | None = None, cache_len: int | None = None,
+    cache_fraction: float | None = None,
+) -> np.ndarray:
     """`[B]` penalties in [-1, 0]: 0 up to `max_len - cache_len` tokens, then a linear ramp
     to -1 at `max_len`, and -1 beyond (DAPO, Yu et al., arXiv:2503.14476, eq. 13).
 
@@ -39,11 +41,15 @@ def overlong_reward(prompts, completions, examples, *, max_len: int | None = Non
             f"example[{missing}] is missing; pass completion_lengths= (tokens) and "
             "max_new_tokens= (or the option max_len) to score_batch") from None
     if (cache_len is None) == (cache_fraction is None):
-        raise ValueError("the overlong reward takes exactly one of the options cache_len "
-                         f"(tokens) and cache_fraction (of max_len); got {cache_len=}, {cache_fraction=}")
+        raise ValueError(
+            "the overlong reward takes exactly one of the options cache_len "
+            f"(tokens) and cache_fraction (of max_len); got {cache_len=}, {cache_fraction=}"
+        )
     if cache_len is None:
         cache_len = max(1, round(cache_fraction * max_len))
-    return np.asarray(objectives.overlong_penalty(np.asarray(lengths), max_len=max_len, cache_len=cache_len))
+    return np.asarray(
+        objectives.overlong_penalty(np.asarray(lengths), max_len=max_len, cache_len=cache_len)
+    )
 
 
 @register("length_budget", where="batch")

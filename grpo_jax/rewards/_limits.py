@@ -22,7 +22,7 @@ prediction may always be written like the gold. Golds come from the dataset and 
 trusted: only the timer applies to them. The timer is a signal, so it acts in the main
 thread only (where `score_batch` and the pool's workers call graders); in another thread
 the size bounds alone hold, and they keep any answer to a fraction of a second of work.
-"""
+"""  # noqa: E501 (a table: rows stay whole)
 
 import contextlib
 import math
@@ -169,7 +169,7 @@ def expression_within_limits(parsed: list) -> bool:
 
 
 class _Expired(BaseException):
-    """The timer went off; a BaseException so that math-verify's `except Exception` lets it through."""
+    """The timer went off; a BaseException, so math-verify's `except Exception` lets it through."""
 
 
 @contextlib.contextmanager
@@ -185,7 +185,8 @@ def time_limit(seconds: float, what: str):
     is not, which is what the size bounds are for. A timer already running gets its
     handler back and is re-armed with the time it had left.
     """
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+    if (threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "setitimer")):
         yield
         return
 
@@ -203,7 +204,9 @@ def time_limit(seconds: float, what: str):
     except _Expired:
         raise TimeoutError(f"{what} took over {seconds} s of CPU time") from None
     finally:
-        signal.signal(signal.SIGVTALRM, signal.SIG_DFL if previous_handler is None else previous_handler)
+        signal.signal(
+            signal.SIGVTALRM, signal.SIG_DFL if previous_handler is None else previous_handler
+        )
         if outer_delay:
             remaining = max(outer_delay - (time.process_time() - start), 1e-3)
             signal.setitimer(signal.ITIMER_VIRTUAL, remaining, outer_interval)

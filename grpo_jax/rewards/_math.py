@@ -118,7 +118,9 @@ def answers_match(predicted: str, gold: str) -> bool:
     with _limits.time_limit(_limits.TIME_LIMIT_S, "math-verify"):
         gold_parsed = _parse(gold)
         if not gold_parsed:
-            raise ValueError(f"example['answer'] = {gold!r} does not parse as math; fix the dataset row")
+            raise ValueError(
+                f"example['answer'] = {gold!r} does not parse as math; fix the dataset row"
+            )
         predicted_parsed = _parse(predicted)
         return (
             bool(predicted_parsed)

@@ -20,7 +20,9 @@ import unicodedata
 _NON_ASCII_DIGIT = re.compile(r"(?![0-9])\d")  # \d matches every Unicode decimal digit
 _UNICODE_MINUS = "\u2212"
 # Between digit groups of three: LaTeX thin spaces, `{,}`, and Unicode thin or no-break spaces.
-_SPACED_THOUSANDS = re.compile(r"(?<=\d)(?:\\,|\\!|\\ |~|\{,\}|[\u2009\u202f\u00a0])(?=\d{3}(?!\d))")
+_SPACED_THOUSANDS = re.compile(
+    r"(?<=\d)(?:\\,|\\!|\\ |~|\{,\}|[\u2009\u202f\u00a0])(?=\d{3}(?!\d))"
+)
 _COMMA_THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d])")
 _DOLLAR = re.compile(r"\\?\$")
 _PERCENT = re.compile(r"\\?%")

@@ -59,7 +59,9 @@ def to_outcome(value: object) -> Outcome:
     return Outcome(value, "ok")
 
 
-def run_contained(fn: Callable[..., object], args: tuple, kwargs: dict, as_reward: bool = True) -> Outcome:
+def run_contained(
+    fn: Callable[..., object], args: tuple, kwargs: dict, as_reward: bool = True
+) -> Outcome:
     """Calls `fn(*args, **kwargs)`; a TimeoutError (a grader's own time limit) becomes a 0.0
     "timeout", any other exception or a non-finite value a 0.0 "error". With `as_reward`
     False the value is kept as returned (a tool's output; None on failure)."""
@@ -76,7 +78,8 @@ def run_contained(fn: Callable[..., object], args: tuple, kwargs: dict, as_rewar
 def _worker_main(conn, memory_limit_bytes: int | None) -> None:
     # A process group of its own: killing the worker kills what a grader started too.
     os.setpgid(0, 0)
-    # Before "ready", so no call's budget pays for imports (free when the forkserver preloaded them).
+    # Before "ready", so no call's budget pays for imports (free when the forkserver
+    # preloaded them).
     importlib.import_module("grpo_jax.rewards")
     if memory_limit_bytes:  # a runaway grader gets MemoryError instead of waking the OOM killer
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
@@ -95,7 +98,9 @@ def _worker_main(conn, memory_limit_bytes: int | None) -> None:
 class _Worker:
     def __init__(self, context, memory_limit_bytes: int | None):
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child_conn, memory_limit_bytes), daemon=True)
+        self.process = context.Process(
+            target=_worker_main, args=(child_conn, memory_limit_bytes), daemon=True
+        )
         self.process.start()
         child_conn.close()
         try:
@@ -104,7 +109,8 @@ class _Worker:
             started = False
         if not started:
             self.kill()
-            raise RuntimeError(f"a grader worker failed to start within {_STARTUP_TIMEOUT_S} s; see its error above")
+            raise RuntimeError(f"a grader worker failed to start within {_STARTUP_TIMEOUT_S} s; "
+                               "see its error above")
 
     def kill(self) -> None:
         """Kills the worker and every process of its group (a grader's children too)."""
@@ -133,11 +139,15 @@ class GraderPool:
     Example:
       >>> from grpo_jax.rewards import math_reward
       >>> with GraderPool(1, timeout_s=5.0) as pool:
-      ...     pool.map(math_reward, [("Q", "\\\\boxed{4}", {"answer": "4"}), ("Q", "", {"answer": "4"})])
+      ...     pool.map(math_reward, [("Q", "\\\\boxed{4}", {"answer": "4"}),
+      ...                            ("Q", "", {"answer": "4"})])
       [Outcome(value=1.0, status='ok', detail=''), Outcome(value=0.0, status='ok', detail='')]
     """
 
-    def __init__(self, num_workers: int | None = None, *, timeout_s: float = 10.0, memory_limit_gb: float | None = 4.0):
+    def __init__(
+        self, num_workers: int | None = None, *, timeout_s: float = 10.0,
+        memory_limit_gb: float | None = 4.0,
+    ):
         if num_workers is None:
             num_workers = min(8, os.cpu_count() or 1)
         if num_workers < 1:
@@ -185,7 +195,9 @@ class GraderPool:
                 continue
             next_deadline = min(deadline for _, deadline in running.values())
             by_conn = {worker.conn: worker for worker in running}
-            ready = multiprocessing.connection.wait(list(by_conn), max(0.0, next_deadline - time.monotonic()))
+            ready = multiprocessing.connection.wait(
+                list(by_conn), max(0.0, next_deadline - time.monotonic())
+            )
             for conn in ready:
                 worker = by_conn[conn]
                 row, _ = running.pop(worker)

@@ -31,7 +31,7 @@ _REWARDS: dict[str, Reward] = {}
 
 
 def register(name: str, *, where: Where = "inline"):
-    """Decorator that registers `fn` under `name`; adding a reward is one function plus this line."""
+    """Decorator registering `fn` under `name`; adding a reward is one function plus this line."""
     if where not in ("inline", "pool", "batch"):
         raise ValueError(f"where must be 'inline', 'pool' or 'batch', got {where!r}")
 

@@ -42,4 +42,6 @@ def rpt_reward(prompt: str, completion: str, example: dict) -> float:
     """1.0 if the last `\\boxed{}` holds a token-boundary prefix of `example["continuation"]`."""
     del prompt
     prediction = _answers.final_boxed_answer(completion)
-    return float(prediction is not None and matches_continuation(prediction, example["continuation"]))
+    return float(
+        prediction is not None and matches_continuation(prediction, example["continuation"])
+    )

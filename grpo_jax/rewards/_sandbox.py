@@ -391,4 +391,4 @@ def describe(sandbox: Sandbox) -> str:
     return (f"code sandbox: subprocess fallback (rlimits, empty environment, scratch "
             f"directory), programs run {user} with {sandbox.interpreter}; it does not "
             f"guard against: " + "; ".join(gaps) + " (apt-get install bubblewrap for the "
-            f"strong backend)")
+            "strong backend)")

@@ -46,7 +46,9 @@ def as_specs(config: Sequence) -> list[RewardSpec]:
     for name in names:
         get_reward(name)
         if names.count(name) > 1:
-            raise ValueError(f"reward {name!r} appears {names.count(name)} times in rewards; list it once")
+            raise ValueError(
+                f"reward {name!r} appears {names.count(name)} times in rewards; list it once"
+            )
     return specs
 
 
@@ -61,11 +63,15 @@ def _score_rows(reward: Reward, options, rows, pool) -> list[_pool.Outcome]:
     return [_pool.run_contained(reward.fn, row, dict(options)) for row in rows]
 
 
-def _score_whole_batch(reward: Reward, options, prompts, completions, examples) -> list[_pool.Outcome]:
+def _score_whole_batch(
+    reward: Reward, options, prompts, completions, examples
+) -> list[_pool.Outcome]:
     try:
         values = np.asarray(reward.fn(prompts, completions, examples, **options), np.float64)
         if values.shape != (len(prompts),):
-            raise ValueError(f"reward {reward.name!r} returned shape {values.shape}, expected ({len(prompts)},)")
+            raise ValueError(
+                f"reward {reward.name!r} returned shape {values.shape}, expected ({len(prompts)},)"
+            )
     except (Exception, SystemExit) as error:  # a grader bug (or sys.exit) must not stop training
         return [_pool.error_outcome(error)] * len(prompts)
     return [_pool.to_outcome(value) for value in values]
@@ -85,7 +91,8 @@ def _summary(name: str, outcomes: list[_pool.Outcome]) -> dict[str, float]:
         _logger.warning("reward %r: %d of %d rows failed; first: %s %s",
                         name, len(failed), len(outcomes), failed[0].status, failed[0].detail)
     return {
-        f"rewards/{name}": float(np.mean([outcome.value for outcome in outcomes])) if outcomes else 0.0,
+        f"rewards/{name}": (float(np.mean([outcome.value for outcome in outcomes]))
+                            if outcomes else 0.0),
         f"reward_errors/{name}": float(sum(outcome.status == "error" for outcome in failed)),
         f"reward_timeouts/{name}": float(sum(outcome.status == "timeout" for outcome in failed)),
     }
@@ -106,7 +113,8 @@ def score_batch(
 
     Args:
       specs: the rewards, from `as_specs(config.rewards)`.
-      prompts, completions, examples: `[B]` each; row i is (prompts[i], completions[i], examples[i]).
+      prompts, completions, examples: `[B]` each; row i is (prompts[i], completions[i],
+        examples[i]).
       pool: runs the rewards registered `where="pool"` under its time budget. Without a
         pool they run in this process with no time budget (tests, debugging).
       completion_lengths: `[B]` completion lengths in tokens; when given, each row's
@@ -130,8 +138,12 @@ def score_batch(
         )
     if completion_lengths is not None:
         if len(completion_lengths) != num_rows:
-            raise ValueError(f"completion_lengths must have {num_rows} entries, got {len(completion_lengths)}")
-        examples = [dict(ex, completion_length=int(n)) for ex, n in zip(examples, completion_lengths)]
+            raise ValueError(
+                f"completion_lengths must have {num_rows} entries, got {len(completion_lengths)}"
+            )
+        examples = [
+            dict(ex, completion_length=int(n)) for ex, n in zip(examples, completion_lengths)
+        ]
     if max_new_tokens is not None:
         examples = [dict(ex, max_new_tokens=int(max_new_tokens)) for ex in examples]
     if combine not in ("sum", "separate"):

@@ -59,7 +59,9 @@ def answer_before_verdict_reward(prompt: str, completion: str, example: dict, *,
 
 
 @register("self_verify", where="pool")
-def self_verify_reward(prompt: str, completion: str, example: dict, *, grader: str = "math") -> float:
+def self_verify_reward(
+    prompt: str, completion: str, example: dict, *, grader: str = "math"
+) -> float:
     """1.0 if the final `<verify>` verdict matches whether the answer is right, else 0.0.
 
     Options:

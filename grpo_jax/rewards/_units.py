@@ -18,7 +18,7 @@ but never a hedge:
 So a completion gains nothing by hedging: an answer that is one number with a hedge
 word scores 0, and one with a second number is read whole (`{18, 19}` is not 18).
 Answers longer than `MAX_UNIT_ANSWER_CHARS` are never read as number-plus-unit.
-"""
+"""  # noqa: E501 (a table: rows stay whole)
 
 import re
 
@@ -70,7 +70,8 @@ def strip_units(answer: str, *, prose: bool) -> str | None:
     if len(answer) > MAX_UNIT_ANSWER_CHARS:
         return answer
     latex = _normalise.normalise_digits(answer)
-    text = _LATEX_SPACE.sub(" ", _TEXT_MODE.sub(lambda m: f" {m.group(1)} ", latex))  # text mode as prose
+    # text mode as prose
+    text = _LATEX_SPACE.sub(" ", _TEXT_MODE.sub(lambda m: f" {m.group(1)} ", latex))
     number = _LEADING_NUMBER.match(text)
     if number is None:
         return answer
@@ -79,6 +80,8 @@ def strip_units(answer: str, *, prose: bool) -> str | None:
         return None
     if not _UNIT_WORDS.fullmatch(rest):
         return answer
-    if not prose and not _AT_MOST_A_NUMBER.fullmatch(_LATEX_SPACE.sub(" ", _TEXT_MODE.sub(" ", latex))):
+    if not prose and not _AT_MOST_A_NUMBER.fullmatch(
+        _LATEX_SPACE.sub(" ", _TEXT_MODE.sub(" ", latex))
+    ):
         return answer  # letters outside text mode: math (3x), not a unit
     return number.group(1)

@@ -18,8 +18,13 @@ from grpo_jax import models, parallel
 from grpo_jax.sampling._methods import make_method
 from grpo_jax.sampling._texts import sample_texts
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Hugging Face model directory (config.json, safetensors, tokenizer).", required=True)
-_PROMPT = flags.DEFINE_multi_string("prompt", None, "A prompt; repeat the flag for several.", required=True)
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "Hugging Face model directory (config.json, safetensors, tokenizer).",
+    required=True,
+)
+_PROMPT = flags.DEFINE_multi_string(
+    "prompt", None, "A prompt; repeat the flag for several.", required=True
+)
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Completions per prompt (G).")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 256, "The most tokens per completion.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 = greedy.")
@@ -36,18 +41,22 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}; pass prompts with --prompt")
     parallel.use_cpu_cores()  # before JAX runs anything
     mesh = parallel.make_mesh([("data", -1), ("tensor", 1)])
-    print(f"sampling on mesh {dict(mesh.shape)} over {mesh.size} {jax.devices()[0].platform} device(s)",
-          file=sys.stderr)
-    model, tokenizer = models.from_pretrained(_CHECKPOINT.value, dtype=_DTYPE.value, mesh=mesh, rules="sampling")
+    print(f"sampling on mesh {dict(mesh.shape)} over {mesh.size} "
+          f"{jax.devices()[0].platform} device(s)", file=sys.stderr)
+    model, tokenizer = models.from_pretrained(
+        _CHECKPOINT.value, dtype=_DTYPE.value, mesh=mesh, rules="sampling"
+    )
     if tokenizer is None:
-        raise app.UsageError(f"{_CHECKPOINT.value} has no tokenizer files; save one with the checkpoint")
+        raise app.UsageError(
+            f"{_CHECKPOINT.value} has no tokenizer files; save one with the checkpoint"
+        )
     method = make_method(
         temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value, min_p=_MIN_P.value
     )
     with jax.set_mesh(mesh):
         texts = sample_texts(
-            model, tokenizer, _PROMPT.value, num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW_TOKENS.value,
-            method=method, seed=_SEED.value, chat=_CHAT.value,
+            model, tokenizer, _PROMPT.value, num_samples=_NUM_SAMPLES.value,
+            max_new_tokens=_MAX_NEW_TOKENS.value, method=method, seed=_SEED.value, chat=_CHAT.value,
         )
     for i, (prompt, samples) in enumerate(zip(_PROMPT.value, texts)):
         print(f"=== prompt {i}: {prompt!r}")

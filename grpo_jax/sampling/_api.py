@@ -10,10 +10,12 @@ from grpo_jax.sampling._generate import _generate, _int32, _rule_axes, row_multi
 from grpo_jax.sampling._paged import check_pages, generate_paged
 
 
-def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size, max_new_tokens,
-             stop_tokens, pad_id, prompt_ids=None, max_len_bucket=None, rules="sampling",
-             record_support=False, record_routing=False, slots=0, kv_page_size=0, kv_pages=0,
-             with_page_stats=False):
+def generate(
+    graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_size, max_new_tokens,
+    stop_tokens, pad_id, prompt_ids=None, max_len_bucket=None, rules="sampling",
+    record_support=False, record_routing=False, slots=0, kv_page_size=0, kv_pages=0,
+    with_page_stats=False,
+):
     """Samples `group_size` completions of every prompt.
 
     Under a mesh (`jax.set_mesh`), the rows are split over the mesh's row axes (every
@@ -67,8 +69,9 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
     Returns:
       A `Rollout` of device arrays, rows sharded like the batch; `to_host` gathers it.
     """
-    max_len_bucket, prompt_ids = check_request(prompt_tokens, prompt_mask, group_size, max_new_tokens,
-                                               max_len_bucket, rules, prompt_ids)
+    max_len_bucket, prompt_ids = check_request(
+        prompt_tokens, prompt_mask, group_size, max_new_tokens, max_len_bucket, rules, prompt_ids
+    )
     p = np.shape(prompt_tokens)[0]
     continuous = 0 < slots < p * group_size
     if kv_page_size:
@@ -94,11 +97,12 @@ def generate(graphdef, state, prompt_tokens, prompt_mask, *, rng, method, group_
         return generate_continuous(
             graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids),
             method, _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
-            group_size=group_size, buffer_len=int(max_len_bucket), num_slots=int(slots), rules=rules,
-            record_support=bool(record_support), record_routing=bool(record_routing))
+            group_size=group_size, buffer_len=int(max_len_bucket), num_slots=int(slots),
+            rules=rules, record_support=bool(record_support), record_routing=bool(record_routing),
+        )
     return _generate(
-        graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids), method,
-        _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
+        graphdef, state, _int32(prompt_tokens), _int32(prompt_mask), rng, _int32(prompt_ids),
+        method, _int32(stop_tokens).reshape(-1), _int32(pad_id), _int32(max_new_tokens),
         group_size=group_size, buffer_len=int(max_len_bucket), rules=rules,
         record_support=bool(record_support), record_routing=bool(record_routing),
     )
@@ -110,7 +114,9 @@ def check_request(prompt_tokens, prompt_mask, group_size, max_new_tokens, max_le
     `(max_len_bucket, prompt_ids)` with their defaults filled in."""
     p, s = np.shape(prompt_tokens)
     if np.shape(prompt_mask) != (p, s):
-        raise ValueError(f"prompt_mask has shape {np.shape(prompt_mask)}; it must match prompt_tokens {(p, s)}")
+        raise ValueError(
+            f"prompt_mask has shape {np.shape(prompt_mask)}; it must match prompt_tokens {(p, s)}"
+        )
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     try:
@@ -125,25 +131,30 @@ def check_request(prompt_tokens, prompt_mask, group_size, max_new_tokens, max_le
             raise ValueError("max_len_bucket is required when max_new_tokens is traced")
         max_len_bucket = bucket_length(int(caps.max()))
     if caps is not None and not (1 <= caps.min() and caps.max() <= max_len_bucket):
-        raise ValueError(f"max_new_tokens must be in [1, max_len_bucket={max_len_bucket}], got {max_new_tokens}")
+        raise ValueError(
+            f"max_new_tokens must be in [1, max_len_bucket={max_len_bucket}], got {max_new_tokens}"
+        )
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
         missing = sorted(_rule_axes(rules) - set(mesh.axis_names))
         if missing:
             raise ValueError(
-                f"the {rules!r} sharding rules split weights over mesh axes {missing}, which the mesh "
-                f"{dict(mesh.shape)} lacks; add them to the mesh (size 1 is fine)"
+                f"the {rules!r} sharding rules split weights over mesh axes {missing}, which the "
+                f"mesh {dict(mesh.shape)} lacks; add them to the mesh (size 1 is fine)"
             )
         ways = row_multiple()
         if (p * group_size) % ways:
             raise ValueError(
-                f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes ({ways} ways); "
+                f"P*G = {p}*{group_size} rows do not split over the mesh's batch axes "
+                f"({ways} ways); "
                 f"use a number of prompts times group_size that is a multiple of {ways}"
             )
     if prompt_ids is None:
         prompt_ids = np.arange(p, dtype=np.int32)
     if np.shape(prompt_ids) != (p,):
-        raise ValueError(f"prompt_ids has shape {np.shape(prompt_ids)}; it must be ({p},), one id per prompt")
+        raise ValueError(
+            f"prompt_ids has shape {np.shape(prompt_ids)}; it must be ({p},), one id per prompt"
+        )
     return max_len_bucket, prompt_ids
 
 

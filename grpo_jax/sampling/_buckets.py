@@ -20,7 +20,9 @@ def bucket_length(n, *, buckets=None, minimum=16):
         return max(minimum, 1 << max(int(n) - 1, 0).bit_length())
     fits = [b for b in buckets if b >= n]
     if not fits:
-        raise ValueError(f"length {n} exceeds the largest bucket {max(buckets)}; add a larger bucket")
+        raise ValueError(
+            f"length {n} exceeds the largest bucket {max(buckets)}; add a larger bucket"
+        )
     return min(fits)
 
 

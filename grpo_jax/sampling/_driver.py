@@ -176,8 +176,10 @@ class Engine:
         if (rng is None) == (keys is None):
             raise ValueError("give the Engine rng (each row's key drawn from it) or keys (one "
                              "per row), not both")
-        max_len_bucket, prompt_ids = check_request(prompt_tokens, prompt_mask, group_size,
-                                                   max_new_tokens, max_len_bucket, rules, prompt_ids)
+        max_len_bucket, prompt_ids = check_request(
+            prompt_tokens, prompt_mask, group_size, max_new_tokens, max_len_bucket, rules,
+            prompt_ids,
+        )
         rows = np.shape(prompt_tokens)[0] * group_size
         if not 1 <= slots <= rows:
             raise ValueError(f"slots={slots} must be in [1, P*G={rows}]")
@@ -189,7 +191,9 @@ class Engine:
         self.turn_budget = int(turn_budget)
         self.max_append, self.rows, self.slots = int(max_append), rows, int(slots)
         queue, lengths = self._queue(queued or [[]] * rows, rows=range(rows), name="queued")
-        self._graphdef, self._state, self._rules, self._group_size = graphdef, state, rules, group_size
+        self._graphdef, self._state, self._rules, self._group_size = (
+            graphdef, state, rules, group_size,
+        )
         self._prompts = (_int32(prompt_tokens), _int32(prompt_mask))
         self._method, self._pad_id = method, _int32(pad_id)
         self._stop_tokens = _int32(stop_tokens).reshape(-1)
@@ -213,11 +217,15 @@ class Engine:
     def _queue(self, token_lists, *, rows, name):
         """`([len(rows), Q] int32, [len(rows)] int32)` from token lists, each <= Q long."""
         if len(token_lists) != len(rows):
-            raise ValueError(f"{name} has {len(token_lists)} token lists; give one per row ({len(rows)})")
+            raise ValueError(
+                f"{name} has {len(token_lists)} token lists; give one per row ({len(rows)})"
+            )
         long = [r for r, t in zip(rows, token_lists) if len(t) > self.max_append]
         if long:
-            raise ValueError(f"{name}: rows {long} get more than max_append={self.max_append} tokens; "
-                             "raise max_append")
+            raise ValueError(
+                f"{name}: rows {long} get more than max_append={self.max_append} tokens; "
+                "raise max_append"
+            )
         queue = np.zeros((len(rows), self.max_append), np.int32)
         for i, tokens in enumerate(token_lists):
             queue[i, :len(tokens)] = tokens

@@ -300,7 +300,7 @@ def _generate(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, meth
 
 
 def _int32(x):
-    """Device arrays stay on device; host values stay numpy (replicated inputs on any number of hosts)."""
+    """Device arrays stay on device; host values stay numpy (replicated inputs, on any hosts)."""
     return x.astype(jnp.int32) if isinstance(x, jax.Array) else np.asarray(x, np.int32)
 
 

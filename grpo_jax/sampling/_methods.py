@@ -200,7 +200,9 @@ def make_method(*, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_candidate
     """
     cuts = {"top_k": top_k > 0, "top_p": top_p < 1, "min_p": min_p > 0}
     if sum(cuts.values()) > 1:
-        raise ValueError(f"set at most one of top_k, top_p, min_p; got {[k for k, on in cuts.items() if on]}")
+        raise ValueError(
+            f"set at most one of top_k, top_p, min_p; got {[k for k, on in cuts.items() if on]}"
+        )
     if temperature == 0:
         return Greedy()
     if cuts["top_k"]:

@@ -92,7 +92,9 @@ def nucleus_floor(q_bv, p, max_candidates):
     # Below (1 - p) / V, the tokens at or under t hold less than 1 - p: the mass above t
     # is more than p (the factor e covers float32 rounding of the total).
     bound = (1.0 - p) / (np.e * v)
-    lo_b = jnp.where(fits_b, _order_key(floor_b) - 1, _order_key(jnp.full((b,), bound, jnp.float32)))
+    lo_b = jnp.where(
+        fits_b, _order_key(floor_b) - 1, _order_key(jnp.full((b,), bound, jnp.float32))
+    )
     # The largest probability from the row, not `top_bk[:, 0]`: XLA:CPU rewrites top-k as
     # a full sort when its values are sliced (reductions over all K are safe).
     hi_b = jnp.where(fits_b, _order_key(floor_b), _order_key(jnp.max(q_bv, axis=-1)))

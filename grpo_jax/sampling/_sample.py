@@ -54,11 +54,15 @@ def inverse_cdf(weights_bv, u_b):
     # so of positive mass) guards against u * total rounding up to the total.
     last_b = jnp.argmax(cdf_bn >= total_b[:, None], axis=-1)
     block_b = jnp.minimum(jnp.sum(cdf_bn <= target_b[:, None], axis=-1), last_b)
-    before_b = jnp.where(block_b > 0, jnp.take_along_axis(cdf_bn, block_b[:, None] - 1, axis=-1)[:, 0], 0.0)
+    before_b = jnp.where(
+        block_b > 0, jnp.take_along_axis(cdf_bn, block_b[:, None] - 1, axis=-1)[:, 0], 0.0
+    )
     within_bk = jnp.take_along_axis(blocks_bnk, block_b[:, None, None], axis=1)[:, 0]
     within_cdf_bk = jnp.cumsum(within_bk, axis=-1)
     last_in_b = jnp.argmax(within_cdf_bk >= within_cdf_bk[:, -1:], axis=-1)
-    offset_b = jnp.minimum(jnp.sum(within_cdf_bk <= (target_b - before_b)[:, None], axis=-1), last_in_b)
+    offset_b = jnp.minimum(
+        jnp.sum(within_cdf_bk <= (target_b - before_b)[:, None], axis=-1), last_in_b
+    )
     return (block_b * BLOCK + offset_b).astype(jnp.int32), total_b
 
 
@@ -105,7 +109,9 @@ def sample(method, rng, logits_bv, *, with_support=False):
         floor_b, candidates_bk = method.cut(q_bv)
         keep_bv = q_bv >= floor_b[:, None]
         tokens_b, kept_mass_b = inverse_cdf(jnp.where(keep_bv, q_bv, 0.0), _uniforms(rng, b))
-        logp_b = jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0] - jnp.log(kept_mass_b)
+        logp_b = jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0] - jnp.log(
+            kept_mass_b
+        )
         size_b = jnp.sum(keep_bv, axis=-1, dtype=jnp.int32)
         in_support_bk = jnp.arange(candidates_bk.shape[-1]) < size_b[:, None]
         support = Support(ids=jnp.where(in_support_bk, candidates_bk, -1), size=size_b)

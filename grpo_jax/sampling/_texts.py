@@ -42,7 +42,9 @@ def sample_texts(model, tokenizer, prompts, *, num_samples=1, max_new_tokens=256
     """
     if chat:
         prompts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+            )
             for p in prompts
         ]
     if stop_tokens is None:
@@ -53,10 +55,13 @@ def sample_texts(model, tokenizer, prompts, *, num_samples=1, max_new_tokens=256
     prompts_multiple = ways // math.gcd(ways, num_samples)
     token_lists += token_lists[-1:] * (-len(token_lists) % prompts_multiple)
     tokens, mask = pad_prompts(token_lists, pad_id=pad_id)
-    rollout = to_host(generate(
-        *nnx.split(model), tokens, mask, rng=jax.random.key(seed), method=method, group_size=num_samples,
-        max_new_tokens=max_new_tokens, stop_tokens=stop_tokens, pad_id=pad_id,
-    ))
+    rollout = to_host(
+        generate(
+            *nnx.split(model), tokens, mask, rng=jax.random.key(seed), method=method,
+            group_size=num_samples, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens,
+            pad_id=pad_id,
+        )
+    )
     rows = len(prompts) * num_samples
     texts = [
         tokenizer.decode(row[:n], skip_special_tokens=True)

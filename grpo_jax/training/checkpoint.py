@@ -238,7 +238,9 @@ class Checkpointer:
             message names the directory and the space a checkpoint needs.
         """
         meta = {**meta, "fingerprint": fingerprint(state)}
-        items = {"state": ocp.args.StandardSave(jax.device_get(state) if self._host_copy else state)}
+        items = {
+            "state": ocp.args.StandardSave(jax.device_get(state) if self._host_copy else state)
+        }
         arrays, info = extra if extra is not None else (None, None)
         if extra is not None:
             meta["extra"] = info

@@ -51,7 +51,10 @@ def run(config, workdir):
         results.append({"stage": name, "seconds": round(seconds, 1), **metrics})
     if parallel.is_main():
         paths.write_whole(paths.join(workdir, "results.json"), json.dumps(results, indent=2))
-        print(format_table(results, k=config.eval.samples, prompts=config.eval.num_prompts), flush=True)
+        print(
+            format_table(results, k=config.eval.samples, prompts=config.eval.num_prompts),
+            flush=True,
+        )
     return results
 
 
@@ -60,6 +63,8 @@ def format_table(results, *, k, prompts):
              "at the rollout temperature)",
              f"{'stage':36s} {'pass@1':>7s} {f'mean@{k}':>7s} {f'pass@{k}':>7s} {'time':>8s}"]
     for r in results:
-        lines.append(f"{r['stage']:36s} {r['eval_accuracy']:7.1%} {r.get('eval_mean_at_k', 0):7.1%} "
-                     f"{r.get('eval_pass_at_k', 0):7.1%} {r['seconds']:7.0f}s")
+        lines.append(
+            f"{r['stage']:36s} {r['eval_accuracy']:7.1%} {r.get('eval_mean_at_k', 0):7.1%} "
+            f"{r.get('eval_pass_at_k', 0):7.1%} {r['seconds']:7.0f}s"
+        )
     return "\n".join(lines)

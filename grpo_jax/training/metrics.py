@@ -103,7 +103,9 @@ def advantage_statistics(advantages, correct, row_valid, loss_mask, *, group_siz
     stats = {}
     for name, where in groups.items():
         carried = jnp.sum(weight * jnp.repeat(where, group_size))
-        stats[f"advantage_share_{name}"] = jnp.where(total > 0, carried / jnp.where(total > 0, total, 1), 0.0)
+        stats[f"advantage_share_{name}"] = jnp.where(
+            total > 0, carried / jnp.where(total > 0, total, 1), 0.0
+        )
         stats[f"groups_{name}"] = jnp.sum(where & real) / jnp.maximum(jnp.sum(real), 1)
     return stats
 

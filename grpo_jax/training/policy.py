@@ -116,8 +116,10 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     if model_cfg.path:
         path = paths.resolve(model_cfg.path)
         if not paths.path(path).is_dir():
-            raise FileNotFoundError(f"model.path {model_cfg.path!r} is not a directory; point it at "
-                                    "a Hugging Face checkpoint (config.json + *.safetensors)")
+            raise FileNotFoundError(
+                f"model.path {model_cfg.path!r} is not a directory; point it at "
+                "a Hugging Face checkpoint (config.json + *.safetensors)"
+            )
         with paths.local_copy(path) as local:   # the reader memory-maps local files
             model, tokenizer = models.from_pretrained(
                 local, mesh=mesh, rules=model_cfg.rules, seed=seed,

@@ -75,8 +75,9 @@ def transfer_order(start, last, k):
     ``("params", v)`` the first time it needs a version v = max(0, s - 1 - k) that the
     sampler does not hold yet.
 
-    >>> transfer_order(0, 5, 1)
-    [('batch', 1), ('batch', 2), ('params', 1), ('batch', 3), ('params', 2), ('batch', 4), ('params', 3), ('batch', 5)]
+    >>> transfer_order(0, 5, 1)  # doctest: +NORMALIZE_WHITESPACE
+    [('batch', 1), ('batch', 2), ('params', 1), ('batch', 3), ('params', 2), ('batch', 4),
+     ('params', 3), ('batch', 5)]
     """
     held, order = set(starting_versions(start, k)), []
     for step in range(start + 1, last + 1):
@@ -105,8 +106,8 @@ def learning(rollout_mesh):
 
 class Learner:
     """The learner's side of the roles, in place of `async_rl.Producer` (the same
-    `publish` and `take`; `learning` ends the samplers): it sends the versions the sampler needs and receives
-    each step's batch on the training mesh, in `transfer_order`.
+    `publish` and `take`; `learning` ends the samplers): it sends the versions the sampler
+    needs and receives each step's batch on the training mesh, in `transfer_order`.
 
     Args:
       channel: the `transfer.Channel` of the roles; rollout_mesh: the sampler's mesh.
@@ -211,14 +212,18 @@ def _sample(channel, config, workdir, mesh, rollout_mesh, last, scorer):
     source = task_lib.data_source(config.task, "train")
     train_iter = iter(task_lib.loader(source, config, batch_size=config.rollout.prompts_per_batch))
     train_iter.set_state(position)
-    policy = policy_lib.start_policy(config, rollout_mesh, workdir,
-                                     None if config.model.path else task_lib.tokenizer_corpus(source))
+    policy = policy_lib.start_policy(
+        config, rollout_mesh, workdir,
+        None if config.model.path else task_lib.tokenizer_corpus(source),
+    )
     precision = policy_lib.RolloutPrecision.of(config, policy)   # rollout.dtype
     if precision is not None:   # the parameters cast once, as they arrive
         policy = precision.policy(policy)
     own = (lambda trained: trained) if precision is None else precision.params
     frozen = nnx.filter_state(policy.params, nnx.Not(programs.trained_filter(config)))
-    method, episodic = rollout.sampling_method(config), rollout.Episodic.of(config, policy.tokenizer)
+    method, episodic = (
+        rollout.sampling_method(config), rollout.Episodic.of(config, policy.tokenizer),
+    )
     lagged, _, seconds = channel.receive("lagged", mesh, rollout_mesh, watch=("end",))
     # version -> (its trained parameters, the seconds their copy took)
     versions = {v: (own(trained), seconds)

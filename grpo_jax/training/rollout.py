@@ -288,7 +288,9 @@ def _left_pad(x, width, value):
     return jnp.pad(x, widths, constant_values=value)
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "group_size", "num_groups", "dynamic", "pad_id"))
+@functools.partial(
+    jax.jit, static_argnames=("mesh", "group_size", "num_groups", "dynamic", "pad_id")
+)
 def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id):
     """The train batch: `num_groups` whole groups from the draws, on the mesh.
 

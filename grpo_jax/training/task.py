@@ -1,4 +1,4 @@
-"""The task side of a run: its datasets, prompts as token rows, completions back to text, rewards."""
+"""The task side of a run: datasets, prompts as token rows, completions back to text, rewards."""
 
 import grain
 import numpy as np
@@ -19,7 +19,9 @@ def data_source(task_cfg, split):
     ``"every"`` builds it in each process (per-host local data dirs).
     """
     if task_cfg.prepare_on not in PREPARE_ON:
-        raise ValueError(f"task.prepare_on must be one of {PREPARE_ON}, got {task_cfg.prepare_on!r}")
+        raise ValueError(
+            f"task.prepare_on must be one of {PREPARE_ON}, got {task_cfg.prepare_on!r}"
+        )
     kwargs = dict(split=split, **_dataset_location(task_cfg))
     if task_cfg.prepare_on == "every" or parallel.is_main():
         source = data.data_source(task_cfg.name, **kwargs)

@@ -120,7 +120,9 @@ class TestGenerate:
 
     def test_extra_columns_lengthen_solutions_and_change_nothing_else(self):
         plain = self.take(data.ArithmeticConfig(digits=3, teacher_fraction=0.5), 600)
-        longer = self.take(data.ArithmeticConfig(digits=3, teacher_fraction=0.5, extra_columns=2), 600)
+        longer = self.take(
+            data.ArithmeticConfig(digits=3, teacher_fraction=0.5, extra_columns=2), 600
+        )
         extra = []
         for short, long in zip(plain, longer):
             assert (short["question"], short["answer"]) == (long["question"], long["answer"])
@@ -139,7 +141,7 @@ class TestGenerate:
         extra = {True: [], False: []}   # columns past the operands', by whether it is wrong
         for short, long in zip(plain, rambling):
             assert (short["question"], short["answer"]) == (long["question"], long["answer"])
-            assert stated(short["solution"]) == stated(long["solution"])   # same teacher, same slips
+            assert stated(short["solution"]) == stated(long["solution"])  # same teacher, same slips
             a, b = re.fullmatch(r"(\d+)\+(\d+)", long["question"]).groups()
             columns = long["solution"].split(" ####")[0].split(" ")
             extra[stated(long["solution"]) != int(long["answer"])].append(
@@ -153,10 +155,14 @@ class TestGenerate:
 
     def test_calculator_fraction_makes_that_share_call_the_tool_and_changes_nothing_else(self):
         plain = self.take(data.ArithmeticConfig(digits=3, ops=("*",)), 1000)
-        tools = self.take(data.ArithmeticConfig(digits=3, ops=("*",), calculator_fraction=0.3), 1000)
+        tools = self.take(
+            data.ArithmeticConfig(digits=3, ops=("*",), calculator_fraction=0.3), 1000
+        )
         calls = 0
         for worked, example in zip(plain, tools):
-            assert (worked["question"], worked["answer"]) == (example["question"], example["answer"])
+            assert (worked["question"], worked["answer"]) == (
+                example["question"], example["answer"],
+            )
             if example["solution"] != worked["solution"]:
                 calls += 1
                 assert example["solution"] == (f"<calculator>{example['question']}</calculator>"

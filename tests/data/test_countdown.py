@@ -1,4 +1,4 @@
-"""The small countdown generator: expressions, problems, the check tool's search traces, the builder."""
+"""The small countdown generator: expressions, problems, the check tool's traces, the builder."""
 
 import ast
 import collections
@@ -106,7 +106,9 @@ class TestGenerate:
                 turns = [f"<check>{e}</check>" for e, _ in calls[:turn + 1]]
                 assert environment.step(example, turns).observation == reply
             distances = []
-            for expression, reply in misses:   # valid expressions over all the numbers, off the target
+            for (
+                expression, reply,
+            ) in misses:  # valid expressions over all the numbers, off the target
                 assert collections.Counter(rewards.parse_expression(expression)[1]) == (
                     collections.Counter(example["numbers"]))
                 assert reply.endswith("(not the target)</result>")

@@ -129,5 +129,7 @@ class TestMath500:
         manual = tmp_path / "manual"
         manual.mkdir()
         (manual / "test.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')
-        with pytest.raises(ValueError, match=r"lacks \['level', 'solution', 'subject', 'unique_id'\]"):
+        with pytest.raises(
+            ValueError, match=r"lacks \['level', 'solution', 'subject', 'unique_id'\]"
+        ):
             read("math500", "test", tmp_path / "out", manual)

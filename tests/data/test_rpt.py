@@ -113,11 +113,17 @@ class TestBuilder:
             data.data_source("rpt", split="train", data_dir=str(tmp_path / "out"),
                              config=config(tmp_path))
 
-    @pytest.mark.parametrize("kwargs, message", [
-        ({"corpus_dir": ""}, "rpt.corpus_dir must name a directory"),
-        ({"stride": 0}, "rpt.stride must be >= 1, got 0"),
-        ({"min_context_tokens": 20}, "rpt.min_context_tokens (20) must be <= rpt.context_tokens (12)"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, message",
+        [
+            ({"corpus_dir": ""}, "rpt.corpus_dir must name a directory"),
+            ({"stride": 0}, "rpt.stride must be >= 1, got 0"),
+            (
+                {"min_context_tokens": 20},
+                "rpt.min_context_tokens (20) must be <= rpt.context_tokens (12)",
+            ),
+        ],
+    )
     def test_config_errors(self, kwargs, message):
         with pytest.raises(ValueError, match=re.escape(message)):
             config("corpus", **kwargs)
@@ -143,7 +149,9 @@ class TestHardTokens:
         logits = np.log([0.5, 0.3, 0.2])
         expected = -(0.625 * np.log(0.625) + 0.375 * np.log(0.375))
         assert rpt.top_k_entropy(logits, 2) == pytest.approx(expected, rel=1e-12)
-        assert rpt.top_k_entropy(logits, 3) == pytest.approx(-(np.log([0.5, 0.3, 0.2]) * [0.5, 0.3, 0.2]).sum())
+        assert rpt.top_k_entropy(logits, 3) == pytest.approx(
+            -(np.log([0.5, 0.3, 0.2]) * [0.5, 0.3, 0.2]).sum()
+        )
 
     def test_entropies_equal_a_forward_pass_per_prefix(self, proxy):
         from grpo_jax import models

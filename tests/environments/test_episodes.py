@@ -24,7 +24,9 @@ def tokenizer():
     """One id per character (0 pad, 1 eos)."""
     vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
     model = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
-    model.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    model.pre_tokenizer = tokenizers.pre_tokenizers.Split(
+        tokenizers.Regex("."), behavior="isolated"
+    )
     model.decoder = tokenizers.decoders.Fuse()
     return transformers.PreTrainedTokenizerFast(tokenizer_object=model, pad_token="<pad>",
                                                 eos_token="<eos>")
@@ -63,7 +65,9 @@ def test_episode_counts_cut_and_join_by_row():
 
 
 def test_pause_ids_are_the_tokens_with_the_pause_text(tokenizer):
-    assert environments.pause_ids(tokenizer, AnswerEveryA()) == [tokenizer.convert_tokens_to_ids("a")]
+    assert environments.pause_ids(tokenizer, AnswerEveryA()) == [
+        tokenizer.convert_tokens_to_ids("a")
+    ]
     with pytest.raises(ValueError, match=r"no token of the tokenizer contains '\$'"):
         environments.pause_ids(tokenizer, AnswerEveryA(pause_text="$"))
 
@@ -131,7 +135,8 @@ def test_the_trainer_reads_environment_tokens_and_its_loss_skips_them(model, tok
             "context_mask": rollout.mask}
     rows = {k: jnp.asarray(v) for k, v in rows.items()}
     sampled = np.asarray(rows["mask"]) > 0
-    assert env.sum() >= 10 and (env.argmax(1) < rollout.lengths - 1).any()   # turns go on after replies
+    # turns go on after replies
+    assert env.sum() >= 10 and (env.argmax(1) < rollout.lengths - 1).any()
     policy = nnx.merge(*model)
     padded = np.asarray(batch_lib.completion_logprobs(policy, rows))
     np.testing.assert_allclose(padded[sampled], rollout.logp[sampled], atol=1e-5, rtol=0)
@@ -141,7 +146,9 @@ def test_the_trainer_reads_environment_tokens_and_its_loss_skips_them(model, tok
     packed = np.asarray(packing.unpack(batch_lib.scored_logprobs(policy, {**rows, **chunk}),
                                        jnp.asarray(plan["pack_back"])))
     np.testing.assert_allclose(packed[sampled], rollout.logp[sampled], atol=1e-5, rtol=0)
-    without_context = np.asarray(batch_lib.completion_logprobs(policy, {**rows, "context_mask": rows["mask"]}))
+    without_context = np.asarray(
+        batch_lib.completion_logprobs(policy, {**rows, "context_mask": rows["mask"]})
+    )
     after_reply = sampled & (np.cumsum(env, axis=1) > 0)
     assert np.abs(without_context - padded)[after_reply].min() > 0   # the replies are read
 
@@ -165,7 +172,9 @@ def test_a_turn_over_its_budget_ends_the_episode_truncated(model, tokenizer):
     over = got.turns_over_budget.astype(bool)
     assert over.sum() >= 3 and got.metrics()["turns_over_budget_rate"] == over.mean()
     for row in np.flatnonzero(over):
-        tokens, appended = (x[row, :rollout.lengths[row]] for x in (rollout.tokens, rollout.appended))
+        tokens, appended = (
+            x[row, : rollout.lengths[row]] for x in (rollout.tokens, rollout.appended)
+        )
         last = len(tokens) - (np.flatnonzero(appended).max() + 1 if appended.any() else 0)
         assert last == 6 and a not in tokens[-6:] and rollout.truncated[row]
     done = ~over & (rollout.lengths < BUDGET)

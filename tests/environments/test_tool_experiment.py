@@ -36,11 +36,17 @@ def test_rollout_ends_and_the_table(tmp_path):
     assert ends["steps"] == (1, 3) and ends["environment_failures"] == 3.0
     assert ends["first"]["accuracy"] == 0.25 and ends["last"]["tool_use_rate"] == 1.0
 
-    results = [{"seed": seed, "rollouts": ends, "train_seconds": 600.0 * (seed + 1),
-                "rl_seconds": 120.0,
-                "evals": {("before", "with"): _eval(0.2 + d, 0.5), ("before", "without"): _eval(0.1),
-                          ("after", "with"): _eval(0.6 + d, 1.0), ("after", "without"): _eval(0.0)}}
-               for seed, d in ((0, 0.0), (1, 0.2))]
+    results = [
+        {
+            "seed": seed, "rollouts": ends, "train_seconds": 600.0 * (seed + 1),
+            "rl_seconds": 120.0,
+            "evals": {
+                ("before", "with"): _eval(0.2 + d, 0.5), ("before", "without"): _eval(0.1),
+                ("after", "with"): _eval(0.6 + d, 1.0), ("after", "without"): _eval(0.0),
+            },
+        }
+        for seed, d in ((0, 0.0), (1, 0.2))
+    ]
     lines = script.format_table(results, ["# header"]).splitlines()
     assert lines[0] == "# header"
     table = {tuple(line.split()[:2]): line.split()[2:] for line in lines[2:6]}

@@ -57,7 +57,9 @@ def test_steps_run_the_tool_and_stop_past_max_calls():
 
 
 def test_an_environment_without_a_step_says_what_to_define():
-    with pytest.raises(NotImplementedError, match=r"Environment must define step\(example, turns\)"):
+    with pytest.raises(
+        NotImplementedError, match=r"Environment must define step\(example, turns\)"
+    ):
         environments.Environment().step({}, ["x"])
 
 

@@ -19,7 +19,8 @@ HF_CONFIGS = {
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
         },
     ),
-    "qwen2": dict(_COMMON, tie_word_embeddings=True, rope_parameters={"rope_theta": 1e6, "rope_type": "default"}),
+    "qwen2": dict(_COMMON, tie_word_embeddings=True,
+                  rope_parameters={"rope_theta": 1e6, "rope_type": "default"}),
     "qwen3": dict(_COMMON, head_dim=32, tie_word_embeddings=False),
     "qwen3_moe": dict(
         _COMMON, head_dim=16, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
@@ -30,7 +31,7 @@ FAMILIES = tuple(HF_CONFIGS)
 
 
 def make_hf_checkpoint(family, path, seed=0):
-    """Random-inits `family`'s tiny config with torch and saves it to `path`; returns the torch model."""
+    """Random-inits `family`'s tiny config in torch, saves it to `path`; returns the torch model."""
     torch = pytest.importorskip("torch", reason="parity tests need torch (CPU) and transformers")
     import transformers
 

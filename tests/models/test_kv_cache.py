@@ -25,7 +25,11 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 def batch(cfg):
     """Left-padded prompts (0, 2, 5 pads) followed by NEW sampled tokens."""
-    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, size=(3, PROMPT + NEW)).astype(np.int32)
+    tokens = (
+        np.random.default_rng(1)
+        .integers(0, cfg.vocab_size, size=(3, PROMPT + NEW))
+        .astype(np.int32)
+    )
     mask = np.ones_like(tokens)
     mask[1, :2] = 0
     mask[2, :5] = 0
@@ -60,7 +64,9 @@ class TestKVCache:
     def test_prefill_then_decode_matches_full_forward(self, setup):
         model, tokens, mask, full = setup
         graphdef, state = nnx.split(model)
-        first, steps, cache = jax.jit(decode, static_argnums=(0, 4))(graphdef, state, tokens, mask, 16)
+        first, steps, cache = jax.jit(decode, static_argnums=(0, 4))(
+            graphdef, state, tokens, mask, 16
+        )
         np.testing.assert_allclose(first, full[:, PROMPT - 1], rtol=1e-5, atol=1e-5)
         # steps[j] is the prediction after token PROMPT + j.
         np.testing.assert_allclose(steps, np.moveaxis(full[:, PROMPT:], 1, 0), rtol=1e-5, atol=1e-5)
@@ -80,14 +86,24 @@ class TestKVCache:
         """G = 2 continuations of each (left-padded) prompt, the prompt cached once per prompt."""
         model, tokens, mask, _ = setup
         group = 2
-        conts = np.random.default_rng(2).integers(0, model.cfg.vocab_size, size=(3 * group, NEW)).astype(np.int32)
+        conts = (
+            np.random.default_rng(2)
+            .integers(0, model.cfg.vocab_size, size=(3 * group, NEW))
+            .astype(np.int32)
+        )
         rows_tokens = np.concatenate([np.repeat(tokens[:, :PROMPT], group, 0), conts], axis=1)
-        rows_mask = np.concatenate([np.repeat(mask[:, :PROMPT], group, 0), np.ones_like(conts)], axis=1)
-        full = np.asarray(nnx.jit(lambda m, t, a: m(t, attention_mask=a))(model, rows_tokens, rows_mask))
+        rows_mask = np.concatenate(
+            [np.repeat(mask[:, :PROMPT], group, 0), np.ones_like(conts)], axis=1
+        )
+        full = np.asarray(
+            nnx.jit(lambda m, t, a: m(t, attention_mask=a))(model, rows_tokens, rows_mask)
+        )
 
         def run(graphdef, state):
             m = nnx.merge(graphdef, state)
-            first, prompt_cache = m.prefill(tokens[:, :PROMPT], m.init_cache(3, PROMPT), attention_mask=mask[:, :PROMPT])
+            first, prompt_cache = m.prefill(
+                tokens[:, :PROMPT], m.init_cache(3, PROMPT), attention_mask=mask[:, :PROMPT]
+            )
             cache = m.init_cache(3 * group, NEW + 1, prefix=prompt_cache)
             steps = []
             for j in range(NEW):
@@ -96,9 +112,12 @@ class TestKVCache:
             return first, jnp.stack(steps, axis=1), cache
 
         first, steps, cache = jax.jit(run, static_argnums=0)(*nnx.split(model))
-        np.testing.assert_allclose(np.repeat(first, group, 0), full[:, PROMPT - 1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            np.repeat(first, group, 0), full[:, PROMPT - 1], rtol=1e-5, atol=1e-5
+        )
         np.testing.assert_allclose(steps, full[:, PROMPT:], rtol=1e-5, atol=1e-5)
-        assert cache.prefix.k[0].shape[0] == 3 and cache.k[0].shape[0] == 3 * group   # stored once per prompt
+        # stored once per prompt
+        assert cache.prefix.k[0].shape[0] == 3 and cache.k[0].shape[0] == 3 * group
 
     def test_new_values_do_not_recompile(self, setup):
         model, tokens, mask, _ = setup

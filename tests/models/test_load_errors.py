@@ -35,7 +35,9 @@ def test_missing_directory(tmp_path):
 
 def test_missing_weights(checkpoint):
     os.remove(os.path.join(checkpoint, "model.safetensors"))
-    with pytest.raises(FileNotFoundError, match=r"has neither model.safetensors nor model.safetensors.index.json"):
+    with pytest.raises(
+        FileNotFoundError, match=r"has neither model.safetensors nor model.safetensors.index.json"
+    ):
         models.from_pretrained(checkpoint)
 
 
@@ -51,7 +53,9 @@ def test_missing_shard(tmp_path):
 
 def test_unsupported_model_type(tmp_path):
     transformers.GPT2Config().save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"config.json: model_type='gpt2' is not supported; supported: llama"):
+    with pytest.raises(
+        ValueError, match=r"config.json: model_type='gpt2' is not supported; supported: llama"
+    ):
         models.from_pretrained(str(tmp_path))
 
 
@@ -73,7 +77,11 @@ def test_weight_shape_disagrees_with_config(checkpoint):
 def test_missing_tensor(checkpoint):
     file_path = os.path.join(checkpoint, "model.safetensors")
     weights = SafetensorsFile(file_path)
-    kept = {name: weights[name].copy() for name in weights.keys() if name != "model.layers.2.self_attn.k_norm.weight"}
+    kept = {
+        name: weights[name].copy()
+        for name in weights.keys()
+        if name != "model.layers.2.self_attn.k_norm.weight"
+    }
     save_file(kept, file_path)
     with pytest.raises(KeyError, match=r"tensor model.layers.2.self_attn.k_norm.weight is missing"):
         models.from_pretrained(checkpoint)

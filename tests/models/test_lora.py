@@ -57,7 +57,9 @@ class TestTargets:
 
     def test_config_section_errors_name_the_field_and_rank_0_is_off(self):
         section = config_dict.ConfigDict(dict(rank=-1, alpha=16.0, targets=("q",)))
-        with pytest.raises(ValueError, match=r"model.lora.rank must be >= 0 \(0: no adapters\), got -1"):
+        with pytest.raises(
+            ValueError, match=r"model.lora.rank must be >= 0 \(0: no adapters\), got -1"
+        ):
             lora.spec_from_config(section)
         section.rank = 0
         assert lora.spec_from_config(section) is None
@@ -74,7 +76,9 @@ class TestTargets:
         section.dropout = 0.05
         assert lora.spec_from_config(section).dropout == 0.05
         section.quantize = "int2"
-        with pytest.raises(ValueError, match=r"model.lora.quantize must be '' .* \('int8', 'int4'\)"):
+        with pytest.raises(
+            ValueError, match=r"model.lora.quantize must be '' .* \('int8', 'int4'\)"
+        ):
             lora.spec_from_config(section)
         section.quantize, section.rank = "int8", 0
         with pytest.raises(ValueError, match=r"model.lora.dropout=0.05, model.lora.quantize='int8' "
@@ -90,7 +94,9 @@ class TestTargets:
         cfg = dataclasses.replace(models.get_model_config("tiny_moe"), lora=SPEC)
         assert not lora.peft_exportable(cfg)
         assert lora.peft_exportable(dataclasses.replace(cfg, lora=ATTENTION_ONLY))
-        with pytest.raises(ValueError, match=r"routed experts have no PEFT form; export the merged"):
+        with pytest.raises(
+            ValueError, match=r"routed experts have no PEFT form; export the merged"
+        ):
             lora.peft_tensors(nnx.state(models.init_model(cfg)), cfg)
 
 
@@ -151,7 +157,9 @@ class TestAdapters:
                 w = np.asarray(v.get_value())
                 merged[p] = v.replace(w + SPEC.scale * (a @ b).reshape(w.shape))
         by_numpy = nnx.merge(graphdef, nnx.from_flat_state(merged))
-        assert max_rel_error(logits(model, tokens, mask), logits(by_numpy, tokens, mask), mask) < 1e-5
+        assert (
+            max_rel_error(logits(model, tokens, mask), logits(by_numpy, tokens, mask), mask) < 1e-5
+        )
         assert max_rel_error(logits(model, tokens, mask), logits(base, tokens, mask), mask) > 1e-3
 
     def test_expert_adapters_agree_across_moe_impls(self):
@@ -217,7 +225,9 @@ def quantized(request, adapted):
     """(qtype, checkpoint path, float base, QLoRA model with random adapters) of a family."""
     path, base = adapted[0], adapted[1]
     spec = dataclasses.replace(SPEC, quantize=request.param)
-    return request.param, path, base, with_random_adapters(models.from_pretrained(path, lora=spec)[0])
+    return (
+        request.param, path, base, with_random_adapters(models.from_pretrained(path, lora=spec)[0]),
+    )
 
 
 class TestQuantizedBase:

@@ -1,4 +1,4 @@
-"""Named configs: each builds, has transformers' parameter count, and survives the HF config round trip."""
+"""Named configs: each builds, has transformers' parameter count, survives the HF config trip."""
 
 import dataclasses
 import math
@@ -24,7 +24,7 @@ class TestNamedConfigs:
         assert models.from_hf_config(models.to_hf_config(cfg)) == cfg
 
     def test_parameter_count_equals_transformers(self, name):
-        """Our parameter count equals that of transformers' model of the same config (meta device)."""
+        """Our parameter count is that of transformers' model of the same config (meta device)."""
         torch = pytest.importorskip("torch", reason="counting transformers' parameters needs torch")
         import transformers
 
@@ -51,7 +51,9 @@ def test_unknown_name_lists_the_known_ones():
 
 class TestModelConfigChecks:
     def test_heads_not_a_multiple_of_kv_heads(self):
-        with pytest.raises(ValueError, match=r"n_heads \(4\) must be a multiple of n_kv_heads \(3\)"):
+        with pytest.raises(
+            ValueError, match=r"n_heads \(4\) must be a multiple of n_kv_heads \(3\)"
+        ):
             dataclasses.replace(models.get_model_config("tiny"), n_kv_heads=3)
 
     def test_unsupported_model_type(self):
@@ -96,7 +98,9 @@ class TestNumerics:
         forward = nnx.jit(lambda m, t, a: m(t, attention_mask=a))
         ref, got = forward(model, *batch), forward(bf16, *batch)
         assert got.dtype == jax.numpy.float32
-        assert float(jax.numpy.max(jax.numpy.abs(got - ref))) < 0.02 * float(jax.numpy.max(jax.numpy.abs(ref)))
+        assert float(jax.numpy.max(jax.numpy.abs(got - ref))) < 0.02 * float(
+            jax.numpy.max(jax.numpy.abs(ref))
+        )
 
 
 @pytest.mark.parametrize("replay", [False, True])
@@ -111,7 +115,9 @@ def test_dense_experts_equal_ragged_experts_with_their_gradients(batch, replay):
                if replay else None)
     results = {}
     for impl in models.MOE_IMPLS:
-        graphdef, state = nnx.split(models.init_model(dataclasses.replace(cfg, moe_impl=impl), seed=4))
+        graphdef, state = nnx.split(
+            models.init_model(dataclasses.replace(cfg, moe_impl=impl), seed=4)
+        )
 
         def loss(state):
             hidden, aux = nnx.merge(graphdef, state).hidden_states(

@@ -115,7 +115,9 @@ def test_stacked_kv_cache_decodes_as_the_full_forward():
     cfg = CONFIGS["mixed"]
     tokens, mask = batch(cfg.vocab_size)
     prompt = 8
-    full = nnx.jit(lambda m, t, a: m(t, attention_mask=a))(models.init_model(cfg, seed=3), tokens, mask)
+    full = nnx.jit(lambda m, t, a: m(t, attention_mask=a))(
+        models.init_model(cfg, seed=3), tokens, mask
+    )
 
     def decode(model):
         logits, cache, experts = model.prefill(tokens[:, :prompt], model.init_cache(3, prompt),
@@ -165,7 +167,9 @@ def test_checkpoints_move_between_layouts(name, tmp_path):
     back, _ = models.from_pretrained(str(tmp_path / "per_layer"), mesh=mesh, rules="fsdp_expert",
                                      scan_layers=True)
     for path, value in flat_values(nnx.state(back)).items():
-        np.testing.assert_array_equal(np.asarray(value), np.asarray(flat_values(nnx.state(model))[path]))
+        np.testing.assert_array_equal(
+            np.asarray(value), np.asarray(flat_values(nnx.state(model))[path])
+        )
     forward = nnx.jit(lambda m, t, a: m(t, attention_mask=a))
     np.testing.assert_allclose(forward(per_layer_model, tokens, mask), forward(model, tokens, mask),
                                atol=1e-6, rtol=0)
@@ -184,7 +188,9 @@ def test_value_model_with_a_scanned_trunk(tmp_path):
     tokens, mask = batch(cfg.vocab_size)
     policy = models.init_model(cfg, seed=4)
     critic = models.value_model_from(models.init_model(scanned(cfg), seed=4))
-    critic.head[...] = jnp.asarray(np.random.default_rng(1).normal(0, 0.3, cfg.d_model), jnp.float32)
+    critic.head[...] = jnp.asarray(
+        np.random.default_rng(1).normal(0, 0.3, cfg.d_model), jnp.float32
+    )
     models.save_value_model(critic, str(tmp_path))
     unscanned = models.load_value_model(str(tmp_path))
     hidden, _ = nnx.jit(lambda m, t, a: m.hidden_states(t, attention_mask=a))(policy, tokens, mask)

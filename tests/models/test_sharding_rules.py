@@ -64,7 +64,10 @@ class TestRuleSets:
             axes = variable.get_metadata()["logical_axes"]
             spec = jax.P(*(table[a] for a in axes))
             assert value.sharding.is_equivalent_to(jax.NamedSharding(mesh, spec), value.ndim), path
-            ways = [math.prod(mesh.shape[a] for a in ((e,) if isinstance(e, str) else e or ())) for e in spec]
+            ways = [
+                math.prod(mesh.shape[a] for a in ((e,) if isinstance(e, str) else e or ()))
+                for e in spec
+            ]
             want = tuple(d // w for d, w in zip(value.shape, ways))
             assert value.addressable_shards[0].data.shape == want, path
 
@@ -74,7 +77,9 @@ def test_init_model_on_a_mesh_equals_unsharded():
     sharded = nnx.state(models.init_model(CFG, seed=2, mesh=mesh, rules="fsdp_tp"))
     plain = nnx.state(models.init_model(CFG, seed=2))
     for (path, a), (_, b) in zip(nnx.to_flat_state(sharded), nnx.to_flat_state(plain)):
-        np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(path))
+        np.testing.assert_array_equal(
+            np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(path)
+        )
 
 
 class TestErrors:
@@ -103,12 +108,16 @@ class TestActivationSharding:
         from grpo_jax.models import sharding
         mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AUTO,) * 3)
         spec = lambda shape, axes: sharding.activation_spec(shape, axes, mesh)
-        assert spec((8, 5, 4, 3), ("batch", None, "heads")) == jax.P(("data", "fsdp"), None, ("tensor",))
+        assert spec((8, 5, 4, 3), ("batch", None, "heads")) == jax.P(
+            ("data", "fsdp"), None, ("tensor",)
+        )
         assert spec((8, 5, 6), ("batch", None, "mlp")) == jax.P(("data", "fsdp"), None, ("tensor",))
         # dimensions that do not divide stay whole
         assert spec((6, 3), ("batch", "kv_heads")) == jax.P(None, None)
         single = jax.make_mesh((8,), ("fsdp",), axis_types=(AUTO,))
-        assert sharding.activation_spec((8, 4), ("batch", "heads"), single) == jax.P(("fsdp",), None)
+        assert sharding.activation_spec((8, 4), ("batch", "heads"), single) == jax.P(
+            ("fsdp",), None
+        )
 
     def test_constrain_is_a_no_op_without_a_mesh(self):
         from grpo_jax.models import sharding
@@ -160,7 +169,9 @@ def test_moe_auto_is_dense_on_cpu_devices_and_ragged_on_others():
         dataclasses.replace(CFG, **models.run_overrides(section))
 
 
-@pytest.mark.parametrize("field,value", [("remat", "some"), ("attention_impl", "flash"), ("moe_impl", "sorted")])
+@pytest.mark.parametrize(
+    "field,value", [("remat", "some"), ("attention_impl", "flash"), ("moe_impl", "sorted")]
+)
 def test_config_rejects_unknown_choices(field, value):
     with pytest.raises(ValueError, match=field):
         dataclasses.replace(CFG, **{field: value})
@@ -169,5 +180,8 @@ def test_config_rejects_unknown_choices(field, value):
 def test_remat_flag_reads_as_a_policy():
     assert dataclasses.replace(CFG, remat=True).remat == "full"
     assert dataclasses.replace(CFG, remat=False).remat == "off"
-    for spelling, policy in (("True", "full"), ("true", "full"), ("False", "off"), ("false", "off")):
-        assert dataclasses.replace(CFG, remat=spelling).remat == policy   # as the command line gives it
+    for spelling, policy in (
+        ("True", "full"), ("true", "full"), ("False", "off"), ("false", "off"),
+    ):
+        # as the command line gives it
+        assert dataclasses.replace(CFG, remat=spelling).remat == policy

@@ -48,7 +48,9 @@ class TestSplashAttention:
         got = jax.jit(lambda *a: splash.splash_attention(*a, scale=H**-0.5))(q, k, v, token_mask)
         want = jax.jit(xla_reference)(q, k, v, token_mask)
         real = token_mask.astype(bool)
-        np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6, rtol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(got)[real], np.asarray(want)[real], atol=2e-6, rtol=1e-5
+        )
 
     def test_packed_segments_attend_only_their_own_sequence(self):
         q, k, v = qkv(4)
@@ -57,16 +59,22 @@ class TestSplashAttention:
         segments[1, :120], segments[1, 120:190] = 5, 7
         segments[2, :S - 1] = 4   # one sequence of S - 1 tokens
         causal = np.tril(np.ones((S, S), bool))
-        mask = causal[None] & (segments[:, :, None] == segments[:, None, :]) & (segments > 0)[:, None]
+        mask = (
+            causal[None] & (segments[:, :, None] == segments[:, None, :]) & (segments > 0)[:, None]
+        )
         want = jax.jit(lambda q, k, v: layers.grouped_attention(
             q, k.transpose(0, 1, 3, 2), v, mask, scale=H**-0.5))(q, k, v)
         got = jax.jit(lambda *a: splash.splash_attention(*a, scale=H**-0.5))(q, k, v, segments)
         real = segments > 0
-        np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6, rtol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(got)[real], np.asarray(want)[real], atol=2e-6, rtol=1e-5
+        )
         # the second sequence of row 0 alone gives the same outputs: nothing leaks across
         alone = jax.jit(lambda *a: splash.splash_attention(*a, scale=H**-0.5))(
             q[:1, 60:140], k[:1, :, 60:140], v[:1, :, 60:140], np.ones((1, 80), np.int32))
-        np.testing.assert_allclose(np.asarray(got)[0, 60:140], np.asarray(alone)[0], atol=2e-6, rtol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(got)[0, 60:140], np.asarray(alone)[0], atol=2e-6, rtol=1e-5
+        )
 
     @pytest.mark.slow
     def test_gradients_equal_xla_attention(self):
@@ -86,7 +94,9 @@ class TestSplashAttention:
             np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-4)
 
     def test_block_size(self):
-        assert [splash.block_size(n) for n in (1, 128, 200, 511, 8191, 8192)] == [128, 128, 256, 512, 512, 512]
+        assert [splash.block_size(n) for n in (1, 128, 200, 511, 8191, 8192)] == [
+            128, 128, 256, 512, 512, 512,
+        ]
 
 
 def batch(vocab):
@@ -126,7 +136,9 @@ def test_prefill_with_splash_equals_xla():
     tokens, mask = tokens[:2], mask[:2]   # left padding only, as the sampler's prompts
 
     def run(model):
-        logits, cache = model.prefill(tokens, model.init_cache(2, tokens.shape[1]), attention_mask=mask)
+        logits, cache = model.prefill(
+            tokens, model.init_cache(2, tokens.shape[1]), attention_mask=mask
+        )
         step, _ = model.decode_step(tokens[:, -1], cache.grow(tokens.shape[1] + 4))
         return logits, cache.k, step
 

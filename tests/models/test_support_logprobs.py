@@ -1,5 +1,6 @@
 """support_token_logprobs: the log-prob renormalised over a recorded support, from gathered
-unembedding columns, equals a float64 numpy computation on the full logits (values and gradients)."""
+unembedding columns, equals a float64 numpy computation on the full logits (values and
+gradients)."""
 
 
 import jax
@@ -32,7 +33,10 @@ def inputs(dtype=jnp.float32, seed=0):
 
 def reference(hidden, w, tokens, ids, temperature=1.0):
     """Full `[B, T, V]` logits in float64, -inf outside the support, log-softmax, gather."""
-    z = np.einsum("btd,dv->btv", np.asarray(hidden, np.float64), np.asarray(w, np.float64)) / temperature
+    z = (
+        np.einsum("btd,dv->btv", np.asarray(hidden, np.float64), np.asarray(w, np.float64))
+        / temperature
+    )
     ids = np.asarray(ids)
     keep = np.zeros(z.shape, bool)
     b, t, k = np.nonzero(ids >= 0)
@@ -47,14 +51,21 @@ class TestSupportTokenLogprobs:
     @pytest.mark.parametrize("temperature", [1.0, 0.7])
     def test_values_equal_the_full_logits_reference(self, chunk_size, temperature):
         hidden, w, tokens, ids = inputs()
-        got = jax.jit(lambda *a: models.support_token_logprobs(*a, temperature=temperature, chunk_size=chunk_size))(
-            hidden, w, tokens, ids)
-        np.testing.assert_allclose(got, reference(hidden, w, tokens, ids, temperature), rtol=1e-5, atol=1e-5)
+        got = jax.jit(
+            lambda *a: models.support_token_logprobs(
+                *a, temperature=temperature, chunk_size=chunk_size
+            )
+        )(hidden, w, tokens, ids)
+        np.testing.assert_allclose(
+            got, reference(hidden, w, tokens, ids, temperature), rtol=1e-5, atol=1e-5
+        )
 
     def test_the_whole_vocabulary_as_support_is_the_full_softmax(self):
         hidden, w, tokens, _ = inputs()
         everything = jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), (B, T, V))
-        got = models.support_token_logprobs(hidden, w, tokens, everything, temperature=0.8, chunk_size=8)
+        got = models.support_token_logprobs(
+            hidden, w, tokens, everything, temperature=0.8, chunk_size=8
+        )
         full = models.chunked_token_logprobs(hidden, w, tokens, temperature=0.8)
         np.testing.assert_allclose(got, full, rtol=1e-5, atol=1e-5)
 
@@ -77,8 +88,11 @@ class TestSupportTokenLogprobs:
         full logits masked to the support (jax, float32)."""
         hidden, w, tokens, ids = inputs()
         weights = jax.random.normal(jax.random.key(1), (B, T))
-        keep = jnp.zeros((B, T, V), bool).at[
-            jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None], jnp.maximum(ids, 0)].max(ids >= 0)
+        keep = (
+            jnp.zeros((B, T, V), bool)
+            .at[jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None], jnp.maximum(ids, 0)]
+            .max(ids >= 0)
+        )
 
         def full(h, w):
             z = jnp.where(keep, jnp.einsum("btd,dv->btv", h, w) / 0.7, -jnp.inf)
@@ -88,7 +102,9 @@ class TestSupportTokenLogprobs:
             return models.support_token_logprobs(h, w, tokens, ids, temperature=0.7, chunk_size=7)
 
         def grads(fn):
-            return jax.jit(jax.grad(lambda h, w: jnp.sum(weights * fn(h, w)), argnums=(0, 1)))(hidden, w)
+            return jax.jit(jax.grad(lambda h, w: jnp.sum(weights * fn(h, w)), argnums=(0, 1)))(
+                hidden, w
+            )
 
         for got, want in zip(grads(gathered), grads(full)):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

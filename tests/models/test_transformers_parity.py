@@ -61,7 +61,9 @@ class TestFromPretrained:
     def test_greedy_tokens_match_transformers(self, loaded):
         _, _, mask, ours, ref = loaded
         m = mask.astype(bool)
-        np.testing.assert_array_equal(ours["logits"].argmax(-1)[m], ref.logits.numpy().argmax(-1)[m])
+        np.testing.assert_array_equal(
+            ours["logits"].argmax(-1)[m], ref.logits.numpy().argmax(-1)[m]
+        )
 
     def test_load_balancing_loss_matches_transformers(self, loaded):
         model, _, _, ours, ref = loaded

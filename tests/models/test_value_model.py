@@ -49,7 +49,9 @@ def test_a_fresh_critic_predicts_zero_and_has_no_output_layer():
     critic = models.value_model_from(policy)
     paths = set(_flat(critic))
     assert ("lm_head",) in _flat(policy) and not any("lm_head" in p for p in paths)
-    assert paths == {("trunk", *p) for p in _flat(policy) if p != ("lm_head",)} | {("head",), ("bias",)}
+    assert paths == {("trunk", *p) for p in _flat(policy) if p != ("lm_head",)} | {
+        ("head",), ("bias",),
+    }
     np.testing.assert_array_equal(critic(_tokens()[0])[0], 0.0)
 
 

@@ -455,7 +455,8 @@ class TestPpoClipLoss:
 
   def test_docstring_example(self):
     logp, old = np.log(f32([[0.75, 0.5]])), np.log(f32([[0.5, 0.5]]))
-    loss, _ = jax.jit(obj.ppo_clip_loss)(f32(logp), f32(old), f32([1.0]), np.ones((1, 2), np.float32))
+    loss, _ = jax.jit(obj.ppo_clip_loss)(f32(logp), f32(old), f32([1.0]),
+                                         np.ones((1, 2), np.float32))
     close(loss, ref.ppo_clip_loss(logp, old, [1.0], np.ones((1, 2)))[0])
 
 
@@ -812,5 +813,7 @@ class TestCompletionLogprobs:
     def test_bad_shapes_name_the_fix(self):
         with pytest.raises(ValueError, match="completion_len must be a Python int >= 1"):
             obj.completion_logprobs(jnp.zeros((1, 4, 3)), jnp.zeros((1, 4), jnp.int32), 1, 0)
-        with pytest.raises(ValueError, match=r"logits must be \[B, L, V\] with \[B, L\] = tokens' \(1, 4\)"):
+        with pytest.raises(
+            ValueError, match=r"logits must be \[B, L, V\] with \[B, L\] = tokens' \(1, 4\)"
+        ):
             obj.completion_logprobs(jnp.zeros((1, 5, 3)), jnp.zeros((1, 4), jnp.int32), 1, 2)

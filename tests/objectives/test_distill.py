@@ -48,7 +48,8 @@ def test_reverse_kl_value_and_gradient():
 
 def test_reverse_kl_estimates_the_kl_under_the_student():
     """Enumerated over a categorical: E_{y~q}[k] = KL(q || p) exactly."""
-    q = np.array([0.5, 0.3, 0.2]); p = np.array([0.2, 0.2, 0.6])
+    q = np.array([0.5, 0.3, 0.2])
+    p = np.array([0.2, 0.2, 0.6])
     per = np.asarray(objectives.reverse_kl_distill_loss(
         jnp.log(jnp.asarray(q, jnp.float32))[None], jnp.log(jnp.asarray(p, jnp.float32))[None],
         jnp.ones((1, 3)))[0])[0]

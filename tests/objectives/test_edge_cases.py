@@ -16,7 +16,9 @@ class TestDegenerateGroups:
     @pytest.mark.parametrize("scale", ["group", "batch", "none"])
     def test_all_equal_group_gets_exactly_zero(self, value, scale):
         rewards = jnp.concatenate([jnp.full(8, value, jnp.float32), jnp.arange(8.0)])
-        adv = jax.jit(functools.partial(objectives.group_advantages, group_size=8, scale=scale))(rewards)
+        adv = jax.jit(functools.partial(objectives.group_advantages, group_size=8, scale=scale))(
+            rewards
+        )
         np.testing.assert_array_equal(np.asarray(adv[:8]), 0.0)
         assert np.all(np.asarray(adv[8:]) != 0)
 
@@ -32,7 +34,9 @@ class TestDegenerateGroups:
     def test_gdpo_all_equal_column_contributes_zero(self):
         rewards = jnp.array([[1.0, 0.3], [0.0, 0.3], [1.0, 0.3], [1.0, 0.3]])
         adv = jax.jit(functools.partial(objectives.gdpo_advantages, group_size=2))(rewards)
-        only_first = jax.jit(functools.partial(objectives.gdpo_advantages, group_size=2))(rewards[:, :1])
+        only_first = jax.jit(functools.partial(objectives.gdpo_advantages, group_size=2))(
+            rewards[:, :1]
+        )
         np.testing.assert_allclose(adv, only_first, rtol=1e-6)
 
     @pytest.mark.parametrize("delta", [1e-12, 1e-30, 1e-38])
@@ -53,10 +57,14 @@ class TestDegenerateGroups:
 class TestEmptyRows:
 
     @pytest.mark.parametrize("mode", objectives.AGGREGATION_MODES)
-    @pytest.mark.parametrize("loss_fn", [objectives.pg_loss, objectives.ppo_clip_loss,
-                                         objectives.gspo_loss,
-                                         functools.partial(objectives.cispo_loss, eps_low=1.0, eps_high=1.0),
-                                         objectives.sapo_loss])
+    @pytest.mark.parametrize(
+        "loss_fn",
+        [
+            objectives.pg_loss, objectives.ppo_clip_loss, objectives.gspo_loss,
+            functools.partial(objectives.cispo_loss, eps_low=1.0, eps_high=1.0),
+            objectives.sapo_loss,
+        ],
+    )
     def test_fully_masked_rows_contribute_zero_and_no_nan(self, mode, loss_fn):
         mask = jnp.array([[1.0, 1, 0], [0, 0, 0]])
         logp = jnp.log(jnp.array([[0.5, 0.4, 0.3], [0.2, 0.1, 0.9]]))
@@ -91,7 +99,10 @@ class TestErrors:
     r8, m = jnp.arange(8.0), jnp.ones((8, 3))
 
     def test_group_size_must_divide_batch(self):
-        _raises(r"group_size=3 does not divide the batch of 8 rows", objectives.group_advantages, self.r8, 3)
+        _raises(
+            r"group_size=3 does not divide the batch of 8 rows", objectives.group_advantages,
+            self.r8, 3,
+        )
         _raises(r"group_size=3 does not divide", objectives.rloo_advantages, self.r8, 3)
         _raises(r"group_size=3 does not divide", objectives.group_has_signal, self.r8, 3)
         _raises(r"group_size=5 does not divide", objectives.gdpo_advantages, self.m, 5)
@@ -99,7 +110,9 @@ class TestErrors:
                 self.r8, self.m, group_size=3)
 
     def test_rloo_needs_two(self):
-        _raises(r"group_size must be an integer >= 2, got 1", objectives.rloo_advantages, self.r8, 1)
+        _raises(
+            r"group_size must be an integer >= 2, got 1", objectives.rloo_advantages, self.r8, 1
+        )
 
     def test_unbiased_std_needs_two(self):
         _raises(r"group_size must be an integer >= 2, got 1", objectives.group_advantages,
@@ -113,13 +126,18 @@ class TestErrors:
 
     def test_negative_eps_low(self):
         z = jnp.zeros((1, 1))
-        _raises(r"eps_low must be >= 0, got -1", objectives.ppo_clip_loss, z, z, jnp.ones(1), z, eps_low=-1)
+        _raises(
+            r"eps_low must be >= 0, got -1", objectives.ppo_clip_loss, z, z, jnp.ones(1), z,
+            eps_low=-1,
+        )
 
     @pytest.mark.parametrize("c", [1.0, 0.5, -2])
     def test_dual_clip_must_exceed_one(self, c):
         z = jnp.zeros((1, 1))
-        _raises(rf"dual_clip must be > 1.0, got {c}", objectives.ppo_clip_loss, z, z, jnp.ones(1), z,
-                dual_clip=c)
+        _raises(
+            rf"dual_clip must be > 1.0, got {c}", objectives.ppo_clip_loss, z, z, jnp.ones(1), z,
+            dual_clip=c,
+        )
 
     def test_unknown_names(self):
         z = jnp.zeros((2, 2))
@@ -141,7 +159,10 @@ class TestErrors:
         _raises(r"cache_len must be <= max_len", objectives.overlong_penalty, jnp.ones(2),
                 max_len=10, cache_len=20)
         z = jnp.zeros((2, 2))
-        _raises(r"cap must be > 1.0, got 0.5", objectives.importance_weights, z, z, z, mode="mask", cap=0.5)
+        _raises(
+            r"cap must be > 1.0, got 0.5", objectives.importance_weights, z, z, z, mode="mask",
+            cap=0.5,
+        )
         _raises(r"alpha must be > 0", objectives.length_adaptive_lambda, jnp.ones(2), alpha=0.0)
         _raises(r"tau_neg must be > 0.0", objectives.sapo_loss, z, z, jnp.ones(2), z, tau_neg=0.0)
         _raises(r"rewards must be \[B, K\]", objectives.gdpo_advantages, self.r8, 4)

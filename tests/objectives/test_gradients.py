@@ -240,6 +240,8 @@ class TestGradientContract:
         returns = old + 0.1
         total = lambda v, o, r: objectives.value_loss(v, o, r, mask, clip=0.2)[0].sum()
         constant = jax.jit(jax.grad(lambda v: total(v, old, returns)))(values)
-        traced = jax.jit(jax.grad(lambda v: total(v, _riding_on(old, v), _riding_on(returns, v))))(values)
+        traced = jax.jit(jax.grad(lambda v: total(v, _riding_on(old, v), _riding_on(returns, v))))(
+            values
+        )
         np.testing.assert_array_equal(traced, constant)
         assert np.any(np.asarray(constant) != 0)

@@ -45,7 +45,9 @@ def _load(name):
 
 def _calls(name, function):
     document, cases = _load(name)
-    return [(call, cases[call["case"]]) for call in document["calls"] if call["function"] == function]
+    return [
+        (call, cases[call["case"]]) for call in document["calls"] if call["function"] == function
+    ]
 
 
 def _close(ours, theirs, rtol=RTOL, atol=ATOL):
@@ -99,7 +101,9 @@ def _per_token_clamped_keep(x, option, lower, upper):
     if option == "seq_sum_k1":
         k1 = np.broadcast_to(k1.sum(-1, keepdims=True), k1.shape)
     elif option == "seq_mean_k1":
-        k1 = np.broadcast_to(k1.sum(-1, keepdims=True) / (valid.sum(-1, keepdims=True) + 1e-8), k1.shape)
+        k1 = np.broadcast_to(
+            k1.sum(-1, keepdims=True) / (valid.sum(-1, keepdims=True) + 1e-8), k1.shape
+        )
     return valid & (k1 >= np.log(lower)) & (k1 <= np.log(upper))
 
 
@@ -408,7 +412,9 @@ def test_metrics_with_weights_and_under_jit():
 # --- Relations to the existing functions.
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
-@pytest.mark.parametrize("mode,cap", [("truncate", 2.0), ("truncate", 0.7), ("mask", 2.0), ("mask", 3.0)])
+@pytest.mark.parametrize(
+    "mode,cap", [("truncate", 2.0), ("truncate", 0.7), ("mask", 2.0), ("mask", 3.0)]
+)
 def test_importance_weights_is_a_special_case(level, mode, cap):
     """_shaping.importance_weights(cap) = rollout_correction with [1/cap, cap] (mask) or
     C = cap (truncate)."""
@@ -477,7 +483,9 @@ def test_only_logp_gets_a_gradient():
     np.testing.assert_array_equal(g_logp[capped], 0.0)   # masked by the cap: zero gradient
     assert np.any(g_logp[~capped & (np.asarray(mask) > 0)] != 0.0)
 
-    g_trainer = jax.grad(lambda tr: jnp.sum(rollout_correction(tr, behav, mask, mode="mask")[0]))(prox)
+    g_trainer = jax.grad(lambda tr: jnp.sum(rollout_correction(tr, behav, mask, mode="mask")[0]))(
+        prox
+    )
     np.testing.assert_array_equal(g_trainer, 0.0)
     g_metrics = jax.grad(lambda tr: sum(mismatch_metrics(tr, behav, mask).values()))(prox)
     np.testing.assert_array_equal(g_metrics, 0.0)

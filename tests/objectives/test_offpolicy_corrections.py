@@ -49,7 +49,7 @@ def _estimators():
 
 
 class TestUnbiasedKlEstimate:
-    """Tokens drawn from pi_old: the estimate and its gradient are unbiased for KL(pi_theta || pi_ref)."""
+    """Tokens from pi_old: the estimate and its gradient are unbiased for KL(pi_theta || pi_ref)."""
 
     @staticmethod
     def _expectation_under_old(estimator, theta, old_logp, ref_logp):
@@ -203,7 +203,9 @@ class TestOffpolicyMaskInTheComposer:
         grad = jax.grad(lambda lp: objectives.policy_objective(_config())(lp, batch)[0])(logp)
         np.testing.assert_array_equal(np.asarray(grad[0]), 0.0)
         # pg: d(-r A)/d logp = -r A / num_tokens on kept tokens.
-        np.testing.assert_allclose(grad[1:], np.array([[0.8, 0.8], [-1, -1], [1, 0]]) / 7, rtol=1e-6)
+        np.testing.assert_allclose(
+            grad[1:], np.array([[0.8, 0.8], [-1, -1], [1, 0]]) / 7, rtol=1e-6
+        )
 
     def test_pi_old_is_the_sampler_when_it_reports(self):
         """With behaviour_logp the mask measures the sampler's divergence, not old_logp's."""

@@ -186,7 +186,9 @@ class TestPeerAgreement:
         for path in PEER_DIR.glob("*.json"):
             peer = json.loads(path.read_text())["peer"]
             if path.stem.split("_")[0] in ("gmpo", "dppo", "m2po", "kl", "clip"):
-                assert len(peer["commit"]) == 40 and peer["repo"] and peer["file"] and peer["function"]
+                assert (
+                    len(peer["commit"]) == 40 and peer["repo"] and peer["file"] and peer["function"]
+                )
 
 
 # --------------------------------------------------------------------------- papers
@@ -334,8 +336,10 @@ class TestPaperEquations:
         expected = mu * np.log(mu / p) + (1 - mu) * np.log((1 - mu) / (1 - p))
         np.testing.assert_allclose(kl, expected, rtol=1e-5)
         # mu = 1: the limit mu log(mu / p); p = 1: the rest of the vocabulary lost all its mass
-        edges = binary_divergence(jnp.log(jnp.array([[0.5, 1.0]])), jnp.log(jnp.array([[1.0, 0.3]])),
-                                  divergence="binary_kl")
+        edges = binary_divergence(
+            jnp.log(jnp.array([[0.5, 1.0]])), jnp.log(jnp.array([[1.0, 0.3]])),
+            divergence="binary_kl",
+        )
         np.testing.assert_allclose(edges[0, 0], math.log(2.0), rtol=1e-6)
         assert np.isinf(edges[0, 1])
 

@@ -116,6 +116,8 @@ class TestOverlongPenaltyExample:
     """Worked example 4: max 20,000 tokens with a 4,000-token warning zone."""
 
     def test_table(self):
-        fn = jax.jit(functools.partial(objectives.overlong_penalty, max_len=20_000, cache_len=4_000))
+        fn = jax.jit(
+            functools.partial(objectives.overlong_penalty, max_len=20_000, cache_len=4_000)
+        )
         got = fn(jnp.array([15_000, 16_000, 18_000, 20_000, 21_000]))
         np.testing.assert_array_equal(np.asarray(got), [0.0, 0.0, -0.5, -1.0, -1.0])

@@ -122,7 +122,9 @@ def test_table_is_big_enough():
 
 @pytest.mark.parametrize("completion, numbers, target, expected", TABLE)
 def test_countdown_reward(completion, numbers, target, expected):
-    example = {"task": "countdown", "question": "", "answer": "", "numbers": numbers, "target": target}
+    example = {
+        "task": "countdown", "question": "", "answer": "", "numbers": numbers, "target": target,
+    }
     assert rewards.countdown_reward("prompt", completion, example) == expected
 
 

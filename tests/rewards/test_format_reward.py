@@ -14,9 +14,11 @@ TABLE = [
     ("Q:", "  <think>a</think>  \n\n  <answer>4</answer>\n", None, 1.0),
     ("Q:", "<think>\nline one\nline two\n</think>\n<answer>\n4\n</answer>", None, 1.0),
     ("Q:", "<think></think><answer>4</answer>", None, 1.0),  # empty thinking, as Qwen3 no-think
-    ("Q:", "<think>x</think><answer></answer>", None, 1.0),  # structure only; correctness scores content
+    # structure only; correctness scores content
+    ("Q:", "<think>x</think><answer></answer>", None, 1.0),
     ("Q:", "<think>5 < 6 and 7 > 3</think><answer>4</answer>", None, 1.0),
-    ("Q:", "<think>we use <b>bold</b></think><answer>4</answer>", None, 1.0),  # other tags inside are text
+    # other tags inside are text
+    ("Q:", "<think>we use <b>bold</b></think><answer>4</answer>", None, 1.0),
     ("Q:", "<think>ﾃｽﾄ ٤ 🙂</think><answer>٤</answer>", None, 1.0),
     ("Q:", "<think>" + "x" * 20000 + "</think><answer>4</answer>", None, 1.0),
     # pre-filled opener in the prompt
@@ -64,7 +66,8 @@ TABLE = [
     ("Q:", "&lt;think&gt;a&lt;/think&gt;<answer>4</answer>", None, 0.0),
     ("Q:", "＜think＞a＜/think＞<answer>4</answer>", None, 0.0),  # full-width brackets
     # adversarial
-    ("Q:", "<think>__import__('os').system('ls')</think><answer>4</answer>", None, 1.0),  # text only
+    # text only
+    ("Q:", "<think>__import__('os').system('ls')</think><answer>4</answer>", None, 1.0),
     ("Q:", "<think>" + "<think>" * 1000 + "</think><answer>4</answer>", None, 0.0),
     ("Q:", "<think>a</think><answer>" + "(" * 5000 + "</answer>", None, 1.0),
     # three tags for self-verification

@@ -4,12 +4,12 @@
 A correctness bound on adversarial inputs, not a benchmark: 3 s of CPU is far above what
 the size bounds of `_limits` allow (0.56 s at most on the 2-core CI machine class, spent by
 math-verify's parser on superscripts at the nesting cap; a virtual machine under load
-charged the same call 1.1-1.6 s, under `_limits.TIME_LIMIT_S`) and far below what the same inputs cost without them
-(10 s for 1,000 nested braces, minutes for `9^{9^{9^{9}}}`). The bound is on CPU time (a
-row grader's: its thread's), which load stretches far less than wall time; wall time gets a
-loose hang guard. Every row
-must also be decided by the size bounds, not by the time limit: an "ok" outcome, never
-"timeout" (in the pool, where the worker's CPU is not visible, "ok" is the CPU bound).
+charged the same call 1.1-1.6 s, under `_limits.TIME_LIMIT_S`) and far below what the same
+inputs cost without them (10 s for 1,000 nested braces, minutes for `9^{9^{9^{9}}}`). The
+bound is on CPU time (a row grader's: its thread's), which load stretches far less than wall
+time; wall time gets a loose hang guard. Every row must also be decided by the size bounds,
+not by the time limit: an "ok" outcome, never "timeout" (in the pool, where the worker's CPU
+is not visible, "ok" is the CPU bound).
 """
 
 import time
@@ -101,7 +101,11 @@ def _call(reward, completion) -> tuple[float, float, _pool.Outcome]:
 
 
 def test_inputs_are_long_and_many():
-    assert all(len(text) <= LONGEST for name in ("math", "self_verify") for text in _completions(name).values())
+    assert all(
+        len(text) <= LONGEST
+        for name in ("math", "self_verify")
+        for text in _completions(name).values()
+    )
     assert sum(len(text) > 9_000 for text in ADVERSARIAL.values()) >= 15
 
 
@@ -109,7 +113,8 @@ def test_inputs_are_long_and_many():
 @pytest.mark.parametrize("name", rewards.reward_names())
 def test_grader_returns_fast_without_the_pool(name):
     reward = rewards.get_reward(name)
-    _call(reward, BENIGN)  # first-use costs (math-verify's parser, a JAX compile) are not the input's
+    # first-use costs (math-verify's parser, a JAX compile) are not the input's
+    _call(reward, BENIGN)
     failures = {}
     for label, completion in _completions(name).items():
         cpu, wall, outcome = _call(reward, completion)
@@ -126,7 +131,9 @@ def pool():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [name for name in rewards.reward_names() if rewards.get_reward(name).where == "pool"])
+@pytest.mark.parametrize(
+    "name", [name for name in rewards.reward_names() if rewards.get_reward(name).where == "pool"]
+)
 def test_pool_grader_returns_fast_in_the_pool(pool, name):
     reward = rewards.get_reward(name)
     pool.map(reward.fn, [("p", BENIGN, EXAMPLE)] * 2)  # both workers, once each, before timing

@@ -77,7 +77,9 @@ def test_table_is_big_enough():
 
 @pytest.mark.parametrize("max_len, cache_len, length, expected", TABLE)
 def test_overlong_reward(max_len, cache_len, length, expected):
-    value = rewards.overlong_reward(["p"], ["c"], [{"completion_length": length}], max_len=max_len, cache_len=cache_len)
+    value = rewards.overlong_reward(
+        ["p"], ["c"], [{"completion_length": length}], max_len=max_len, cache_len=cache_len
+    )
     np.testing.assert_allclose(value, [expected], rtol=1e-6, atol=1e-7)
 
 
@@ -85,14 +87,20 @@ def test_whole_table_in_one_call_per_setting():
     for setting in {(m, c) for m, c, _, _ in TABLE}:
         rows = [row for row in TABLE if row[:2] == setting]
         examples = [{"completion_length": length} for _, _, length, _ in rows]
-        values = rewards.overlong_reward([""] * len(rows), [""] * len(rows), examples, max_len=setting[0], cache_len=setting[1])
+        values = rewards.overlong_reward(
+            [""] * len(rows), [""] * len(rows), examples, max_len=setting[0], cache_len=setting[1]
+        )
         np.testing.assert_allclose(values, [row[3] for row in rows], rtol=1e-6, atol=1e-7)
 
 
 def test_score_batch_adds_lengths_and_weights_the_penalty():
-    specs = rewards.as_specs([("format", 1.0, {"tags": ["answer"]}), ("overlong", 0.5, {"max_len": 20, "cache_len": 4})])
+    specs = rewards.as_specs(
+        [("format", 1.0, {"tags": ["answer"]}), ("overlong", 0.5, {"max_len": 20, "cache_len": 4})]
+    )
     completions = ["<answer>4</answer>", "<answer>4</answer>", "4"]
-    values, metrics = rewards.score_batch(specs, ["Q"] * 3, completions, [{}] * 3, completion_lengths=[10, 18, 25])
+    values, metrics = rewards.score_batch(
+        specs, ["Q"] * 3, completions, [{}] * 3, completion_lengths=[10, 18, 25]
+    )
     np.testing.assert_allclose(values, [1.0, 1.0 - 0.25, -0.5])
     assert metrics["rewards/overlong"] == pytest.approx((0.0 - 0.5 - 1.0) / 3)
 

@@ -17,7 +17,9 @@ def _pow(base, exponent):
 
 def _sums(n):
     """(a0 + b0)(a1 + b1)...: 2**n monomials once expanded."""
-    return sympy.Mul(*[a + b for a, b in zip(sympy.symbols(f"a0:{n}"), sympy.symbols(f"b0:{n}"))], evaluate=False)
+    return sympy.Mul(
+        *[a + b for a, b in zip(sympy.symbols(f"a0:{n}"), sympy.symbols(f"b0:{n}"))], evaluate=False
+    )
 
 
 x, y, k, n = sympy.symbols("x y k n")
@@ -83,7 +85,8 @@ class TestExpressionLimits:
             (_pow(x, 10**6), True),  # a monomial: nothing to expand
             (_pow(2 * x, 10**6), False),  # 2^1000000 once expanded
             (sympy.Matrix([[1, 2], [3, 4]]), True),
-            (sympy.Matrix([[1, _pow(9, _pow(9, 9))]]), False),  # a mutable matrix's entries count too
+            # a mutable matrix's entries count too
+            (sympy.Matrix([[1, _pow(9, _pow(9, 9))]]), False),
             (sympy.FiniteSet(1, _pow(2, 10)), True),
             (sympy.Interval(0, _pow(10, 20_000)), False),
             # Sums and products over a range: n terms of up to (body + index) digits each.

@@ -145,7 +145,10 @@ MATH_TABLE = [
     (r"\boxed{(x+1)^{2}}", "x^2+2x+1", 1.0),
     (r"\boxed{(a+b)(c+d)}", "ac+ad+bc+bd", 1.0),
     (r"\boxed{\begin{pmatrix} 1 & 2 \end{pmatrix}}", r"\begin{pmatrix} 1 & 2 \end{pmatrix}", 1.0),
-    (r"\boxed{\begin{pmatrix} 9^{9^{9}} & 2 \end{pmatrix}}", r"\begin{pmatrix} 1 & 2 \end{pmatrix}", 0.0),
+    (
+        r"\boxed{\begin{pmatrix} 9^{9^{9}} & 2 \end{pmatrix}}",
+        r"\begin{pmatrix} 1 & 2 \end{pmatrix}", 0.0,
+    ),
 ]
 
 # (completion, GSM8K gold answer, expected reward)
@@ -205,7 +208,8 @@ GSM8K_TABLE = [
     ("#### ", "72", 0.0),
     # adversarial
     ("#### __import__('os').system('ls')", "72", 0.0),
-    ("#### 72; __import__('os').system('ls')", "72", 1.0),  # text: math-verify drops the junk, nothing runs
+    # text: math-verify drops the junk, nothing runs
+    ("#### 72; __import__('os').system('ls')", "72", 1.0),
     ("#### __import__('os').system('ls'); 72", "72", 1.0),
     ("#### __import__('os').system('ls'); 71", "72", 0.0),
     ("#### " + "9" * 500, "72", 0.0),
@@ -320,7 +324,10 @@ def test_normalise_answer(answer, normalised):
     assert rewards.normalise_answer(answer) == normalised
 
 
-HANGING_ANSWERS = [r"\boxed{9^{9^{9^{9}}}}", r"\boxed{10^{10^{10}}}", "#### 10^{10^{10}}", r"\boxed{(10^{10^{10}})!}"]
+HANGING_ANSWERS = [
+    r"\boxed{9^{9^{9^{9}}}}", r"\boxed{10^{10^{10}}}", "#### 10^{10^{10}}",
+    r"\boxed{(10^{10^{10}})!}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -345,7 +352,9 @@ def test_answers_that_hung_sympy_are_refused_in_the_pool(pool):
     n = len(HANGING_ANSWERS) + 1
     completions = HANGING_ANSWERS + ["#### 5"]
     replaced = pool.replaced_workers
-    values, metrics = rewards.score_batch(specs, ["p"] * n, completions, [_example("5")] * n, pool=pool)
+    values, metrics = rewards.score_batch(
+        specs, ["p"] * n, completions, [_example("5")] * n, pool=pool
+    )
     assert values.tolist() == [0.0] * len(HANGING_ANSWERS) + [1.0]
     assert metrics["reward_timeouts"] == metrics["reward_errors"] == 0.0
     assert pool.replaced_workers == replaced
@@ -358,7 +367,8 @@ def test_pool_gives_the_table_values(patient_pool):
         completions, golds, expected = zip(*table)
         n = len(table)
         values, metrics = rewards.score_batch(
-            rewards.as_specs([(name, 1.0)]), ["p"] * n, list(completions), [_example(g) for g in golds], pool=patient_pool
+            rewards.as_specs([(name, 1.0)]), ["p"] * n, list(completions),
+            [_example(g) for g in golds], pool=patient_pool,
         )
         assert values.tolist() == list(expected)
         assert metrics["reward_errors"] == metrics["reward_timeouts"] == 0.0

@@ -6,7 +6,10 @@ import importlib
 import pytest
 from tests.doctest_numbers import run_examples
 
-MODULES = ["_answers", "_code", "_countdown", "_format", "_limits", "_math", "_normalise", "_pool", "_rpt", "_self_verify", "_units"]
+MODULES = [
+    "_answers", "_code", "_countdown", "_format", "_limits", "_math", "_normalise", "_pool", "_rpt",
+    "_self_verify", "_units",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

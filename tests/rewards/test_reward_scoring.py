@@ -1,4 +1,4 @@
-"""The batch scorer and the grader pool: combining rewards, containing graders that hang or raise."""
+"""The batch scorer and the grader pool: combining rewards, containing graders that hang or fail."""
 
 import os
 import pathlib
@@ -128,7 +128,8 @@ class TestContainment:
         replaced = pool.replaced_workers
         start = time.monotonic()
         values, metrics = _score([(name, 1.0)], ["ok", "hang", "ok", "hang", "ok"], pool=pool)
-        assert time.monotonic() - start < 30.0  # one budget of 2 s on 2 workers plus restarts, not 3600 s
+        # one budget of 2 s on 2 workers plus restarts, not 3600 s
+        assert time.monotonic() - start < 30.0
         np.testing.assert_array_equal(values, [1.0, 0.0, 1.0, 0.0, 1.0])
         assert metrics["reward_timeouts"] == 2.0 and metrics[f"reward_timeouts/{name}"] == 2.0
         assert metrics["reward_errors"] == 0.0
@@ -139,7 +140,9 @@ class TestContainment:
         assert metrics["reward_timeouts"] == 0.0
 
     @pytest.mark.parametrize("name", ["test_self_limited", "test_self_limited_inline"])
-    def test_grader_time_limit_is_a_counted_timeout_without_replacing_a_worker(self, registered, pool, name):
+    def test_grader_time_limit_is_a_counted_timeout_without_replacing_a_worker(
+        self, registered, pool, name
+    ):
         replaced = pool.replaced_workers
         values, metrics = _score([(name, 1.0)], ["ok", "slow", "ok"], pool=pool)
         np.testing.assert_array_equal(values, [1.0, 0.0, 1.0])
@@ -217,7 +220,9 @@ class TestCombine:
 
     def test_separate_columns_are_unweighted(self, registered):
         specs = rewards.as_specs([("test_length", 0.5), ("test_nan", 2.0)])
-        values, _ = rewards.score_batch(specs, ["p"] * 2, ["a", "nan"], [{}] * 2, combine="separate")
+        values, _ = rewards.score_batch(
+            specs, ["p"] * 2, ["a", "nan"], [{}] * 2, combine="separate"
+        )
         np.testing.assert_array_equal(values, [[1.0, 1.0], [3.0, 0.0]])
         assert values.dtype == np.float32
         np.testing.assert_array_equal(rewards.spec_weights(specs), [0.5, 2.0])
@@ -229,7 +234,9 @@ class TestCombine:
     def test_completion_lengths_are_added_to_examples(self, registered):
         rewards.register("test_read_length")(lambda p, c, example: example["completion_length"])
         try:
-            values, _ = _score([("test_read_length", 1.0)], ["a", "b"], completion_lengths=np.array([7, 9]))
+            values, _ = _score(
+                [("test_read_length", 1.0)], ["a", "b"], completion_lengths=np.array([7, 9])
+            )
         finally:
             rewards.unregister("test_read_length")
         np.testing.assert_array_equal(values, [7.0, 9.0])

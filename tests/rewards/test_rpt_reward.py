@@ -85,7 +85,10 @@ def test_table_is_big_enough():
 
 @pytest.mark.parametrize("completion, continuation, expected", TABLE)
 def test_rpt_reward(completion, continuation, expected):
-    example = {"task": "rpt", "question": "ctx", "answer": continuation, "context": "ctx", "continuation": continuation}
+    example = {
+        "task": "rpt", "question": "ctx", "answer": continuation, "context": "ctx",
+        "continuation": continuation,
+    }
     assert rewards.rpt_reward("prompt", completion, example) == expected
 
 

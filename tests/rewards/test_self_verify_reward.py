@@ -67,7 +67,8 @@ TABLE = [
     ("48 + 24 = 72\n#### 72\n" + V_BAD, "gsm8k", {"answer": "72"}, 0.0),
     ("48 + 24 = 71\n#### 71\n" + V_BAD, "gsm8k", {"answer": "72"}, 1.0),
     ("48 + 24 = 71\n#### 71\n" + V_OK, "gsm8k", {"answer": "72"}, 0.0),
-    ("So she sold 72 clips. " + V_OK, "gsm8k", {"answer": "72"}, 1.0),  # last number before the verdict
+    # the last number before the verdict
+    ("So she sold 72 clips. " + V_OK, "gsm8k", {"answer": "72"}, 1.0),
     ("#### 1,000 " + V_OK, "gsm8k", {"answer": "1000"}, 1.0),
     ("#### ７２ " + V_OK, "gsm8k", {"answer": "72"}, 1.0),
     ("#### 72\n#### " + V_BAD, "gsm8k", {"answer": "72"}, 1.0),  # empty last marker: not correct
@@ -87,7 +88,8 @@ TABLE = [
     (RIGHT + "<verify>correct</verify><verify>", "math", {}, 0.0),
     (RIGHT + "<verify>" + "correct " * 1000 + "</verify>", "math", {}, 0.0),
     (RIGHT + "<verify>correct</verify>" + "\n" * 1000, "math", {}, 1.0),
-    (RIGHT + "<verify>\u200bcorrect</verify>", "math", {}, 0.0),  # zero-width space is not whitespace
+    # a zero-width space is not whitespace
+    (RIGHT + "<verify>\u200bcorrect</verify>", "math", {}, 0.0),
 ]
 
 

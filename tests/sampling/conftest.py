@@ -27,14 +27,17 @@ def char_checkpoint(tmp_path_factory):
     chars = "abcdefghijklmnopqrstuvwxyz "
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
     model = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    model.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    model.pre_tokenizer = tokenizers.pre_tokenizers.Split(
+        tokenizers.Regex("."), behavior="isolated"
+    )
     model.decoder = tokenizers.decoders.Fuse()
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=model, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
     )
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] | lower }} {% endfor %}"
     cfg = dataclasses.replace(
-        models.get_model_config("tiny"), vocab_size=len(vocab), d_model=64, n_layers=2, eos_token_id=1
+        models.get_model_config("tiny"), vocab_size=len(vocab), d_model=64, n_layers=2,
+        eos_token_id=1,
     )
     path = str(tmp_path_factory.mktemp("ckpt"))
     models.save_pretrained(models.init_model(cfg, seed=1), path, tokenizer=tokenizer)

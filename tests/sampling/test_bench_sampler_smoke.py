@@ -11,7 +11,9 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "bench_sa
 
 @pytest.fixture(scope="module")
 def bench():
-    pytest.importorskip("torch", reason="the benchmark compares with transformers' PyTorch generate")
+    pytest.importorskip(
+        "torch", reason="the benchmark compares with transformers' PyTorch generate"
+    )
     spec = importlib.util.spec_from_file_location("bench_sampler", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_sampler"] = module  # as a script run registers its __main__
@@ -36,7 +38,11 @@ def test_quick_run_prints_the_vocabulary_tables(bench, capsys, char_checkpoint):
     questions), the random model has 4,096 tokens in --quick."""
     bench.main(["--quick", "--tables", "vocab,step", "--smollm2", char_checkpoint])
     out = capsys.readouterr().out
-    assert "4. generation tokens/s at real vocabulary sizes" in out and "5. one sampling step" in out
-    for row in ("SmolLM2-135M  float32  16  top-p 0.95", "random, V=4,096  float32  16  top-p 0.95"):
+    assert (
+        "4. generation tokens/s at real vocabulary sizes" in out and "5. one sampling step" in out
+    )
+    for row in (
+        "SmolLM2-135M  float32  16  top-p 0.95", "random, V=4,096  float32  16  top-p 0.95",
+    ):
         assert " ".join(row.split()) in " ".join(out.split())
     assert "full sort of the vocabulary" in out and "the 0.95 nucleus has a median" in out

@@ -110,7 +110,9 @@ def test_on_a_mesh_slots_split_over_the_rows(static):
     mesh = jax.make_mesh((8, 1), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     model = nnx.split(models.init_model(models.get_model_config("tiny"), seed=0, mesh=mesh))
     with jax.set_mesh(mesh):
-        with pytest.raises(ValueError, match=r"slots=4 do not split over the mesh's batch axes \(8 ways\)"):
+        with pytest.raises(
+            ValueError, match=r"slots=4 do not split over the mesh's batch axes \(8 ways\)"
+        ):
             run(model, slots=4, group_size=8)
         on_mesh = run_on_device(model, slots=8, group_size=8, max_new_tokens=40)
         # the rows come back split over the row axes, as the static sampler's do: on
@@ -140,7 +142,8 @@ def test_slots_keep_the_same_records(tiny_model, static):
     want = run(moe, slots=0, record_routing=True, max_new_tokens=24)
     assert_same_rows(routed, want)
     np.testing.assert_array_equal(routed.prompt_routing, want.prompt_routing)
-    fed = np.arange(routed.routing.shape[1])[None] < routed.lengths[:, None] - 1   # fed to sample the next
+    # fed to sample the next
+    fed = np.arange(routed.routing.shape[1])[None] < routed.lengths[:, None] - 1
     np.testing.assert_array_equal(routed.routing[fed], want.routing[fed])
     assert routed.routing[fed].any() and not routed.routing[~fed].any()
     assert len(set(want.lengths)) > 3

@@ -78,7 +78,9 @@ def test_without_pauses_the_engine_gives_generates_rows_in_any_step_budget(tiny_
             partial = sampling.to_host(stepped.rollout())
             done = ~np.isin(np.arange(12), stepped.unfinished())
             assert done.sum() >= 1 and (partial.lengths <= 7).all()
-            np.testing.assert_array_equal(done, partial.lengths == np.where(done, static.lengths, -1))
+            np.testing.assert_array_equal(
+                done, partial.lengths == np.where(done, static.lengths, -1)
+            )
     assert calls >= static.lengths.max() // 7
     got = sampling.to_host(stepped.rollout())
     assert_same_rows(got, static)

@@ -25,7 +25,9 @@ def successor():
 def run(model, prompts, method=sampling.Greedy(), seed=0, **kwargs):
     tokens, mask = sampling.pad_prompts(prompts, pad_id=0)
     args = dict(group_size=1, max_new_tokens=8, stop_tokens=STOPS, pad_id=0) | kwargs
-    rollout = sampling.generate(*model, tokens, mask, rng=jax.random.key(seed), method=method, **args)
+    rollout = sampling.generate(
+        *model, tokens, mask, rng=jax.random.key(seed), method=method, **args
+    )
     return sampling.to_host(rollout)
 
 
@@ -124,7 +126,9 @@ class TestArgumentErrors:
                               max_new_tokens=4, stop_tokens=[1], pad_id=0)
 
     def test_rows_must_split_over_the_mesh(self):
-        mesh = jax.make_mesh((8, 1), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        mesh = jax.make_mesh(
+            (8, 1), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+        )
         with jax.set_mesh(mesh), pytest.raises(ValueError, match="multiple of 8"):
             run(successor(), [[1]], group_size=3)
 
@@ -171,7 +175,8 @@ class TestLogProbs:
     def test_equal_across_kv_cache_segments(self, tiny_model):
         """150 tokens cross the growth of the cache from 64 to 128 to 192 completion slots."""
         assert _generate._segment_ends(256) == [64, 128, 192, 256]
-        assert _generate._segment_ends(512) == [64, 128, 192, 256, 320, 448, 512]  # +1/4, multiples of 64
+        # +1/4, multiples of 64
+        assert _generate._segment_ends(512) == [64, 128, 192, 256, 320, 448, 512]
         method = sampling.Temperature(1.0)
         r = run(tiny_model, [[5, 6, 7]], method, group_size=2, max_new_tokens=150, stop_tokens=[])
         np.testing.assert_array_equal(r.lengths, [150, 150])
@@ -182,7 +187,9 @@ class TestLogProbs:
     def test_bfloat16_difference_is_small(self):
         cfg = models.get_model_config("tiny", dtype="bfloat16")
         model = nnx.split(models.init_model(cfg, seed=0))
-        r = run(model, [[5, 6, 7], [8, 9]], sampling.Temperature(1.0), group_size=4, max_new_tokens=32)
+        r = run(
+            model, [[5, 6, 7], [8, 9]], sampling.Temperature(1.0), group_size=4, max_new_tokens=32
+        )
         logp_err, _ = max_logp_error(model, r, sampling.Temperature(1.0))
         assert logp_err < 1e-2  # measured (6.4e-4) and reported by experiments/bench_sampler.py
 
@@ -194,8 +201,10 @@ class TestCompilation:
         tokens, mask = sampling.pad_prompts([[1, 2, 3], [4]], pad_id=0)
 
         def call(method, key, max_new, stop, pad):
-            return sampling.generate(*tiny_model, tokens, mask, rng=key, method=method, group_size=2,
-                                     max_new_tokens=max_new, stop_tokens=[stop], pad_id=pad)
+            return sampling.generate(
+                *tiny_model, tokens, mask, rng=key, method=method, group_size=2,
+                max_new_tokens=max_new, stop_tokens=[stop], pad_id=pad,
+            )
 
         kinds = [
             [sampling.Temperature(0.7), sampling.Temperature(1.3), sampling.Temperature(1)],
@@ -217,7 +226,9 @@ class TestMesh:
     @pytest.mark.parametrize("shape", [(8, 1), (4, 2)], ids=["fsdp8", "fsdp4_tensor2"])
     def test_sharded_equals_unsharded(self, tiny_model, shape):
         """The trainer's fsdp-sharded weights, resharded on device to the sampling rules."""
-        mesh = jax.make_mesh(shape, ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        mesh = jax.make_mesh(
+            shape, ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+        )
         method = sampling.TopK(20, temperature=1.0)
         prompts = [[5, 6, 7], [8, 9], [1], [2, 3, 4, 5]]
         expected = run(tiny_model, prompts, method, seed=3, group_size=4, max_new_tokens=12,
@@ -241,7 +252,9 @@ class TestMesh:
         heads and MLP over "tensor", samples what it samples on one device."""
         cfg = dataclasses.replace(models.get_model_config("tiny"), lora=models.LoraSpec(
             rank=4, alpha=8.0, targets=("attn.q", "attn.o", "mlp.down"), quantize="int8"))
-        mesh = jax.make_mesh((4, 2), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        mesh = jax.make_mesh(
+            (4, 2), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+        )
         prompts = [[5, 6, 7], [8, 9], [1], [2, 3, 4, 5]]
         kwargs = dict(group_size=2, max_new_tokens=8, stop_tokens=[])
         expected = run(nnx.split(models.init_model(cfg, seed=0)), prompts, **kwargs)

@@ -30,8 +30,12 @@ def mixed_model():
 def run(model, method, record_support=True, **kwargs):
     tokens, mask = sampling.pad_prompts([[1], [2, 3], [4], [7]], pad_id=0)
     args = dict(group_size=4, max_new_tokens=24, stop_tokens=[], pad_id=0) | kwargs
-    return sampling.to_host(sampling.generate(*model, tokens, mask, rng=jax.random.key(0), method=method,
-                                              record_support=record_support, **args))
+    return sampling.to_host(
+        sampling.generate(
+            *model, tokens, mask, rng=jax.random.key(0), method=method,
+            record_support=record_support, **args,
+        )
+    )
 
 
 def recomputed_logp(model, rollout, temperature):
@@ -44,8 +48,10 @@ def recomputed_logp(model, rollout, temperature):
         tokens = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1)
         mask = jnp.concatenate([rollout.prompt_mask, rollout.mask], axis=1)
         hidden, _ = decoder.hidden_states(tokens, attention_mask=mask)
-        return models.support_token_logprobs(hidden[:, s - 1 : -1], decoder.unembedding(), rollout.tokens,
-                                             rollout.support_ids, temperature=temperature, chunk_size=64)
+        return models.support_token_logprobs(
+            hidden[:, s - 1 : -1], decoder.unembedding(), rollout.tokens, rollout.support_ids,
+            temperature=temperature, chunk_size=64,
+        )
 
     return np.asarray(forward(model[1], rollout))
 
@@ -84,7 +90,9 @@ class TestRecordedSupport:
         model = mixed_model()
         r = run(model, method)
         fits = (r.mask == 1) & (r.support_size <= K)
-        np.testing.assert_allclose(recomputed_logp(model, r, 0.8)[fits], r.sample_logp[fits], atol=1e-5)
+        np.testing.assert_allclose(
+            recomputed_logp(model, r, 0.8)[fits], r.sample_logp[fits], atol=1e-5
+        )
 
     @pytest.mark.slow
     def test_on_a_transformer_with_every_support_recorded(self, tiny_model):
@@ -93,7 +101,9 @@ class TestRecordedSupport:
         r = run(tiny_model, method, stop_tokens=np.arange(0, 512, 16))
         live = r.mask == 1
         assert (r.support_size[live] <= 512).all() and (r.support_size[live] > 1).all()
-        np.testing.assert_allclose(recomputed_logp(tiny_model, r, 0.7)[live], r.sample_logp[live], atol=1e-4)
+        np.testing.assert_allclose(
+            recomputed_logp(tiny_model, r, 0.7)[live], r.sample_logp[live], atol=1e-4
+        )
 
     def test_temperature_and_greedy_supports(self):
         """Temperature keeps the whole vocabulary (nothing to record: K = 0, size V);

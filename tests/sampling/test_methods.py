@@ -14,7 +14,8 @@ from grpo_jax.sampling import _buckets, _methods, _sample
 from tests.doctest_numbers import run_examples
 
 PROBS = np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05])  # distinct, so cuts are unambiguous
-LOGITS = np.log(PROBS).astype(np.float32) + 1.0  # an offset: methods must not assume normalised input
+# an offset: methods must not assume normalised input
+LOGITS = np.log(PROBS).astype(np.float32) + 1.0
 DRAWS = 20_000
 P_VALUE = 1e-3
 
@@ -53,7 +54,9 @@ METHODS = [
 @pytest.mark.parametrize("method", METHODS + [sampling.Greedy()], ids=repr)
 def test_log_probs_match_the_definition(method):
     logp = jax.jit(lambda m, z: m.log_probs(z))(method, jnp.asarray(LOGITS)[None])
-    np.testing.assert_allclose(np.exp(np.asarray(logp[0], np.float64)), reference(method), atol=1e-6)
+    np.testing.assert_allclose(
+        np.exp(np.asarray(logp[0], np.float64)), reference(method), atol=1e-6
+    )
 
 
 def chi_square_p_value(tokens, expected):
@@ -84,10 +87,13 @@ def test_generated_frequencies_match():
     """End to end: a model whose logits are LOGITS after every token, sampled by generate()."""
     method = sampling.TopP(0.9, temperature=1.3)
     v = len(PROBS)
-    rollout = sampling.to_host(sampling.generate(
-        *lookup_model(np.tile(LOGITS, (v, 1))), np.zeros((1, 4), np.int32), np.ones((1, 4), np.int32),
-        rng=jax.random.key(2), method=method, group_size=64, max_new_tokens=64, stop_tokens=[-1], pad_id=0,
-    ))
+    rollout = sampling.to_host(
+        sampling.generate(
+            *lookup_model(np.tile(LOGITS, (v, 1))), np.zeros((1, 4), np.int32),
+            np.ones((1, 4), np.int32), rng=jax.random.key(2), method=method, group_size=64,
+            max_new_tokens=64, stop_tokens=[-1], pad_id=0,
+        )
+    )
     assert rollout.mask.all()  # stop id -1 never occurs
     assert chi_square_p_value(rollout.tokens, reference(method)) > P_VALUE
     # The behaviour log-prob: softmax(logits / 1.3), before the top-p cut.

@@ -87,7 +87,9 @@ def test_same_tokens_and_log_probs_as_the_full_sort(kind):
     draw = jax.jit(sampling.sample)
     for seed in range(3):
         tokens, logp = draw(sampling.TopP(0.9, temperature=1.3), jax.random.key(seed), logits)
-        expected_tokens, expected_logp = draw(FullSortTopP(0.9, temperature=1.3), jax.random.key(seed), logits)
+        expected_tokens, expected_logp = draw(
+            FullSortTopP(0.9, temperature=1.3), jax.random.key(seed), logits
+        )
         np.testing.assert_array_equal(np.asarray(tokens)[clear], np.asarray(expected_tokens)[clear])
         np.testing.assert_array_equal(np.asarray(logp)[clear], np.asarray(expected_logp)[clear])
 
@@ -104,7 +106,9 @@ class TestTiesAtTheFloor:
         candidate but a tied token is not; K = 8: all fit."""
         method = sampling.TopP(0.4, max_candidates=max_candidates)
         probs = np.exp(np.asarray(jax.jit(method.log_probs)(self.LOGITS)))
-        np.testing.assert_allclose(probs, [[0.2 / 0.9, 0.3 / 0.9, 0.0, 0.2 / 0.9, 0.2 / 0.9]], rtol=1e-6)
+        np.testing.assert_allclose(
+            probs, [[0.2 / 0.9, 0.3 / 0.9, 0.0, 0.2 / 0.9, 0.2 / 0.9]], rtol=1e-6
+        )
         _, _, support = jax.jit(sampling.sample, static_argnames="with_support")(
             method, jax.random.key(0), self.LOGITS, with_support=True)
         assert int(support.size[0]) == 4
@@ -124,7 +128,9 @@ class TestMinusInfinity:
     def test_excluded_tokens_are_never_kept_or_sampled(self):
         logits = np.full((512, 300), -np.inf, np.float32)
         logits[:, :5] = np.log([0.4, 0.3, 0.15, 0.1, 0.05])
-        for method in (sampling.TopP(0.999, max_candidates=2), sampling.TopP(1.0), sampling.TopP(0.5)):
+        for method in (
+            sampling.TopP(0.999, max_candidates=2), sampling.TopP(1.0), sampling.TopP(0.5),
+        ):
             tokens, logp = jax.jit(sampling.sample)(method, jax.random.key(1), jnp.asarray(logits))
             assert (np.asarray(tokens) < 5).all() and np.isfinite(logp).all()
         floor, _ = _nucleus.nucleus_floor(probabilities(logits[:1]), 0.999, 2)
@@ -149,8 +155,10 @@ def test_bisection_rows_sample_the_nucleus_distribution():
     kept = order[(np.cumsum(q[order]) - q[order]) < 0.8]
     expected[kept] = q[kept] / q[kept].sum()
     assert 100 < len(kept) < 190
-    tokens, _ = jax.jit(sampling.sample)(sampling.TopP(0.8, temperature=0.9, max_candidates=4),
-                                          jax.random.key(4), jnp.broadcast_to(jnp.asarray(logits), (40_000, 200)))
+    tokens, _ = jax.jit(sampling.sample)(
+        sampling.TopP(0.8, temperature=0.9, max_candidates=4), jax.random.key(4),
+        jnp.broadcast_to(jnp.asarray(logits), (40_000, 200)),
+    )
     counts = np.bincount(np.asarray(tokens), minlength=200)
     assert counts[expected == 0].sum() == 0
     assert scipy.stats.chisquare(counts[kept], 40_000 * expected[kept]).pvalue > 1e-3
@@ -165,14 +173,22 @@ def test_bisection_rows_sample_the_nucleus_distribution():
 def test_kept_sets_match_transformers_warpers(method, warper, value):
     """transformers' processors (temperature, then the cut) keep the same tokens, on
     distinct logits (on ties transformers keeps whichever its sort puts first)."""
-    torch = pytest.importorskip("torch", reason="the reference is transformers' PyTorch logits processors")
+    torch = pytest.importorskip(
+        "torch", reason="the reference is transformers' PyTorch logits processors"
+    )
     from transformers.generation import logits_process
 
     noise = np.random.default_rng(9).normal(0, 1e-3, (32, 3000)).astype(np.float32)
     logits = rows("zipf", 32, 3000, seed=9) + noise
-    scores = getattr(logits_process, warper)(value)(None, torch.tensor(logits / float(method.temperature)))
+    scores = getattr(logits_process, warper)(value)(
+        None, torch.tensor(logits / float(method.temperature))
+    )
     ours = np.isfinite(np.asarray(jax.jit(method.log_probs)(logits)))
-    clear = clear_of_rounding(probabilities(logits, method.temperature), value) if warper == "TopPLogitsWarper" else True
+    clear = (
+        clear_of_rounding(probabilities(logits, method.temperature), value)
+        if warper == "TopPLogitsWarper"
+        else True
+    )
     np.testing.assert_array_equal(ours[clear], np.isfinite(scores.numpy())[clear])
 
 
@@ -184,7 +200,11 @@ def test_the_compiled_sampler_sorts_nothing(method, with_support):
     XLA:CPU keeps `lax.top_k` as its partial-sort kernel (it falls back to a full sort
     when top-k values are sliced, as a constant index into them becomes)."""
     logits = jnp.zeros((8, 4096))
-    traced = jax.jit(lambda m, z: sampling.sample(m, jax.random.key(0), z, with_support=with_support))
-    constant = jax.jit(lambda z: sampling.sample(method, jax.random.key(0), z, with_support=with_support))
+    traced = jax.jit(
+        lambda m, z: sampling.sample(m, jax.random.key(0), z, with_support=with_support)
+    )
+    constant = jax.jit(
+        lambda z: sampling.sample(method, jax.random.key(0), z, with_support=with_support)
+    )
     for lowered in (traced.lower(method, logits), constant.lower(logits)):
         assert " sort(" not in lowered.compile().as_text()

@@ -35,11 +35,15 @@ def test_a_mesh_gives_the_same_texts(char_checkpoint):
     ways; the texts equal those sampled on one device."""
     model, tokenizer = models.from_pretrained(char_checkpoint)
     method = sampling.make_method(temperature=0.9, top_p=0.8)
-    expected = sampling.sample_texts(model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=8, method=method, seed=2)
+    expected = sampling.sample_texts(
+        model, tokenizer, PROMPTS, num_samples=3, max_new_tokens=8, method=method, seed=2
+    )
     mesh = parallel.make_mesh([("data", -1), ("tensor", 1)])
     spread, _ = models.from_pretrained(char_checkpoint, mesh=mesh, rules="sampling")
     with jax.set_mesh(mesh):
-        got = sampling.sample_texts(spread, tokenizer, PROMPTS, num_samples=3, max_new_tokens=8, method=method, seed=2)
+        got = sampling.sample_texts(
+            spread, tokenizer, PROMPTS, num_samples=3, max_new_tokens=8, method=method, seed=2
+        )
     assert got == expected and len(got) == 2 and all(len(group) == 3 for group in got)
 
 
@@ -66,7 +70,9 @@ def test_command_line_prints_what_sample_texts_returns(char_checkpoint):
     assert all(line in out for line in lines)
     for i, group in enumerate(expected):
         block = out.split(lines[i])[1].split("=== prompt")[0]
-        assert block.strip() == "\n".join(f"--- sample {j}\n{t}" for j, t in enumerate(group)).strip()
+        assert (
+            block.strip() == "\n".join(f"--- sample {j}\n{t}" for j, t in enumerate(group)).strip()
+        )
 
 
 def test_make_method():

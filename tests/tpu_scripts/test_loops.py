@@ -39,11 +39,13 @@ def _run(tmp_path, script, *, states=(), run_codes=(), **env):
     source = tmp_path / "src"
     source.mkdir(exist_ok=True)
     (source / "setup.py").write_text("")
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
-           "FAKE_DIR": str(tmp_path), "POLL_SECONDS": "0", "TPU_NAME": "pod-a", "ZONE": "z",
-           "PROJECT": "p", "ACCELERATOR_TYPE": "v5p-16", "RUNTIME_VERSION": "v2-alpha-tpuv5",
-           "REPO": str(source), "CONFIG": "configs/dapo.py:runlocal=True", "WORKDIR": "gs://b/w",
-           "PYTHON": sys.executable, **env}
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
+        "FAKE_DIR": str(tmp_path), "POLL_SECONDS": "0", "TPU_NAME": "pod-a", "ZONE": "z",
+        "PROJECT": "p", "ACCELERATOR_TYPE": "v5p-16", "RUNTIME_VERSION": "v2-alpha-tpuv5",
+        "REPO": str(source), "CONFIG": "configs/dapo.py:runlocal=True", "WORKDIR": "gs://b/w",
+        "PYTHON": sys.executable, **env,
+    }
     result = subprocess.run(["bash", str(REPO / "tpu_scripts" / script)], env=env,
                             capture_output=True, text=True, timeout=60)
     return result, _verbs((tmp_path / "calls").read_text().splitlines())
@@ -62,7 +64,9 @@ SETUP = ["tpu-vm scp", "setup", "setup"]
 
 
 def test_preempted_then_deleted_tpu_is_recreated_until_the_run_finishes(tmp_path):
-    result, calls = _run(tmp_path, "babysit.sh", states=["PREEMPTED", "MISSING"], run_codes=[255, 0])
+    result, calls = _run(
+        tmp_path, "babysit.sh", states=["PREEMPTED", "MISSING"], run_codes=[255, 0]
+    )
     assert result.returncode == 0, result.stderr
     assert calls == (["tpu-vm describe", "tpu-vm delete", "tpu-vm create", *SETUP, "kill", "run",
                       "tpu-vm describe", "tpu-vm create", *SETUP, "kill", "run"])
@@ -114,4 +118,6 @@ def test_sweep_entry_failure_does_not_stop_the_others(tmp_path, gcs_emulator):
     assert "some sweep entries failed" in result.stderr
     records = sorted(p.name for p in paths.path("gs://test-bucket/w").iterdir()
                      if (p / sweep.RUN_RECORD).exists())
-    assert records == [name for name, _ in sweep.sweep_entries(f"{REPO}/configs/dapo.py:runlocal=True")]
+    assert records == [
+        name for name, _ in sweep.sweep_entries(f"{REPO}/configs/dapo.py:runlocal=True")
+    ]

@@ -62,7 +62,9 @@ def test_unknown_field_fails_before_any_run(tmp_path):
         sweep_runs.sweep_runs(str(recipe))
 
 
-def test_recorded_entries_are_a_sweep_that_the_report_reads_in_the_bucket(gcs_emulator, monkeypatch):
+def test_recorded_entries_are_a_sweep_that_the_report_reads_in_the_bucket(
+    gcs_emulator, monkeypatch
+):
     """`--record_into gs://...` (what sweep.sh runs before the pods start) leaves each
     selected entry's sweep_run.json in the workdir sweep.sh gives it: the report finds
     those runs there and lists them as not finished yet."""

@@ -97,7 +97,9 @@ def test_update_metrics_are_the_mean_over_updates_and_the_spread_of_the_gradient
     def update(params, opt_state, batch, index, plan=None):
         assert plan is None   # no packing planner given
         seen.append(sorted(index.tolist()))
-        return params + 1, opt_state, {"grad_norm": np.float32(next(norms)), "loss": np.float32(2.0)}
+        return (
+            params + 1, opt_state, {"grad_norm": np.float32(next(norms)), "loss": np.float32(2.0)},
+        )
 
     params, _, metrics = rl.update_on_batch(update, 0, None, {"mask": np.ones((8, 3))}, (0, 1),
                                             epochs=2, minibatches=2)

@@ -91,7 +91,9 @@ def test_keep_routing_replays_the_samplers_experts():
     assert rows["routing"].shape[2:] == (cfg.n_layers, cfg.n_experts_per_tok)
     assert _error(_trainer_logp(graphdef, state, rows, 1.0), rollout).max() < 2e-5
 
-    bf16 = nnx.merge(*nnx.split(models.init_model(dataclasses.replace(cfg, dtype="bfloat16"), seed=2)))
+    bf16 = nnx.merge(
+        *nnx.split(models.init_model(dataclasses.replace(cfg, dtype="bfloat16"), seed=2))
+    )
     bf_graphdef, bf_state = nnx.split(bf16)
     sampled = _rollout(bf_graphdef, bf_state, method, record_routing=True)
     replayed = _error(_trainer_logp(graphdef, state, _rows(sampled), 1.0), sampled)

@@ -127,7 +127,9 @@ def test_a_run_in_a_bucket_survives_kills_and_its_sweep_reports_from_the_bucket(
     assert report.main([f"{BUCKET}/sweep"]) == 0
     copy = tmp_path / "collected"
     assert report.main([f"{BUCKET}/sweep", f"--collect_into={copy}"]) == 0
-    made = sorted(p.name for p in paths.path(f"{BUCKET}/sweep").iterdir() if p.name != run.entry_name)
+    made = sorted(
+        p.name for p in paths.path(f"{BUCKET}/sweep").iterdir() if p.name != run.entry_name
+    )
     assert made == ["report.md", "reward_mean.png"]
     for name in made:
         assert (paths.path(f"{BUCKET}/sweep") / name).read_bytes() == (copy / name).read_bytes()

@@ -38,7 +38,9 @@ def test_demo_pipeline_runs_each_stage_once_and_prints_the_table(data_dir, tmp_p
         assert json.load(f) == results
 
     # A second run finds every stage done and only re-evaluates.
-    mtimes = {s: os.path.getmtime(tmp_path / s / "wall_time.json") for s in ("sft", "rl", "sft_control")}
+    mtimes = {
+        s: os.path.getmtime(tmp_path / s / "wall_time.json") for s in ("sft", "rl", "sft_control")
+    }
     again = demo.run(config, str(tmp_path))
     assert [r["eval_accuracy"] for r in again] == [r["eval_accuracy"] for r in results]
     assert mtimes == {s: os.path.getmtime(tmp_path / s / "wall_time.json") for s in mtimes}

@@ -17,7 +17,6 @@ import sys
 import time
 import types
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

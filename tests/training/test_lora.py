@@ -211,12 +211,16 @@ def test_a_lora_run_trains_checkpoints_little_and_exports_merged_and_peft(lora_r
     rows = read_metrics(lora_run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["grad_norm"] > 0 for r in rows)
-    lora, full = lora_run / "checkpoints" / "4", reference / "checkpoints" / "12"   # every weight
-    assert _stored_bytes(lora) <= 0.1 * _stored_bytes(full), (_stored_bytes(lora), _stored_bytes(full))
+    lora, full = lora_run / "checkpoints" / "4", reference / "checkpoints" / "12"  # every weight
+    assert _stored_bytes(lora) <= 0.1 * _stored_bytes(full), (
+        _stored_bytes(lora), _stored_bytes(full),
+    )
     assert _directory_bytes(lora) < 0.5 * _directory_bytes(full)   # orbax's files and garbage too
     export = lora_run / "export"
     assert {"config.json", "model.safetensors"} <= set(os.listdir(export))
-    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(export / "adapter"))
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(
+        os.listdir(export / "adapter")
+    )
     with open(lora_run / "checkpoints" / "4" / "meta" / "metadata") as f:
         meta = json.load(f)
     params = [k for k in meta["fingerprint"] if k.startswith("['params']")]
@@ -263,7 +267,9 @@ def test_the_reference_is_the_base_and_lagged_adapters_resume_exactly(data_dir, 
                  "train.eval_every": 100, "train.minibatches": 1, "rollout.policy_lag": 1,
                  "objective.kl.beta": 0.01, "optimizer.warmup_steps": 0}   # step 1 updates
     rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "whole"))
-    rl.train(tiny_config("dapo", data_dir, **{**overrides, "train.steps": 2}), str(tmp_path / "cut"))
+    rl.train(
+        tiny_config("dapo", data_dir, **{**overrides, "train.steps": 2}), str(tmp_path / "cut")
+    )
     rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "cut"))
     whole, cut = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "cut")
     assert whole[0]["kl_ref"] == 0.0 and whole[1]["kl_ref"] > 0 and whole[2]["kl_ref"] > 0

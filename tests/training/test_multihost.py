@@ -173,10 +173,11 @@ def test_process_roles_killed_stopped_and_resumed_end_as_the_uninterrupted_run(
     the two halves of its 8 devices; interrupted twice on the way, it ends as the
     uninterrupted one-process run (an uninterrupted two-process run checks nothing
     more: the same comparison, without the resumes). Both processes are killed (-9) once
-    step 2's checkpoint is on disk, the sampler a step ahead of the learner; run again, the learner resumes from its checkpoint and sends the
-    sampler the step, the prompt stream's position and the lagged parameters. The sampling
-    process alone then gets SIGTERM: it passes it on, the learner saves its step and both
-    exit 75. The third run ends as the uninterrupted one."""
+    step 2's checkpoint is on disk, the sampler a step ahead of the learner; run again, the
+    learner resumes from its checkpoint and sends the sampler the step, the prompt stream's
+    position and the lagged parameters. The sampling process alone then gets SIGTERM: it
+    passes it on, the learner saves its step and both exit 75. The third run ends as the
+    uninterrupted one."""
     workdir = tmp_path / "roles"
     commands = main_commands(cli_config_file(tmp_path, data_dir, ROLES_RUN), workdir, 2)
     _kill_after_checkpoint(commands, tmp_path, workdir)

@@ -58,7 +58,9 @@ def check_layout(rows, piece, src, segments, positions, target, back):
         np.testing.assert_array_equal(packed[where], real[:-1])   # the last is not read
         np.testing.assert_array_equal(positions[where], np.arange(len(real) - 1))
         # the output before completion token t scores it: its next token is t
-        np.testing.assert_array_equal(flat[src.reshape(-1)[back[i, :c]] + 1], rows["tokens"][row][:c])
+        np.testing.assert_array_equal(
+            flat[src.reshape(-1)[back[i, :c]] + 1], rows["tokens"][row][:c]
+        )
         np.testing.assert_array_equal(target.reshape(-1)[back[i, :c]], i * N + np.arange(c))
 
 
@@ -89,8 +91,10 @@ class TestPlan:
         for m, piece in enumerate(pieces):
             check_layout(rows, piece, *(plan[k][m] for k in packing.KEYS))
         p, c = _lengths(rows)
-        needed = max(packing.first_fit_decreasing(np.where(c > 0, p + c - 1, 0)[piece], S + N - 1)[2]
-                     for piece in pieces)
+        needed = max(
+            packing.first_fit_decreasing(np.where(c > 0, p + c - 1, 0)[piece], S + N - 1)[2]
+            for piece in pieces
+        )
         # 8 rows per piece: buckets of 1 row, so R is the most rows a piece needs
         assert plan["pack_src"].shape[1:] == (needed, S + N - 1) and needed < B // 2
 
@@ -149,12 +153,16 @@ class TestPackedForward:
         rng = np.random.default_rng(2)
         cfg, k = nnx.merge(graphdef, params).cfg, 4
         layers = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
-        experts = lambda width: rng.integers(0, cfg.n_experts, (B, width, layers, cfg.n_experts_per_tok))
+        experts = lambda width: rng.integers(
+            0, cfg.n_experts, (B, width, layers, cfg.n_experts_per_tok)
+        )
         support = rng.integers(3, V, (B, N, k))
         support[..., 0] = rows["tokens"]   # the sampled token is in its support
-        rows.update(prompt_routing=experts(S).astype(np.int32), routing=experts(N).astype(np.int32),
-                    support_ids=support.astype(np.int32),
-                    support_size=rng.integers(2, 2 * k, (B, N)).astype(np.int32))   # > k: whole softmax
+        rows.update(
+            prompt_routing=experts(S).astype(np.int32), routing=experts(N).astype(np.int32),
+            support_ids=support.astype(np.int32),
+            support_size=rng.integers(2, 2 * k, (B, N)).astype(np.int32),   # > k: whole softmax
+        )
         padded, packed = (_forward(mesh, graphdef, params, rows, _logp_and_entropy, packed=p)
                           for p in (False, True))
         real = rows["mask"] > 0

@@ -13,8 +13,9 @@ SAMPLED = {"prompt_tokens", "prompt_mask", "tokens", "mask", "behaviour_logp", "
 
 
 def _layout(recipe, **overrides):
-    config = config_lib.apply_overrides(config_lib.load_config(f"configs/{recipe}.py:runlocal=True"),
-                                        overrides)
+    config = config_lib.apply_overrides(
+        config_lib.load_config(f"configs/{recipe}.py:runlocal=True"), overrides
+    )
     return config, programs.batch_layout(config, models.get_model_config("tiny", vocab_size=32),
                                          prompt_len=5)
 
@@ -46,7 +47,9 @@ def test_check_batch_names_extra_and_missing_keys():
     _, layout = _layout("dapo")
     batch = dict.fromkeys(layout)
     programs.check_batch(batch, layout, pretraining=False)
-    with pytest.raises(AssertionError, match=r"has keys \['surprise'\] .* and lacks \['old_logp'\]"):
+    with pytest.raises(
+        AssertionError, match=r"has keys \['surprise'\] .* and lacks \['old_logp'\]"
+    ):
         programs.check_batch({**{k: 0 for k in batch if k != "old_logp"}, "surprise": 0}, layout,
                              pretraining=False)
     sampled_only = {k: 0 for k in batch if k not in ("old_logp", "advantages")}

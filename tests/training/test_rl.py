@@ -83,7 +83,11 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
         assert row["generated_tokens"] == pytest.approx(
             model_tokens * row["gen_batches"] * config.rollout.prompts_per_batch
             * config.objective.group_size)
-        assert 0 <= row["advantage_share_nearly_solved"] + row["advantage_share_nearly_failed"] <= 1 + 1e-6
+        assert (
+            0
+            <= row["advantage_share_nearly_solved"] + row["advantage_share_nearly_failed"]
+            <= 1 + 1e-6
+        )
     if recipe in ON_POLICY:   # the ratio is 1 up to the rounding of two compiled programs
         assert all(abs(r["kl_old"]) < 1e-6 and abs(r["ratio"] - 1.0) < 1e-5 for r in rows), rows
     else:
@@ -131,7 +135,9 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
     config_file = cli_config_file(tmp_path, data_dir, overrides, recipe)
     command, where = cli([f"--config={config_file}", "--workdir=runs/killed"], cwd=tmp_path)
     workdir = tmp_path / "runs" / "killed"
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **where)
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **where
+    )
     deadline = time.time() + 600
     while time.time() < deadline and process.poll() is None:
         # Mid-run, past step 3, once the step-2 checkpoint is on disk (saves are async).
@@ -147,7 +153,9 @@ def test_kill_minus_nine_then_resume_continues_exactly_from_a_relative_workdir(
     if overrides.get("rollout.partial.enabled"):   # rows were in flight at the checkpoint
         assert expected[resume_from]["carried_groups"] > 0
 
-    resumed = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600, **where)
+    resumed = subprocess.run(
+        command, check=True, capture_output=True, text=True, timeout=600, **where
+    )
     assert f"resumed from the checkpoint of step {resume_from} in {workdir}" in resumed.stdout
     rows = read_metrics(workdir)   # the rows logged past the checkpoint were dropped and redone
     assert [r["step"] for r in rows] == list(range(1, max(expected) + 1)) == sorted(expected)
@@ -174,7 +182,8 @@ def test_continuous_batching_and_packing_give_the_reference_step(data_dir, refer
     padded), and the same pi_old, updates and metrics up to float reordering."""
     config = faults_config(data_dir, **{"train.steps": 1, "rollout.slots": 8,
                                         "train.log_rollouts_every": 1, "train.packing": "on"})
-    assert programs.packs(config) and not programs.packs(faults_config(data_dir))   # reference: padded
+    # reference: padded
+    assert programs.packs(config) and not programs.packs(faults_config(data_dir))
     rl.train(config, str(tmp_path))
     assert (tmp_path / "rollouts" / "1.jsonl").read_text() == \
         (reference / "rollouts" / "1.jsonl").read_text()
@@ -215,7 +224,9 @@ def test_lagged_rollouts_and_reference_resets_resume_exactly(data_dir, tmp_path)
                  "train.eval_at_start": True}
     config = tiny_config("dapo", data_dir, **overrides)
     rl.train(config, str(tmp_path / "whole"))
-    rl.train(tiny_config("dapo", data_dir, **{**overrides, "train.steps": 2}), str(tmp_path / "cut"))
+    rl.train(
+        tiny_config("dapo", data_dir, **{**overrides, "train.steps": 2}), str(tmp_path / "cut")
+    )
     rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "cut"))
     whole, cut = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "cut")
     assert [r["step"] for r in cut] == [0, 1, 2, 3, 4]
@@ -264,7 +275,9 @@ class _PatternScorer:
         rows = len(prompts)
         group = np.arange(rows) // 4
         mixed = (np.arange(rows) % 2).astype(np.float32)
-        values = np.where(group % 4 == 0, 1.0, np.where(group % 4 == 2, mixed, 0.0)).astype(np.float32)
+        values = np.where(group % 4 == 0, 1.0, np.where(group % 4 == 2, mixed, 0.0)).astype(
+            np.float32
+        )
         return values, values >= 1, {}
 
 
@@ -308,14 +321,16 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
 
 
 @pytest.mark.parametrize("overrides, error, message", [
-    ({"objective.loss.eps_high": -0.1}, ValueError, r"objective.loss.eps_high must be >= 0, got -0.1"),
+    ({"objective.loss.eps_high": -0.1}, ValueError,
+     r"objective.loss.eps_high must be >= 0, got -0.1"),
     ({"objective.loss.dual_clip": 1.0}, ValueError, r"objective.loss.dual_clip must be > 1.0"),
     ({"objective.kl.kind": "k9"}, ValueError, r"objective.kl.kind must be one of 'k1', 'k2', 'k3'"),
     ({"train.micro_batches": 3}, ValueError, r"16 rows must divide into train.minibatches \* "
                                              r"train.micro_batches = 6 pieces"),
     ({"train.micro_batches": 2, "mesh": "data=8,fsdp=1,tensor=1"}, ValueError,
      r"a micro-batch of 4 rows does not split over the 8-way row axes"),
-    ({"train.old_logp": "vllm"}, ValueError, r"train.old_logp must be one of \('recompute', 'sampler'\)"),
+    ({"train.old_logp": "vllm"}, ValueError,
+     r"train.old_logp must be one of \('recompute', 'sampler'\)"),
     ({"train.old_logp": "sampler", "objective.importance.enabled": True}, ValueError,
      r"with train.old_logp='sampler' they are the same numbers"),
     ({"filtering.short_batch": "skip"}, ValueError, r"filtering.short_batch must be one of"),
@@ -336,7 +351,8 @@ def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, 
      r"train.packing must be one of \('auto', 'on', 'off'\), got 'yes'"),
     ({"train.ref_reset_every": 5}, ValueError, r"train.ref_reset_every replaces the KL reference"),
     ({"mesh": "data:8"}, ValueError, r"write it as name=size pairs"),
-    ({"model.path": "/no/such/checkpoint"}, FileNotFoundError, r"model.path '/no/such/checkpoint' is not a directory"),
+    ({"model.path": "/no/such/checkpoint"}, FileNotFoundError,
+     r"model.path '/no/such/checkpoint' is not a directory"),
     ({"objective.advantage.estimator": "gae"}, ValueError,
      r"estimator='gae' takes the critic's values; set critic.enabled=True"),
     ({"critic.enabled": True}, ValueError, r"critic.enabled trains a value model that "
@@ -403,11 +419,19 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_
 
     objectives.register_policy_loss("nan_loss", nan_loss, fields=())
     try:
-        config = tiny_config("dapo", data_dir, **{"train.steps": 4, "objective.loss.kind": "nan_loss"})
-        with pytest.raises(FloatingPointError, match=r"step 3: (loss|grad_norm) = nan is not finite.*"
-                                                     r"last good checkpoint is step 2"):
+        config = tiny_config(
+            "dapo", data_dir, **{"train.steps": 4, "objective.loss.kind": "nan_loss"}
+        )
+        with pytest.raises(
+            FloatingPointError,
+            match=r"step 3: (loss|grad_norm) = nan is not finite.*"
+            r"last good checkpoint is step 2",
+        ):
             rl.train(config, str(tmp_path))
     finally:
         del objectives.POLICY_LOSSES["nan_loss"]
-    assert sorted(int(os.path.basename(p)) for p in glob.glob(str(tmp_path / "checkpoints" / "*"))) [-1] == 2
+    assert (
+        sorted(int(os.path.basename(p)) for p in glob.glob(str(tmp_path / "checkpoints" / "*")))[-1]
+        == 2
+    )
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]

@@ -50,7 +50,9 @@ def test_smollm2_recipe_runs_in_chat_with_its_rewards(chat_checkpoint, tmp_path)
     """One step of the recipe (its objective, rewards and chat prompts; fewer rows and
     tokens): every prompt is the template over the question and the answer instruction,
     the questions are 2-digit additions, and both rewards are reported."""
-    config = config_lib.load_config(f"{REPO / 'configs' / 'smollm2.py'}:path={chat_checkpoint},steps=1")
+    config = config_lib.load_config(
+        f"{REPO / 'configs' / 'smollm2.py'}:path={chat_checkpoint},steps=1"
+    )
     config = config_lib.apply_overrides(config, {
         "task.data_dir": str(tmp_path / "data"), "task.knobs.num_train": 64,
         "task.knobs.num_test": 8, "rollout.prompts_per_batch": 4, "objective.group_size": 4,
@@ -239,7 +241,10 @@ def test_smollm2_tool_episode_is_the_chat_template_with_tool_turns_out_of_the_lo
 
     end, start = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>")
     reply = [end, *ids("\n"), start, *ids("tool\n56"), end, *ids("\n"), start, *ids("assistant\n")]
-    assert tokenizer.decode(reply) == "<|im_end|>\n<|im_start|>tool\n56<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tokenizer.decode(reply)
+        == "<|im_end|>\n<|im_start|>tool\n56<|im_end|>\n<|im_start|>assistant\n"
+    )
     for row in range(8):
         example = examples[row // 4]
         question = example["question"]

@@ -34,7 +34,8 @@ def _update(mesh, tx, rows, micro_batches, mode="token-mean"):
 
 
 def _step(mesh, rows, micro_batches, mode):
-    tx = optax.sgd(1.0)  # Adam's first step is ~lr*sign(g): tiny gradients would amplify float noise
+    # Adam's first step is ~lr*sign(g): tiny gradients would amplify float noise
+    tx = optax.sgd(1.0)
     _, (params, _, metrics) = _update(mesh, tx, rows, micro_batches, mode)
     return jax.device_get(nnx.to_pure_dict(params)), jax.device_get(metrics)
 
@@ -174,8 +175,11 @@ def test_sft_weight_adds_the_token_mean_nll_of_the_targets_and_reports_it():
     rows, targets = update_rows(3), update_rows(4)
     objective = objectives.policy_objective(config_lib.load_config("configs/base.py").objective)
     graphdef, params = _sharded_model(mesh)
-    logp = np.asarray(jax.jit(lambda p, r: batch_lib.completion_logprobs(nnx.merge(graphdef, p), r))(
-        params, parallel.global_rows(mesh, targets)))
+    logp = np.asarray(
+        jax.jit(lambda p, r: batch_lib.completion_logprobs(nnx.merge(graphdef, p), r))(
+            params, parallel.global_rows(mesh, targets)
+        )
+    )
     nll = -(logp * targets["mask"]).sum() / targets["mask"].sum()
     tx = optax.sgd(1.0)
     opt_state = init_optimizer_state(tx, params, mesh)
@@ -208,9 +212,11 @@ def test_moe_router_term_is_in_the_loss_and_weighted_by_the_loss_tokens():
         nnx.merge(graphdef, p), r, with_stats=True)[2])(params, batch)
     tx = optax.sgd(1.0)
     opt_state = init_optimizer_state(tx, params, mesh)
-    update = make_update_step(graphdef, tx, programs.policy_loss(objective, 1.0),
-                              objective.global_counts, mesh=mesh, param_shardings=shardings_of(params),
-                              opt_shardings=shardings_of(opt_state), micro_batches=1)
+    update = make_update_step(
+        graphdef, tx, programs.policy_loss(objective, 1.0), objective.global_counts, mesh=mesh,
+        param_shardings=shardings_of(params), opt_shardings=shardings_of(opt_state),
+        micro_batches=1,
+    )
     _, _, metrics = jax.device_get(update(params, opt_state, batch, jnp.arange(B)))
     assert float(aux) > 0
     np.testing.assert_allclose(metrics["router_aux_loss"], float(aux), rtol=1e-5)
