@@ -86,9 +86,12 @@ def rollout_ends(run):
     failures summed over all steps."""
     from grpo_jax import run_files
     rows = [r for r in run_files.read_metrics(run) if "accuracy" in r]
-    return {"first": {k: rows[0][k] for k in ROLLOUT_KEYS}, "last": {k: rows[-1][k] for k in ROLLOUT_KEYS},
-            "steps": (rows[0]["step"], rows[-1]["step"]),
-            "environment_failures": sum(r.get("environment_failures", 0) for r in rows)}
+    return {
+        "first": {k: rows[0][k] for k in ROLLOUT_KEYS},
+        "last": {k: rows[-1][k] for k in ROLLOUT_KEYS},
+        "steps": (rows[0]["step"], rows[-1]["step"]),
+        "environment_failures": sum(r.get("environment_failures", 0) for r in rows),
+    }
 
 
 def _spread(values):
@@ -109,7 +112,9 @@ def format_table(results, header):
                          f"{_spread(cell('eval_mean_at_k')):>16s} "
                          f"{_spread(cell('eval_pass_at_k')):>16s} {calling:>24s}")
     first, last = results[0]["rollouts"]["steps"]
-    lines += ["", f"training rollouts (sampled at the rollout temperature): step {first} -> step {last}"]
+    lines += [
+        "", f"training rollouts (sampled at the rollout temperature): step {first} -> step {last}",
+    ]
     for r in results:
         ends = r["rollouts"]
         lines.append(f"seed {r['seed']}: " + ", ".join(
@@ -135,7 +140,9 @@ def format_table(results, header):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="a tool recipe, e.g. configs/tool_countdown.py")
+    parser.add_argument(
+        "--config", required=True, help="a tool recipe, e.g. configs/tool_countdown.py"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", help="also write the table here")

@@ -140,8 +140,10 @@ class TestCpuReport:
         assert jax.__version__ == self.PINNED_JAX, "re-pin PINNED for this jax (see the comment)"
         for name, pinned in self.PINNED.items():
             program = result["programs"][name]
-            assert tuple(program[f"{kind}_bytes"] for kind in ("argument", "output", "alias", "temp")) \
-                == pinned, name
+            assert (
+                tuple(program[f"{kind}_bytes"] for kind in ("argument", "output", "alias", "temp"))
+                == pinned
+            ), name
 
     def test_bytes_from_the_lowered_programs_are_the_compilers(self, result):
         """`argument_bytes` and `donated_bytes`, which other tests read from the lowered
@@ -154,7 +156,9 @@ class TestCpuReport:
 
     def test_table_has_a_row_per_program(self, result):
         rows = result["table"].splitlines()[2:]
-        assert [row.split("|")[1].strip() for row in rows] == ["train", "logprob", "prefill", "decode"]
+        assert [row.split("|")[1].strip() for row in rows] == [
+            "train", "logprob", "prefill", "decode",
+        ]
 
 
 @pytest.mark.slow
@@ -268,7 +272,9 @@ def test_a_critic_adds_its_update_and_value_pass():
 
 def test_device_bytes_counts_each_device_share():
     mesh = parallel.make_mesh("data=2,fsdp=4", devices=jax.devices()[:8])
-    split = jax.ShapeDtypeStruct((8, 6), np.float32, sharding=jax.NamedSharding(mesh, jax.P("fsdp")))
+    split = jax.ShapeDtypeStruct(
+        (8, 6), np.float32, sharding=jax.NamedSharding(mesh, jax.P("fsdp"))
+    )
     whole = jax.ShapeDtypeStruct((5,), np.int32, sharding=jax.NamedSharding(mesh, jax.P()))
     assert programs_lib.device_bytes({"a": split, "b": whole}) == 2 * 6 * 4 + 5 * 4
 
@@ -292,8 +298,10 @@ def test_oom_messages_are_parsed():
     untagged = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
                 "temporaries (1.02T) exceeds available HBM (95.74G).")   # libtpu 0.0.42.1
     assert aot.compiler_lib.needed_bytes(untagged) == (int(1.02 * 2**40), "temp")
-    total = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out "
-             "of memory in memory space hbm. Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 6.90M.")
+    total = (
+        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out "
+        "of memory in memory space hbm. Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 6.90M."
+    )
     assert aot.compiler_lib.needed_bytes(total) == (int(15.75 * 2**30 + 6.90 * 2**20), "total")
     assert aot.compiler_lib.needed_bytes("RESOURCE_EXHAUSTED: something else") is None
     assert aot.compiler_lib.needed_bytes("INVALID_ARGUMENT: HLO temporaries (1.0G)") is None
@@ -327,8 +335,12 @@ def test_command_line_writes_the_json(tmp_path):
 def test_command_line_names_a_topology_it_cannot_build():
     """Without libtpu, or with a name libtpu does not know: one line naming the fix."""
     done = subprocess.run(
-        [sys.executable, "-m", "grpo_jax.aot", f"--config={GSPO}:runlocal=True", "--topology=v9z:1x1"],
-        capture_output=True, text=True, timeout=300, cwd=GSPO.parent.parent)
+        [
+            sys.executable, "-m", "grpo_jax.aot", f"--config={GSPO}:runlocal=True",
+            "--topology=v9z:1x1",
+        ],
+        capture_output=True, text=True, timeout=300, cwd=GSPO.parent.parent,
+    )
     assert done.returncode == 1
     assert "--topology 'v9z:1x1': could not build the TPU topology" in done.stderr
     assert "Traceback" not in done.stderr
@@ -337,7 +349,9 @@ def test_command_line_names_a_topology_it_cannot_build():
 # ----- on TPU topologies: needs libtpu (pip install -e ".[train,tpu]"); CI does not install it ----
 
 def tpu_topology():
-    pytest.importorskip("libtpu", reason="compiling for a TPU topology needs libtpu: pip install -e '.[train,tpu]'")
+    pytest.importorskip(
+        "libtpu", reason="compiling for a TPU topology needs libtpu: pip install -e '.[train,tpu]'"
+    )
 
 
 @pytest.mark.slow
@@ -358,17 +372,26 @@ def test_a_run_that_cannot_fit_is_reported_with_advice():
     """qwen3_0_6b's decode cache for 4,096 rows x 1k tokens far exceeds a v5e's 15.75 GiB; the
     advice is the largest number of prompts that fits, from the bytes."""
     tpu_topology()
-    config = tiny_config(mesh="data=1,fsdp=4,tensor=1", **{
-        "model.name": "qwen3_0_6b", "model.dtype": "bfloat16", "model.param_dtype": "bfloat16",
-        "rollout.prompts_per_batch": 256, "rollout.max_new_tokens": 1024, "objective.group_size": 16})
+    config = tiny_config(
+        mesh="data=1,fsdp=4,tensor=1",
+        **{
+            "model.name": "qwen3_0_6b", "model.dtype": "bfloat16", "model.param_dtype": "bfloat16",
+            "rollout.prompts_per_batch": 256, "rollout.max_new_tokens": 1024,
+            "objective.group_size": 16,
+        },
+    )
     result = aot.compile_run(config, "v5e:2x2", prompt_len=128, programs=("decode",),
                              log=lambda line: None)
     assert result["fits"] is False
     decode = result["programs"]["decode"]
-    cache = 28 * 2 * 4096 * 8 * 128 * 1024 * 2 / 4   # layers x (k, v) x rows x K x H x slots x bf16 / chips
+    cache = (
+        28 * 2 * 4096 * 8 * 128 * 1024 * 2 / 4
+    )  # layers x (k, v) x rows x K x H x slots x bf16 / chips
     assert decode["bytes_per_device"] > cache and decode["compiler_oom"]
     advice = result["advice"][0]
-    assert advice.startswith(f"decode does not fit: needs >= {decode['bytes_per_device'] / 2**30:.2f} GiB")
+    assert advice.startswith(
+        f"decode does not fit: needs >= {decode['bytes_per_device'] / 2**30:.2f} GiB"
+    )
     # the KV cache and temporaries scale with the prompts; the rest (weights, held state) not
     scaling = decode["state_bytes"]["cache"] + decode["temp_bytes"]
     share = (result["hbm_bytes_per_device"] - (decode["bytes_per_device"] - scaling)) / scaling
@@ -393,8 +416,9 @@ class TestChooseMesh:
             parallel.DATA_PARALLEL, None)
 
     def test_state_up_to_half_the_memory_stays_data_parallel(self):
-        assert parallel.choose_mesh("auto", state_bytes=lambda: 8 * GIB, device_memory=16 * GIB) == (
-            parallel.DATA_PARALLEL, None)
+        assert parallel.choose_mesh(
+            "auto", state_bytes=lambda: 8 * GIB, device_memory=16 * GIB
+        ) == (parallel.DATA_PARALLEL, None)
 
     def test_state_over_half_the_memory_is_sharded_and_says_so(self):
         spec, reason = parallel.choose_mesh("auto", state_bytes=lambda: 8 * GIB + 1,
@@ -472,11 +496,17 @@ class TestAdvice:
         # 64 rows per minibatch on an 8-way data mesh, weights replicated
         config = tiny_config(mesh="data=8,fsdp=1,tensor=1", **{"model.remat": "full"})
         mesh = parallel.make_mesh(config.mesh)
-        rows = config.rollout.prompts_per_batch * config.objective.group_size // config.train.minibatches
+        rows = (
+            config.rollout.prompts_per_batch
+            * config.objective.group_size
+            // config.train.minibatches
+        )
         assert (rows, config.train.micro_batches) == (16, 1)
         train = result("train", temp=30 * GIB, parts={"weights": 2 * GIB, "optimizer": 4 * GIB})
         text = aot.compiler_lib.advice(train, self.HBM, config, mesh)
-        assert text.startswith("train does not fit: needs 36.00 GiB per device, 20.00 GiB over the 16.00 GiB HBM")
+        assert text.startswith(
+            "train does not fit: needs 36.00 GiB per device, 20.00 GiB over the 16.00 GiB HBM"
+        )
         # room for temporaries: 16 - 6 = 10 GiB -> 3x fewer rows per piece -> the first
         # m >= 3 dividing 16 rows with whole 8-way rows: 16 / 2 = 8 -> m = 2 fails (3 needed);
         # m = 4 leaves 4 rows, not 8-way -> none fits; so the advice says so
@@ -519,13 +549,23 @@ class TestAdvice:
         decode = result("decode", temp=GIB, parts={"weights": 4 * GIB, "cache": 20 * GIB},
                         held=8 * GIB, held_state=6 * GIB)
         text = aot.compiler_lib.advice(decode, self.HBM, config, mesh)
-        assert "training weights and optimizer state (held while it runs) (6.00 GiB per device)" in text
+        assert (
+            "training weights and optimizer state (held while it runs) (6.00 GiB per device)"
+            in text
+        )
         assert "saves about 5.25 GiB" in text
-        assert "the sampler's weights (4.00 GiB" in text and "tensor=4 --config.model.rules=fsdp_tp" in text
+        assert (
+            "the sampler's weights (4.00 GiB" in text
+            and "tensor=4 --config.model.rules=fsdp_tp" in text
+        )
         # 12 GiB fixed, 21 GiB scale with the prompts: 64 x 4 / 21 -> 12, and 12 x 4 answers
         # / 4 minibatches = 12 rows do not split 8 ways; 8 prompts do
         assert "`--config.rollout.prompts_per_batch=8` (now 64" in text
-        assert text.index("KV cache") < text.index("training weights") < text.index("sampler's weights")
+        assert (
+            text.index("KV cache")
+            < text.index("training weights")
+            < text.index("sampler's weights")
+        )
 
     def test_a_compile_error_that_is_not_memory(self):
         config = tiny_config()
@@ -562,8 +602,10 @@ class TestRefusedPrograms:
                                     {"weights": 2 * GIB, "optimizer": 4 * GIB})
 
     def test_out_of_memory_is_a_row_with_a_lower_bound(self):
-        error = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
-                             "required for HLO temporaries (10.00G) exceeds available HBM (15.75G).")
+        error = RuntimeError(
+            "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
+            "required for HLO temporaries (10.00G) exceeds available HBM (15.75G)."
+        )
         refused = aot.compiler_lib.compile_program(self.program(error))
         assert refused.oom and not refused.failed
         assert refused.temp == 10 * GIB and refused.total == (10 + 6 + 1) * GIB
@@ -616,7 +658,10 @@ def test_every_tpu_page_fit_command_is_a_fit_table_cell():
 
 def test_tpu_page_fit_table_is_the_generated_one():
     """docs/tpu.md's table is experiments/aot_fit_table.py's, row for row."""
-    header = "| model | recipe | rules | topology | train | logprob | prefill | decode | HBM | fits |"
+    header = (
+        "| model | recipe | rules | topology | train | logprob | prefill | decode | HBM | fits |"
+    )
+
     def table(text):
         lines = text[text.index(header):].splitlines()
         return lines[:next(i for i, line in enumerate(lines) if not line.startswith("|"))]

@@ -103,10 +103,12 @@ def test_every_objective_metric_is_documented(kind):
     if kind != "vespo":
         options |= {"importance_weight", "importance_truncated"}
     clips = {"clip_low", "clip_high"}
-    activity = {"ppo_clip": clips | {"clip_dual"}, "gspo": clips, "cispo": clips,
-                "sapo": {"gate_scale"}, "pg": set(), "gmpo": clips,
-                "dppo": clips | {"divergence", "ratio_capped"}, "clip_cov": clips | {"cov_detached"},
-                "kl_cov": {"cov_penalized"}, "luspo": clips, "vespo": {"vespo_weight"}}[kind]
+    activity = {
+        "ppo_clip": clips | {"clip_dual"}, "gspo": clips, "cispo": clips, "sapo": {"gate_scale"},
+        "pg": set(), "gmpo": clips, "dppo": clips | {"divergence", "ratio_capped"},
+        "clip_cov": clips | {"cov_detached"}, "kl_cov": {"cov_penalized"}, "luspo": clips,
+        "vespo": {"vespo_weight"},
+    }[kind]
     assert {"loss", "policy_loss", "ratio", "kl_old"} | options | activity <= set(metrics)
     assert readme_metrics.undocumented(metrics) == []
 

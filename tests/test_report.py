@@ -113,7 +113,7 @@ Lines: the mean over seeds; bands: the lowest to the highest seed.
 ![eval_accuracy against step](eval_accuracy.png)
 
 ![loss against generated_tokens](loss_vs_generated_tokens.png)
-"""
+"""  # noqa: E501 (report.md byte for byte: its table rows and notes are single lines)
 
 
 def test_report_md_has_the_hand_computed_means_and_spreads(sweep_root):
@@ -143,7 +143,9 @@ def test_report_md_has_the_hand_computed_means_and_spreads(sweep_root):
     assert "| fast | – | 0.300 | 0.173 | 0.087 | – |" in text
 
 
-def test_rerunning_gives_the_same_bytes_and_the_pngs_carry_no_software_or_time(sweep_root, tmp_path):
+def test_rerunning_gives_the_same_bytes_and_the_pngs_carry_no_software_or_time(
+    sweep_root, tmp_path
+):
     root, _ = sweep_root
     report.write_report(root, tmp_path / "first")
     report.write_report(root, tmp_path / "second")
@@ -318,8 +320,10 @@ def test_without_get_report_the_defaults_are_used(sweep_root):
     root, spec = sweep_root
     pathlib.Path(spec).write_text('"""No report spec."""\n')
     text = report.write_report(root).read_text()
-    assert ("| learning_rate | seeds | eval_accuracy (final) | eval_accuracy (mean of last 3 "
-            "evals; t-CI, or range under 5 seeds) | accuracy (final) | reward_mean (mean) |") in text
+    assert (
+        "| learning_rate | seeds | eval_accuracy (final) | eval_accuracy (mean of last 3 "
+        "evals; t-CI, or range under 5 seeds) | accuracy (final) | reward_mean (mean) |"
+    ) in text
     assert ("| `0.1` | 3 | 0.600 ± 0.10 | 0.450 (range [0.400, 0.500] over 3 seeds) | – | – |"
             in text)
     assert "No finished run logged `reward_mean`: no plot." in text
@@ -398,8 +402,10 @@ def test_the_mechanism_table_averages_each_window_then_the_seeds():
     # Steps 1-5, windows of 2: (1-2), (3-4), (5). Seed s logs a = step + s and b = 1 at
     # every step, c at odd steps only; "a - b" is a - 1.
     def run(seed):
-        rows = tuple({"step": t, "a": float(t + seed), "b": 1.0, **({"c": 10.0 * t} if t % 2 else {})}
-                     for t in range(1, 6))
+        rows = tuple(
+            {"step": t, "a": float(t + seed), "b": 1.0, **({"c": 10.0 * t} if t % 2 else {})}
+            for t in range(1, 6)
+        )
         return report.RunData(f"00/seed-{seed}", {"seed": seed, "config": {
             "mode": "rl", "train": {"steps": 5}}}, rows)
     windows = report.parse_windows({"size": 2, "measures": ("a", "a - b", "c")})

@@ -95,12 +95,14 @@ class Result:
     held_state: int = 0
 
     def to_json(self):
-        return {"bytes_per_device": self.total, "flops": self.flops, "estimated_s": self.estimated_s,
-                "compile_s": self.compile_s, "argument_bytes": self.argument,
-                "output_bytes": self.output, "alias_bytes": self.alias, "temp_bytes": self.temp,
-                "held_bytes": self.held, "compiler_oom": self.oom, "compile_failed": self.failed,
-                "compiler_message": self.message, "state_bytes": self.parts,
-                "held_state_bytes": self.held_state, "shape": self.shape}
+        return {
+            "bytes_per_device": self.total, "flops": self.flops, "estimated_s": self.estimated_s,
+            "compile_s": self.compile_s, "argument_bytes": self.argument,
+            "output_bytes": self.output, "alias_bytes": self.alias, "temp_bytes": self.temp,
+            "held_bytes": self.held, "compiler_oom": self.oom, "compile_failed": self.failed,
+            "compiler_message": self.message, "state_bytes": self.parts,
+            "held_state_bytes": self.held_state, "shape": self.shape,
+        }
 
 
 def hbm_bytes(device):
@@ -205,12 +207,13 @@ def _sampler_weights_fix(result, hbm, mesh):
     """The sampling layout keeps the weights whole on each chip unless the mesh has a
     tensor axis; worth saying when they are a large share of the chip."""
     weights = result.parts.get("weights", 0)
-    if result.name not in SAMPLER_PROGRAMS or weights < hbm / 4 or mesh.shape.get("tensor", 1) > 1:
+    tensor_split = mesh.shape.get("tensor", 1) > 1
+    if result.name not in SAMPLER_PROGRAMS or weights < hbm / 4 or tensor_split:
         return None
-    return weights * 3 // 4, (f"the sampler's weights ({_gib(weights)}, whole on each chip in the "
-                              f"sampling layout) split over a tensor axis: e.g. "
-                              f"`--config.mesh=data=1,fsdp=-1,tensor=4 --config.model.rules=fsdp_tp` "
-                              f"(a quarter each)")
+    return weights * 3 // 4, (f"the sampler's weights ({_gib(weights)}, whole on each chip in "
+                              f"the sampling layout) split over a tensor axis: e.g. "
+                              f"`--config.mesh=data=1,fsdp=-1,tensor=4 "
+                              f"--config.model.rules=fsdp_tp` (a quarter each)")
 
 
 def _activation_fixes(result, hbm, config, mesh):
@@ -218,7 +221,9 @@ def _activation_fixes(result, hbm, config, mesh):
     if result.temp is None:
         return []
     fixes = []
-    rows = config.rollout.prompts_per_batch * config.objective.group_size // config.train.minibatches
+    rows = (
+        config.rollout.prompts_per_batch * config.objective.group_size // config.train.minibatches
+    )
     micro = config.train.micro_batches
     if result.name in ("train", "critic_train") and as_remat_policy(config.model.remat) == "off":
         fixes.append((result.temp, "activations: keep one layer input per layer instead of every "
@@ -233,13 +238,19 @@ def _activation_fixes(result, hbm, config, mesh):
         target = _divisor_at_least(rows, micro * factor, parallel.row_ways(mesh))
         pieces = "micro-batch" if result.name in ("train", "critic_train") else "log-prob piece"
         if target is None:
-            fixes.append((result.temp, f"activations ({_gib(result.temp)} of temporaries): even one "
-                                       f"row per chip in each {pieces} would not fit; shorten "
-                                       f"rollout.max_new_tokens or add chips"))
+            fixes.append(
+                (
+                    result.temp,
+                    f"activations ({_gib(result.temp)} of temporaries): even one "
+                    f"row per chip in each {pieces} would not fit; shorten "
+                    f"rollout.max_new_tokens or add chips",
+                )
+            )
         else:
             fixes.append((result.temp, f"activations ({_gib(result.temp)} of temporaries for one "
                                        f"{pieces}'s rows): split each minibatch into more "
-                                       f"micro-batches with `--config.train.micro_batches={target}` "
+                                       f"micro-batches with "
+                                       f"`--config.train.micro_batches={target}` "
                                        f"(now {micro}; temporaries scale with rows, so about "
                                        f"{_gib(result.temp * micro // target)})"))
     if config.model.attention != "splash" and result.name != "decode":
@@ -271,10 +282,11 @@ def _cache_fixes(result, hbm, config, mesh):
     fewer = _prompts_that_split(int(p * share), config, mesh)
     fixes = []
     if fewer:
-        fixes.append((scaling, f"KV cache and decode buffers ({_gib(scaling)} for {p} prompts x "
-                               f"{config.objective.group_size} answers): decode fewer rows at once with "
-                               f"`--config.rollout.prompts_per_batch={fewer}` (now {p}; the largest "
-                               f"that fits and splits over the mesh)"))
+        fixes.append((scaling, f"KV cache and decode buffers ({_gib(scaling)} for {p} "
+                               f"prompts x {config.objective.group_size} answers): decode "
+                               f"fewer rows at once with "
+                               f"`--config.rollout.prompts_per_batch={fewer}` (now {p}; the "
+                               f"largest that fits and splits over the mesh)"))
     shorter = int(n * share) - 1
     if shorter >= 1:
         fixes.append((scaling, f"or a shorter budget `--config.rollout.max_new_tokens={shorter}` "
@@ -296,7 +308,8 @@ def advice(result, hbm, config, mesh):
                 "right, this is a bug to report with the command")
     over = result.total - hbm
     needs = f">= {_gib(result.total)}" if result.oom else _gib(result.total)
-    head = f"{result.name} does not fit: needs {needs} per device, {_gib(over)} over the {_gib(hbm)} HBM. "
+    head = (f"{result.name} does not fit: needs {needs} per device, {_gib(over)} over the "
+            f"{_gib(hbm)} HBM. ")
     fixes = [_shard_weights_fix(result, config, mesh)]
     if result.name in SAMPLER_PROGRAMS:
         fixes += [_sampler_weights_fix(result, hbm, mesh), *_cache_fixes(result, hbm, config, mesh)]

@@ -300,7 +300,9 @@ class PolicyObjective:
                 level=spec.importance_level, mode=spec.importance_mode,
                 low=spec.importance_low, high=spec.importance_high)
             per_token = per_token * weights
-            bounded = "importance_masked" if spec.importance_mode == "mask" else "importance_truncated"
+            bounded = (
+                "importance_masked" if spec.importance_mode == "mask" else "importance_truncated"
+            )
             diagnostics = {**diagnostics, "importance_weight": weights,
                            bounded: correction["masked" if spec.importance_mode == "mask"
                                                else "truncated"]}

@@ -52,7 +52,9 @@ def train(config, workdir, *, seconds=None):
     task_lib.check_context(config, policy.model_config().max_position_embeddings, held_out[0],
                            policy.tokenizer, "the held-out prompts (eval.num_prompts)")
     train_iter = iter(task_lib.loader(train_source, config, batch_size=config.sft.batch_size))
-    scorer = task_lib.Scorer(config.reward, separate=False, max_new_tokens=config.rollout.max_new_tokens)
+    scorer = task_lib.Scorer(
+        config.reward, separate=False, max_new_tokens=config.rollout.max_new_tokens
+    )
     method = rollout.sampling_method(config)
     run = programs.sft_programs(config, mesh, policy.graphdef, policy.params)
     opt_state = steps.init_optimizer_state(run.tx, run.trained_part(policy.params), mesh)

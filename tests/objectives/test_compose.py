@@ -52,7 +52,9 @@ class TestMatchesHandComposition:
         m = np.asarray(b["mask"]) > 0
         for name in ("ratio", "kl_old", "clip_low", "clip_high"):
             np.testing.assert_allclose(metrics[name], np.asarray(diag[name])[m].mean(), rtol=1e-6)
-        np.testing.assert_allclose(metrics["entropy"], np.asarray(b["entropy"])[m].mean(), rtol=1e-6)
+        np.testing.assert_allclose(
+            metrics["entropy"], np.asarray(b["entropy"])[m].mean(), rtol=1e-6
+        )
         assert set(metrics) == {"loss", "policy_loss", "kl_ref", "entropy", "ratio", "kl_old",
                                 "clip_low", "clip_high", "nonfinite_logp", "nonfinite_rewards"}
         assert metrics["nonfinite_logp"] == 0 and metrics["nonfinite_rewards"] == 0
@@ -100,8 +102,9 @@ class TestMatchesHandComposition:
         per_token = objectives.ppo_clip_loss(logp, b["old_logp"], adv, b["mask"],
                                              eps_high=0.272)[0]
         w = objectives.importance_weights(b["old_logp"], b["behaviour_logp"], b["mask"], cap=2.0)
-        np.testing.assert_allclose(loss, objectives.aggregate(per_token * w, b["mask"], mode="token-mean"),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            loss, objectives.aggregate(per_token * w, b["mask"], mode="token-mean"), rtol=1e-6
+        )
         assert 0 < float(metrics["importance_weight"]) <= 2.0
 
     def test_reinforce_pp_kl_in_reward(self):
@@ -110,19 +113,27 @@ class TestMatchesHandComposition:
         objective = objectives.policy_objective(config)
         logp, b = _batch()
         kl = objectives.kl_penalty(b["old_logp"], b["ref_logp"], kind="k1")
-        expected = objectives.reinforce_pp_advantages(b["rewards"], b["mask"], token_rewards=-0.01 * kl)
+        expected = objectives.reinforce_pp_advantages(
+            b["rewards"], b["mask"], token_rewards=-0.01 * kl
+        )
         np.testing.assert_allclose(objective.advantages(b), expected, rtol=1e-6)
-        assert "kl_ref" not in objective(logp, b)[1]   # the KL is in the reward, not the loss
+        assert "kl_ref" not in objective(logp, b)[1]  # the KL is in the reward, not the loss
 
-    @pytest.mark.parametrize("recipe, kind", [("gspo", "gspo"), ("cispo", "cispo"), ("sapo", "sapo")])
+    @pytest.mark.parametrize(
+        "recipe, kind", [("gspo", "gspo"), ("cispo", "cispo"), ("sapo", "sapo")]
+    )
     def test_recipe_selects_its_loss(self, recipe, kind):
         cfg = _config(recipe)
         logp, b = _batch()
         loss_fn, fields = objectives.POLICY_LOSSES[kind]
         adv = objectives.group_advantages(b["rewards"], 4)
-        per_token = loss_fn(logp, b["old_logp"], adv, b["mask"], **{f: cfg.loss[f] for f in fields})[0]
+        per_token = loss_fn(
+            logp, b["old_logp"], adv, b["mask"], **{f: cfg.loss[f] for f in fields}
+        )[0]
         expected = objectives.aggregate(per_token, b["mask"], mode=cfg.aggregation.mode)
-        np.testing.assert_allclose(objectives.policy_objective(cfg)(logp, b)[0], expected, rtol=1e-6)
+        np.testing.assert_allclose(
+            objectives.policy_objective(cfg)(logp, b)[0], expected, rtol=1e-6
+        )
 
     def test_pg_with_leave_one_out_advantages(self):
         cfg = _config("rloo", **{"loss.kind": "pg"})
@@ -130,8 +141,9 @@ class TestMatchesHandComposition:
         loss, metrics = objectives.policy_objective(cfg)(logp, b)
         adv = objectives.rloo_advantages(b["rewards"], 4)
         per_token = objectives.pg_loss(logp, b["old_logp"], adv, b["mask"])[0]
-        np.testing.assert_allclose(loss, objectives.aggregate(per_token, b["mask"], mode="token-mean"),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            loss, objectives.aggregate(per_token, b["mask"], mode="token-mean"), rtol=1e-6
+        )
         assert set(metrics) == {"loss", "policy_loss", "entropy", "ratio", "kl_old",
                                 "nonfinite_logp", "nonfinite_rewards"}
 
@@ -149,7 +161,10 @@ class TestMatchesHandComposition:
         np.testing.assert_allclose(loss, reduce(per_token + 0.04 * kl), rtol=1e-6)
         np.testing.assert_allclose(metrics["kl_ref"], reduce(kl), rtol=1e-6)
         # Off-policy it is not plain k3.
-        assert abs(float(metrics["kl_ref"] - reduce(objectives.kl_penalty(logp, b["ref_logp"])))) > 1e-3
+        assert (
+            abs(float(metrics["kl_ref"] - reduce(objectives.kl_penalty(logp, b["ref_logp"]))))
+            > 1e-3
+        )
 
 
 class TestGdpoRewardWeights:
@@ -182,7 +197,9 @@ class TestGdpoRewardWeights:
 class TestAggregationTheLossDefines:
 
     @pytest.mark.parametrize("kind", ["gspo", "sapo"])
-    @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+    @pytest.mark.parametrize(
+        "mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    )
     def test_other_modes_are_rejected_with_the_fix(self, kind, mode):
         with pytest.raises(ValueError, match=(
                 rf"objective.aggregation.mode='{mode}' changes the {kind} objective, which its "
@@ -192,13 +209,19 @@ class TestAggregationTheLossDefines:
 
     @pytest.mark.parametrize("kind", ["gspo", "sapo"])
     def test_override_runs_the_variant(self, kind):
-        cfg = _config(kind, **{"aggregation.mode": "token-mean", "aggregation.allow_other_modes": True})
+        cfg = _config(
+            kind, **{"aggregation.mode": "token-mean", "aggregation.allow_other_modes": True}
+        )
         logp, b = _batch()
         loss_fn, fields = objectives.POLICY_LOSSES[kind]
         adv = objectives.group_advantages(b["rewards"], 4)
-        per_token = loss_fn(logp, b["old_logp"], adv, b["mask"], **{f: cfg.loss[f] for f in fields})[0]
+        per_token = loss_fn(
+            logp, b["old_logp"], adv, b["mask"], **{f: cfg.loss[f] for f in fields}
+        )[0]
         expected = objectives.aggregate(per_token, b["mask"], mode="token-mean")
-        np.testing.assert_allclose(objectives.policy_objective(cfg)(logp, b)[0], expected, rtol=1e-6)
+        np.testing.assert_allclose(
+            objectives.policy_objective(cfg)(logp, b)[0], expected, rtol=1e-6
+        )
 
     @pytest.mark.parametrize("kind", ["pg", "ppo_clip", "cispo"])
     def test_token_losses_take_every_mode(self, kind):
@@ -221,12 +244,16 @@ class TestRegistry:
             del objectives.POLICY_LOSSES["scaled_pg"]
         logp, b = _batch()
         adv = objectives.group_advantages(b["rewards"], 4)
-        expected = jnp.sum(jnp.where(b["mask"] > 0, -1.5 * adv[:, None] * logp, 0)) / jnp.sum(b["mask"])
+        expected = jnp.sum(jnp.where(b["mask"] > 0, -1.5 * adv[:, None] * logp, 0)) / jnp.sum(
+            b["mask"]
+        )
         np.testing.assert_allclose(objective(logp, b)[0], expected, rtol=1e-6)
 
     def test_new_estimator_receives_the_reward_weights(self):
         def weighted_mean(cfg, batch, rewards, reward_weights):
-            return rewards @ jnp.asarray(reward_weights) - jnp.mean(rewards @ jnp.asarray(reward_weights))
+            return rewards @ jnp.asarray(reward_weights) - jnp.mean(
+                rewards @ jnp.asarray(reward_weights)
+            )
 
         objectives.register_advantage_estimator("weighted_mean", weighted_mean)
         try:
@@ -243,15 +270,17 @@ class TestConfigErrors:
 
     @pytest.mark.parametrize("overrides, message", [
         ({"loss.kind": "ppo"},
-         r"objective.loss.kind must be one of 'pg', 'ppo_clip', 'gspo', 'cispo', 'sapo', 'gmpo', 'dppo', "
-         r"'clip_cov', 'kl_cov', 'luspo', 'vespo'; got 'ppo'"),
+         r"objective.loss.kind must be one of 'pg', 'ppo_clip', 'gspo', 'cispo', 'sapo', "
+         r"'gmpo', 'dppo', 'clip_cov', 'kl_cov', 'luspo', 'vespo'; got 'ppo'"),
         ({"loss.eps_high": -0.1}, r"objective.loss.eps_high must be >= 0, got -0.1"),
         ({"loss.dual_clip": 1.0}, r"objective.loss.dual_clip must be > 1.0, got 1.0"),
         ({"kl.kind": "k4"},
          r"objective.kl.kind must be one of 'k1', 'k2', 'k3', 'k3_unbiased'; got 'k4'"),
         ({"aggregation.mode": "mean"}, r"objective.aggregation.mode must be one of"),
-        ({"advantage.estimator": "ppo"}, r"objective.advantage.estimator must be one of 'group', 'rloo'"),
-        ({"advantage.estimator": "rloo", "group_size": 1}, r"objective.group_size must be >= 2 for rloo"),
+        ({"advantage.estimator": "ppo"},
+         r"objective.advantage.estimator must be one of 'group', 'rloo'"),
+        ({"advantage.estimator": "rloo", "group_size": 1},
+         r"objective.group_size must be >= 2 for rloo"),
         ({"kl.in_reward": True}, r"objective.kl.in_reward=True needs"),
         ({"advantage.estimator": "reinforce_pp", "kl.in_reward": True, "kl.kind": "k3_unbiased"},
          r"objective.kl.kind='k3_unbiased' corrects the KL loss's gradient; a KL folded into the "

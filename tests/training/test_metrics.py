@@ -102,7 +102,9 @@ def test_a_local_workdir_gets_each_row_as_it_comes(tmp_path):
     step), with no flush; a bucket's workdir is written whole (the test above)."""
     path = tmp_path / run_files.METRICS
     path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in (1, 2, 3)))
-    writer = metrics_lib.MetricWriter(str(tmp_path), total_steps=9, start_step=2, stream=io.StringIO())
+    writer = metrics_lib.MetricWriter(
+        str(tmp_path), total_steps=9, start_step=2, stream=io.StringIO()
+    )
     assert not writer.whole_file
     assert [row["step"] for row in run_files.read_metrics(path)] == [1, 2]
     writer.write(3, {"loss": 0.5})

@@ -66,7 +66,9 @@ def test_a_killed_run_fails_alone_and_the_rerun_skips_the_finished_one_and_resum
         launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out,
                                     stderr=subprocess.STDOUT)
         deadline = time.time() + 900
-        while len(_logged_steps(killed)) < 2 or not checkpoint.complete_steps(killed / "checkpoints"):
+        while len(_logged_steps(killed)) < 2 or not checkpoint.complete_steps(
+            killed / "checkpoints"
+        ):
             assert launcher.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
             assert time.time() < deadline, "run 01 logged no second step"
             time.sleep(0.05)
