@@ -28,7 +28,9 @@ def _has_sweep(path):
 SWEPT = ([f"configs/{p.name}:runlocal=True" for p in sorted((REPO / "configs").glob("*.py"))
           if _has_sweep(p)] +
          [f"configs/ablations/{p.name}" for p in sorted((REPO / "configs" / "ablations").glob("*.py"))
-          if _has_sweep(p)])
+          if _has_sweep(p)] +
+         [f"configs/paper/{p.name}:runlocal=True"
+          for p in sorted((REPO / "configs" / "paper").glob("[!_]*.py")) if _has_sweep(p)])
 
 
 def _parse_like_the_trainer(argv):
@@ -46,6 +48,11 @@ def test_each_ablation_has_a_config_with_a_sweep():
         "ratio_level", "baselines", "stability_frontier", "long_loss_aggregation",
         "long_clip_higher", "long_overlong", "long_advantage_scale", "long_vapo_vs_dapo",
         "low_precision", "moe_ratio", "frontier_edge"}
+
+
+def test_the_paper_configs_with_a_sweep_are_listed():
+    assert {s.split(":")[0] for s in SWEPT if "/paper/" in s} == {
+        "configs/paper/dapo_qwen25_32b.py", "configs/paper/gspo_qwen3_30b_a3b.py"}
 
 
 @pytest.mark.parametrize("spec", SWEPT)

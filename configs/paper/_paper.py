@@ -79,7 +79,7 @@ def at_scale(config, arg, *, model, hub_name, task, template, steps, suite, samp
 
 
 def runlocal(config):
-    """The runlocal setting run for `RUNLOCAL_STEPS` steps, evaluated and checkpointed at the end."""
+    """The runlocal setting for `RUNLOCAL_STEPS` steps, evaluated and checkpointed at the end."""
     config.train.steps = RUNLOCAL_STEPS
     config.train.eval_every = RUNLOCAL_STEPS
     config.train.checkpoint_every = RUNLOCAL_STEPS

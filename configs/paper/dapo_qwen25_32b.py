@@ -34,9 +34,10 @@ Departures, and why:
 table; at ``runlocal=True`` (the tiny model on 3-digit addition, 2 steps, the
 ``integer_answer`` grader) only their dry run is meaningful.
 
-    python -m grpo_jax.main --config configs/paper/dapo_qwen25_32b.py:path=gs://B/Qwen2.5-32B,data=D \\
+    python -m grpo_jax.main --config configs/paper/dapo_qwen25_32b.py:path=P,data=D \\
         --workdir gs://B/runs/dapo
-    python -m grpo_jax.aot --config configs/paper/dapo_qwen25_32b.py --topology v5p:4x4x4 --plan_cost
+    python -m grpo_jax.aot --config configs/paper/dapo_qwen25_32b.py --topology v5p:4x4x4 \\
+        --plan_cost
 """
 
 from grpo_jax import config_lib
