@@ -2,6 +2,8 @@
 search for the smallest topology that fits, and one cost end to end on CPU devices."""
 
 import pathlib
+import subprocess
+import sys
 import types
 
 import pytest
@@ -82,3 +84,15 @@ def test_cost_on_cpu_devices(monkeypatch):
     assert float(row[6]) == pytest.approx(step, rel=1e-3)
     assert float(row[10].replace(",", "")) == pytest.approx(1000 * float(row[6]) * 8 / 3600,
                                                             rel=2e-3, abs=0.06)
+
+
+def test_command_line_cost_names_a_topology_it_cannot_build():
+    """``--plan_cost`` parses, loads the paper config and stops with one line on a topology
+    that cannot be built (without libtpu, or a name libtpu does not know)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_jax.aot", f"--config={PAPER / 'dapo_qwen25_32b.py'}",
+         "--topology=v9z:1x1", "--plan_cost"], capture_output=True, text=True, timeout=300,
+        cwd=REPO)
+    assert done.returncode == 1
+    assert "--topology 'v9z:1x1': could not build the TPU topology" in done.stderr
+    assert "Traceback" not in done.stderr
