@@ -3,8 +3,8 @@
 Paper: Liu et al., Understanding R1-Zero-Like Training: A Critical Perspective
 (arXiv:2503.20783). Reproduced: the Oat-Zero-7B results (Qwen2.5-Math-7B trained with
 Dr. GRPO from the base model; its five-benchmark table: AIME 2024, AMC, MATH-500, Minerva
-Math, OlympiadBench, greedy pass@1) and the length claim (sec. 3.1, Fig. 5: at equal
-accuracy, wrong answers stay shorter than under GRPO; ``response_length_mean`` in the
+Math, OlympiadBench, greedy pass@1) and the length claim (sec. 3.1: without GRPO's
+length normalisation, wrong answers stop growing longer; ``response_length_mean`` in the
 metrics).
 
 Model: Qwen2.5-Math-7B (``model.name = "qwen2_5_math_7b"``; ``path=`` its HF checkpoint).
