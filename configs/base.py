@@ -218,9 +218,9 @@ def get_config(arg=None):
     config.eval.num_prompts = 500        # held-out prompts; greedy pass@1 on each
     config.eval.samples = 4              # k for mean@k / pass@k at rollout.temperature (0: none)
     # mode=eval over a named suite (grpo_jax.training.suites: "math_reasoning",
-    # "dapo_aime24") instead of task.eval_split: eval.samples answers per problem of each
-    # benchmark at the suite's temperature and top-p; avg@k, pass@k, maj@k per benchmark
-    # and macro-averaged. suite_dir holds <benchmark>/<its release file> (docs/
+    # "dapo_aime24", "oat_zero") instead of task.eval_split: eval.samples answers per
+    # problem of each benchmark at the suite's temperature and top-p; avg@k, pass@k, maj@k
+    # per benchmark and macro-averaged. suite_dir holds <benchmark>/<its release file> (docs/
     # data-and-rewards.md); suite_problems > 0 takes only each benchmark's first n.
     config.eval.suite = ""
     config.eval.suite_dir = ""

@@ -33,6 +33,10 @@ SWEPT = [
     f"configs/ablations/{p.name}"
     for p in sorted((REPO / "configs" / "ablations").glob("*.py"))
     if _has_sweep(p)
+] + [
+    f"configs/paper/{p.name}:runlocal=True"
+    for p in sorted((REPO / "configs" / "paper").glob("[!_]*.py"))
+    if _has_sweep(p)
 ]
 
 
@@ -51,6 +55,11 @@ def test_each_ablation_has_a_config_with_a_sweep():
         "ratio_level", "baselines", "stability_frontier", "long_loss_aggregation",
         "long_clip_higher", "long_overlong", "long_advantage_scale", "long_vapo_vs_dapo",
         "low_precision", "moe_ratio", "frontier_edge"}
+
+
+def test_the_paper_configs_with_a_sweep_are_listed():
+    assert {s.split(":")[0] for s in SWEPT if "/paper/" in s} == {
+        "configs/paper/dapo_qwen25_32b.py", "configs/paper/gspo_qwen3_30b_a3b.py"}
 
 
 @pytest.mark.parametrize("spec", SWEPT)

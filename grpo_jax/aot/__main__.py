@@ -2,7 +2,7 @@
 
     python -m grpo_jax.aot --config configs/gspo.py --topology v5p:2x2x2 \\
         [--config.field=value ...] [--prompt_len 1024] [--json FILE]
-        [--plan_splits default|2,4,6 [--plan_bandwidth GB/s]]
+        [--plan_splits default|2,4,6 [--plan_bandwidth GB/s]] [--plan_cost]
 
 Prints one table row per program (per-device argument, output, aliased, temporary, held
 and total bytes against the chip's HBM, TFLOPs, the compiler's estimated time, compile
@@ -14,6 +14,10 @@ With ``--plan_splits`` it prints the split plan instead (`grpo_jax.aot.plan`): f
 and for each split of the chips between the sampler and the learner, what each side needs
 against the HBM and the estimated step time, synchronous on one mesh and asynchronous
 split, the fastest that fits marked; exit 1 when nothing fits.
+
+With ``--plan_cost`` it prints the run's estimated cost instead (`grpo_jax.aot.cost`):
+seconds per step, tokens per second, ``train.steps`` and chip-hours on the topology, and the
+smallest listed topology where the run fits; exit 1 when it does not fit the topology.
 """
 
 import json
@@ -39,6 +43,13 @@ _PLAN = flags.DEFINE_list("plan_splits", None, "The split plan instead of the re
                           "three quarters of the chips).")
 _BANDWIDTH = flags.DEFINE_float("plan_bandwidth", None, "GB/s into one chip for the split plan's "
                                 "per-step copies (default: one ICI port of the chip, one way).")
+_COST = flags.DEFINE_bool("plan_cost", False, "The run's estimated cost instead of the report: "
+                          "seconds per step, tokens per second, train.steps and chip-hours on "
+                          "--topology, and the smallest listed topology where it fits "
+                          "(grpo_jax/aot/cost.py).")
+_COST_TOPOLOGIES = flags.DEFINE_list("plan_cost_topologies", None, "With --plan_cost: the "
+                                     "topologies to find the smallest fit among (default: "
+                                     "the chip family's list in grpo_jax/aot/cost.py).")
 flags.mark_flags_as_required(["config", "topology"])
 
 
@@ -46,6 +57,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     from grpo_jax import aot   # jax starts here, after flag parsing
+    if _COST.value:
+        return _cost()
     if _PLAN.value is not None:
         return _plan()
     try:
@@ -94,6 +107,25 @@ def _plan():
             print(f"- {row['rollout_chips']} rollout chip(s): {line}")
     _write_json(result)
     if result["best"] is None:
+        sys.exit(1)
+
+
+def _cost():
+    from grpo_jax.aot import cost
+    try:
+        result = cost.cost(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
+                           topologies=_COST_TOPOLOGIES.value)
+    except ValueError as error:   # bad input: the message names the flag or field and the fix
+        sys.exit(f"error: {error}")
+    print(f"\n{result['topology']}: {result['devices']} x {result['device_kind']}, one mesh "
+          f"(synchronous); {result['steps']:,} steps (train.steps)\n")
+    print(result["table"])
+    print("\nCompiler estimates, not measurements (grpo_jax/aot/cost.py): XLA's cost model of "
+          "one step (rollout to the full budget, then the update); sampling, host work and "
+          "extra dynamic-sampling draws are left out. chip-hours = steps x step (s) x chips / "
+          "3600.")
+    _write_json(result)
+    if result["fits"] is False:
         sys.exit(1)
 
 

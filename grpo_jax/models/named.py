@@ -46,6 +46,24 @@ NAMED_CONFIGS = {
         head_dim=128, d_ff=8960, qkv_bias=True, rope_theta=1e6, tie_embeddings=True,
         max_position_embeddings=131072, bos_token_id=151643, eos_token_id=151643,
     ),
+    # Qwen2.5 base models (the config.json of Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-32B and
+    # Qwen/Qwen2.5-Math-7B on the Hugging Face hub): qkv biases, no qk-norm, bos = eos =
+    # <|endoftext|> (151643); the 7B and 32B have untied 152,064-row embeddings.
+    "qwen2_5_0_5b": ModelConfig(
+        model_type="qwen2", vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
+        head_dim=64, d_ff=4864, qkv_bias=True, rope_theta=1e6, tie_embeddings=True,
+        max_position_embeddings=32768, bos_token_id=151643, eos_token_id=151643,
+    ),
+    "qwen2_5_math_7b": ModelConfig(
+        model_type="qwen2", vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
+        head_dim=128, d_ff=18944, qkv_bias=True, rope_theta=10000.0,
+        max_position_embeddings=4096, bos_token_id=151643, eos_token_id=151643,
+    ),
+    "qwen2_5_32b": ModelConfig(
+        model_type="qwen2", vocab_size=152064, d_model=5120, n_layers=64, n_heads=40, n_kv_heads=8,
+        head_dim=128, d_ff=27648, qkv_bias=True, norm_eps=1e-5, rope_theta=1e6,
+        max_position_embeddings=131072, bos_token_id=151643, eos_token_id=151643,
+    ),
     "llama3_2_1b": ModelConfig(
         model_type="llama", vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
         head_dim=64, d_ff=8192, norm_eps=1e-5, rope_theta=500000.0,

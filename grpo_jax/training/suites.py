@@ -39,6 +39,10 @@ SUITES = {
     # DAPO's reported metric (Yu et al., arXiv:2503.14476, sec. 4.1): AIME 2024 avg@32 at
     # temperature 1.0 and top-p 0.7 (set eval.samples = 32).
     "dapo_aime24": Suite(("aime24",), temperature=1.0, top_p=0.7),
+    # Dr. GRPO's five benchmarks for Oat-Zero (Liu et al., arXiv:2503.20783), greedy: one
+    # answer per problem (set eval.samples = 1).
+    "oat_zero": Suite(("aime24", "amc23", "math500", "minerva_math", "olympiadbench"),
+                      temperature=0.0, top_p=1.0),
 }
 
 

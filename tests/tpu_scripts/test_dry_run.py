@@ -217,6 +217,26 @@ class TestSweep:
         result = _run("sweep.sh", env, "--dry-run", CONFIG="configs/sapo.py")
         assert result.returncode != 0 and "configs/sapo.py defines no get_sweep()" in result.stderr
 
+    def test_a_paper_sweep_deals_its_entries_to_the_pods(self, env):
+        """configs/paper/gspo_qwen3_30b_a3b.py: GSPO on one pod, GRPO with routing replay on
+        the other, each in its own workdir with its entry's fields."""
+        spec = "configs/paper/gspo_qwen3_30b_a3b.py:path=gs://bucket/qwen3"
+        commands = dry_run("sweep.sh", env, CONFIG=spec, TPU_NAME=None, TPU_NAMES="pod-a pod-b")
+        trainer = TRAINER[:3] + [f"--config={spec}"]
+        entries = [("00_kind-gspo_eps_low-0.0003_eps_high-0.0004_keep_routing-False",
+                    ["gspo", "0.0003", "0.0004", "False"]),
+                   ("01_kind-ppo_clip_eps_low-0.2_eps_high-0.2_keep_routing-True",
+                    ["ppo_clip", "0.2", "0.2", "True"])]
+        fields = ("objective.loss.kind", "objective.loss.eps_low", "objective.loss.eps_high",
+                  "rollout.keep_routing")
+        want = []
+        for tpu, (name, values) in zip(("pod-a", "pod-b"), entries):
+            argv = trainer + [f"--workdir=gs://bucket/dapo/{name}",
+                              "--config.distributed.enabled=True"]
+            argv += [f"--config.{field}={value}" for field, value in zip(fields, values)]
+            want.append(on_workers(tpu, f'cd "$HOME/grpo_jax" && "{argv[0]}" {" ".join(argv[1:])}'))
+        assert commands == want
+
     def test_needs_a_pod(self, env):
         result = _run("sweep.sh", env, "--dry-run", TPU_NAME=None)
         assert result.returncode != 0 and "set TPU_NAME (one pod) or TPU_NAMES" in result.stderr

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import base
-from grpo_jax import data, models, rewards
+from grpo_jax import data, models, rewards, sampling
 from grpo_jax.training import evaluation, suites, task as task_lib
 from grpo_jax.training.tokenizer import train_char_tokenizer
 from tests import readme_metrics
@@ -53,13 +53,20 @@ class TestMetrics:
 
     def test_unknown_suite(self):
         with pytest.raises(ValueError, match=r"eval.suite must be '' or one of "
-                                             r"\['dapo_aime24', 'math_reasoning'\]"):
+                                             r"\['dapo_aime24', 'math_reasoning', 'oat_zero'\]"):
             suites.get_suite("aime")
 
     def test_the_suite_is_the_six_benchmarks(self):
         suite = suites.SUITES["math_reasoning"]
         assert suite.benchmarks == data.BENCHMARKS
         assert (suite.temperature, suite.top_p) == (0.6, 0.95)
+
+    def test_oat_zero_is_dr_grpos_five_benchmarks_greedy(self):
+        suite = suites.SUITES["oat_zero"]
+        assert suite.benchmarks == tuple(b for b in data.BENCHMARKS if b != "aime25")
+        assert (suite.temperature, suite.top_p) == (0.0, 1.0)
+        assert type(sampling.make_method(temperature=suite.temperature, top_p=suite.top_p)
+                    ).__name__ == "Greedy"
 
 
 def suite_config(tmp_path, checkpoint, suite_dir, **overrides):
