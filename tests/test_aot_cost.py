@@ -41,11 +41,11 @@ def test_the_smallest_fit_is_the_first_that_fits_and_a_state_too_large_is_not_co
     monkeypatch.setattr(footprint, "replicated_state_bytes", lambda config: 400 * 2**30)
     compiled = []
 
-    def report(config, name, **kwargs):
+    def compile_run(config, name, **kwargs):
         compiled.append(name)
         return {"fits": name == "v5p:2x4x4"}
 
-    monkeypatch.setattr(aot, "report", report)
+    monkeypatch.setattr(aot, "compile_run", compile_run)
     found, tried = cost.smallest_fit(None, list(chips), prompt_len=16, log=lambda line: None)
     assert found == "v5p:2x4x4" and compiled == ["v5p:2x2x2", "v5p:2x4x4"]
     assert tried == [("v5p:2x2x1", "no: the state alone is over the HBM fully sharded"),

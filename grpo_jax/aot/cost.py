@@ -86,8 +86,8 @@ def smallest_fit(config, topologies, *, prompt_len, known=None, log=print):
         else:
             log(f"== fit on {name}")
             try:
-                fits = aot.report(config, name, prompt_len=prompt_len,
-                                  programs=plan.SAMPLER + plan.LEARNER, log=log)["fits"]
+                fits = aot.compile_run(config, name, prompt_len=prompt_len,
+                                       programs=plan.SAMPLER + plan.LEARNER, log=log)["fits"]
             except ValueError as error:   # the run cannot be laid out there (rows, mesh)
                 tried.append((name, f"cannot run: {error}"))
                 continue
