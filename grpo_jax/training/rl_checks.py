@@ -3,6 +3,8 @@ for a setting the loop cannot run (or would run to no purpose), before anything 
 docs/faults.md lists the refusals.
 """
 
+from typing import Any
+
 import jax
 
 from grpo_jax import objectives, parallel
@@ -12,7 +14,7 @@ from grpo_jax.training import policy as policy_lib
 OLD_LOGP = ("recompute", "sampler")
 
 
-def check_settings(config):
+def check_settings(config: Any) -> None:
     """Raises ValueError naming the field and the fix for a setting the loop cannot run (or
     would run to no purpose), whatever the mesh: called once, before anything compiles.
     The refusals are listed in docs/faults.md."""
@@ -32,7 +34,7 @@ def check_settings(config):
     evaluation.check_config(config)
 
 
-def check_config(config, mesh):
+def check_config(config: Any, mesh: jax.sharding.Mesh) -> None:
     """Raises ValueError naming the field for settings the loop cannot run (`check_settings`,
     and how the batch splits over `mesh`)."""
     check_settings(config)
@@ -92,7 +94,7 @@ def check_config(config, mesh):
     partial.check_config(config, jax.process_count())
 
 
-def check_paging_config(config):
+def check_paging_config(config: Any) -> None:
     """``rollout.kv_page_size`` pages the slots' caches of the one-shot sampler: it needs
     ``rollout.slots`` > 0, and multi-turn episodes and partial rollouts (`sampling.Engine`)
     keep contiguous caches."""
@@ -124,7 +126,7 @@ def check_paging_config(config):
                          f"{r.kv_page_size}; set rollout.kv_pages >= {per_row} (or 0)")
 
 
-def check_critic_config(config):
+def check_critic_config(config: Any) -> None:
     """The critic and the "gae" estimator need each other; pre-training needs a critic."""
     gae, enabled = config.objective.advantage.estimator == "gae", config.critic.enabled
     if gae and not enabled:
@@ -145,7 +147,7 @@ def check_critic_config(config):
                          f"{config.critic.value_clip}")
 
 
-def check_model(config, model_cfg):
+def check_model(config: Any, model_cfg: Any) -> None:
     """Raises ValueError naming the field for settings the model (a `models.ModelConfig`)
     cannot serve."""
     if config.rollout.keep_routing and not model_cfg.n_experts:

@@ -98,12 +98,13 @@ class Run:
     precision: policy_lib.RolloutPrecision | None = None
 
 
-def copy_params(params):
+def copy_params(params: Any) -> Any:
     """A copy of `params` (new arrays, the same shardings): kept past updates that donate."""
     return jax.tree.map(jnp.copy, params)
 
 
-def set_up(config, workdir, mesh, rollout_mesh=None):
+def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
+           rollout_mesh: jax.sharding.Mesh | None = None) -> Run:
     """The `Run` of `config` (resolved, read-only) in `workdir` at its start: data, the
     starting policy and critic, the objective, programs and optimizer states, the
     checkpointer, the synchronous rollout source. `restore` then moves it to the newest
@@ -154,7 +155,7 @@ def set_up(config, workdir, mesh, rollout_mesh=None):
     return run
 
 
-def reference_params(run):
+def reference_params(run: Run) -> Any:
     """pi_ref's parameters: the policy's with its adapters off in a LoRA run (the same base
     arrays, no copy), else `Run.ref_params`."""
     if run.config.model.lora.rank > 0:
@@ -162,7 +163,7 @@ def reference_params(run):
     return run.ref_params
 
 
-def checkpoint_state(run):
+def checkpoint_state(run: Run) -> dict:
     """What a checkpoint of the run holds: the trained parameters (all, or a LoRA run's
     adapters: its base is the checkpoint's ``base`` pointer), optimizer state, the lagged
     rollout parameters, the KL reference when it can differ from the starting policy
@@ -176,7 +177,7 @@ def checkpoint_state(run):
     return state
 
 
-def restore(run):
+def restore(run: Run) -> int:
     """Moves `run` to its newest checkpoint (its state, this process's data position and
     the partial rollouts' pool); returns that checkpoint's step, 0 when there is none."""
     base = {"base": checkpoint.base_pointer(run.config)} if run.config.model.lora.rank else {}
@@ -195,7 +196,7 @@ def restore(run):
     return start
 
 
-def export(run):
+def export(run: Run) -> None:
     """Writes the policy to ``workdir/export`` (a LoRA policy merged, and its PEFT adapter
     in ``export/adapter``) and the critic to ``workdir/export_critic`` as Hugging Face
     checkpoints."""

@@ -58,11 +58,11 @@ class Synchronous:
     def __init__(self, run):
         self._run = run
 
-    def publish(self, version, trained):
+    def publish(self, version: int, trained: Any) -> None:
         """Nothing to keep: the run's lagged copies hold the versions this source samples
         with (the loop moves them on after each `take`)."""
 
-    def take(self, step):
+    def take(self, step: int) -> async_rl.Produced:
         """Samples step `step` now; returns its `async_rl.Produced`."""
         run = self._run
         policy, k = run.policy, len(run.lagged)
@@ -78,11 +78,11 @@ class Synchronous:
         return async_rl.Produced(step, version, batch, metrics, examples,
                                  run.train_iter.get_state(), time.time() - begin, carry)
 
-    def sigterm_passed_on(self):
+    def sigterm_passed_on(self) -> bool:
         """Never: the run's own processes get their SIGTERMs."""
         return False
 
-    def close(self):
+    def close(self) -> None:
         """Nothing to end: the run closes its own scorer and environment."""
 
 
@@ -132,12 +132,12 @@ class Asynchronous:
                                            fixed=config.async_rl.fixed, versions=versions)
         self._turns.take()
 
-    def publish(self, version, trained):
+    def publish(self, version: int, trained: Any) -> None:
         """Hands theta_version to the producer."""
         self._published = trained
         self._producer.publish(version, trained)
 
-    def take(self, step):
+    def take(self, step: int) -> async_rl.Produced:
         """Step `step`'s `async_rl.Produced`, waited for with the turn given up; its metrics
         gain ``time_rollout_wait``."""
         with self._turns.given_up((self._learner_outputs(), self._published)):
@@ -146,11 +146,11 @@ class Asynchronous:
         produced.metrics["time_rollout_wait"] = time.time() - begin
         return produced
 
-    def sigterm_passed_on(self):
+    def sigterm_passed_on(self) -> bool:
         """Never: the producer is a thread of this process."""
         return False
 
-    def close(self):
+    def close(self) -> None:
         """Gives the turn up (the producer may finish its own), then stops the producer:
         the rollouts in flight are dropped, a resume samples them again."""
         self._turns.give_back(self._learner_outputs())
@@ -160,7 +160,7 @@ class Asynchronous:
             self._episodic.close()
 
 
-def new_scorer(config):
+def new_scorer(config: Any) -> task_lib.Scorer:
     """The rewards of `config`'s rollouts (`task_lib.Scorer`; each source its own workers)."""
     return task_lib.Scorer(config.reward, separate=config.objective.advantage.estimator == "gdpo",
                            max_new_tokens=config.rollout.max_new_tokens)
@@ -208,7 +208,7 @@ def collect(run, behaviour, step, *, scorer, episodic, carry, version):
     return batch, metrics, examples, carry
 
 
-def write_samples(config, workdir, step, batch, tokenizer):
+def write_samples(config: Any, workdir: str, step: int, batch: dict, tokenizer: Any) -> None:
     """Writes step `step`'s rollouts to ``workdir/rollouts/<step>.jsonl`` every
     ``train.log_rollouts_every`` steps."""
     if config.train.log_rollouts_every and step % config.train.log_rollouts_every == 0:
