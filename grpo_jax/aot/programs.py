@@ -29,7 +29,8 @@ from jax.experimental.layout import Format, Layout
 
 from grpo_jax import models, parallel, sampling
 from grpo_jax.models import sharding as sharding_lib
-from grpo_jax.training import async_rl, packing, programs as programs_lib, rl, rollout, steps
+from grpo_jax.training import async_rl, packing, programs as programs_lib, rl_checks, rollout
+from grpo_jax.training import steps
 from grpo_jax.training.footprint import model_config
 
 
@@ -123,11 +124,11 @@ def build(config, mesh, *, prompt_len, rollout_mesh=None, layers=None):
       A list of `Program`s: train, logprob, prefill, decode (and critic_train, values
       with ``critic.enabled``).
     """
-    rl.check_config(config, mesh)
+    rl_checks.check_config(config, mesh)
     cfg = model_config(config, mesh)
     if layers is not None:
         cfg = dataclasses.replace(cfg, n_layers=layers)
-    rl.check_model(config, cfg)
+    rl_checks.check_model(config, cfg)
     graphdef, state = models.abstract_model(cfg)
     params = models.quantize_base(_params(state, mesh, config.model.rules), cfg.lora)
     objective = programs_lib.rl_objective(config)

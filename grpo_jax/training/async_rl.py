@@ -16,9 +16,10 @@ policy of decoupled PPO (Fu et al., "AReaL", arXiv:2505.24298, sec. 4; Hilton et
 arXiv:2110.00641), separate from the proximal pi_old only when the objective asks for it.
 
 `Producer` is the thread and its hand-over; `lagged_copies` what a run keeps; `DeviceTurns`
-how the two threads share one mesh. The trainer (`rl.train`) builds the producer's
-sampling function. On several processes the sampler
-is processes of its own instead of a thread, on the fixed schedule (`roles`).
+how the two threads share one mesh. The trainer's rollout source
+(`rollout_source.Asynchronous`) builds the producer's sampling function. On several
+processes the sampler is processes of its own instead of a thread, on the fixed schedule
+(`roles`).
 """
 
 import contextlib

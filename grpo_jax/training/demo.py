@@ -8,7 +8,7 @@ import json
 import time
 
 from grpo_jax import config_lib, parallel, paths
-from grpo_jax.training import evaluation, rl, sft
+from grpo_jax.training import evaluation, rl, rl_checks, sft
 
 
 def _timed(workdir, fn):
@@ -27,7 +27,7 @@ def run(config, workdir):
     """Runs the three stages and prints (and saves) the before/after table."""
     config, workdir = paths.resolve_run_paths(config, workdir)
     sft.check_settings(config)   # every stage's settings, before the first stage runs
-    rl.check_settings(config)
+    rl_checks.check_settings(config)
     parallel.initialize(config.distributed)   # which process is the main one
     if parallel.is_main():
         config_lib.record(config, workdir)

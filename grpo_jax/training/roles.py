@@ -105,13 +105,14 @@ def learning(rollout_mesh):
 
 
 class Learner:
-    """The learner's side of the roles, in place of `async_rl.Producer` (the same
-    `publish` and `take`; `learning` ends the samplers): it sends the versions the sampler
-    needs and receives each step's batch on the training mesh, in `transfer_order`.
+    """The learner's side of the roles, the run's rollout source (`rollout_source`: the
+    same `publish`, `take`, `sigterm_passed_on` and `close`; `learning` ends the samplers):
+    it sends the versions the sampler needs and receives each step's batch on the training
+    mesh, in `transfer_order`.
 
     Args:
       channel: the `transfer.Channel` of the roles; rollout_mesh: the sampler's mesh.
-      run: the `rl.Run` (its mesh, lagged copies and prompt stream position).
+      run: the `rl_run.Run` (its mesh, lagged copies and prompt stream position).
       start, last: the steps to take, start + 1 .. last.
       taken: called with (step, batch) once a batch is on the training mesh (the rollouts
         the run logs).
@@ -133,8 +134,9 @@ class Learner:
 
     def take(self, step):
         """The `async_rl.Produced` of step `step`, received from the sampler; then sends the
-        versions the order puts next, so the sampler goes on while this process updates."""
-        produced = None
+        versions the order puts next, so the sampler goes on while this process updates.
+        Its metrics gain ``time_rollout_wait``, the seconds this took."""
+        begin, produced = time.time(), None
         while self._next < len(self._order):
             kind, number = self._order[self._next]
             if kind == "batch" and produced is not None:
@@ -147,9 +149,10 @@ class Learner:
             else:
                 produced = self._receive(number)
             self._next += 1
-        if produced is None or produced.step != step:   # `rl._produced_rollouts` asks in order
+        if produced is None or produced.step != step:   # `rl._rollouts` asks in order
             raise RuntimeError(f"the learner asked for step {step}'s batch; the transfer order "
                                f"had {produced and produced.step} next")
+        produced.metrics["time_rollout_wait"] = time.time() - begin
         return produced
 
     def _receive(self, step):
@@ -170,6 +173,8 @@ class Learner:
         `passed_on`)."""
         return self._channel.posted("sigterm")
 
+    def close(self):
+        """Nothing to end here: `learning` tells the sampling processes to end."""
 
 
 def sample(config, workdir, mesh, rollout_mesh, *, last, scorer):

@@ -8,15 +8,13 @@ losses read the same log-probs. The run ends by exporting a Hugging Face checkpo
 ``workdir/export``, which an RL run loads with ``--config.model.path``.
 """
 
-import time
-
 import jax
 import numpy as np
 from flax import nnx
 
 from grpo_jax import config_lib, parallel, paths
-from grpo_jax.training import checkpoint, evaluation, footprint, metrics as metrics_lib
-from grpo_jax.training import policy as policy_lib, preemption, programs
+from grpo_jax.training import checkpoint, evaluation, footprint, loop, metrics as metrics_lib
+from grpo_jax.training import policy as policy_lib, programs
 from grpo_jax.training import rollout, steps, task as task_lib
 
 
@@ -73,9 +71,16 @@ def train(config, workdir, *, seconds=None):
                                       prefix="sft " if seconds is None else "sft (timed) ")
     index = np.arange(config.sft.batch_size, dtype=np.int32)
 
+    def save(step):
+        writer.flush()   # the rows up to the step saved: what a resume keeps
+        checkpointer.save_run(
+            step, {"params": run.trained_part(policy.params), "opt_state": opt_state},
+            train_iter, seed=config.seed, base=checkpoint.base_pointer(config))
+
     # --- the loop ------------------------------------------------------------------------
-    start = time.time()
-    stop = preemption.Preemption()   # SIGTERM: finish the step, save it, raise Stopped
+    tail = loop.Tail(last_step=config.sft.steps, seconds=seconds,
+                     checkpoint_every=config.sft.checkpoint_every, save=save,
+                     directory=checkpointer.directory)
     try:
         while step < config.sft.steps:
             step += 1
@@ -87,26 +92,16 @@ def train(config, workdir, *, seconds=None):
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             metrics["targets_cut"] = float(np.mean(parallel.allgather_json(cut)))
             metrics_lib.stop_if_not_finite(metrics, step, checkpointer)
-            out_of_time = seconds is not None and bool(   # agreed by every process
-                parallel.agree_max(int(time.time() - start >= seconds)))
-            last = step == config.sft.steps or out_of_time   # logged and saved
+            last = tail.is_last(step)   # logged and saved
             if step % config.sft.eval_every == 0:
                 metrics.update(evaluation.evaluate(policy, mesh, scorer, held_out, config,
                                                    step=step, method=method))
             if step % config.sft.log_every == 0 or last or "eval_accuracy" in metrics:
                 writer.write(step, metrics)
-            stopping = stop.requested() and not last   # agreed by every process
-            if step % config.sft.checkpoint_every == 0 or last or stopping:
-                writer.flush()   # the rows up to the step saved: what a resume keeps
-                checkpointer.save_run(
-                    step, {"params": run.trained_part(policy.params), "opt_state": opt_state},
-                    train_iter, seed=config.seed, base=checkpoint.base_pointer(config))
-            if stopping:
-                raise preemption.Stopped(step, checkpointer.directory)
-            if last:
+            if tail.end(step, last):
                 break
     finally:
-        stop.close()
+        tail.close()
         writer.close()
         checkpointer.close()
         scorer.close()

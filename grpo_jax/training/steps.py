@@ -6,11 +6,13 @@ of the minibatch's rows, gathers them on device and splits them into micro-batch
 (`batch.pieces`). Every micro-batch's loss is normalised by the GLOBAL counts of the
 minibatch (``num_tokens``, ``num_seqs``, computed before the split by `count_fn`), so the
 summed gradient is the full minibatch's gradient whatever the number of micro-batches,
-and so are the summed metrics.
+and so are the summed metrics. `update_on_batch` makes a step's ``epochs x minibatches``
+updates on one rollout batch.
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -173,3 +175,42 @@ def init_optimizer_state(optimizer, params, mesh):
     """
     shardings = optimizer_state_shardings(optimizer, params, mesh)
     return jax.jit(optimizer.init, out_shardings=shardings)(params)
+
+
+def loss_seeds(mask, step):
+    """`[B]` int32 seeds of a random loss's draw (Clip-Cov), one per row and step: a
+    micro-batch draws with its first row's, so every update of every step draws anew."""
+    rows = mask.shape[0]
+    return step * rows + jnp.arange(rows, dtype=jnp.int32)
+
+
+def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatches,
+                    micro_batches=1, sft_rows=None, plan_for=None, dropout_key=None):
+    """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
+    fresh random order of its rows (drawn from `seed`, the same on every process);
+    returns (params, opt_state, metrics): the mean over the updates of each metric, and
+    ``grad_norm_std``, the standard deviation (ddof=0) of the updates' gradient norms.
+    With `sft_rows`, each update also takes its share of them for the supervised term;
+    with `plan_for` (`packing.Planner.pieces`), each update's micro-batches run packed;
+    with `dropout_key` (`steps.dropout_rng`), update u drops its adapters' inputs with
+    `update_key(dropout_key, u)`."""
+    rows = batch["mask"].shape[0]
+    per_update = []
+    for epoch in range(epochs):
+        rng = np.random.default_rng([*seed, epoch])
+        order = rng.permutation(rows).astype(np.int32)
+        sft_order = None if sft_rows is None else rng.permutation(
+            sft_rows["mask"].shape[0]).astype(np.int32)
+        for i, index in enumerate(np.split(order, minibatches)):
+            extra = () if sft_rows is None else (sft_rows, np.split(sft_order, minibatches)[i])
+            plan = None if plan_for is None else plan_for(
+                index[batch_lib.piece_rows(len(index), micro_batches)])
+            dropout = {} if dropout_key is None else {
+                "rng": update_key(dropout_key, len(per_update))}
+            params, opt_state, metrics = update(params, opt_state, batch, index, *extra, plan=plan,
+                                                **dropout)
+            per_update.append(metrics)
+    per_update = jax.device_get(per_update)
+    metrics = {k: float(np.mean([m[k] for m in per_update])) for k in per_update[0]}
+    metrics["grad_norm_std"] = float(np.std([m["grad_norm"] for m in per_update]))
+    return params, opt_state, metrics

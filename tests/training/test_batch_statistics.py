@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import objectives
-from grpo_jax.training import metrics as metrics_lib, rl
+from grpo_jax.training import metrics as metrics_lib, steps
 
 
 def _numpy_statistics(advantages, correct, row_valid, mask, group_size):
@@ -101,8 +101,8 @@ def test_update_metrics_are_the_mean_over_updates_and_the_spread_of_the_gradient
             params + 1, opt_state, {"grad_norm": np.float32(next(norms)), "loss": np.float32(2.0)},
         )
 
-    params, _, metrics = rl.update_on_batch(update, 0, None, {"mask": np.ones((8, 3))}, (0, 1),
-                                            epochs=2, minibatches=2)
+    params, _, metrics = steps.update_on_batch(update, 0, None, {"mask": np.ones((8, 3))},
+                                               (0, 1), epochs=2, minibatches=2)
     assert params == 4
     assert sorted(seen[0] + seen[1]) == sorted(seen[2] + seen[3]) == list(range(8))
     assert metrics == pytest.approx({"grad_norm": 3.0, "loss": 2.0,
@@ -118,8 +118,8 @@ def test_each_update_of_a_step_gets_its_own_dropout_key():
         return params, opt_state, {"grad_norm": np.float32(1.0)}
 
     step_key = jax.random.key(3)
-    rl.update_on_batch(update, 0, None, {"mask": np.ones((8, 3))}, (0, 1), epochs=2,
-                       minibatches=2, dropout_key=step_key)
+    steps.update_on_batch(update, 0, None, {"mask": np.ones((8, 3))}, (0, 1), epochs=2,
+                          minibatches=2, dropout_key=step_key)
     expected = [jax.random.key_data(jax.random.fold_in(step_key, u)) for u in range(4)]
     np.testing.assert_array_equal(np.stack(keys), np.stack(expected))
     assert len({tuple(np.asarray(k)) for k in keys}) == 4

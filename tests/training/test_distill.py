@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 
 from grpo_jax import config_lib, models, objectives, parallel, paths
-from grpo_jax.training import batch as batch_lib, distill, footprint, programs, rl, warm_start
+from grpo_jax.training import batch as batch_lib, distill, footprint, programs, rl, rl_checks
+from grpo_jax.training import rl_run, warm_start
 from grpo_jax.training.tokenizer import train_char_tokenizer
 from tests import readme_metrics
 from tests.training.training_setups import comparable, read_metrics, tiny_config
@@ -38,7 +39,7 @@ def _config(**overrides):
 ])
 def test_impossible_settings_name_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
-        rl.check_settings(_config(**overrides))
+        rl_checks.check_settings(_config(**overrides))
 
 
 def test_a_teacher_of_another_vocabulary_or_tokenizer_is_refused():
@@ -89,9 +90,9 @@ def _first_batch(config, workdir):
     config, workdir = paths.resolve_run_paths(config, str(workdir))
     mesh, _ = parallel.setup_meshes(config,
                                     lambda: footprint.replicated_state_bytes(config, "rl"))
-    rl.check_config(config, mesh)
+    rl_checks.check_config(config, mesh)
     config = warm_start.prepared(config)
-    run = rl.set_up(config, workdir, mesh)
+    run = rl_run.set_up(config, workdir, mesh)
     try:
         batch, _, _, behaviour = rl._rollouts(run, 1)
         metrics = rl._policy_targets(run, batch, behaviour, 1, None)

@@ -23,7 +23,8 @@ import pytest
 
 from grpo_jax import config_lib, paths, rewards, run_files
 from grpo_jax.environments import Step, ToolEnvironment, _episodes
-from grpo_jax.training import checkpoint, metrics as metrics_lib, rl, sft, task as task_lib
+from grpo_jax.training import checkpoint, metrics as metrics_lib, rl, rl_checks, rl_run, sft
+from grpo_jax.training import task as task_lib
 from grpo_jax.training import tokenizer as tokenizer_lib, warm_start
 from tests.environments.envs import HostileReply
 from tests.training.test_faults import _Position
@@ -74,14 +75,14 @@ def test_a_documented_setting_is_refused_with_its_message(runlocal, field, value
             paths.resolve_run_paths(runlocal, value)
         else:
             config = config_lib.apply_overrides(copy.deepcopy(runlocal), {field: value})
-            (sft.check_settings if field.startswith("sft.") else rl.check_settings)(config)
+            (sft.check_settings if field.startswith("sft.") else rl_checks.check_settings)(config)
     assert str(refused.value) == message
 
 
 @pytest.mark.parametrize("recipe", ["dapo", "grpo", "ppo", "vapo", "rloo", "tool_calculator"])
 def test_the_recipes_pass_the_checks(recipe):
     config = config_lib.load_config(f"{REPO / 'configs' / recipe}.py:runlocal=True")
-    rl.check_settings(config)
+    rl_checks.check_settings(config)
     sft.check_settings(config)
 
 
@@ -269,9 +270,9 @@ def test_the_rl_resume_expects_the_base_of_a_lora_run(runlocal, overrides, expec
     config = config_lib.apply_overrides(copy.deepcopy(runlocal), overrides)
     run = types.SimpleNamespace(config=config, train_iter=None,
                                 checkpointer=types.SimpleNamespace(restore_run=restore_run))
-    monkeypatch.setattr(rl, "checkpoint_state", lambda run: {})
+    monkeypatch.setattr(rl_run, "checkpoint_state", lambda run: {})
     with pytest.raises(Stop):
-        rl.restore(run)
+        rl_run.restore(run)
     assert seen == [expected]
 
 

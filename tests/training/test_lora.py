@@ -19,7 +19,7 @@ from flax import nnx
 
 from grpo_jax import config_lib, models, objectives, parallel, paths
 from grpo_jax.models import lora
-from grpo_jax.training import rl
+from grpo_jax.training import rl, rl_checks
 from grpo_jax.training.steps import init_optimizer_state, make_update_step
 from tests.training.training_setups import (FAULTS, assert_rows_equal, assert_same_export, cli,
                                             cli_config_file, comparable, faults_config,
@@ -173,7 +173,8 @@ def test_settings_lora_cannot_serve_name_the_field(overrides, message):
     config = config_lib.apply_overrides(config_lib.load_config("configs/dapo.py:runlocal=True"),
                                         {"model.lora.rank": 4, **overrides})
     with pytest.raises(ValueError, match=message):
-        rl.check_config(config, parallel.make_mesh((("data", 8), ("fsdp", 1), ("tensor", 1))))
+        rl_checks.check_config(config,
+                               parallel.make_mesh((("data", 8), ("fsdp", 1), ("tensor", 1))))
 
 
 # The LoRA runs: the fault tests' setting with rank-4 adapters on every projection, 4 steps.

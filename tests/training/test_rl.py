@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from grpo_jax import config_lib, objectives, parallel, run_files, sampling
-from grpo_jax.training import (evaluation, policy as policy_lib, programs, rl, rollout,
+from grpo_jax.training import (evaluation, policy as policy_lib, programs, rl, rl_run, rollout,
                                task as task_lib, warm_start)
 from tests import readme_metrics
 from tests.training.training_setups import (REPO, assert_metric_close, cli, cli_config_file,
@@ -385,7 +385,7 @@ def test_train_reads_a_resolved_read_only_copy_and_records_it(tmp_path, monkeypa
         seen.append((config, workdir))
         raise _AtSetUp
 
-    monkeypatch.setattr(rl, "set_up", stop_at_set_up)
+    monkeypatch.setattr(rl_run, "set_up", stop_at_set_up)
     with pytest.raises(_AtSetUp):
         rl.train(given, "~/run")
     assert given.to_dict() == before

@@ -227,7 +227,7 @@ def test_moe_router_term_is_in_the_loss_and_weighted_by_the_loss_tokens():
 def test_clip_cov_draws_through_the_update_with_the_trainers_row_seeds():
     """The trainer's per-row seeds ride the row split: the update's loss is the objective's
     on the same rows and seeds, and another step's seeds draw other tokens."""
-    from grpo_jax.training.rl import loss_seeds
+    from grpo_jax.training.steps import loss_seeds
     mesh = parallel.make_mesh((("data", 1), ("fsdp", 1), ("tensor", 1)), devices=jax.devices()[:1])
     graphdef, params = _sharded_model(mesh)
     objective = objectives.presets.clip_cov(group_size=4, clip_fraction=0.3, cov_low=-10.0)
