@@ -30,3 +30,17 @@ def arithmetic_config():
 def fixtures_dir():
     """tests/data/fixtures: a few rows of GSM8K and MATH-500 in the official formats."""
     return pathlib.Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    """A module's own data_dir for the builders of published files (each module's samples
+    build apart from the session's shared data)."""
+    return str(tmp_path_factory.mktemp("tfds"))
+
+
+def read_built(name, split, out, manual_dir, config=None):
+    """The decoded examples of `name`'s `split`, built into `out` from `manual_dir`."""
+    source = data.data_source(name, split=split, data_dir=out, manual_dir=str(manual_dir),
+                              config=config)
+    return [data.decode_example(r) for r in source]

@@ -9,6 +9,7 @@ from grpo_jax import data
 from grpo_jax import rewards
 from grpo_jax.data import apps
 from tests.data import code_samples as samples
+from tests.data.conftest import read_built as read
 
 
 @pytest.fixture(scope="module")
@@ -16,16 +17,6 @@ def root(tmp_path_factory, fixtures_dir):
     return samples.write_all(tmp_path_factory.mktemp("code_sets"),
                              fixtures_dir / "humaneval" / "HumanEval.jsonl.gz")
 
-
-@pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfds"))
-
-
-def read(name, split, out, manual_dir, config=None):
-    source = data.data_source(name, split=split, data_dir=out, manual_dir=str(manual_dir),
-                              config=config)
-    return [data.decode_example(r) for r in source]
 
 
 def score(example, program):

@@ -12,6 +12,7 @@ from grpo_jax.data import _release
 from grpo_jax.data import math_train
 from grpo_jax.training import task as task_lib
 from tests.data import release_samples as samples
+from tests.data.conftest import read_built as read
 
 
 @pytest.fixture(scope="module")
@@ -19,16 +20,6 @@ def releases(tmp_path_factory):
     """Every sample file, as ``<root>/<name>/<file>`` (a benchmarks_dir too)."""
     return samples.write_all(tmp_path_factory.mktemp("releases"))
 
-
-@pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfds"))
-
-
-def read(name, split, out, manual_dir, config=None):
-    source = data.data_source(name, split=split, data_dir=out, manual_dir=str(manual_dir),
-                              config=config)
-    return [data.decode_example(r) for r in source]
 
 
 def by_answer(examples):
