@@ -93,10 +93,17 @@ def _rollouts(run, step):
     the `Policy` that sampled."""
     policy, k = run.policy, len(run.lagged)
     current = run.policy_programs.trained_part(policy.params)
-    if k:   # kept past the step's updates, which may donate the policy's arrays
+    # With a lag, theta_{step-1} is kept past the step's updates (which may donate the
+    # policy's arrays): copied before a source that keeps what it is given (a producer
+    # samples with it during the updates), after sampling for the synchronous one (which
+    # keeps nothing), so no second copy of the parameters is live while it samples.
+    copy_first = k and not isinstance(run.source, rollout_source.Synchronous)
+    if copy_first:
         current = rl_run.copy_params(current)
     run.source.publish(step - 1, current)
     produced = run.source.take(step)
+    if k and not copy_first:
+        current = rl_run.copy_params(current)
     # lagged[i] holds version step - 1 - k + i (0 before the start); without a lag every
     # source samples with the policy as it is.
     held = {max(0, step - 1 - k + i): trained for i, trained in enumerate(run.lagged)}
