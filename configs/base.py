@@ -237,6 +237,17 @@ def get_config(arg=None):
     config.filtering.short_batch = "error"
 
     config.objective = _objective()
+    # Adaptive entropy control (Skywork-OR1, arXiv:2505.22312; TRL's use_adaptive_entropy):
+    # the entropy bonus's coefficient becomes run state, starting at objective.entropy_coef.
+    # RL step k applies c_k if the previous step's mean token entropy was <= target, else 0;
+    # then c_{k+1} = min(c_k + delta, high) if this step's entropy <= target, else
+    # max(c_k - delta, low). Checkpointed (grpo_jax/training/entropy_control.py).
+    config.adaptive_entropy = config_dict.ConfigDict()
+    config.adaptive_entropy.enabled = False
+    config.adaptive_entropy.target = 0.2     # nats, the mean token entropy to stay above
+    config.adaptive_entropy.delta = 0.005    # the coefficient's step per RL step
+    config.adaptive_entropy.low = 0.0        # its bounds
+    config.adaptive_entropy.high = 1.0
 
     # PPO's critic (objective.advantage.estimator = "gae"): the policy's decoder with a
     # scalar head, its own optimizer, trained on the policy's minibatches.

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import aot, config_lib, models, parallel
-from grpo_jax.aot import programs as programs_lib
+from grpo_jax.aot import plan, programs as programs_lib
 from grpo_jax.training import footprint, optimizer as optimizer_lib
 
 KEYS = ("bytes_per_device", "flops", "estimated_s", "compile_s")
@@ -474,6 +474,26 @@ class TestReplicatedStateBytes:
         base = weights - 4 * projections + projections + scales
         assert footprint.replicated_state_bytes(int8, "rl") == base + (4 + 2) * adapters + 8
 
+    def test_a_distillation_teacher_adds_its_own_weights_once(self, tmp_path):
+        """A frozen teacher of another depth (3 layers, the policy 2; its config.json
+        only) adds its weights alone: no gradient, optimizer state or copies."""
+        student = models.get_model_config("tiny")
+        teacher = dataclasses.replace(student, n_layers=student.n_layers + 1)
+        models.to_hf_config(teacher).save_pretrained(tmp_path)
+        weights = expected_param_bytes(student, fsdp=1)
+        config = tiny_config(**{"distill.teacher_path": str(tmp_path)})
+        teacher_bytes = expected_param_bytes(teacher, fsdp=1)
+        assert teacher_bytes > weights
+        assert footprint.replicated_state_bytes(config, "rl") == 4 * weights + 8 + teacher_bytes
+        assert footprint.replicated_state_bytes(config, "eval") == weights
+        bf16 = {"model.param_dtype": "bfloat16"}   # the teacher in the policy's dtype
+        assert (footprint.replicated_state_bytes(
+                    tiny_config(**bf16, **{"distill.teacher_path": str(tmp_path)}), "rl")
+                - footprint.replicated_state_bytes(tiny_config(**bf16), "rl")
+                == teacher_bytes // 2)
+        with pytest.raises(FileNotFoundError, match="distill.teacher_path '/nowhere' is not a"):
+            footprint.replicated_state_bytes(tiny_config(**{"distill.teacher_path": "/nowhere"}))
+
     def test_unknown_phase(self):
         with pytest.raises(ValueError, match="phase must be one of"):
             footprint.replicated_state_bytes(tiny_config(), "train")
@@ -730,6 +750,19 @@ def test_lora_trains_on_adapter_sized_optimizer_state_and_holds_no_reference_cop
     assert lora.parts["optimizer"] == 2 * adapters + counts
     assert lora.parts["weights"] == params + adapters
     assert full.held_state == params and lora.held_state == 0
+
+
+def test_the_fit_report_holds_the_distillation_teacher(tmp_path):
+    """With distill.teacher_path the programs hold the frozen teacher's weights, each
+    device its fsdp slice (by hand, a 3-layer teacher of the 2-layer policy)."""
+    student = models.get_model_config("tiny")
+    teacher = dataclasses.replace(student, n_layers=student.n_layers + 1)
+    models.to_hf_config(teacher).save_pretrained(tmp_path)
+    plain = lowered_programs(tiny_config())["train"]
+    taught = lowered_programs(tiny_config(**{"distill.teacher_path": str(tmp_path)}))["train"]
+    assert plain.held_state == 0
+    assert taught.held_state == expected_param_bytes(teacher, fsdp=4)
+    assert plan.logprob_passes(tiny_config(**{"distill.teacher_path": str(tmp_path)})) == 2
 
 
 def test_split_meshes_compile_the_sampler_on_the_rollout_devices_alone():

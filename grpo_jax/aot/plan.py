@@ -50,7 +50,7 @@ from flax import nnx
 from grpo_jax import aot, config_lib, models, parallel
 from grpo_jax.aot import programs as programs_lib
 from grpo_jax.models import sharding as sharding_lib
-from grpo_jax.training import footprint, programs as training_programs
+from grpo_jax.training import distill, footprint, programs as training_programs
 
 GB = 1e9
 
@@ -119,8 +119,10 @@ def step_seconds(rollout_s, update_s, *, weights_s=0.0, batch_s=0.0, split):
 
 
 def logprob_passes(config):
-    """Log-prob passes over the batch a step runs: pi_old recomputed, pi_ref (kl.beta > 0)."""
-    return int(config.train.old_logp == "recompute") + int(config.objective.kl.beta > 0)
+    """Log-prob passes over the batch a step runs: pi_old recomputed, pi_ref (kl.beta > 0),
+    the distillation teacher's (``distill.teacher_path``; timed as the policy's)."""
+    return (int(config.train.old_logp == "recompute") + int(config.objective.kl.beta > 0)
+            + int(distill.enabled(config)))
 
 
 def rollout_spec(template, chips):

@@ -29,7 +29,8 @@ from jax.experimental.layout import Format, Layout
 
 from grpo_jax import models, parallel, sampling
 from grpo_jax.models import sharding as sharding_lib
-from grpo_jax.training import async_rl, packing, programs as programs_lib, rl_checks, rollout
+from grpo_jax.training import async_rl, distill, packing, programs as programs_lib, rl_checks
+from grpo_jax.training import rollout
 from grpo_jax.training import steps
 from grpo_jax.training.footprint import model_config
 
@@ -48,7 +49,8 @@ class Program:
         "weights", "optimizer" (its state), "cache" (the KV cache), for the advice on what to
         change.
       held_state: of `held`, the training weights, optimizer state and their copies
-        (pi_ref, lagged policies): what sharding the weights over more chips shrinks.
+        (pi_ref, lagged policies), and the distillation teacher's weights: what sharding
+        the weights over more chips shrinks.
     """
 
     name: str
@@ -143,7 +145,8 @@ def build(config, mesh, *, prompt_len, rollout_mesh=None, layers=None):
     # of the trained part (all weights, or the adapters)
     own_reference = config.objective.kl.beta > 0 and not config.model.lora.rank
     copy_bytes = (own_reference * params_bytes
-                  + async_rl.lagged_copies(config) * device_bytes(run.trained_part(params)))
+                  + async_rl.lagged_copies(config) * device_bytes(run.trained_part(params))
+                  + _teacher_bytes(config, mesh, layers))
     pieces = run.pieces
     plans = packing_plans(config, mesh, rows, pieces)
     critic, critic_bytes = _critic_programs(config, mesh, cfg, rows, index, pieces, plans,
@@ -176,6 +179,19 @@ def build(config, mesh, *, prompt_len, rollout_mesh=None, layers=None):
     with jax.set_mesh(sampler_mesh):
         programs += _sampler_programs(config, sampler_mesh, cfg, params, prompt_len, **held)
     return programs + critic
+
+
+def _teacher_bytes(config, mesh, layers):
+    """Per-device bytes of the frozen distillation teacher's weights (0 without
+    ``distill.teacher_path``), sharded by ``model.rules`` as `distill.load_teacher` loads
+    them; its first `layers` layers when the policy is cut to them. The teacher's own
+    log-prob pass is not lowered: it is the logprob program with the teacher's weights."""
+    cfg = distill.teacher_model_config(config, mesh)
+    if cfg is None:
+        return 0
+    if layers is not None:
+        cfg = dataclasses.replace(cfg, n_layers=layers)
+    return device_bytes(_params(models.abstract_model(cfg)[1], mesh, config.model.rules))
 
 
 def packing_plans(config, mesh, rows, pieces):

@@ -119,6 +119,32 @@ class Teacher:
         return self.forward(self.params, batch, plan)
 
 
+def _teacher_dir(config) -> str:
+    """``distill.teacher_path`` resolved; raises FileNotFoundError naming the field
+    unless it is a directory."""
+    path = paths.resolve(config.distill.teacher_path)
+    if not paths.path(path).is_dir():
+        raise FileNotFoundError(f"distill.teacher_path {config.distill.teacher_path!r} is not a "
+                                "directory; point it at a Hugging Face checkpoint (config.json, "
+                                "*.safetensors and the tokenizer)")
+    return path
+
+
+def _teacher_overrides(config, mesh) -> dict:
+    """The teacher's `ModelConfig` overrides: the policy's run settings, no adapters."""
+    return {**models.run_overrides(config.model, mesh), "lora": None}
+
+
+def teacher_model_config(config, mesh=None):
+    """The teacher's `ModelConfig` as `load_teacher` builds it (its config.json, the
+    policy's dtypes and run settings, no adapters), no weights read; None without
+    ``distill.teacher_path``. The memory footprint and the fit report count its weights
+    from it (`footprint.replicated_state_bytes`, `grpo_jax.aot`)."""
+    if not enabled(config):
+        return None
+    return models.load_config(_teacher_dir(config), **_teacher_overrides(config, mesh))
+
+
 def load_teacher(config, mesh, student, num_pieces: int) -> Teacher | None:
     """The run's `Teacher` (None without ``distill.teacher_path``): read like the policy's
     ``model.path`` (`models.from_pretrained`, each tensor into its sharding by
@@ -127,12 +153,8 @@ def load_teacher(config, mesh, student, num_pieces: int) -> Teacher | None:
     `num_pieces`: the rows' pieces of a forward pass, as the policy's."""
     if not enabled(config):
         return None
-    path = paths.resolve(config.distill.teacher_path)
-    if not paths.path(path).is_dir():
-        raise FileNotFoundError(f"distill.teacher_path {config.distill.teacher_path!r} is not a "
-                                "directory; point it at a Hugging Face checkpoint (config.json, "
-                                "*.safetensors and the tokenizer)")
-    overrides = {**models.run_overrides(config.model, mesh), "lora": None}
+    path = _teacher_dir(config)
+    overrides = _teacher_overrides(config, mesh)
     with paths.local_copy(path) as local:
         model, tokenizer = models.from_pretrained(local, mesh=mesh, rules=config.model.rules,
                                                   seed=config.seed, **overrides)

@@ -11,7 +11,7 @@ import jax
 from flax import nnx
 
 from grpo_jax import models, paths
-from grpo_jax.training import async_rl, optimizer as optimizer_lib
+from grpo_jax.training import async_rl, distill, optimizer as optimizer_lib
 
 PHASES = ("rl", "sft", "eval")
 
@@ -48,7 +48,9 @@ def replicated_state_bytes(config, phase="rl"):
       config: a run config.
       phase: "rl" (the policy's weights, gradient and optimizer state, pi_ref with
         ``objective.kl.beta > 0``, the lagged copies (`async_rl.lagged_copies`), and the critic's
-        weights, gradient and optimizer state with ``critic.enabled``), "sft" (the policy
+        weights, gradient and optimizer state with ``critic.enabled``, and the frozen
+        distillation teacher's weights with ``distill.teacher_path``: its own shapes from
+        its config.json, in the policy's dtypes), "sft" (the policy
         under ``sft.optimizer``) or "eval" (the weights alone). With LoRA
         (``model.lora.rank`` > 0) only the adapters have a gradient, optimizer state and
         lagged copies, the frozen base (integers with ``model.lora.quantize``) is held
@@ -73,4 +75,7 @@ def replicated_state_bytes(config, phase="rl"):
              + reference * tree_bytes(params) + lagged)
     if config.critic.enabled:
         total += _trained_bytes(models.abstract_value_model(cfg)[1], config.critic.optimizer)
+    teacher = distill.teacher_model_config(config)
+    if teacher is not None:   # frozen like pi_ref: weights only
+        total += tree_bytes(models.abstract_model(teacher)[1])
     return total

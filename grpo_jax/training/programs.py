@@ -16,7 +16,7 @@ from flax import nnx
 
 from grpo_jax import config_lib, objectives, parallel, rewards
 from grpo_jax.training import batch as batch_lib
-from grpo_jax.training import critic as critic_lib, distill, optimizer, steps
+from grpo_jax.training import critic as critic_lib, distill, entropy_control, optimizer, steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +62,7 @@ def policy_loss(objective, temperature):
     whose top-k experts now differ from the sampler's (`batch.completion_logprobs`)."""
 
     def loss_fn(model, micro):
+        micro = entropy_control.step_coef(micro)   # adaptive entropy control's coefficient
         churn = bool(model.cfg.n_experts) and batch_lib.sampled_routing(micro) is not None
         logp, entropy, aux_loss, *changed = batch_lib.completion_logprobs(
             model, micro, temperature=temperature, with_stats=True, with_churn=churn)
@@ -214,6 +215,7 @@ def batch_layout(config, model_cfg, prompt_len):
     if config.critic.enabled:
         layout["values"] = layout["returns"] = ((b, n), jnp.float32)
     layout.update(distill.layout(config, b, n))   # distillation hook: teacher_logp
+    layout.update(entropy_control.layout(config, b))   # adaptive entropy's coefficient
     objective = rl_objective(config)
     if objective.spec.policy_loss in objectives.RANDOM_LOSSES:
         layout["loss_seed"] = ((b,), jnp.int32)
@@ -228,7 +230,8 @@ def check_batch(batch, layout_keys, *, pretraining):
     report compiles for); during value pre-training only the critic's keys are added."""
     expected = set(layout_keys)
     if pretraining:
-        expected -= {"old_logp", "ref_logp", "advantages", "loss_seed", "teacher_logp"}
+        expected -= {"old_logp", "ref_logp", "advantages", "loss_seed", "teacher_logp",
+                     entropy_control.KEY}
     if set(batch) != expected:
         raise AssertionError(
             f"the RL batch has keys {sorted(set(batch) - expected)} that "

@@ -53,6 +53,7 @@ from grpo_jax.training import (
     async_rl,
     checkpoint,
     distill,
+    entropy_control,
     evaluation,
     footprint,
     loop,
@@ -221,6 +222,8 @@ def rl_step(run, step):
     metrics.update(packing_metrics)
     batch.update(_value_targets(run, batch, config.critic.lam, plan))
     metrics.update(_policy_targets(run, batch, behaviour, step, plan))
+    if run.entropy_control is not None:   # adaptive entropy control: this step's coefficient
+        entropy_control.add_coef(batch, entropy_control.applied(config, run.entropy_control))
     programs.check_batch(batch, run.layout, pretraining=False)
     jax.block_until_ready(batch["advantages"])
     metrics["time_old_logp"] = time.time() - begin
@@ -241,6 +244,10 @@ def rl_step(run, step):
         micro_batches=config.train.micro_batches, sft_rows=sft_rows, plan_for=plan_for,
         dropout_key=steps.dropout_rng(config, step))
     metrics.update(updates)
+    if run.entropy_control is not None:   # ... and the next, from this step's entropy
+        run.entropy_control, coefs = entropy_control.advance(
+            config, run.entropy_control, metrics["entropy"], run.mesh)
+        metrics.update(coefs)
     metrics.update(_critic_update(run, batch, step, plan_for))
     metrics = _checked_updates(run, batch, metrics, begin, step)
     if config.train.ref_reset_every and rl_steps % config.train.ref_reset_every == 0:

@@ -8,7 +8,8 @@ from typing import Any
 import jax
 
 from grpo_jax import objectives, parallel
-from grpo_jax.training import async_rl, checkpoint, distill, evaluation, partial, programs
+from grpo_jax.training import async_rl, checkpoint, distill, entropy_control, evaluation
+from grpo_jax.training import partial, programs
 from grpo_jax.training import rollout
 from grpo_jax.training import policy as policy_lib
 
@@ -34,6 +35,7 @@ def check_settings(config: Any) -> None:
     checkpoint.check_config(config)
     evaluation.check_config(config)
     distill.check_config(config)   # distillation hook: the distill section's refusals
+    entropy_control.check_config(config)
 
 
 def check_config(config: Any, mesh: jax.sharding.Mesh) -> None:

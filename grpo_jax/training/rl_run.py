@@ -15,6 +15,7 @@ from grpo_jax.training import (
     async_rl,
     checkpoint,
     distill,
+    entropy_control,
     evaluation,
     partial,
     programs,
@@ -70,6 +71,9 @@ class Run:
         producer's own may be further on); else None.
       teacher: the frozen teacher of on-policy distillation (`distill.Teacher`, never
         checkpointed), or None without ``distill.teacher_path``.
+      entropy_control: with ``adaptive_entropy.enabled``, the controller's state
+        (`entropy_control.initial_state`: the coefficient and the last step's entropy,
+        checkpointed); else None.
     """
 
     config: Any
@@ -101,6 +105,7 @@ class Run:
     precision: policy_lib.RolloutPrecision | None = None
     # distillation hook: the frozen teacher (`distill.Teacher`), never checkpointed
     teacher: distill.Teacher | None = None
+    entropy_control: dict | None = None
 
 
 def copy_params(params: Any) -> Any:
@@ -155,6 +160,7 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
                                              keep=config.train.keep_checkpoints),
         # distillation hooks: the teacher, and the advantages with its term mixed in
         teacher=distill.load_teacher(config, mesh, policy, policy_run.pieces),
+        entropy_control=entropy_control.initial_state(config, mesh),
         advantages_fn=jax.jit(distill.advantages_fn(config, objective)),
         mismatch_fn=jax.jit(objectives.mismatch_metrics),
         seeds_fn=jax.jit(steps.loss_seeds, out_shardings=parallel.row_sharding(mesh)))
@@ -174,13 +180,16 @@ def checkpoint_state(run: Run) -> dict:
     """What a checkpoint of the run holds: the trained parameters (all, or a LoRA run's
     adapters: its base is the checkpoint's ``base`` pointer), optimizer state, the lagged
     rollout parameters, the KL reference when it can differ from the starting policy
-    (``train.ref_reset_every``), and the critic's parameters and optimizer state."""
+    (``train.ref_reset_every``), the critic's parameters and optimizer state, and the
+    adaptive entropy controller's state (``adaptive_entropy.enabled``)."""
     state = {"params": run.policy_programs.trained_part(run.policy.params),
              "opt_state": run.opt_state, "lagged": tuple(run.lagged)}
     if run.config.train.ref_reset_every:
         state["ref_params"] = run.ref_params
     if run.critic is not None:
         state["critic"] = {"params": run.critic.params, "opt_state": run.critic.opt_state}
+    if run.entropy_control is not None:
+        state["entropy_control"] = run.entropy_control
     return state
 
 
@@ -198,6 +207,8 @@ def restore(run: Run) -> int:
     if run.critic is not None:
         run.critic.params = state["critic"]["params"]
         run.critic.opt_state = state["critic"]["opt_state"]
+    if run.entropy_control is not None:
+        run.entropy_control = state["entropy_control"]
     if start and parallel.is_main():
         print(f"resumed from the checkpoint of step {start} in {run.workdir}", flush=True)
     return start

@@ -1,5 +1,16 @@
-"""On-policy distillation (Agarwal et al., arXiv:2306.13649) against numpy: the reverse KL
-on sampled tokens, GKD's generalized JSD over the vocabulary, and the preset."""
+"""On-policy distillation (Agarwal et al., arXiv:2306.13649) against numpy and against TRL's
+own code: the reverse KL on sampled tokens, GKD's generalized JSD over the vocabulary, and
+the preset.
+
+TRL's outputs are recorded by experiments/peer_agreement/record_trl_distill.py (torch,
+float64, TRL 1.16.0's ``GKDTrainer.generalized_jsd_loss`` and
+``compute_sampled_token_self_distillation_loss``, unmodified) into
+peer_outputs/trl_distill.json; computed here in float32 they must match to 1e-6.
+"""
+
+import functools
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +19,22 @@ import pytest
 
 from grpo_jax import objectives
 from grpo_jax.objectives import presets
+
+PEER = pathlib.Path(__file__).parent / "peer_outputs" / "trl_distill.json"
+ATOL = 1e-6
+
+
+@functools.lru_cache(maxsize=None)
+def _peer():
+    return json.loads(PEER.read_text())
+
+
+def _arrays(case):
+    inputs = case["inputs"]
+    return (jnp.asarray(np.asarray(inputs["student_logits"]), jnp.float32),
+            jnp.asarray(np.asarray(inputs["teacher_logits"]), jnp.float32),
+            jnp.asarray(np.asarray(inputs["tokens"]), jnp.int32),
+            jnp.asarray(np.asarray(inputs["mask"]), jnp.float32))
 
 
 def _logps(b=4, t=5, seed=0):
@@ -118,3 +145,76 @@ def test_preset_needs_the_teachers_logprobs():
                                        r"advantage.estimator='reverse_kl'"):
         presets.distill()(jnp.asarray(student), {"old_logp": jnp.asarray(student),
                                                  "mask": jnp.asarray(mask)})
+
+
+class TestAgainstTrl:
+
+    def test_recorded_with_a_named_trl(self):
+        peer = _peer()["peer"]
+        assert peer["repo"] == "huggingface/trl" and peer["version"] == "1.16.0"
+        configs = {(c["config"]["beta"], c["config"]["temperature"]) for c in _peer()["jsd"]}
+        assert {0.0, 0.5, 1.0} <= {beta for beta, _ in configs}
+        assert {1.0, 0.7} == {temperature for _, temperature in configs}
+        masks = [np.asarray(c["inputs"]["mask"]) for c in _peer()["jsd"]]
+        assert any((m.sum(1) == 0).any() for m in masks)   # a fully masked row is recorded
+
+    @pytest.mark.parametrize("case", _peer()["jsd"], ids=lambda c: c["name"])
+    def test_generalized_jsd(self, case):
+        """Per position, GKD's masked "batchmean" loss (our token mean) and its gradient
+        with respect to the student's logits."""
+        student, teacher, _, mask = _arrays(case)
+        beta, temperature = case["config"]["beta"], case["config"]["temperature"]
+        per_position, _ = objectives.generalized_jsd(student, teacher, mask, beta=beta,
+                                                     temperature=temperature)
+        want = np.asarray(case["outputs"]["per_position"]) * np.asarray(mask)
+        np.testing.assert_allclose(per_position, want, atol=ATOL, rtol=0)
+
+        def loss(z):
+            return objectives.aggregate(objectives.generalized_jsd(
+                z, teacher, mask, beta=beta, temperature=temperature)[0], mask,
+                mode="token-mean")
+
+        value, grad = jax.jit(jax.value_and_grad(loss))(student)
+        np.testing.assert_allclose(value, case["outputs"]["batchmean"], atol=ATOL, rtol=0)
+        np.testing.assert_allclose(grad, case["outputs"]["grad_student_logits"], atol=ATOL,
+                                   rtol=0)
+
+    @pytest.mark.parametrize("case", _peer()["sampled_reverse_kl"], ids=lambda c: c["name"])
+    def test_sampled_reverse_kl(self, case):
+        """TRL's per-token loss is sg(k) log pi_s: its value is k times the student's
+        log-prob, its gradient k grad log pi_s, which is ours (whose value is k)."""
+        student, teacher, tokens, mask = _arrays(case)
+        teacher_logp = objectives.token_logprobs(teacher, tokens)
+
+        def loss(z):
+            per_token, diagnostics = objectives.reverse_kl_distill_loss(
+                objectives.token_logprobs(z, tokens), teacher_logp, mask)
+            return jnp.sum(per_token), (per_token, diagnostics["reverse_kl"])
+
+        (_, (per_token, k)), grad = jax.jit(jax.value_and_grad(loss, has_aux=True))(student)
+        np.testing.assert_array_equal(per_token, k)
+        # TRL's k: its per-token value over the student's log-prob (numpy, float64)
+        logits = np.asarray(case["inputs"]["student_logits"])
+        student_logp = np.take_along_axis(
+            _log_softmax(logits), np.asarray(case["inputs"]["tokens"])[..., None], -1)[..., 0]
+        trl_k = np.asarray(case["outputs"]["per_token"]) / student_logp
+        np.testing.assert_allclose(k, trl_k * np.asarray(mask), atol=ATOL, rtol=0)
+        np.testing.assert_allclose(grad, case["outputs"]["grad_student_logits"], atol=ATOL,
+                                   rtol=0)
+
+    def test_reverse_kl_expected_under_the_student_is_gkds_beta_one(self):
+        """Averaged over the student's own tokens, our sampled reverse KL is GKD's
+        beta = 1 divergence at each position (TRL's, recorded)."""
+        case = next(c for c in _peer()["jsd"]
+                    if c["config"] == {"beta": 1.0, "temperature": 1.0})
+        student, teacher, _, mask = _arrays(case)
+        b, t, v = student.shape
+        every = jnp.broadcast_to(jnp.arange(v), (b, t, v)).transpose(2, 0, 1)   # [V, B, T]
+        per_token = jax.vmap(lambda y: objectives.reverse_kl_distill_loss(
+            objectives.token_logprobs(student, y), objectives.token_logprobs(teacher, y),
+            jnp.ones((b, t)))[0])(every)
+        q = np.exp(np.asarray(jax.nn.log_softmax(student, -1))).transpose(2, 0, 1)
+        expected = np.sum(q * np.asarray(per_token), axis=0)
+        np.testing.assert_allclose(expected * np.asarray(mask),
+                                   np.asarray(case["outputs"]["per_position"]) * np.asarray(mask),
+                                   atol=ATOL, rtol=0)
