@@ -12,6 +12,7 @@ config (`replaced`), printed and saved with the run (`record`).
 import ast
 import importlib.util
 import json
+import os
 import pathlib
 import types
 
@@ -164,6 +165,36 @@ def _read_only_items(items):
     return tuple(types.MappingProxyType(dict(item)) if isinstance(item, dict)
                  else _read_only_items(item) if isinstance(item, (list, tuple)) else item
                  for item in items)
+
+
+# The config fields that hold paths (a run's workdir is passed beside the config).
+CONFIG_PATH_FIELDS = ("model.path", "critic.path", "task.data_dir", "task.manual_dir")
+
+
+def resolve_paths(config):
+    """A read-only copy of `config` (`frozen`) with its path fields (`CONFIG_PATH_FIELDS`)
+    absolute (`paths.resolve`); `config` is left as is. What a tool that reads a run's
+    config without its workdir (a sweep's look at what a run builds, the fit report) starts
+    with; calling it again on resolved paths changes nothing."""
+    changes = {}
+    for dotted in CONFIG_PATH_FIELDS:
+        section, field = dotted.split(".")
+        changes[dotted] = paths.resolve(config[section][field])
+    return replaced(config, changes)
+
+
+def resolve_run_paths(config, workdir):
+    """Returns `(config, workdir)`: `resolve_paths(config)` and `workdir` absolute.
+
+    Every entry point of a run (train, sft, demo, eval) calls this first, and `record`s
+    the config once its set-up is done; the code after it uses the paths as they are.
+    Calling it again on resolved paths changes nothing.
+    """
+    if not os.fspath(workdir).strip():
+        raise ValueError("--workdir is empty: name the directory the run writes to (and resumes "
+                         "from), e.g. --workdir=/tmp/run")
+    paths.check_reachable(workdir, "--workdir")
+    return resolve_paths(config), paths.resolve(workdir)
 
 
 def last_rl_step(config):

@@ -25,7 +25,7 @@ def _timed(workdir, fn):
 
 def run(config, workdir):
     """Runs the three stages and prints (and saves) the before/after table."""
-    config, workdir = paths.resolve_run_paths(config, workdir)
+    config, workdir = config_lib.resolve_run_paths(config, workdir)
     sft.check_settings(config)   # every stage's settings, before the first stage runs
     rl_checks.check_settings(config)
     parallel.initialize(config.distributed)   # which process is the main one

@@ -260,7 +260,7 @@ def evaluate_to_file(config, workdir):
     in ``eval_suite.md``)."""
     if not config.model.path:
         raise ValueError("mode 'eval' needs --config.model.path, a checkpoint to evaluate")
-    config, workdir = paths.resolve_run_paths(config, workdir)
+    config, workdir = config_lib.resolve_run_paths(config, workdir)
     check_config(config)
     parallel.initialize(config.distributed)   # which process is the main one
     if parallel.is_main():

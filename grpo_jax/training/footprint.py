@@ -10,7 +10,7 @@ import math
 import jax
 from flax import nnx
 
-from grpo_jax import models, paths
+from grpo_jax import models
 from grpo_jax.training import async_rl, optimizer as optimizer_lib
 
 PHASES = ("rl", "sft", "eval")
@@ -22,7 +22,7 @@ def model_config(config, mesh=None):
     "auto" resolved for `mesh`'s platform; see `models.run_overrides`)."""
     overrides = models.run_overrides(config.model, mesh)
     if config.model.path:
-        return models.load_config(paths.resolve(config.model.path), **overrides)
+        return models.load_config(config.model.path, **overrides)
     if not config.model.name:
         raise ValueError("set model.path (an HF directory) or model.name (a named config)")
     return models.get_model_config(config.model.name, **overrides)

@@ -114,7 +114,7 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     trained on `tokenizer_texts` (the tiny CPU models).
     """
     if model_cfg.path:
-        path = paths.resolve(model_cfg.path)
+        path = model_cfg.path
         if not paths.path(path).is_dir():
             raise FileNotFoundError(
                 f"model.path {model_cfg.path!r} is not a directory; point it at "

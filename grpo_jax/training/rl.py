@@ -33,7 +33,7 @@ it. The run's state and life cycle (`Run`, set-up, restore, export) are `rl_run`
 config checks `rl_checks`'; the updates on a batch `steps.update_on_batch`.
 
 The config is read, never written: `train` works on a resolved, read-only copy
-(`paths.resolve_run_paths`), the warm start makes a new one, and the run's config is
+(`config_lib.resolve_run_paths`), the warm start makes a new one, and the run's config is
 printed once and saved as ``workdir/config.json``.
 
 Re-running the same command resumes from the last checkpoint (in either phase):
@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax import config_lib, objectives, parallel, paths
+from grpo_jax import config_lib, objectives, parallel
 from grpo_jax.training import (
     async_rl,
     checkpoint,
@@ -272,7 +272,7 @@ def train(config, workdir, *, seconds=None):
     the rollout mesh only sample (`roles.sample`; they return None) and the others run
     this loop, taking each step's batch from them."""
     # --- set-up: mesh, warm start, data, policy, objective, optimizer, checkpoint --------
-    config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
+    config, workdir = config_lib.resolve_run_paths(config, workdir)   # read-only from here
     mesh, rollout_mesh = parallel.setup_meshes(
         config, lambda: footprint.replicated_state_bytes(config, "rl"))
     rl_checks.check_config(config, mesh)

@@ -37,7 +37,7 @@ def train(config, workdir, *, seconds=None):
     last step. With `seconds` (the demo's control), the run also ends after the first step
     that finishes past that much wall time; that step is logged and saved, as every last one."""
     # --- set-up ------------------------------------------------------------------------
-    config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
+    config, workdir = config_lib.resolve_run_paths(config, workdir)   # read-only from here
     check_settings(config)
     mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "sft"))
     if parallel.is_main():

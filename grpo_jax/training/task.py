@@ -3,7 +3,7 @@
 import grain
 import numpy as np
 
-from grpo_jax import data, parallel, paths, rewards, sampling
+from grpo_jax import data, parallel, rewards, sampling
 
 # Prompt widths a run compiles for: powers of two from 8 (short arithmetic prompts waste
 # half of a 16-wide bucket, and every column costs compute in every step).
@@ -38,9 +38,9 @@ def is_prepared(task_cfg):
 
 
 def _dataset_location(task_cfg):
-    return dict(data_dir=paths.resolve(task_cfg.data_dir),
+    return dict(data_dir=task_cfg.data_dir,   # absolute: config_lib.resolve_paths
                 config=data.builder_config(task_cfg.name, task_cfg.knobs.to_dict()),
-                manual_dir=paths.resolve(task_cfg.manual_dir) or None)
+                manual_dir=task_cfg.manual_dir or None)
 
 
 def loader(source, config, *, batch_size):

@@ -38,7 +38,7 @@ def _key(config):
 
 def warm_start_dir(config):
     """Where the warm start of `config` is (or will be) built."""
-    return os.path.join(paths.resolve(config.task.data_dir), "warm_starts",
+    return os.path.join(config.task.data_dir, "warm_starts",
                         f"{config.model.name}-{_key(config)}")
 
 
