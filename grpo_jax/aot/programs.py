@@ -30,7 +30,7 @@ from jax.experimental.layout import Format, Layout
 from grpo_jax import models, parallel, sampling
 from grpo_jax.models import sharding as sharding_lib
 from grpo_jax.training import async_rl, packing, programs as programs_lib, rl_checks, rollout
-from grpo_jax.training import steps
+from grpo_jax.training import policy as policy_lib, steps
 from grpo_jax.training.footprint import model_config
 
 
@@ -141,8 +141,7 @@ def build(config, mesh, *, prompt_len, rollout_mesh=None, layers=None):
     params_bytes, opt_bytes = device_bytes(params), device_bytes(opt_state)
     # pi_ref's weights (none with LoRA: the base with adapters off) and the lagged copies
     # of the trained part (all weights, or the adapters)
-    own_reference = config.objective.kl.beta > 0 and not config.model.lora.rank
-    copy_bytes = (own_reference * params_bytes
+    copy_bytes = (policy_lib.owns_reference(config) * params_bytes
                   + async_rl.lagged_copies(config) * device_bytes(run.trained_part(params)))
     pieces = run.pieces
     plans = packing_plans(config, mesh, rows, pieces)

@@ -11,7 +11,7 @@ import jax
 from flax import nnx
 
 from grpo_jax import models
-from grpo_jax.training import async_rl, optimizer as optimizer_lib
+from grpo_jax.training import async_rl, optimizer as optimizer_lib, policy as policy_lib
 
 PHASES = ("rl", "sft", "eval")
 
@@ -67,10 +67,9 @@ def replicated_state_bytes(config, phase="rl"):
     trained, frozen = nnx.split_state(params, nnx.LoRAParam if cfg.lora else nnx.Param, ...)
     if phase == "sft":
         return tree_bytes(frozen) + _trained_bytes(trained, config.sft.optimizer)
-    reference = config.objective.kl.beta > 0 and cfg.lora is None
     lagged = async_rl.lagged_copies(config) * tree_bytes(trained)
     total = (tree_bytes(frozen) + _trained_bytes(trained, config.optimizer)
-             + reference * tree_bytes(params) + lagged)
+             + policy_lib.owns_reference(config) * tree_bytes(params) + lagged)
     if config.critic.enabled:
         total += _trained_bytes(models.abstract_value_model(cfg)[1], config.critic.optimizer)
     return total

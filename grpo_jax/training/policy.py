@@ -33,6 +33,20 @@ class Policy:
         return nnx.merge(self.graphdef, self.params).cfg
 
 
+def owns_reference(config) -> bool:
+    """Whether an RL run of `config` keeps its own copy of pi_ref's weights: with a KL term
+    (``objective.kl.beta > 0``) and no LoRA (with ``model.lora.rank > 0`` pi_ref is the
+    frozen base with the adapters off: the same arrays, no copy)."""
+    return config.objective.kl.beta > 0 and not config.model.lora.rank
+
+
+def sampling_policy(graphdef, frozen, trained, tokenizer) -> Policy:
+    """The `Policy` a sampler draws with: the network `graphdef` over the state `frozen`
+    (the parameters no step updates, or the whole state) with `trained` (one version of the
+    trained parameters, an `nnx.State`) merged over it; the arrays are shared, not copied."""
+    return Policy(graphdef, nnx.merge_state(frozen, trained), tokenizer)
+
+
 # What ``rollout.dtype`` may name ("" also: the trainer's ``model.dtype``).
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 

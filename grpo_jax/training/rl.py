@@ -46,7 +46,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from grpo_jax import config_lib, objectives, parallel
 from grpo_jax.training import (
@@ -108,9 +107,9 @@ def _rollouts(run, step):
     # source samples with the policy as it is.
     held = {max(0, step - 1 - k + i): trained for i, trained in enumerate(run.lagged)}
     held[step - 1] = current
-    behaviour = policy_lib.Policy(policy.graphdef,
-                                  nnx.merge_state(policy.params, held[produced.version]),
-                                  policy.tokenizer) if k else policy
+    behaviour = policy_lib.sampling_policy(policy.graphdef, policy.params,
+                                           held[produced.version],
+                                           policy.tokenizer) if k else policy
     run.lagged = (run.lagged + [current])[1:]   # [] without a lag
     run.data_position = async_rl.DataPosition(produced.data_position)
     run.carry = produced.carry

@@ -130,7 +130,6 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
         critic_run = programs.critic_programs(config, mesh, critic.graphdef, critic.params)
         critic.opt_state = steps.init_optimizer_state(critic_run.tx, critic.params, mesh)
     trained = policy_run.trained_part(policy.params)
-    own_reference = config.objective.kl.beta > 0 and not config.model.lora.rank
     rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
     precision = policy_lib.RolloutPrecision.of(config, policy)
     frozen = nnx.filter_state(policy.params, nnx.Not(policy_run.trained))
@@ -142,7 +141,7 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
         rollout_mesh=rollout_mesh, rollout_frozen=rollout_frozen, precision=precision,
         opt_state=steps.init_optimizer_state(policy_run.tx, trained, mesh),
         lagged=[copy_params(trained) for _ in range(async_rl.lagged_copies(config))],
-        ref_params=copy_params(policy.params) if own_reference else None,
+        ref_params=copy_params(policy.params) if policy_lib.owns_reference(config) else None,
         critic=critic, policy_programs=policy_run, critic_programs=critic_run, objective=objective,
         scorer=scorer, carry=partial.empty_pool(config, scorer),
         method=rollout.sampling_method(config),

@@ -66,9 +66,8 @@ class Synchronous:
         """Samples step `step` now; returns its `async_rl.Produced`."""
         run = self._run
         policy, k = run.policy, len(run.lagged)
-        behaviour = (policy_lib.Policy(policy.graphdef,
-                                       nnx.merge_state(policy.params, run.lagged[0]),
-                                       policy.tokenizer) if k else policy)
+        behaviour = (policy_lib.sampling_policy(policy.graphdef, policy.params, run.lagged[0],
+                                                policy.tokenizer) if k else policy)
         version = async_rl.version_for(step, k)
         begin = time.time()
         batch, metrics, examples, carry = collect(
@@ -117,8 +116,8 @@ class Asynchronous:
         def sample(step, version, trained):
             nonlocal carry
             with self._turns.held():   # on one mesh the learner waits meanwhile
-                behaviour = policy_lib.Policy(policy.graphdef, nnx.merge_state(frozen, trained),
-                                              tokenizer)
+                behaviour = policy_lib.sampling_policy(policy.graphdef, frozen, trained,
+                                                       tokenizer)
                 batch, metrics, examples, carry = collect(
                     run, behaviour, step, scorer=self._scorer, episodic=self._episodic,
                     carry=carry, version=version)
@@ -199,8 +198,8 @@ def collect(run, behaviour, step, *, scorer, episodic, carry, version):
         trained if precision is None else precision.params(trained), run.rollout_mesh))
     sent = time.time() - begin
     graphdef = behaviour.graphdef if precision is None else precision.graphdef
-    sampler = policy_lib.Policy(graphdef, nnx.merge_state(run.rollout_frozen, trained),
-                                behaviour.tokenizer)
+    sampler = policy_lib.sampling_policy(graphdef, run.rollout_frozen, trained,
+                                         behaviour.tokenizer)
     batch, metrics, examples, carry = collect(sampler, run.rollout_mesh)
     begin = time.time()
     batch = jax.block_until_ready(parallel.on_mesh(batch, run.mesh))
