@@ -200,8 +200,7 @@ def resolve_run_paths(config, workdir):
 def last_rl_step(config):
     """The last step of an RL run of `config`: the critic's pre-training steps come first
     (``critic.pretrain_steps``, VAPO's value pre-training), then ``train.steps``."""
-    critic = config.get("critic") or {}
-    return critic.get("pretrain_steps", 0) + config.train.steps
+    return config.critic.pretrain_steps + config.train.steps
 
 
 def replaced(config, changes):

@@ -119,19 +119,19 @@ def spec_from_config(section):
     if section.rank < 0:
         raise ValueError(f"model.lora.rank must be >= 0 (0: no adapters), got {section.rank}")
     if section.rank == 0:
-        knobs = [f"model.lora.{name}={section.get(name)!r}" for name in ("dropout", "quantize")
-                 if section.get(name)]
+        knobs = [f"model.lora.{name}={section[name]!r}" for name in ("dropout", "quantize")
+                 if section[name]]
         if knobs:
             raise ValueError(f"{', '.join(knobs)} acts on LoRA adapters, but model.lora.rank is 0 "
                              "(every weight trained); set model.lora.rank > 0 or leave them off")
         return None
     if section.alpha <= 0:
         raise ValueError(f"model.lora.alpha must be > 0, got {section.alpha}")
-    dropout = float(section.get("dropout", 0.0))
+    dropout = float(section.dropout)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"model.lora.dropout must be in [0, 1) (the probability of dropping an "
                          f"element of an adapter's input; 0: off), got {dropout}")
-    quantize = section.get("quantize", "") or ""
+    quantize = section.quantize
     if quantize not in ("", *QUANTIZED_TYPES):
         raise ValueError(f"model.lora.quantize must be '' (no quantisation) or one of "
                          f"{tuple(QUANTIZED_TYPES)} (QLoRA's frozen base), got {quantize!r}")

@@ -31,7 +31,7 @@ def step_rng(seed, stream, step):
 
 def drops_adapter_inputs(config):
     """Whether the run's updates take a dropout key: LoRA with ``model.lora.dropout`` > 0."""
-    return config.model.lora.rank > 0 and config.model.lora.get("dropout", 0.0) > 0
+    return config.model.lora.rank > 0 and config.model.lora.dropout > 0
 
 
 def dropout_rng(config, step):
