@@ -22,7 +22,7 @@ _extras.require("grpo_jax.config_lib")   # before the imports it guards
 
 import ml_collections
 
-from grpo_jax import paths
+from grpo_jax import paths, run_files
 
 
 def parse_arg(arg, **defaults):
@@ -220,7 +220,7 @@ def record(config, workdir):
     Every entry point calls it once at its start, on the main process; a resumed run
     writes the file again, so it holds the config of the latest start.
     """
-    path = paths.join(workdir, "config.json")
+    path = paths.join(workdir, run_files.CONFIG)
     paths.write_whole(path, to_json(config, indent=2) + "\n")
     sections = json.loads(to_json(config))
     lines = [f"  {name}: {json.dumps(value)}" for name, value in sections.items()]

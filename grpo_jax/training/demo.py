@@ -7,7 +7,7 @@ re-running the command after an interruption resumes where it stopped.
 import json
 import time
 
-from grpo_jax import config_lib, parallel, paths
+from grpo_jax import config_lib, parallel, paths, run_files
 from grpo_jax.training import evaluation, rl, rl_checks, sft
 
 
@@ -32,7 +32,7 @@ def run(config, workdir):
     if parallel.is_main():
         config_lib.record(config, workdir)
     sft_dir, rl_dir, control_dir = (paths.join(workdir, d) for d in ("sft", "rl", "sft_control"))
-    warm = paths.join(sft_dir, "export")
+    warm = paths.join(sft_dir, run_files.EXPORT)
 
     sft_seconds = _timed(sft_dir, lambda: sft.train(config, sft_dir))
     rl_config = config_lib.replaced(config, {"model.path": warm, "model.name": "",
@@ -43,8 +43,9 @@ def run(config, workdir):
     _timed(control_dir, lambda: sft.train(control_config, control_dir, seconds=rl_seconds))
 
     rows = [("SFT warm start", warm, sft_seconds),
-            ("+ DAPO (RL)", paths.join(rl_dir, "export"), rl_seconds),
-            ("+ SFT for the same time (control)", paths.join(control_dir, "export"), rl_seconds)]
+            ("+ DAPO (RL)", paths.join(rl_dir, run_files.EXPORT), rl_seconds),
+            ("+ SFT for the same time (control)", paths.join(control_dir, run_files.EXPORT),
+             rl_seconds)]
     results = []
     for name, path, seconds in rows:
         metrics = evaluation.evaluate_export(config, path)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax import models, objectives, parallel, paths
+from grpo_jax import models, objectives, parallel, paths, run_files
 from grpo_jax.training import (
     async_rl,
     checkpoint,
@@ -150,7 +150,7 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
         train_iter=iter(task_lib.loader(train_source, config,
                                         batch_size=config.rollout.prompts_per_batch)),
         held_out=held_out,
-        checkpointer=checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
+        checkpointer=checkpoint.Checkpointer(paths.join(workdir, run_files.CHECKPOINTS),
                                              keep=config.train.keep_checkpoints),
         # distillation hooks: the teacher, and the advantages with its term mixed in
         teacher=distill.load_teacher(config, mesh, policy, policy_run.pieces),
@@ -206,7 +206,7 @@ def export(run: Run) -> None:
     """Writes the policy to ``workdir/export`` (a LoRA policy merged, and its PEFT adapter
     in ``export/adapter``) and the critic to ``workdir/export_critic`` as Hugging Face
     checkpoints."""
-    policy_lib.export(run.policy, paths.join(run.workdir, "export"),
+    policy_lib.export(run.policy, paths.join(run.workdir, run_files.EXPORT),
                       base_path=run.config.model.path)
     if run.critic is not None:
         critic_lib.export(run.critic, run.policy.tokenizer,

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import jax
 from flax import nnx
 
-from grpo_jax import parallel, paths
+from grpo_jax import parallel, paths, run_files
 from grpo_jax.training import async_rl, partial, rollout, steps
 from grpo_jax.training import policy as policy_lib
 from grpo_jax.training import task as task_lib
@@ -211,4 +211,5 @@ def write_samples(config: Any, workdir: str, step: int, batch: dict, tokenizer: 
     """Writes step `step`'s rollouts to ``workdir/rollouts/<step>.jsonl`` every
     ``train.log_rollouts_every`` steps."""
     if config.train.log_rollouts_every and step % config.train.log_rollouts_every == 0:
-        rollout.write_samples(batch, tokenizer, paths.join(workdir, "rollouts", f"{step}.jsonl"))
+        rollout.write_samples(batch, tokenizer,
+                              paths.join(workdir, run_files.ROLLOUTS, f"{step}.jsonl"))

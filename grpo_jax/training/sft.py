@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from grpo_jax import config_lib, parallel, paths
+from grpo_jax import config_lib, parallel, paths, run_files
 from grpo_jax.training import checkpoint, evaluation, footprint, loop, metrics as metrics_lib
 from grpo_jax.training import policy as policy_lib, programs
 from grpo_jax.training import rollout, steps, task as task_lib
@@ -57,7 +57,7 @@ def train(config, workdir, *, seconds=None):
     run = programs.sft_programs(config, mesh, policy.graphdef, policy.params)
     opt_state = steps.init_optimizer_state(run.tx, run.trained_part(policy.params), mesh)
     update = run.update
-    checkpointer = checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
+    checkpointer = checkpoint.Checkpointer(paths.join(workdir, run_files.CHECKPOINTS),
                                            keep=config.train.keep_checkpoints)
     base = {"base": checkpoint.base_pointer(config)} if config.model.lora.rank else {}
     step, state = checkpointer.restore_run(
@@ -105,5 +105,5 @@ def train(config, workdir, *, seconds=None):
         writer.close()
         checkpointer.close()
         scorer.close()
-    policy_lib.export(policy, paths.join(workdir, "export"))
+    policy_lib.export(policy, paths.join(workdir, run_files.EXPORT))
     return step

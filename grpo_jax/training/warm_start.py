@@ -17,7 +17,7 @@ import os
 
 import jax
 
-from grpo_jax import config_lib, parallel, paths
+from grpo_jax import config_lib, parallel, paths, run_files
 
 # The config sections and fields the warm-start checkpoint depends on.
 _DEPENDS_ON = ("task", "model.name", "model.dtype", "model.param_dtype", "sft", "seed",
@@ -49,7 +49,7 @@ def needed(config):
 
 def is_built(config):
     """Whether the warm start of `config` is built (its export is in `warm_start_dir`)."""
-    return os.path.exists(os.path.join(warm_start_dir(config), "export", "config.json"))
+    return os.path.exists(os.path.join(warm_start_dir(config), run_files.EXPORT, "config.json"))
 
 
 def prepared(config):
@@ -60,7 +60,7 @@ def prepared(config):
         return config
     from grpo_jax.training import sft   # sft imports the trainer's modules; import late
     directory = warm_start_dir(config)
-    export = os.path.join(directory, "export")
+    export = os.path.join(directory, run_files.EXPORT)
     # Runs on one machine sharing the data dir (a sweep, test workers) build it once: the
     # others wait for the lock, then find it built. Several processes of one run build it
     # together (barriers inside), without the lock.
