@@ -6,6 +6,7 @@ re-running the command after an interruption resumes where it stopped.
 
 import json
 import time
+from typing import Any
 
 from grpo_jax import config_lib, parallel, paths, run_files
 from grpo_jax.training import evaluation, rl, rl_checks, sft
@@ -23,7 +24,7 @@ def _timed(workdir, fn):
     return json.loads(record.read_text())["seconds"]
 
 
-def run(config, workdir):
+def run(config: Any, workdir: str) -> list[dict[str, Any]]:
     """Runs the three stages and prints (and saves) the before/after table."""
     config, workdir = config_lib.resolve_run_paths(config, workdir)
     sft.check_settings(config)   # every stage's settings, before the first stage runs
@@ -59,7 +60,7 @@ def run(config, workdir):
     return results
 
 
-def format_table(results, *, k, prompts):
+def format_table(results: list[dict[str, Any]], *, k: int, prompts: int) -> str:
     lines = [f"held-out accuracy on {prompts} prompts (greedy pass@1; mean@{k} and pass@{k} "
              "at the rollout temperature)",
              f"{'stage':36s} {'pass@1':>7s} {f'mean@{k}':>7s} {f'pass@{k}':>7s} {'time':>8s}"]

@@ -6,6 +6,7 @@ question here, so they choose the same mesh.
 """
 
 import math
+from typing import Any
 
 import jax
 from flax import nnx
@@ -16,7 +17,7 @@ from grpo_jax.training import async_rl, optimizer as optimizer_lib, policy as po
 PHASES = ("rl", "sft", "eval")
 
 
-def model_config(config, mesh=None):
+def model_config(config: Any, mesh: jax.sharding.Mesh | None = None) -> models.ModelConfig:
     """The `ModelConfig` of ``config.model``: a named shape, or an HF directory's config.json
     (no weights read), with the run's dtype, remat, attention, MoE and scan settings (MoE's
     "auto" resolved for `mesh`'s platform; see `models.run_overrides`)."""
@@ -28,7 +29,7 @@ def model_config(config, mesh=None):
     return models.get_model_config(config.model.name, **overrides)
 
 
-def tree_bytes(tree):
+def tree_bytes(tree: Any) -> int:
     """Bytes of every leaf of a tree of arrays or `ShapeDtypeStruct`s, unsharded (int4:
     half a byte)."""
     return sum(math.prod(x.shape) * jax.dtypes.itemsize_bits(x.dtype) // 8
@@ -41,7 +42,7 @@ def _trained_bytes(params, optimizer_cfg):
     return 2 * tree_bytes(params) + tree_bytes(jax.eval_shape(tx.init, params))
 
 
-def replicated_state_bytes(config, phase="rl"):
+def replicated_state_bytes(config: Any, phase: str = "rl") -> int:
     """Bytes of the run's state on one device if every device held all of it.
 
     Args:

@@ -43,6 +43,8 @@ exactly as an uninterrupted one would.
 """
 
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -70,7 +72,7 @@ from grpo_jax.training import policy as policy_lib
 from grpo_jax.training import task as task_lib
 
 
-def schedule(config, start):
+def schedule(config: Any, start: int) -> Iterator[tuple[int, Callable]]:
     """`(step, step function)` for every step after `start`: `critic_pretraining_step`
     for steps 1..P (P = ``critic.pretrain_steps``), then `rl_step` for P+1..P+T
     (T = ``train.steps``). The function is chosen once per phase."""
@@ -190,7 +192,7 @@ def _checked_updates(run, batch, metrics, begin, step):
     return metrics
 
 
-def critic_pretraining_step(run, step):
+def critic_pretraining_step(run: rl_run.Run, step: int) -> dict[str, Any]:
     """One step of VAPO's value pre-training (Yue et al., arXiv:2504.05118, sec. 3.1,
     after VC-PPO, arXiv:2503.01491): rollouts of the frozen starting policy train only
     the critic, toward Monte-Carlo returns (lambda = 1). Returns the step's metrics."""
@@ -207,7 +209,7 @@ def critic_pretraining_step(run, step):
     return _checked_updates(run, batch, metrics, begin, step)
 
 
-def rl_step(run, step):
+def rl_step(run: rl_run.Run, step: int) -> dict[str, Any]:
     """One RL step; returns its metrics. RL steps count from the end of value
     pre-training (``train.eval_every`` and ``train.ref_reset_every`` count them)."""
     config, policy = run.config, run.policy
@@ -260,7 +262,7 @@ def _evaluate(run, step):
 
 
 
-def train(config, workdir, *, seconds=None):
+def train(config: Any, workdir: str, *, seconds: float | None = None) -> int | None:
     """Runs (or resumes) the RL loop in `workdir`; returns the last step. `config` is left
     as it is: the run reads a resolved, read-only copy.
 

@@ -8,6 +8,8 @@ losses read the same log-probs. The run ends by exporting a Hugging Face checkpo
 ``workdir/export``, which an RL run loads with ``--config.model.path``.
 """
 
+from typing import Any
+
 import jax
 import numpy as np
 from flax import nnx
@@ -18,7 +20,7 @@ from grpo_jax.training import policy as policy_lib, programs
 from grpo_jax.training import rollout, steps, task as task_lib
 
 
-def check_settings(config):
+def check_settings(config: Any) -> None:
     """Raises ValueError naming the field and the fix for an ``sft`` setting the loop cannot
     run; called once, before anything compiles (docs/faults.md lists the refusals)."""
     for field, least, meaning in (("steps", 0, "supervised steps"),
@@ -32,7 +34,7 @@ def check_settings(config):
     evaluation.check_config(config)
 
 
-def train(config, workdir, *, seconds=None):
+def train(config: Any, workdir: str, *, seconds: float | None = None) -> int:
     """Trains to ``sft.steps`` in `workdir`, resuming it; exports the policy; returns the
     last step. With `seconds` (the demo's control), the run also ends after the first step
     that finishes past that much wall time; that step is logged and saved, as every last one."""

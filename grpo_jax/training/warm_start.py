@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+from typing import Any
 
 import jax
 
@@ -36,23 +37,23 @@ def _key(config):
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def warm_start_dir(config):
+def warm_start_dir(config: Any) -> str:
     """Where the warm start of `config` is (or will be) built."""
     return os.path.join(config.task.data_dir, "warm_starts",
                         f"{config.model.name}-{_key(config)}")
 
 
-def needed(config):
+def needed(config: Any) -> bool:
     """Whether a run of `config` starts from a warm start (built or not)."""
     return bool(config.model.sft_warm_start) and not config.model.path
 
 
-def is_built(config):
+def is_built(config: Any) -> bool:
     """Whether the warm start of `config` is built (its export is in `warm_start_dir`)."""
     return os.path.exists(os.path.join(warm_start_dir(config), run_files.EXPORT, "config.json"))
 
 
-def prepared(config):
+def prepared(config: Any) -> Any:
     """The config a run of `config` trains: with ``model.sft_warm_start`` and no
     ``model.path``, a new one whose ``model.path`` is the warm start's export (built
     first unless it is cached); otherwise `config` itself. `config` is left as is."""
