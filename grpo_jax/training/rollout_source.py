@@ -165,7 +165,8 @@ def new_scorer(config: Any) -> task_lib.Scorer:
                            max_new_tokens=config.rollout.max_new_tokens)
 
 
-def collect(run, behaviour, step, *, scorer, episodic, carry, version):
+def collect(run: Any, behaviour: policy_lib.Policy, step: int, *, scorer: Any, episodic: Any,
+            carry: Any, version: int) -> tuple:
     """`rollout.collect` of step `step` by the `behaviour` policy (version `version`: the
     parameters after that many steps), on the rollout mesh; with partial rollouts
     (`carry`, the `partial.Pool` of the groups carried over) `partial.collect`. Returns
