@@ -53,8 +53,8 @@ LABELS = {"rl": "DAPO (RL)", "sft": "SFT control"}
 def recipe_config(checkpoint, prompts, seed):
     """The recipe with `prompts` held-out prompts (the test split sized to match)."""
     from grpo_jax import config_lib
-    config = config_lib.load_config(
-        f"{os.path.join(ROOT, 'configs', 'smollm2.py')}:path={checkpoint},steps=100000")
+    config = config_lib.resolve_paths(config_lib.load_config(
+        f"{os.path.join(ROOT, 'configs', 'smollm2.py')}:path={checkpoint},steps=100000"))
     return config_lib.replaced(config, {"task.knobs.num_test": prompts,
                                         "eval.num_prompts": prompts, "seed": seed})
 

@@ -255,8 +255,8 @@ def main():
     args = parser.parse_args()
     if args.compare:
         from grpo_jax import config_lib
-        config = config_lib.load_config(f"{args.config}:path=/unused" +
-                                        (f",{args.recipe}" if args.recipe else ""))
+        config = config_lib.resolve_paths(config_lib.load_config(
+            f"{args.config}:path=/unused" + (f",{args.recipe}" if args.recipe else "")))
         table = compare_table(args.compare, held_out_examples(config))
         print(table, end="")
         if args.out:
@@ -274,7 +274,7 @@ def main():
     workdir = os.path.abspath(os.path.expanduser(args.workdir))
     os.makedirs(workdir, exist_ok=True)
     recipe = f"path={checkpoint},steps=100000" + (f",{args.recipe}" if args.recipe else "")
-    config = config_lib.load_config(f"{args.config}:{recipe}")
+    config = config_lib.resolve_paths(config_lib.load_config(f"{args.config}:{recipe}"))
     machine = stage(os.path.join(workdir, "machine.json"), lambda: {   # where RL runs
         "commit": sweep.source_commit(), "machine": sweep.machine_description(os.cpu_count()),
         "load": round(os.getloadavg()[0], 1)})

@@ -67,7 +67,7 @@ def config_spec(recipe):
 
 def run_one(args):
     """One (run, seed) run in this process; prints its result as the last JSON line."""
-    from grpo_jax import config_lib, parallel, paths
+    from grpo_jax import config_lib, parallel
     parallel.use_cpu_cores()
     import jax
     from grpo_jax.training import evaluation, rl, warm_start
@@ -81,7 +81,7 @@ def run_one(args):
         "filtering.short_batch": "pad"})
     config_lib.apply_overrides(config, dict(_parse_override(o) for o in args.override))
     workdir = os.path.join(os.path.abspath(args.workdir), f"{args.name}_seed{args.seed}")
-    config, workdir = paths.resolve_run_paths(config, workdir)   # as rl.train does first
+    config, workdir = config_lib.resolve_run_paths(config, workdir)   # as rl.train does first
     config = warm_start.prepared(config)   # built (or found) before the clock starts
     begin = time.time()
     steps = rl.train(config, workdir, seconds=args.seconds)

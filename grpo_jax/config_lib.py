@@ -12,6 +12,7 @@ config (`replaced`), printed and saved with the run (`record`).
 import ast
 import importlib.util
 import json
+import os
 import pathlib
 import types
 
@@ -21,7 +22,7 @@ _extras.require("grpo_jax.config_lib")   # before the imports it guards
 
 import ml_collections
 
-from grpo_jax import paths
+from grpo_jax import paths, run_files
 
 
 def parse_arg(arg, **defaults):
@@ -166,11 +167,40 @@ def _read_only_items(items):
                  for item in items)
 
 
+# The config fields that hold paths (a run's workdir is passed beside the config).
+CONFIG_PATH_FIELDS = ("model.path", "critic.path", "task.data_dir", "task.manual_dir")
+
+
+def resolve_paths(config):
+    """A read-only copy of `config` (`frozen`) with its path fields (`CONFIG_PATH_FIELDS`)
+    absolute (`paths.resolve`); `config` is left as is. What a tool that reads a run's
+    config without its workdir (a sweep's look at what a run builds, the fit report) starts
+    with; calling it again on resolved paths changes nothing."""
+    changes = {}
+    for dotted in CONFIG_PATH_FIELDS:
+        section, field = dotted.split(".")
+        changes[dotted] = paths.resolve(config[section][field])
+    return replaced(config, changes)
+
+
+def resolve_run_paths(config, workdir):
+    """Returns `(config, workdir)`: `resolve_paths(config)` and `workdir` absolute.
+
+    Every entry point of a run (train, sft, demo, eval) calls this first, and `record`s
+    the config once its set-up is done; the code after it uses the paths as they are.
+    Calling it again on resolved paths changes nothing.
+    """
+    if not os.fspath(workdir).strip():
+        raise ValueError("--workdir is empty: name the directory the run writes to (and resumes "
+                         "from), e.g. --workdir=/tmp/run")
+    paths.check_reachable(workdir, "--workdir")
+    return resolve_paths(config), paths.resolve(workdir)
+
+
 def last_rl_step(config):
     """The last step of an RL run of `config`: the critic's pre-training steps come first
     (``critic.pretrain_steps``, VAPO's value pre-training), then ``train.steps``."""
-    critic = config.get("critic") or {}
-    return critic.get("pretrain_steps", 0) + config.train.steps
+    return config.critic.pretrain_steps + config.train.steps
 
 
 def replaced(config, changes):
@@ -190,7 +220,7 @@ def record(config, workdir):
     Every entry point calls it once at its start, on the main process; a resumed run
     writes the file again, so it holds the config of the latest start.
     """
-    path = paths.join(workdir, "config.json")
+    path = paths.join(workdir, run_files.CONFIG)
     paths.write_whole(path, to_json(config, indent=2) + "\n")
     sections = json.loads(to_json(config))
     lines = [f"  {name}: {json.dumps(value)}" for name, value in sections.items()]

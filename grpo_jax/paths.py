@@ -31,10 +31,6 @@ fsspec.config.conf.setdefault("gcs", {})["use_listings_cache"] = False
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")   # gs://bucket/x, s3://..., file://...
 
-# The config fields that hold paths (a run's workdir is passed beside the config).
-CONFIG_PATH_FIELDS = ("model.path", "critic.path", "task.data_dir", "task.manual_dir")
-
-
 def resolve(path):
     """`path` with ``~`` expanded and made absolute against the current directory.
 
@@ -164,25 +160,6 @@ def check_reachable(location, flag):
     if os.fspath(location).startswith("gs://") and importlib.util.find_spec("gcsfs") is None:
         raise ImportError(f"{flag}={location} is in Google Cloud Storage, which needs gcsfs: "
                           'pip install "grpo_jax[train]" (or pip install gcsfs)')
-
-
-def resolve_run_paths(config, workdir):
-    """Returns `(config, workdir)`: a read-only copy of `config` (`config_lib.frozen`) with
-    its path fields absolute, and `workdir` absolute; `config` is left as is.
-
-    Every entry point of a run (train, sft, demo, eval) calls this first; calling it
-    again on resolved paths changes nothing.
-    """
-    from grpo_jax import config_lib   # needs the train extra, which resolve() does not
-    if not os.fspath(workdir).strip():
-        raise ValueError("--workdir is empty: name the directory the run writes to (and resumes "
-                         "from), e.g. --workdir=/tmp/run")
-    changes = {}
-    for dotted in CONFIG_PATH_FIELDS:
-        section, field = dotted.split(".")
-        changes[dotted] = resolve(config[section][field])
-    check_reachable(workdir, "--workdir")
-    return config_lib.replaced(config, changes), resolve(workdir)
 
 
 @contextlib.contextmanager

@@ -175,10 +175,10 @@ def missing_inputs(config):
     dataset, its SFT warm start ([] when both exist)."""
     from grpo_jax.training import task, warm_start   # imports tfds and jax
     # As the trainer does first: the warm start's key covers the resolved paths.
-    config, _ = paths.resolve_run_paths(config, ".")   # the workdir is not looked at
+    config = config_lib.resolve_paths(config)
     missing = []
     if not task.is_prepared(config.task):
-        missing.append(f"the {config.task.name} dataset in {paths.resolve(config.task.data_dir)}")
+        missing.append(f"the {config.task.name} dataset in {config.task.data_dir}")
     if warm_start.needed(config) and not warm_start.is_built(config):
         missing.append(f"the warm start {warm_start.warm_start_dir(config)}")
     return missing

@@ -119,6 +119,14 @@ def test_rows_split_over_every_axis_but_tensor():
     assert mesh_lib.row_axes(mesh) == ("data", "fsdp") and mesh_lib.row_ways(mesh) == 4
 
 
+def test_rows_that_divide_the_row_ways_split_and_others_are_replicated():
+    mesh = mesh_lib.make_mesh("data=2,fsdp=2,tensor=2")   # 4 row ways
+    assert [mesh_lib.rows_divide(rows, 4) for rows in (0, 4, 6, 8, 12, 2)] == [
+        True, True, False, True, True, False]
+    assert mesh_lib.rows_sharding(mesh, 8).spec == jax.P(("data", "fsdp"))
+    assert mesh_lib.rows_sharding(mesh, 6).spec == jax.P()
+
+
 def test_global_rows_and_local_rows_round_trip_on_one_process():
     mesh = mesh_lib.make_mesh("data=-1,tensor=1")
     rows = {"x": np.arange(32).reshape(16, 2), "y": np.arange(16) % 3 == 0}

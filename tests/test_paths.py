@@ -29,6 +29,8 @@ def test_resolve(given, expected, tmp_path, monkeypatch):
 
 
 def test_resolve_run_paths_returns_a_new_read_only_config_and_is_idempotent(tmp_path, monkeypatch):
+    from grpo_jax import config_lib
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", "/home/someone")
     given = ml_collections.ConfigDict({
@@ -36,7 +38,7 @@ def test_resolve_run_paths_returns_a_new_read_only_config_and_is_idempotent(tmp_
         "critic": {"path": "~/critic"},
         "task": {"data_dir": "~/tfds", "manual_dir": "", "name": "gsm8k"}})
     before = given.to_dict()
-    config, workdir = paths.resolve_run_paths(given, "runs/a")
+    config, workdir = config_lib.resolve_run_paths(given, "runs/a")
     assert given.to_dict() == before   # the caller's config is left as it was
     assert workdir == f"{tmp_path}/runs/a"
     assert config.model.path == f"{tmp_path}/ckpt/policy"
@@ -46,7 +48,7 @@ def test_resolve_run_paths_returns_a_new_read_only_config_and_is_idempotent(tmp_
     with pytest.raises(AttributeError, match="immutable"):
         config.model.path = "elsewhere"
     monkeypatch.chdir("/")
-    again, same_workdir = paths.resolve_run_paths(config, workdir)
+    again, same_workdir = config_lib.resolve_run_paths(config, workdir)
     assert same_workdir == workdir and again.to_dict() == config.to_dict()
 
 
@@ -56,7 +58,7 @@ def test_every_path_field_exists_in_the_base_config():
     config = config_lib.load_config(
         os.path.join(os.path.dirname(__file__), "..", "configs", "base.py")
     )
-    for dotted in paths.CONFIG_PATH_FIELDS:
+    for dotted in config_lib.CONFIG_PATH_FIELDS:
         section, field = dotted.split(".")
         assert isinstance(config[section][field], str), dotted
 

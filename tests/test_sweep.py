@@ -215,12 +215,11 @@ class TestWhereARunStands:
 
 def test_missing_inputs_are_the_dataset_and_the_warm_start_the_trainer_would_build(
         tmp_path, monkeypatch):
-    from grpo_jax import paths
     from grpo_jax.training import task, warm_start
     from tests.training.training_setups import tiny_config
     monkeypatch.setenv("HOME", str(tmp_path))
     config = tiny_config("dapo", "~/tfds")   # a path the trainer makes absolute first
-    trainer_sees, _ = paths.resolve_run_paths(config, ".")
+    trainer_sees, _ = config_lib.resolve_run_paths(config, ".")
     where = warm_start.warm_start_dir(trainer_sees)
     assert where.startswith(str(tmp_path / "tfds" / "warm_starts"))
     assert sweep.missing_inputs(config) == [f"the arithmetic dataset in {tmp_path / 'tfds'}",

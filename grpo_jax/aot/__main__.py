@@ -56,13 +56,14 @@ flags.mark_flags_as_required(["config", "topology"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    from grpo_jax import aot   # jax starts here, after flag parsing
+    from grpo_jax import aot, config_lib   # jax starts here, after flag parsing
+    config = config_lib.resolve_paths(_CONFIG.value)   # as a run does first
     if _COST.value:
-        return _cost()
+        return _cost(config)
     if _PLAN.value is not None:
-        return _plan()
+        return _plan(config)
     try:
-        result = aot.compile_run(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
+        result = aot.compile_run(config, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
                             programs=tuple(_PROGRAMS.value or aot.PROGRAMS))
     except ValueError as error:   # bad input: the message names the flag or field and the fix
         sys.exit(f"error: {error}")
@@ -83,7 +84,7 @@ def main(argv):
         sys.exit(1)
 
 
-def _plan():
+def _plan(config):
     from grpo_jax.aot import plan
     splits = None if _PLAN.value == ["default"] else _PLAN.value
     try:
@@ -92,7 +93,7 @@ def _plan():
                              "(e.g. 2,4,6) or 'default'")
         splits = splits and [int(chips) for chips in splits]
         bandwidth = _BANDWIDTH.value and _BANDWIDTH.value * 1e9
-        result = plan.plan(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
+        result = plan.plan(config, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
                            splits=splits, bandwidth=bandwidth)
     except ValueError as error:   # bad input: the message names the flag or field and the fix
         sys.exit(f"error: {error}")
@@ -110,10 +111,10 @@ def _plan():
         sys.exit(1)
 
 
-def _cost():
+def _cost(config):
     from grpo_jax.aot import cost
     try:
-        result = cost.cost(_CONFIG.value, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
+        result = cost.cost(config, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
                            topologies=_COST_TOPOLOGIES.value)
     except ValueError as error:   # bad input: the message names the flag or field and the fix
         sys.exit(f"error: {error}")

@@ -31,7 +31,7 @@ from grpo_jax import models, parallel, sampling
 from grpo_jax.models import sharding as sharding_lib
 from grpo_jax.training import async_rl, distill, packing, programs as programs_lib, rl_checks
 from grpo_jax.training import rollout
-from grpo_jax.training import steps
+from grpo_jax.training import policy as policy_lib, steps
 from grpo_jax.training.footprint import model_config
 
 
@@ -143,8 +143,7 @@ def build(config, mesh, *, prompt_len, rollout_mesh=None, layers=None):
     params_bytes, opt_bytes = device_bytes(params), device_bytes(opt_state)
     # pi_ref's weights (none with LoRA: the base with adapters off) and the lagged copies
     # of the trained part (all weights, or the adapters)
-    own_reference = config.objective.kl.beta > 0 and not config.model.lora.rank
-    copy_bytes = (own_reference * params_bytes
+    copy_bytes = (policy_lib.owns_reference(config) * params_bytes
                   + async_rl.lagged_copies(config) * device_bytes(run.trained_part(params))
                   + _teacher_bytes(config, mesh, layers))
     pieces = run.pieces

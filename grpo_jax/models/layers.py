@@ -17,16 +17,15 @@ from flax import nnx, struct
 
 from grpo_jax.models import lora, paged_kernel, sharding, splash
 
-INIT_STD = 0.02  # std of the random normal weights (transformers' initializer_range)
-
 
 def initial_value(init, shape, dtype, normal):
-    """A weight's initial value: "ones" (norms), "zeros" (biases) or `INIT_STD * normal(shape)`."""
+    """A weight's initial value: "ones" (norms), "zeros" (biases) or
+    `lora.INIT_STD * normal(shape)`."""
     if init == "ones":
         return np.ones(shape, dtype)
     if init == "zeros":
         return np.zeros(shape, dtype)
-    return (INIT_STD * normal(shape)).astype(dtype)
+    return (lora.INIT_STD * normal(shape)).astype(dtype)
 
 
 def param(rngs, shape, logical_axes, dtype, *, init="normal"):

@@ -44,8 +44,9 @@ import qwix
 from flax import nnx
 
 from grpo_jax import parallel, paths
-from grpo_jax.models import layers
 from grpo_jax.models.safetensors_io import save_file
+
+INIT_STD = 0.02  # std of the random normal weights (transformers' initializer_range)
 
 PROJECTIONS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
 # Their module names in transformers (what PEFT's `target_modules` lists).
@@ -118,19 +119,19 @@ def spec_from_config(section):
     if section.rank < 0:
         raise ValueError(f"model.lora.rank must be >= 0 (0: no adapters), got {section.rank}")
     if section.rank == 0:
-        knobs = [f"model.lora.{name}={section.get(name)!r}" for name in ("dropout", "quantize")
-                 if section.get(name)]
+        knobs = [f"model.lora.{name}={section[name]!r}" for name in ("dropout", "quantize")
+                 if section[name]]
         if knobs:
             raise ValueError(f"{', '.join(knobs)} acts on LoRA adapters, but model.lora.rank is 0 "
                              "(every weight trained); set model.lora.rank > 0 or leave them off")
         return None
     if section.alpha <= 0:
         raise ValueError(f"model.lora.alpha must be > 0, got {section.alpha}")
-    dropout = float(section.get("dropout", 0.0))
+    dropout = float(section.dropout)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"model.lora.dropout must be in [0, 1) (the probability of dropping an "
                          f"element of an adapter's input; 0: off), got {dropout}")
-    quantize = section.get("quantize", "") or ""
+    quantize = section.quantize
     if quantize not in ("", *QUANTIZED_TYPES):
         raise ValueError(f"model.lora.quantize must be '' (no quantisation) or one of "
                          f"{tuple(QUANTIZED_TYPES)} (QLoRA's frozen base), got {quantize!r}")
@@ -153,7 +154,7 @@ def adapter(cfg, path, in_dim, out_dim, in_axis, out_axis, rngs):
         return None
     return nnx.LoRA(
         in_dim, spec.rank, out_dim, dtype=cfg.dtype, param_dtype=ADAPTER_DTYPE,
-        a_initializer=jax.nn.initializers.normal(layers.INIT_STD), rngs=rngs,
+        a_initializer=jax.nn.initializers.normal(INIT_STD), rngs=rngs,
         a_metadata={"logical_axes": (in_axis, "lora"), "init": "normal"},
         b_metadata={"logical_axes": ("lora", out_axis), "init": "zeros"})
 
@@ -163,7 +164,7 @@ class ExpertLoRA(nnx.Module):
     `nnx.LoRAParam`s like `nnx.LoRA`'s, which has no expert axis."""
 
     def __init__(self, n_experts, in_dim, rank, out_dim, in_axis, out_axis, rngs):
-        a = jax.nn.initializers.normal(layers.INIT_STD)(
+        a = jax.nn.initializers.normal(INIT_STD)(
             rngs.params(), (n_experts, in_dim, rank), ADAPTER_DTYPE)
         self.lora_a = nnx.LoRAParam(a, logical_axes=("expert", in_axis, "lora"), init="normal")
         self.lora_b = nnx.LoRAParam(jnp.zeros((n_experts, rank, out_dim), ADAPTER_DTYPE),

@@ -31,6 +31,7 @@ from grpo_jax.parallel.mesh import parse_mesh
 from grpo_jax.parallel.mesh import row_axes
 from grpo_jax.parallel.mesh import row_sharding
 from grpo_jax.parallel.mesh import row_ways
+from grpo_jax.parallel.mesh import rows_divide
 from grpo_jax.parallel.mesh import rows_sharding
 from grpo_jax.parallel.mesh import sharding_on
 from grpo_jax.parallel.mesh import split_devices

@@ -242,7 +242,7 @@ def allgather_json(obj):
 
 def _row_sharding(mesh, rows):
     """Rows over the row axes; a single process may replicate rows that do not split."""
-    if rows % mesh_lib.row_ways(mesh) and process_count() > 1:
+    if not mesh_lib.rows_divide(rows, mesh_lib.row_ways(mesh)) and process_count() > 1:
         raise ValueError(
             f"{rows} rows per process do not split over the mesh's {mesh_lib.row_ways(mesh)}-way "
             f"row axes {mesh_lib.row_axes(mesh)} across {process_count()} processes; make "

@@ -207,9 +207,18 @@ def row_sharding(mesh, leading=0):
     return NamedSharding(mesh, PartitionSpec(*[None] * leading, row_axes(mesh)))
 
 
+def rows_divide(rows: int, ways: int) -> bool:
+    """Whether `rows` rows split evenly `ways` ways (a mesh's `row_ways`): the one rule for
+    where a batch's rows live. Rows that divide are split over the row axes; others are
+    replicated (`rows_sharding`, a plan's rows), or inside a jitted function left to XLA
+    (micro-batch pieces, the sampler's carry)."""
+    return rows % ways == 0
+
+
 def rows_sharding(mesh, rows):
-    """`[rows, ...]` arrays over the row axes when `rows` splits evenly, else replicated."""
-    if rows % row_ways(mesh) == 0:
+    """`[rows, ...]` arrays over the row axes when `rows` divide (`rows_divide`), else
+    replicated."""
+    if rows_divide(rows, row_ways(mesh)):
         return row_sharding(mesh)
     return NamedSharding(mesh, PartitionSpec())
 

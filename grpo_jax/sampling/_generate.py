@@ -123,7 +123,7 @@ def _shard_rows(tree, batch_axes, ways=1):
         return tree
 
     def constrain(x, axis=0):
-        if x.ndim == 0 or x.shape[axis] % ways:
+        if x.ndim == 0 or not parallel.rows_divide(x.shape[axis], ways):
             return x
         spec = jax.P(*[jax.P.UNCONSTRAINED] * axis, batch_axes,
                      *[jax.P.UNCONSTRAINED] * (x.ndim - axis - 1))

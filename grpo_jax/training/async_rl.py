@@ -30,7 +30,7 @@ from typing import Any, Callable
 import jax
 
 
-def lagged_copies(config):
+def lagged_copies(config: Any) -> int:
     """How many past versions of the trained parameters a run keeps: ``rollout.policy_lag``
     in the synchronous loop, ``async_rl.max_staleness`` when asynchronous."""
     if config.async_rl.enabled:
@@ -38,7 +38,7 @@ def lagged_copies(config):
     return config.rollout.policy_lag
 
 
-def check_config(config, process_count):
+def check_config(config: Any, process_count: int) -> None:
     """Raises ValueError naming the field for asynchronous settings the trainer cannot run.
     On several processes split meshes run only as process roles (`roles`): the fixed
     asynchronous schedule, the rollout processes sampling and the others training."""
@@ -67,7 +67,7 @@ def check_config(config, process_count):
                          "async_rl.enabled=False")
 
 
-def version_for(step, max_staleness):
+def version_for(step: int, max_staleness: int) -> int:
     """The version a fixed schedule samples step `step` with: max(0, step - 1 - k)."""
     return max(0, step - 1 - max_staleness)
 
@@ -123,13 +123,13 @@ class Producer:
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
         self._thread.start()
 
-    def publish(self, version, trained):
+    def publish(self, version: int, trained: Any) -> None:
         """Makes theta_version available to the steps that may sample with it."""
         with self._cond:
             self._versions[version] = trained
             self._cond.notify_all()
 
-    def take(self, step):
+    def take(self, step: int) -> "Produced":
         """Waits for step `step`'s `Produced` and returns it; re-raises the producer's error."""
         with self._cond:
             while step not in self._ready and self._error is None:
@@ -145,7 +145,7 @@ class Producer:
                                f"[0, async_rl.max_staleness = {self._k}]")
         return produced
 
-    def close(self):
+    def close(self) -> None:
         """Stops after the rollout in progress (its result dropped) and joins the thread."""
         with self._cond:
             self._stopping = True
@@ -208,13 +208,13 @@ class DeviceTurns:
         self._lock = threading.Lock() if shared else None
         self._learner_holds = False
 
-    def take(self):
+    def take(self) -> None:
         """The learner takes the turn (waits while the producer samples)."""
         if self._lock is not None and not self._learner_holds:
             self._lock.acquire()
             self._learner_holds = True
 
-    def give_back(self, outputs=()):
+    def give_back(self, outputs: Any = ()) -> None:
         """The learner gives the turn up, once `outputs` are computed (an array that a
         failed step deleted, donated, has nothing left to wait for: its error is the
         step's). The turn is given up even when waiting raises."""

@@ -52,7 +52,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
 
 
-def avg_at_k(correct_pk) -> float:
+def avg_at_k(correct_pk: np.ndarray) -> float:
     """avg@k: the mean correctness of every sample of every problem.
 
     Args:
@@ -69,7 +69,7 @@ def avg_at_k(correct_pk) -> float:
     return float(correct_pk.mean())
 
 
-def mean_pass_at_k(correct_pn, k: int) -> float:
+def mean_pass_at_k(correct_pn: np.ndarray, k: int) -> float:
     """The mean over problems of `pass_at_k(n, c_p, k)`, from `[P, n]` correctness."""
     correct_pn = np.asarray(correct_pn, dtype=bool)
     n = correct_pn.shape[1]

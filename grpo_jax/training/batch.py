@@ -191,7 +191,7 @@ def pieces(tree, count, mesh):
         raise ValueError(f"{rows} rows do not split into {count} pieces; choose a divisor "
                          "(train.micro_batches, train.minibatches)")
     sharding = NamedSharding(mesh, PartitionSpec(None, parallel.row_axes(mesh)))
-    spread = (rows // count) % parallel.row_ways(mesh) == 0   # else left to XLA
+    spread = parallel.rows_divide(rows // count, parallel.row_ways(mesh))   # else left to XLA
 
     def split(x):
         x = x.reshape(rows // count, count, *x.shape[1:]).swapaxes(0, 1)

@@ -32,6 +32,7 @@ import json
 import re
 import shutil
 import threading
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -72,7 +73,7 @@ def _by_devices(arrays):
     return groups.values()
 
 
-def fingerprint(state):
+def fingerprint(state: Any) -> dict[str, int]:
     """``{path of each array in state: checksum of its bits}``, a JSON-able dict of ints.
 
     Each checksum is the sum, modulo 2^32, of the array's 32-bit (or narrower) words, each
@@ -109,7 +110,7 @@ def _free_space(directory):
     return f" ({_size(shutil.disk_usage(path).free)} free there now)"
 
 
-def complete_steps(directory):
+def complete_steps(directory: str) -> list[int]:
     """The steps with a complete checkpoint in `directory`, ascending, read from the file
     names alone (no Checkpointer, nothing restored); [] when there is none."""
     root = epath.Path(paths.resolve(directory))
@@ -119,7 +120,7 @@ def complete_steps(directory):
                   if path.name.isdigit() and ocp.path.step.is_path_finalized(path))
 
 
-def check_config(config):
+def check_config(config: Any) -> None:
     """Raises ValueError naming the field unless the checkpoint settings can keep a run:
     ``train.checkpoint_every`` and ``sft.checkpoint_every`` >= 1 (the steps between
     saves), ``train.keep_checkpoints`` >= 1 (the newest checkpoint is what a re-run
@@ -136,7 +137,7 @@ def check_config(config):
                          f"checkpoint only, which a re-run resumes from), got {keep!r}")
 
 
-def base_pointer(config):
+def base_pointer(config: Any) -> str:
     """What a run's starting weights are, for a checkpoint's meta: ``model.path`` (where a
     LoRA run's frozen base lives, since its checkpoints hold the adapters only), or the
     named shape and the seed it is drawn from."""
@@ -221,11 +222,12 @@ class Checkpointer:
         # the state's shardings like any checkpoint.
         self._host_copy = len(parallel.acting_processes()) == 1 < jax.process_count()
 
-    def latest_step(self):
+    def latest_step(self) -> int | None:
         """The step of the newest complete checkpoint, or None."""
         return self._manager.latest_step()
 
-    def save(self, step, state, meta, extra=None):
+    def save(self, step: int, state: Any, meta: dict[str, Any],
+             extra: tuple[Any, Any] | None = None) -> None:
         """Starts writing `state` (a pytree of arrays) and `meta` (JSON) for `step`; the
         `fingerprint` of `state` goes into the meta. `extra`: None, or `(arrays, info)`,
         host state whose shapes a resumed run cannot know beforehand (a partial-rollout
@@ -266,7 +268,7 @@ class Checkpointer:
             target.rmtree()
         parallel.sync(f"unfinished save of step {step} removed")
 
-    def wait(self):
+    def wait(self) -> None:
         """Blocks until the save in flight is on disk (OSError as `save` if it failed)."""
         with self._naming_write_failures():
             self._manager.wait_until_finished()
@@ -334,14 +336,16 @@ class Checkpointer:
                               f"saved with them (first: {', '.join(changed[:3])}): damaged data")
         return (state, meta, (arrays, meta.get("extra"))), None
 
-    def save_run(self, step, state, data_iterator, extra=None, **meta):
+    def save_run(self, step: int, state: Any, data_iterator: Any,
+                 extra: tuple[Any, Any] | None = None, **meta: Any) -> None:
         """Saves `state` and every process's position in its data stream at `step` (and
         `extra`, as `save`)."""
         positions = parallel.allgather_json(data_iterator.get_state())
         self.save(step, state, {"step": step, "data": positions,
                                 "data_checksum": _json_checksum(positions), **meta}, extra)
 
-    def restore_run(self, state, data_iterator, extra=False, expect=None):
+    def restore_run(self, state: Any, data_iterator: Any, extra: bool = False,
+                    expect: dict[str, Any] | None = None) -> tuple:
         """Restores the newest readable checkpoint into `state`'s shardings and moves
         `data_iterator` to where this process stopped; returns ``(step, state)``, or
         ``(0, state)`` if there is no checkpoint; with `extra`, ``(step, state, (arrays,
@@ -424,7 +428,7 @@ class Checkpointer:
         if parallel.is_main():
             print(line, flush=True)
 
-    def close(self):
+    def close(self) -> None:
         """Waits for the save in flight (OSError as `save` if it failed), then closes."""
         try:
             self.wait()

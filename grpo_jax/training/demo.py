@@ -6,8 +6,9 @@ re-running the command after an interruption resumes where it stopped.
 
 import json
 import time
+from typing import Any
 
-from grpo_jax import config_lib, parallel, paths
+from grpo_jax import config_lib, parallel, paths, run_files
 from grpo_jax.training import evaluation, rl, rl_checks, sft
 
 
@@ -23,16 +24,16 @@ def _timed(workdir, fn):
     return json.loads(record.read_text())["seconds"]
 
 
-def run(config, workdir):
+def run(config: Any, workdir: str) -> list[dict[str, Any]]:
     """Runs the three stages and prints (and saves) the before/after table."""
-    config, workdir = paths.resolve_run_paths(config, workdir)
+    config, workdir = config_lib.resolve_run_paths(config, workdir)
     sft.check_settings(config)   # every stage's settings, before the first stage runs
     rl_checks.check_settings(config)
     parallel.initialize(config.distributed)   # which process is the main one
     if parallel.is_main():
         config_lib.record(config, workdir)
     sft_dir, rl_dir, control_dir = (paths.join(workdir, d) for d in ("sft", "rl", "sft_control"))
-    warm = paths.join(sft_dir, "export")
+    warm = paths.join(sft_dir, run_files.EXPORT)
 
     sft_seconds = _timed(sft_dir, lambda: sft.train(config, sft_dir))
     rl_config = config_lib.replaced(config, {"model.path": warm, "model.name": "",
@@ -43,8 +44,9 @@ def run(config, workdir):
     _timed(control_dir, lambda: sft.train(control_config, control_dir, seconds=rl_seconds))
 
     rows = [("SFT warm start", warm, sft_seconds),
-            ("+ DAPO (RL)", paths.join(rl_dir, "export"), rl_seconds),
-            ("+ SFT for the same time (control)", paths.join(control_dir, "export"), rl_seconds)]
+            ("+ DAPO (RL)", paths.join(rl_dir, run_files.EXPORT), rl_seconds),
+            ("+ SFT for the same time (control)", paths.join(control_dir, run_files.EXPORT),
+             rl_seconds)]
     results = []
     for name, path, seconds in rows:
         metrics = evaluation.evaluate_export(config, path)
@@ -58,7 +60,7 @@ def run(config, workdir):
     return results
 
 
-def format_table(results, *, k, prompts):
+def format_table(results: list[dict[str, Any]], *, k: int, prompts: int) -> str:
     lines = [f"held-out accuracy on {prompts} prompts (greedy pass@1; mean@{k} and pass@{k} "
              "at the rollout temperature)",
              f"{'stage':36s} {'pass@1':>7s} {f'mean@{k}':>7s} {f'pass@{k}':>7s} {'time':>8s}"]

@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax import config_lib, data, environments, models, parallel, paths, rewards, sampling
+from grpo_jax import run_files
 from grpo_jax.training import footprint, policy as policy_lib
 from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.training import steps, suites, task as task_lib
@@ -260,7 +261,7 @@ def evaluate_to_file(config, workdir):
     in ``eval_suite.md``)."""
     if not config.model.path:
         raise ValueError("mode 'eval' needs --config.model.path, a checkpoint to evaluate")
-    config, workdir = paths.resolve_run_paths(config, workdir)
+    config, workdir = config_lib.resolve_run_paths(config, workdir)
     check_config(config)
     parallel.initialize(config.distributed)   # which process is the main one
     if parallel.is_main():
@@ -270,13 +271,13 @@ def evaluate_to_file(config, workdir):
         if parallel.is_main():
             table = suites.results_table({name: results[name] for name in results
                                           if name != "per_problem"})
-            paths.write_whole(paths.join(workdir, "eval_suite.json"),
+            paths.write_whole(paths.join(workdir, run_files.EVAL_SUITE),
                               json.dumps(results, indent=2))
-            paths.write_whole(paths.join(workdir, "eval_suite.md"), table + "\n")
+            paths.write_whole(paths.join(workdir, run_files.EVAL_SUITE_TABLE), table + "\n")
             print(table, flush=True)
         return results
     metrics = evaluate_export(config, config.model.path)
     if parallel.is_main():
-        paths.write_whole(paths.join(workdir, "eval.json"), json.dumps(metrics, indent=2))
+        paths.write_whole(paths.join(workdir, run_files.EVAL), json.dumps(metrics, indent=2))
         print(json.dumps(metrics, indent=2), flush=True)
     return metrics

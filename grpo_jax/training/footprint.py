@@ -6,29 +6,30 @@ question here, so they choose the same mesh.
 """
 
 import math
+from typing import Any
 
 import jax
 from flax import nnx
 
-from grpo_jax import models, paths
-from grpo_jax.training import async_rl, distill, optimizer as optimizer_lib
+from grpo_jax import models
+from grpo_jax.training import async_rl, distill, optimizer as optimizer_lib, policy as policy_lib
 
 PHASES = ("rl", "sft", "eval")
 
 
-def model_config(config, mesh=None):
+def model_config(config: Any, mesh: jax.sharding.Mesh | None = None) -> models.ModelConfig:
     """The `ModelConfig` of ``config.model``: a named shape, or an HF directory's config.json
     (no weights read), with the run's dtype, remat, attention, MoE and scan settings (MoE's
     "auto" resolved for `mesh`'s platform; see `models.run_overrides`)."""
     overrides = models.run_overrides(config.model, mesh)
     if config.model.path:
-        return models.load_config(paths.resolve(config.model.path), **overrides)
+        return models.load_config(config.model.path, **overrides)
     if not config.model.name:
         raise ValueError("set model.path (an HF directory) or model.name (a named config)")
     return models.get_model_config(config.model.name, **overrides)
 
 
-def tree_bytes(tree):
+def tree_bytes(tree: Any) -> int:
     """Bytes of every leaf of a tree of arrays or `ShapeDtypeStruct`s, unsharded (int4:
     half a byte)."""
     return sum(math.prod(x.shape) * jax.dtypes.itemsize_bits(x.dtype) // 8
@@ -41,7 +42,7 @@ def _trained_bytes(params, optimizer_cfg):
     return 2 * tree_bytes(params) + tree_bytes(jax.eval_shape(tx.init, params))
 
 
-def replicated_state_bytes(config, phase="rl"):
+def replicated_state_bytes(config: Any, phase: str = "rl") -> int:
     """Bytes of the run's state on one device if every device held all of it.
 
     Args:
@@ -69,10 +70,9 @@ def replicated_state_bytes(config, phase="rl"):
     trained, frozen = nnx.split_state(params, nnx.LoRAParam if cfg.lora else nnx.Param, ...)
     if phase == "sft":
         return tree_bytes(frozen) + _trained_bytes(trained, config.sft.optimizer)
-    reference = config.objective.kl.beta > 0 and cfg.lora is None
     lagged = async_rl.lagged_copies(config) * tree_bytes(trained)
     total = (tree_bytes(frozen) + _trained_bytes(trained, config.optimizer)
-             + reference * tree_bytes(params) + lagged)
+             + policy_lib.owns_reference(config) * tree_bytes(params) + lagged)
     if config.critic.enabled:
         total += _trained_bytes(models.abstract_value_model(cfg)[1], config.critic.optimizer)
     teacher = distill.teacher_model_config(config)

@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,7 @@ def _count_compile_time(event, duration_secs, **kwargs):
         _compile_seconds[0] += duration_secs
 
 
-def compile_seconds():
+def compile_seconds() -> float:
     """Seconds this process has spent tracing, lowering and compiling since it first asked."""
     if not _listening[0]:
         jax.monitoring.register_event_duration_secs_listener(_count_compile_time)
@@ -110,7 +111,7 @@ def advantage_statistics(advantages, correct, row_valid, loss_mask, *, group_siz
     return stats
 
 
-def stop_if_not_finite(metrics, step, checkpointer):
+def stop_if_not_finite(metrics: dict[str, float], step: int, checkpointer: Any) -> None:
     """Raises FloatingPointError before a non-finite step can be saved over a good one."""
     for name in WATCHED:
         if name in metrics and not math.isfinite(metrics[name]):
@@ -121,12 +122,12 @@ def stop_if_not_finite(metrics, step, checkpointer):
                 "optimizer.learning_rate or optimizer.grad_clip and re-run to resume from it.")
 
 
-def progress_bar(done, total, width=20):
+def progress_bar(done: int, total: int, width: int = 20) -> str:
     filled = min(int(width * done / max(total, 1)), width)
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def kept_lines(text, step, name=run_files.METRICS):
+def kept_lines(text: str, step: int, name: str = run_files.METRICS) -> list[str]:
     """The lines of a metrics.jsonl's `text` (read from the file `name`) whose rows are of
     steps up to `step`: a resumed run redoes the later ones, and each step keeps one row.
     A run starting at step 0 keeps none (it redoes ``train.eval_at_start``'s step-0 row too).
@@ -186,7 +187,7 @@ class MetricWriter:
             import tensorboardX   # imported lazily: only the writing process needs it
             self._tb = tensorboardX.SummaryWriter(str(paths.path(workdir) / run_files.TENSORBOARD))
 
-    def write(self, step, metrics):
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
         """Records `metrics` (name -> number) for `step` and prints the console line."""
         compiled = compile_seconds()
         metrics = {k: float(v) for k, v in metrics.items()}
@@ -239,7 +240,7 @@ class MetricWriter:
         except (AttributeError, OSError, ValueError):   # a file object without a descriptor
             return False
 
-    def flush(self):
+    def flush(self) -> None:
         """Writes every row so far to metrics.jsonl and TensorBoard's event file (on a
         local disk they are there already)."""
         if not parallel.is_main() or not self.whole_file:
@@ -263,7 +264,7 @@ class MetricWriter:
         return (f"{self.prefix}{progress} {shown} | {per_step:.2f}s/step eta {eta / 60:.1f}m"
                 f" | compile {compiling:.0f}s")
 
-    def close(self):
+    def close(self) -> None:
         """Flushes (`flush`) and closes the TensorBoard writer."""
         if parallel.is_main():
             self.flush()

@@ -1,6 +1,7 @@
 """The optax optimizer from the config: AdamW, global-norm clipping, warmup + schedule."""
 
 import numbers
+from typing import Any
 
 import optax
 
@@ -13,7 +14,7 @@ def _check_greater(name, value, bound):
         raise ValueError(f"{name} must be > {bound}, got {value}")
 
 
-def learning_rate_schedule(cfg, total_steps):
+def learning_rate_schedule(cfg: Any, total_steps: int) -> optax.Schedule:
     """Linear warmup over `cfg.warmup_steps`, then constant, cosine or linear decay to 0."""
     if cfg.schedule not in SCHEDULES:
         raise ValueError(f"optimizer.schedule must be one of {SCHEDULES}, got {cfg.schedule!r}")
@@ -30,7 +31,7 @@ def learning_rate_schedule(cfg, total_steps):
     return optax.join_schedules([warmup, after], [cfg.warmup_steps])
 
 
-def make_optimizer(cfg, total_steps):
+def make_optimizer(cfg: Any, total_steps: int) -> optax.GradientTransformation:
     """``clip_by_global_norm(cfg.grad_clip)`` then AdamW with the schedule above.
 
     `total_steps` counts optimizer updates (RL: steps x epochs x minibatches).

@@ -167,7 +167,7 @@ def plan_sharding(shape, mesh):
     or the rows `pack_back` maps) split over the mesh's row axes, like the rows they
     index; replicated when they do not split."""
     axes = parallel.row_axes(mesh)
-    if shape[-2] % parallel.row_ways(mesh):
+    if not parallel.rows_divide(shape[-2], parallel.row_ways(mesh)):
         return jax.NamedSharding(mesh, jax.P())
     return jax.NamedSharding(mesh, jax.P(*[None] * (len(shape) - 2), axes, None))
 

@@ -33,6 +33,7 @@ its draw's (rng, prompt index, completion index) as in `sampling.row_keys`.
 
 import math
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +44,7 @@ from grpo_jax.training import partial_pool, rollout, task as task_lib
 from grpo_jax.training.partial_pool import Pool
 
 
-def check_config(config, process_count):
+def check_config(config: Any, process_count: int) -> None:
     """Raises ValueError naming the field for partial-rollout settings the loop cannot run."""
     cfg = config.rollout.partial   # enabled is a bool: the config's types hold it
     if not cfg.enabled:
@@ -81,7 +82,7 @@ def empty_pool(config, scorer):
     return Pool.empty(config.objective.group_size, config.rollout.max_new_tokens, columns)
 
 
-def budget(config):
+def budget(config: Any) -> partial_pool.Budget:
     """The run's `partial_pool.Budget`."""
     cfg = config.rollout.partial
     return partial_pool.Budget(

@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,16 +29,31 @@ class Policy:
     params: object
     tokenizer: object
 
-    def model_config(self):
+    def model_config(self) -> models.ModelConfig:
         """The `models.ModelConfig` of the network (its shape, MoE or dense, dtypes)."""
         return nnx.merge(self.graphdef, self.params).cfg
+
+
+def owns_reference(config: Any) -> bool:
+    """Whether an RL run of `config` keeps its own copy of pi_ref's weights: with a KL term
+    (``objective.kl.beta > 0``) and no LoRA (with ``model.lora.rank > 0`` pi_ref is the
+    frozen base with the adapters off: the same arrays, no copy)."""
+    return config.objective.kl.beta > 0 and not config.model.lora.rank
+
+
+def sampling_policy(graphdef: nnx.GraphDef, frozen: nnx.State, trained: nnx.State,
+                    tokenizer: Any) -> Policy:
+    """The `Policy` a sampler draws with: the network `graphdef` over the state `frozen`
+    (the parameters no step updates, or the whole state) with `trained` (one version of the
+    trained parameters, an `nnx.State`) merged over it; the arrays are shared, not copied."""
+    return Policy(graphdef, nnx.merge_state(frozen, trained), tokenizer)
 
 
 # What ``rollout.dtype`` may name ("" also: the trainer's ``model.dtype``).
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def check_rollout_dtype(config):
+def check_rollout_dtype(config: Any) -> None:
     """Raises ValueError naming ``rollout.dtype`` unless it is "" or one of `ROLLOUT_DTYPES`."""
     dtype = config.rollout.dtype
     if dtype and dtype not in ROLLOUT_DTYPES:
@@ -46,7 +62,7 @@ def check_rollout_dtype(config):
 
 
 @functools.partial(jax.jit, static_argnames="dtype")
-def cast_floats(params, dtype):
+def cast_floats(params: nnx.State, dtype: str) -> nnx.State:
     """`params` (an `nnx.State`) with every floating-point leaf cast to `dtype`; integer
     leaves (a QLoRA base's quantised projections) as they are. Each leaf keeps its
     sharding."""
@@ -54,7 +70,7 @@ def cast_floats(params, dtype):
     return jax.tree.map(cast, params)
 
 
-def computing_in(graphdef, params, dtype):
+def computing_in(graphdef: nnx.GraphDef, params: nnx.State, dtype: str) -> nnx.GraphDef:
     """The `nnx.GraphDef` of the same network with every module's `ModelConfig` computing
     and storing its weights in `dtype` (activations, matmuls and KV cache; the log-probs
     stay float32): `graphdef` is left as it is."""
@@ -85,7 +101,7 @@ class RolloutPrecision:
     graphdef: object
 
     @classmethod
-    def of(cls, config, policy):
+    def of(cls, config: Any, policy: Policy) -> "RolloutPrecision | None":
         """The run's `RolloutPrecision`, or None when ``rollout.dtype`` is "" or equals
         ``model.dtype`` (the sampler uses the trainer's parameters as they are)."""
         check_rollout_dtype(config)
@@ -94,17 +110,19 @@ class RolloutPrecision:
             return None
         return cls(dtype, computing_in(policy.graphdef, policy.params, dtype))
 
-    def params(self, params):
+    def params(self, params: nnx.State) -> nnx.State:
         """`params` (the whole state or a part of it) in the sampler's dtype: one cast, at
         each publish of the parameters to the sampler."""
         return cast_floats(params, self.dtype)
 
-    def policy(self, policy):
+    def policy(self, policy: Policy) -> Policy:
         """The sampler's `Policy` of `policy`: its weights cast, the network in `dtype`."""
         return Policy(self.graphdef, self.params(policy.params), policy.tokenizer)
 
 
-def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
+def load_policy(model_cfg: Any, mesh: jax.sharding.Mesh, *,
+                tokenizer_texts: list[str] | None = None,
+                seed: int = 0) -> tuple[nnx.Module, Any]:
     """Returns `(model, tokenizer)` from ``config.model``.
 
     ``model.path``: a Hugging Face directory (weights, config and tokenizer), read by
@@ -114,7 +132,7 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     trained on `tokenizer_texts` (the tiny CPU models).
     """
     if model_cfg.path:
-        path = paths.resolve(model_cfg.path)
+        path = model_cfg.path
         if not paths.path(path).is_dir():
             raise FileNotFoundError(
                 f"model.path {model_cfg.path!r} is not a directory; point it at "
@@ -143,7 +161,8 @@ def load_policy(model_cfg, mesh, *, tokenizer_texts=None, seed=0):
     return models.init_model(cfg, seed=seed, mesh=mesh, rules=model_cfg.rules), tokenizer
 
 
-def start_policy(config, mesh, workdir, tokenizer_texts):
+def start_policy(config: Any, mesh: jax.sharding.Mesh, workdir: str,
+                 tokenizer_texts: list[str] | None) -> Policy:
     """The run's starting `Policy`; the tokenizer is kept in ``workdir/tokenizer``, so a
     resumed run (or another process) uses the one the run started with."""
     model, tokenizer = load_policy(config.model, mesh, tokenizer_texts=tokenizer_texts,
@@ -159,7 +178,7 @@ def start_policy(config, mesh, workdir, tokenizer_texts):
     return Policy(graphdef, params, tokenizer)
 
 
-def export(policy, path, *, base_path=""):
+def export(policy: Policy, path: str, *, base_path: str = "") -> None:
     """Writes the policy as a Hugging Face checkpoint (config, safetensors, tokenizer).
 
     A LoRA policy is written with its adapters merged into the weights, and its adapters

@@ -73,7 +73,7 @@ class Preemption:
         os.write(2, b"SIGTERM: stopping once the step in progress is done and saved; "
                     b"send SIGTERM again to stop at once, losing it\n")   # no print: reentrancy
 
-    def requested(self):
+    def requested(self) -> bool:
         """Whether to stop at this step boundary: the same answer on every process.
 
         Every process must call it at every step boundary: with several processes it is a
@@ -85,5 +85,5 @@ class Preemption:
             self.signalled = True
         return bool(parallel.agree_max(int(self.signalled)) or _notice_from_jax(self._boundaries))
 
-    def close(self):
+    def close(self) -> None:
         signal.signal(signal.SIGTERM, self._previous)

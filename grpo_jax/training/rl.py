@@ -33,7 +33,7 @@ it. The run's state and life cycle (`Run`, set-up, restore, export) are `rl_run`
 config checks `rl_checks`'; the updates on a batch `steps.update_on_batch`.
 
 The config is read, never written: `train` works on a resolved, read-only copy
-(`paths.resolve_run_paths`), the warm start makes a new one, and the run's config is
+(`config_lib.resolve_run_paths`), the warm start makes a new one, and the run's config is
 printed once and saved as ``workdir/config.json``.
 
 Re-running the same command resumes from the last checkpoint (in either phase):
@@ -43,12 +43,13 @@ exactly as an uninterrupted one would.
 """
 
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
-from grpo_jax import config_lib, objectives, parallel, paths
+from grpo_jax import config_lib, objectives, parallel
 from grpo_jax.training import (
     async_rl,
     checkpoint,
@@ -72,7 +73,7 @@ from grpo_jax.training import policy as policy_lib
 from grpo_jax.training import task as task_lib
 
 
-def schedule(config, start):
+def schedule(config: Any, start: int) -> Iterator[tuple[int, Callable]]:
     """`(step, step function)` for every step after `start`: `critic_pretraining_step`
     for steps 1..P (P = ``critic.pretrain_steps``), then `rl_step` for P+1..P+T
     (T = ``train.steps``). The function is chosen once per phase."""
@@ -109,9 +110,9 @@ def _rollouts(run, step):
     # source samples with the policy as it is.
     held = {max(0, step - 1 - k + i): trained for i, trained in enumerate(run.lagged)}
     held[step - 1] = current
-    behaviour = policy_lib.Policy(policy.graphdef,
-                                  nnx.merge_state(policy.params, held[produced.version]),
-                                  policy.tokenizer) if k else policy
+    behaviour = policy_lib.sampling_policy(policy.graphdef, policy.params,
+                                           held[produced.version],
+                                           policy.tokenizer) if k else policy
     run.lagged = (run.lagged + [current])[1:]   # [] without a lag
     run.data_position = async_rl.DataPosition(produced.data_position)
     run.carry = produced.carry
@@ -192,7 +193,7 @@ def _checked_updates(run, batch, metrics, begin, step):
     return metrics
 
 
-def critic_pretraining_step(run, step):
+def critic_pretraining_step(run: rl_run.Run, step: int) -> dict[str, Any]:
     """One step of VAPO's value pre-training (Yue et al., arXiv:2504.05118, sec. 3.1,
     after VC-PPO, arXiv:2503.01491): rollouts of the frozen starting policy train only
     the critic, toward Monte-Carlo returns (lambda = 1). Returns the step's metrics."""
@@ -209,7 +210,7 @@ def critic_pretraining_step(run, step):
     return _checked_updates(run, batch, metrics, begin, step)
 
 
-def rl_step(run, step):
+def rl_step(run: rl_run.Run, step: int) -> dict[str, Any]:
     """One RL step; returns its metrics. RL steps count from the end of value
     pre-training (``train.eval_every`` and ``train.ref_reset_every`` count them)."""
     config, policy = run.config, run.policy
@@ -268,7 +269,7 @@ def _evaluate(run, step):
 
 
 
-def train(config, workdir, *, seconds=None):
+def train(config: Any, workdir: str, *, seconds: float | None = None) -> int | None:
     """Runs (or resumes) the RL loop in `workdir`; returns the last step. `config` is left
     as it is: the run reads a resolved, read-only copy.
 
@@ -279,7 +280,7 @@ def train(config, workdir, *, seconds=None):
     the rollout mesh only sample (`roles.sample`; they return None) and the others run
     this loop, taking each step's batch from them."""
     # --- set-up: mesh, warm start, data, policy, objective, optimizer, checkpoint --------
-    config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
+    config, workdir = config_lib.resolve_run_paths(config, workdir)   # read-only from here
     mesh, rollout_mesh = parallel.setup_meshes(
         config, lambda: footprint.replicated_state_bytes(config, "rl"))
     rl_checks.check_config(config, mesh)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax import models, objectives, parallel, paths
+from grpo_jax import models, objectives, parallel, paths, run_files
 from grpo_jax.training import (
     async_rl,
     checkpoint,
@@ -135,7 +135,6 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
         critic_run = programs.critic_programs(config, mesh, critic.graphdef, critic.params)
         critic.opt_state = steps.init_optimizer_state(critic_run.tx, critic.params, mesh)
     trained = policy_run.trained_part(policy.params)
-    own_reference = config.objective.kl.beta > 0 and not config.model.lora.rank
     rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
     precision = policy_lib.RolloutPrecision.of(config, policy)
     frozen = nnx.filter_state(policy.params, nnx.Not(policy_run.trained))
@@ -147,7 +146,7 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
         rollout_mesh=rollout_mesh, rollout_frozen=rollout_frozen, precision=precision,
         opt_state=steps.init_optimizer_state(policy_run.tx, trained, mesh),
         lagged=[copy_params(trained) for _ in range(async_rl.lagged_copies(config))],
-        ref_params=copy_params(policy.params) if own_reference else None,
+        ref_params=copy_params(policy.params) if policy_lib.owns_reference(config) else None,
         critic=critic, policy_programs=policy_run, critic_programs=critic_run, objective=objective,
         scorer=scorer, carry=partial.empty_pool(config, scorer),
         method=rollout.sampling_method(config),
@@ -156,7 +155,7 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
         train_iter=iter(task_lib.loader(train_source, config,
                                         batch_size=config.rollout.prompts_per_batch)),
         held_out=held_out,
-        checkpointer=checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
+        checkpointer=checkpoint.Checkpointer(paths.join(workdir, run_files.CHECKPOINTS),
                                              keep=config.train.keep_checkpoints),
         # distillation hooks: the teacher, and the advantages with its term mixed in
         teacher=distill.load_teacher(config, mesh, policy, policy_run.pieces),
@@ -218,7 +217,7 @@ def export(run: Run) -> None:
     """Writes the policy to ``workdir/export`` (a LoRA policy merged, and its PEFT adapter
     in ``export/adapter``) and the critic to ``workdir/export_critic`` as Hugging Face
     checkpoints."""
-    policy_lib.export(run.policy, paths.join(run.workdir, "export"),
+    policy_lib.export(run.policy, paths.join(run.workdir, run_files.EXPORT),
                       base_path=run.config.model.path)
     if run.critic is not None:
         critic_lib.export(run.critic, run.policy.tokenizer,

@@ -243,8 +243,8 @@ def _sample(channel, config, workdir, mesh, rollout_mesh, last, scorer):
             version = async_rl.version_for(number, k)
             versions = {v: held for v, held in versions.items() if v >= version}
             trained, seconds = versions[version]
-            behaviour = policy_lib.Policy(policy.graphdef, nnx.merge_state(frozen, trained),
-                                          policy.tokenizer)
+            behaviour = policy_lib.sampling_policy(policy.graphdef, frozen, trained,
+                                                   policy.tokenizer)
             begin = time.time()
             batch, metrics, examples = rollout.collect(
                 behaviour, rollout_mesh, train_iter, config=config, scorer=scorer, method=method,

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import jax
 from flax import nnx
 
-from grpo_jax import parallel, paths
+from grpo_jax import parallel, paths, run_files
 from grpo_jax.training import async_rl, partial, rollout, steps
 from grpo_jax.training import policy as policy_lib
 from grpo_jax.training import task as task_lib
@@ -66,9 +66,8 @@ class Synchronous:
         """Samples step `step` now; returns its `async_rl.Produced`."""
         run = self._run
         policy, k = run.policy, len(run.lagged)
-        behaviour = (policy_lib.Policy(policy.graphdef,
-                                       nnx.merge_state(policy.params, run.lagged[0]),
-                                       policy.tokenizer) if k else policy)
+        behaviour = (policy_lib.sampling_policy(policy.graphdef, policy.params, run.lagged[0],
+                                                policy.tokenizer) if k else policy)
         version = async_rl.version_for(step, k)
         begin = time.time()
         batch, metrics, examples, carry = collect(
@@ -117,8 +116,8 @@ class Asynchronous:
         def sample(step, version, trained):
             nonlocal carry
             with self._turns.held():   # on one mesh the learner waits meanwhile
-                behaviour = policy_lib.Policy(policy.graphdef, nnx.merge_state(frozen, trained),
-                                              tokenizer)
+                behaviour = policy_lib.sampling_policy(policy.graphdef, frozen, trained,
+                                                       tokenizer)
                 batch, metrics, examples, carry = collect(
                     run, behaviour, step, scorer=self._scorer, episodic=self._episodic,
                     carry=carry, version=version)
@@ -166,7 +165,8 @@ def new_scorer(config: Any) -> task_lib.Scorer:
                            max_new_tokens=config.rollout.max_new_tokens)
 
 
-def collect(run, behaviour, step, *, scorer, episodic, carry, version):
+def collect(run: Any, behaviour: policy_lib.Policy, step: int, *, scorer: Any, episodic: Any,
+            carry: Any, version: int) -> tuple:
     """`rollout.collect` of step `step` by the `behaviour` policy (version `version`: the
     parameters after that many steps), on the rollout mesh; with partial rollouts
     (`carry`, the `partial.Pool` of the groups carried over) `partial.collect`. Returns
@@ -199,8 +199,8 @@ def collect(run, behaviour, step, *, scorer, episodic, carry, version):
         trained if precision is None else precision.params(trained), run.rollout_mesh))
     sent = time.time() - begin
     graphdef = behaviour.graphdef if precision is None else precision.graphdef
-    sampler = policy_lib.Policy(graphdef, nnx.merge_state(run.rollout_frozen, trained),
-                                behaviour.tokenizer)
+    sampler = policy_lib.sampling_policy(graphdef, run.rollout_frozen, trained,
+                                         behaviour.tokenizer)
     batch, metrics, examples, carry = collect(sampler, run.rollout_mesh)
     begin = time.time()
     batch = jax.block_until_ready(parallel.on_mesh(batch, run.mesh))
@@ -212,4 +212,5 @@ def write_samples(config: Any, workdir: str, step: int, batch: dict, tokenizer: 
     """Writes step `step`'s rollouts to ``workdir/rollouts/<step>.jsonl`` every
     ``train.log_rollouts_every`` steps."""
     if config.train.log_rollouts_every and step % config.train.log_rollouts_every == 0:
-        rollout.write_samples(batch, tokenizer, paths.join(workdir, "rollouts", f"{step}.jsonl"))
+        rollout.write_samples(batch, tokenizer,
+                              paths.join(workdir, run_files.ROLLOUTS, f"{step}.jsonl"))

@@ -8,17 +8,19 @@ losses read the same log-probs. The run ends by exporting a Hugging Face checkpo
 ``workdir/export``, which an RL run loads with ``--config.model.path``.
 """
 
+from typing import Any
+
 import jax
 import numpy as np
 from flax import nnx
 
-from grpo_jax import config_lib, parallel, paths
+from grpo_jax import config_lib, parallel, paths, run_files
 from grpo_jax.training import checkpoint, evaluation, footprint, loop, metrics as metrics_lib
 from grpo_jax.training import policy as policy_lib, programs
 from grpo_jax.training import rollout, steps, task as task_lib
 
 
-def check_settings(config):
+def check_settings(config: Any) -> None:
     """Raises ValueError naming the field and the fix for an ``sft`` setting the loop cannot
     run; called once, before anything compiles (docs/faults.md lists the refusals)."""
     for field, least, meaning in (("steps", 0, "supervised steps"),
@@ -32,12 +34,12 @@ def check_settings(config):
     evaluation.check_config(config)
 
 
-def train(config, workdir, *, seconds=None):
+def train(config: Any, workdir: str, *, seconds: float | None = None) -> int:
     """Trains to ``sft.steps`` in `workdir`, resuming it; exports the policy; returns the
     last step. With `seconds` (the demo's control), the run also ends after the first step
     that finishes past that much wall time; that step is logged and saved, as every last one."""
     # --- set-up ------------------------------------------------------------------------
-    config, workdir = paths.resolve_run_paths(config, workdir)   # read-only from here
+    config, workdir = config_lib.resolve_run_paths(config, workdir)   # read-only from here
     check_settings(config)
     mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "sft"))
     if parallel.is_main():
@@ -57,7 +59,7 @@ def train(config, workdir, *, seconds=None):
     run = programs.sft_programs(config, mesh, policy.graphdef, policy.params)
     opt_state = steps.init_optimizer_state(run.tx, run.trained_part(policy.params), mesh)
     update = run.update
-    checkpointer = checkpoint.Checkpointer(paths.join(workdir, "checkpoints"),
+    checkpointer = checkpoint.Checkpointer(paths.join(workdir, run_files.CHECKPOINTS),
                                            keep=config.train.keep_checkpoints)
     base = {"base": checkpoint.base_pointer(config)} if config.model.lora.rank else {}
     step, state = checkpointer.restore_run(
@@ -105,5 +107,5 @@ def train(config, workdir, *, seconds=None):
         writer.close()
         checkpointer.close()
         scorer.close()
-    policy_lib.export(policy, paths.join(workdir, "export"))
+    policy_lib.export(policy, paths.join(workdir, run_files.EXPORT))
     return step

@@ -10,6 +10,8 @@ and so are the summed metrics. `update_on_batch` makes a step's ``epochs x minib
 updates on one rollout batch.
 """
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,29 +25,29 @@ from grpo_jax.training import batch as batch_lib
 RNG_STREAMS = ("rollout", "eval", "dropout")
 
 
-def step_rng(seed, stream, step):
+def step_rng(seed: int, stream: str, step: int) -> jax.Array:
     """The key of `stream` ("rollout", "eval", "dropout") at `step`: fold_in(seed, ...)."""
     key = jax.random.fold_in(jax.random.key(seed), RNG_STREAMS.index(stream))
     return jax.random.fold_in(key, step)
 
 
-def drops_adapter_inputs(config):
+def drops_adapter_inputs(config: Any) -> bool:
     """Whether the run's updates take a dropout key: LoRA with ``model.lora.dropout`` > 0."""
-    return config.model.lora.rank > 0 and config.model.lora.get("dropout", 0.0) > 0
+    return config.model.lora.rank > 0 and config.model.lora.dropout > 0
 
 
-def dropout_rng(config, step):
+def dropout_rng(config: Any, step: int) -> jax.Array | None:
     """The adapters' dropout key of training step `step` (`drops_adapter_inputs`), or
     None, so that a run without dropout compiles and runs the deterministic update."""
     return step_rng(config.seed, "dropout", step) if drops_adapter_inputs(config) else None
 
 
-def update_key(rng, number):
+def update_key(rng: jax.Array | None, number: int) -> jax.Array | None:
     """The key of the step's `number`-th optimizer update (from 0), or None."""
     return None if rng is None else jax.random.fold_in(rng, number)
 
 
-def piece_keys(rng, count, offset=0):
+def piece_keys(rng: jax.Array | None, count: int, offset: int = 0) -> jax.Array | None:
     """`[count]` keys, fold_in(rng, offset + m) for piece m (a micro-batch), or None."""
     if rng is None:
         return None
@@ -177,7 +179,7 @@ def init_optimizer_state(optimizer, params, mesh):
     return jax.jit(optimizer.init, out_shardings=shardings)(params)
 
 
-def loss_seeds(mask, step):
+def loss_seeds(mask: jax.Array, step: int | jax.Array) -> jax.Array:
     """`[B]` int32 seeds of a random loss's draw (Clip-Cov), one per row and step: a
     micro-batch draws with its first row's, so every update of every step draws anew."""
     rows = mask.shape[0]

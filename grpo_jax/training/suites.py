@@ -62,7 +62,8 @@ def pass_budgets(n: int) -> list[int]:
     return [2**i for i in range(n.bit_length()) if 2**i < n] + [n]
 
 
-def benchmark_metrics(correct_counts, majority_correct, n: int) -> dict[str, float]:
+def benchmark_metrics(correct_counts: np.ndarray, majority_correct: np.ndarray,
+                      n: int) -> dict[str, float]:
     """One benchmark's metrics (module docstring) from its problems' results.
 
     Args:

@@ -1,9 +1,11 @@
 """The task side of a run: datasets, prompts as token rows, completions back to text, rewards."""
 
+from typing import Any
+
 import grain
 import numpy as np
 
-from grpo_jax import data, parallel, paths, rewards, sampling
+from grpo_jax import data, parallel, rewards, sampling
 
 # Prompt widths a run compiles for: powers of two from 8 (short arithmetic prompts waste
 # half of a 16-wide bucket, and every column costs compute in every step).
@@ -11,7 +13,7 @@ PROMPT_BUCKETS = tuple(2**i for i in range(3, 17))
 PREPARE_ON = ("main", "every")
 
 
-def data_source(task_cfg, split):
+def data_source(task_cfg: Any, split: str) -> Any:
     """The TFDS data source of `split`, built on first use into ``task.data_dir``.
 
     With several processes and ``task.prepare_on = "main"`` (a data dir every host
@@ -31,19 +33,19 @@ def data_source(task_cfg, split):
     return source
 
 
-def is_prepared(task_cfg):
+def is_prepared(task_cfg: Any) -> bool:
     """Whether the task's dataset is already built in ``task.data_dir`` (a run that finds
     it missing builds it first)."""
     return data.is_prepared(task_cfg.name, **_dataset_location(task_cfg))
 
 
 def _dataset_location(task_cfg):
-    return dict(data_dir=paths.resolve(task_cfg.data_dir),
+    return dict(data_dir=task_cfg.data_dir,   # absolute: config_lib.resolve_paths
                 config=data.builder_config(task_cfg.name, task_cfg.knobs.to_dict()),
-                manual_dir=paths.resolve(task_cfg.manual_dir) or None)
+                manual_dir=task_cfg.manual_dir or None)
 
 
-def loader(source, config, *, batch_size):
+def loader(source: Any, config: Any, *, batch_size: int) -> Any:
     """This process's share of an endless, shuffled stream of global batches.
 
     Every process walks the same stream of `batch_size`-example batches (a function of
@@ -61,7 +63,7 @@ def loader(source, config, *, batch_size):
     return stream.map(lambda batch: batch[index * share:(index + 1) * share])
 
 
-def prompt_text(task_cfg, example, tokenizer):
+def prompt_text(task_cfg: Any, example: dict[str, Any], tokenizer: Any) -> str:
     """The prompt string of `example`: the model family's template
     (``task.prompt_template``), else the plain template or the tokenizer's chat template."""
     if task_cfg.prompt_template:
@@ -76,7 +78,8 @@ def prompt_text(task_cfg, example, tokenizer):
                               shots=task_cfg.shots)
 
 
-def prompt_rows(task_cfg, examples, tokenizer):
+def prompt_rows(task_cfg: Any, examples: list[dict[str, Any]],
+                tokenizer: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
     """`(texts, prompt_tokens [P, S], prompt_mask [P, S])`, left-padded numpy rows.
 
     S is the smallest bucket that holds every process's longest prompt, so the rows of
@@ -89,7 +92,7 @@ def prompt_rows(task_cfg, examples, tokenizer):
     return texts, tokens, mask
 
 
-def check_positions(longest_prompt, new_tokens, context, where):
+def check_positions(longest_prompt: int, new_tokens: int, context: int, where: str) -> None:
     """Raises ValueError naming the fields when a prompt of `longest_prompt` tokens and
     `new_tokens` more (``rollout.max_new_tokens``) take more positions than the model's
     `context` (its ``max_position_embeddings``: the trained RoPE range, rescaled ones
@@ -104,7 +107,8 @@ def check_positions(longest_prompt, new_tokens, context, where):
             "task.shots), or use a model with a longer context")
 
 
-def check_context(config, context, examples, tokenizer, where):
+def check_context(config: Any, context: int, examples: list[dict[str, Any]], tokenizer: Any,
+                  where: str) -> None:
     """`check_positions` of the longest prompt of `examples` (as the run formats them)."""
     texts = [prompt_text(config.task, ex, tokenizer) for ex in examples]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
@@ -131,13 +135,13 @@ def target_rows(examples, task_cfg, tokenizer, completion_len):
     return rows, cut / len(examples)
 
 
-def tokenizer_corpus(source, limit=2000):
+def tokenizer_corpus(source: Any, limit: int = 2000) -> list[str]:
     """Texts that cover the task's characters (prompts and solutions), for a char tokenizer."""
     examples = [data.decode_example(source[i]) for i in range(min(limit, len(source)))]
     return [data.format_prompt(ex) + ex["solution"] for ex in examples] + ["0123456789"]
 
 
-def decode_completions(tokenizer, tokens_bn, mask_bn):
+def decode_completions(tokenizer: Any, tokens_bn: np.ndarray, mask_bn: np.ndarray) -> list[str]:
     """Completion strings without the stop token and padding."""
     eos = tokenizer.eos_token_id
     return [tokenizer.decode([t for t, m in zip(row, mrow) if m and t != eos])
@@ -176,6 +180,6 @@ class Scorer:
         values = columns if self.separate else columns @ self.weights
         return values.astype(np.float32), correct, metrics
 
-    def close(self):
+    def close(self) -> None:
         if self.pool is not None:
             self.pool.close()

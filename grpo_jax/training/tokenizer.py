@@ -7,13 +7,15 @@ a `transformers.PreTrainedTokenizerFast`, so it saves and loads like any HF toke
 and travels with the exported checkpoint.
 """
 
+from collections.abc import Iterable
+
 import tokenizers
 import transformers
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 
-def train_char_tokenizer(texts):
+def train_char_tokenizer(texts: Iterable[str]) -> transformers.PreTrainedTokenizerFast:
     """A tokenizer with one token per character of `texts`, plus <pad>, <eos>, <unk>.
 
     Args:

@@ -14,10 +14,11 @@ import contextlib
 import hashlib
 import json
 import os
+from typing import Any
 
 import jax
 
-from grpo_jax import config_lib, parallel, paths
+from grpo_jax import config_lib, parallel, paths, run_files
 
 # The config sections and fields the warm-start checkpoint depends on.
 _DEPENDS_ON = ("task", "model.name", "model.dtype", "model.param_dtype", "sft", "seed",
@@ -36,23 +37,23 @@ def _key(config):
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def warm_start_dir(config):
+def warm_start_dir(config: Any) -> str:
     """Where the warm start of `config` is (or will be) built."""
-    return os.path.join(paths.resolve(config.task.data_dir), "warm_starts",
+    return os.path.join(config.task.data_dir, "warm_starts",
                         f"{config.model.name}-{_key(config)}")
 
 
-def needed(config):
+def needed(config: Any) -> bool:
     """Whether a run of `config` starts from a warm start (built or not)."""
     return bool(config.model.sft_warm_start) and not config.model.path
 
 
-def is_built(config):
+def is_built(config: Any) -> bool:
     """Whether the warm start of `config` is built (its export is in `warm_start_dir`)."""
-    return os.path.exists(os.path.join(warm_start_dir(config), "export", "config.json"))
+    return os.path.exists(os.path.join(warm_start_dir(config), run_files.EXPORT, "config.json"))
 
 
-def prepared(config):
+def prepared(config: Any) -> Any:
     """The config a run of `config` trains: with ``model.sft_warm_start`` and no
     ``model.path``, a new one whose ``model.path`` is the warm start's export (built
     first unless it is cached); otherwise `config` itself. `config` is left as is."""
@@ -60,7 +61,7 @@ def prepared(config):
         return config
     from grpo_jax.training import sft   # sft imports the trainer's modules; import late
     directory = warm_start_dir(config)
-    export = os.path.join(directory, "export")
+    export = os.path.join(directory, run_files.EXPORT)
     # Runs on one machine sharing the data dir (a sweep, test workers) build it once: the
     # others wait for the lock, then find it built. Several processes of one run build it
     # together (barriers inside), without the lock.

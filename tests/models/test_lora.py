@@ -56,7 +56,8 @@ class TestTargets:
             lora.resolve_targets(("w_in",))
 
     def test_config_section_errors_name_the_field_and_rank_0_is_off(self):
-        section = config_dict.ConfigDict(dict(rank=-1, alpha=16.0, targets=("q",)))
+        section = config_dict.ConfigDict(dict(rank=-1, alpha=16.0, targets=("q",), dropout=0.0,
+                                              quantize=""))
         with pytest.raises(
             ValueError, match=r"model.lora.rank must be >= 0 \(0: no adapters\), got -1"
         ):
@@ -70,7 +71,8 @@ class TestTargets:
             lora.spec_from_config(section)
 
     def test_dropout_and_quantize_are_checked_and_need_adapters(self):
-        section = config_dict.ConfigDict(dict(rank=4, alpha=8.0, targets=("q",), dropout=1.0))
+        section = config_dict.ConfigDict(dict(rank=4, alpha=8.0, targets=("q",), dropout=1.0,
+                                              quantize=""))
         with pytest.raises(ValueError, match=r"model.lora.dropout must be in \[0, 1\)"):
             lora.spec_from_config(section)
         section.dropout = 0.05

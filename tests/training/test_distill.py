@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from grpo_jax import config_lib, models, objectives, parallel, paths
+from grpo_jax import config_lib, models, objectives, parallel
 from grpo_jax.training import batch as batch_lib, distill, footprint, programs, rl, rl_checks
 from grpo_jax.training import rl_run, warm_start
 from grpo_jax.training.tokenizer import train_char_tokenizer
@@ -87,7 +87,7 @@ def test_mixed_advantages_add_the_weighted_negative_reverse_kl():
 def _first_batch(config, workdir):
     """Step 1 of `config`'s run up to its advantages, in this process: `(run, batch,
     metrics)`, the metrics those of the teacher (and the sampler's mismatch)."""
-    config, workdir = paths.resolve_run_paths(config, str(workdir))
+    config, workdir = config_lib.resolve_run_paths(config, str(workdir))
     mesh, _ = parallel.setup_meshes(config,
                                     lambda: footprint.replicated_state_bytes(config, "rl"))
     rl_checks.check_config(config, mesh)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib, paths, rewards, run_files
+from grpo_jax import config_lib, rewards, run_files
 from grpo_jax.environments import Step, ToolEnvironment, _episodes
 from grpo_jax.training import checkpoint, metrics as metrics_lib, rl, rl_checks, rl_run, sft
 from grpo_jax.training import task as task_lib
@@ -72,7 +72,7 @@ def test_the_refusal_table_lists_every_degenerate_setting():
 def test_a_documented_setting_is_refused_with_its_message(runlocal, field, value, message):
     with pytest.raises(ValueError) as refused:
         if field == "--workdir":
-            paths.resolve_run_paths(runlocal, value)
+            config_lib.resolve_run_paths(runlocal, value)
         else:
             config = config_lib.apply_overrides(copy.deepcopy(runlocal), {field: value})
             (sft.check_settings if field.startswith("sft.") else rl_checks.check_settings)(config)
