@@ -35,6 +35,8 @@ import urllib.request  # noqa: E402
 
 import pytest  # noqa: E402  (after the environment above)
 
+from tests import schedule  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def shared_tmp_dir(tmp_path_factory, request):
@@ -106,24 +108,37 @@ def gcs_emulator(monkeypatch):
     server.wait()
 
 
-# The modules whose tests take longest (minutes of end-to-end runs), longest first. They
-# run first and the many short tests after them; with pytest-xdist's work-stealing
+# The schedule: test files longest first, by the seconds a run recorded in
+# tests/durations.json (`tests/schedule.py`; `--record-durations` rewrites it). The long
+# files run first and the many short tests after them; with pytest-xdist's work-stealing
 # scheduler (below) a worker that runs out of tests takes the back half of the other's
 # queue, so the short tests fill in around the long ones and no long test starts last,
-# leaving the other worker idle. A module's tests stay together (in their own order).
-LONGEST_FIRST = ("training/test_multihost.py", "training/test_faults.py", "training/test_rl.py",
-                 "training/test_bucket.py",
-                 "training/test_demo.py", "training/test_sweep_launcher.py",
-                 "training/test_critic.py", "sampling/test_bench_sampler_smoke.py",
-                 "models/test_scan_layers.py", "training/test_steps.py", "test_aot.py")
+# leaving the other worker idle. A file's tests stay together (in their own order).
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", action="store_true",
+                     help="write each test file's seconds of this run (setup, call and "
+                          "teardown) into tests/durations.json, the schedule's table")
 
 
 def pytest_collection_modifyitems(items):
-    def rank(item):
-        path = item.nodeid.split("::")[0].removeprefix("tests/")
-        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+    tests = [(item.nodeid, item.get_closest_marker("slow") is not None) for item in items]
+    items[:] = [items[i] for i in schedule.order(tests, schedule.load())]
 
-    items.sort(key=rank)   # stable: each module's own order is kept
+
+_recorded = {}   # nodeid -> (seconds, marked slow), on the process that reports
+
+
+def pytest_runtest_logreport(report):
+    """Sums each test's setup, call and teardown (under pytest-xdist the workers' reports
+    reach the controller, which writes the table)."""
+    seconds, _ = _recorded.get(report.nodeid, (0.0, False))
+    _recorded[report.nodeid] = (seconds + report.duration, "slow" in report.keywords)
+
+
+def pytest_sessionfinish(session):
+    if session.config.getoption("record_durations") and not hasattr(session.config,
+                                                                      "workerinput"):
+        schedule.write(schedule.table_of(_recorded, schedule.load()))
 
 
 def pytest_configure(config):

@@ -4,7 +4,7 @@ import pytest
 
 from grpo_jax import paths
 from grpo_jax.training import rl
-from tests.training.training_setups import LAG_RUN, faults_config, tiny_config
+from tests.training.training_setups import DAPO_RUN, LAG_RUN, faults_config, tiny_config
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +25,18 @@ def reference(data_dir, shared_tmp_dir):
     with paths.exclusive(f"{workdir}.lock"):
         if not (workdir / "export" / "model.safetensors").exists():
             rl.train(config, str(workdir))
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def dapo_run(data_dir, shared_tmp_dir):
+    """The workdir of `tiny_config("dapo", **DAPO_RUN)`, run once per session (every worker
+    reuses it): the single-turn run the environment tests compare with, and the good steps
+    the non-finite-loss test resumes from (from a copy). Read it, never write into it."""
+    workdir = shared_tmp_dir("dapo_run")
+    with paths.exclusive(f"{workdir}.lock"):
+        if not (workdir / "export" / "model.safetensors").exists():
+            rl.train(tiny_config("dapo", data_dir, **DAPO_RUN), str(workdir))
     return workdir
 
 

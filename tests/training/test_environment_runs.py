@@ -8,8 +8,8 @@ import pytest
 from grpo_jax import environments
 from grpo_jax.training import rl
 from tests.environments.envs import CalculatorPausingOnEquals
-from tests.training.training_setups import (assert_metric_close, comparable, read_metrics,
-                                            tiny_config)
+from tests.training.training_setups import (DAPO_RUN, assert_metric_close, comparable,
+                                            read_metrics, tiny_config)
 
 EPISODE_KEYS = {"turns_per_episode": 1.0, "tool_calls_per_episode": 0.0, "tool_use_rate": 0.0,
                 "tool_errors_per_episode": 0.0, "environment_tokens_per_episode": 0.0,
@@ -17,8 +17,8 @@ EPISODE_KEYS = {"turns_per_episode": 1.0, "tool_calls_per_episode": 0.0, "tool_u
 
 
 @pytest.mark.slow
-def test_an_environment_the_model_never_calls_gives_the_single_turn_run(data_dir, tmp_path,
-                                                                        monkeypatch):
+def test_an_environment_the_model_never_calls_gives_the_single_turn_run(data_dir, dapo_run,
+                                                                        tmp_path, monkeypatch):
     """Two steps of DAPO with the calculator environment whose rows pause at every "="
     of their scratchpads (several times per row, resumed with nothing: the model never
     calls the tool) equal the single-turn run: the same rollouts (every row's text and
@@ -28,10 +28,8 @@ def test_an_environment_the_model_never_calls_gives_the_single_turn_run(data_dir
     monkeypatch.setitem(environments.ENVIRONMENTS, "calculator_at_equals",
                         lambda max_calls: CalculatorPausingOnEquals(
                             tools={"calculator": environments.calculator}, max_calls=max_calls))
-    overrides = {"train.log_rollouts_every": 1, "train.checkpoint_every": 2}
-    single, episodic = tmp_path / "single", tmp_path / "episodic"
-    rl.train(tiny_config("dapo", data_dir, **overrides), str(single))
-    rl.train(tiny_config("dapo", data_dir, **overrides,
+    single, episodic = dapo_run, tmp_path / "episodic"   # single: the session's run
+    rl.train(tiny_config("dapo", data_dir, **DAPO_RUN,
                          **{"environment.name": "calculator_at_equals"}), str(episodic))
     want, got = read_metrics(single), read_metrics(episodic)
     assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2]

@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -196,17 +197,18 @@ def test_continuous_batching_and_packing_give_the_reference_step(data_dir, refer
 
 
 @pytest.mark.slow
-def test_a_paged_kv_cache_gives_the_same_step(data_dir, tmp_path):
+def test_a_paged_kv_cache_gives_the_same_step(data_dir, dapo_run, tmp_path):
     """Step 1 with 8 slots over 16-token pages: the same rollouts, row for row, and the
-    same rewards and loss as the static sampler's step (4 prompts x 4 answers)."""
+    same rewards and loss as the static sampler's step (4 prompts x 4 answers): step 1 of
+    the session's `dapo_run`, which a one-step run equals (its two updates are inside the
+    learning rate's 5-step warmup, and neither run evaluates at step 1)."""
     overrides = {"train.steps": 1, "train.log_rollouts_every": 1}
-    rl.train(tiny_config("dapo", data_dir, **overrides), str(tmp_path / "static"))
     rl.train(tiny_config("dapo", data_dir, **overrides, **{"rollout.slots": 8,
                                                            "rollout.kv_page_size": 16}),
              str(tmp_path / "paged"))
     assert (tmp_path / "paged" / "rollouts" / "1.jsonl").read_text() == \
-        (tmp_path / "static" / "rollouts" / "1.jsonl").read_text()
-    got, want = read_metrics(tmp_path / "paged")[0], read_metrics(tmp_path / "static")[0]
+        (dapo_run / "rollouts" / "1.jsonl").read_text()
+    got, want = read_metrics(tmp_path / "paged")[0], read_metrics(dapo_run)[0]
     for key in ("reward_mean", "accuracy", "response_length_mean", "truncation_rate"):
         assert got[key] == want[key], key
     for key, value in comparable(want).items():
@@ -411,8 +413,10 @@ def test_unknown_recipe_and_field_fail_at_the_command_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
-    rl.train(tiny_config("dapo", data_dir), str(tmp_path))
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, dapo_run, tmp_path):
+    """Two good steps (a copy of the session's `dapo_run`, checkpointed each step), then a
+    loss that is NaN from step 3: the run stops there, naming step 2's checkpoint."""
+    shutil.copytree(dapo_run, tmp_path, dirs_exist_ok=True)
 
     def nan_loss(logp, old_logp, adv, mask):
         return jnp.where(mask > 0, logp * jnp.nan, 0.0), {}

@@ -81,6 +81,11 @@ def tiny_config(recipe, data_dir, **overrides):
     return runlocal_config(recipe, data_dir, **{**small, **overrides})
 
 
+# The plain tiny DAPO run (`tiny_config("dapo")`: 2 steps, evaluated at the second, a
+# checkpoint each step) with every step's rollouts logged and the result exported (neither
+# changes the numbers): the `dapo_run` fixture of conftest.py runs it once per session.
+DAPO_RUN = {"train.log_rollouts_every": 1, "train.export": True}
+
 # The runs the fault tests interrupt: 8 prompts, so the rows also split over two
 # processes' 8-way mesh; 12 steps. Every interrupted run uses these settings (the
 # learning-rate schedule depends on train.steps), varying only what does not change the
