@@ -39,14 +39,19 @@ LABELS = {"warm": "SFT warm start", "rl": "+ DAPO (RL)", "sft": "+ SFT, same tim
 METRICS = (("pass@1", "eval_accuracy"), ("mean@k", "eval_mean_at_k"))
 
 
-def recipe_config(seed, steps):
+def recipe_config(seed, steps, sft_steps=None, prompts=None):
     """`configs/code.py:runlocal=True` as the demo's pipeline runs it: `steps` RL steps,
-    the warm start as its first stage, every stage evaluated once, at the end."""
+    the warm start as its first stage (`sft_steps`; None: the recipe's), every stage
+    evaluated once, at the end, on `prompts` held-out problems (None: the recipe's)."""
     from grpo_jax import config_lib
     config = config_lib.load_config(f"{os.path.join(ROOT, 'configs', 'code.py')}:runlocal=True")
-    return config_lib.replaced(config, {
-        "mode": "demo", "seed": seed, "model.sft_warm_start": False, "train.steps": steps,
-        "train.eval_every": 10**9, "sft.eval_every": 10**9})
+    changes = {"mode": "demo", "seed": seed, "model.sft_warm_start": False,
+               "train.steps": steps, "train.eval_every": 10**9, "sft.eval_every": 10**9}
+    if sft_steps is not None:
+        changes["sft.steps"] = sft_steps
+    if prompts is not None:
+        changes["eval.num_prompts"] = prompts
+    return config_lib.replaced(config, changes)
 
 
 def summary(results, workdir):
@@ -64,7 +69,7 @@ def run_seed(args, seed):
     """demo.run of `seed` in ``workdir/seed-S``, kept as ``summary.json``."""
     from grpo_jax.training import demo
     directory = os.path.join(args.workdir, f"seed-{seed}")
-    config = recipe_config(seed, args.steps)
+    config = recipe_config(seed, args.steps, args.sft_steps, args.prompts)
     return smollm2_cpu.stage(os.path.join(directory, "summary.json"),
                              lambda: summary(demo.run(config, directory), directory))
 
@@ -84,18 +89,27 @@ def paired_line(name, key, differences):
             f"{stats.verdict(b, a, mean(differences), p, len(differences), adjusted=False)} |")
 
 
-def format_table(per_seed, *, steps, prompts, k, machine):
+def command_line(args):
+    """The command that made the table (the workdir and output left out)."""
+    line = f"python experiments/code_demo.py --seeds {args.seeds} --steps {args.steps}"
+    for flag, value in (("--sft-steps", args.sft_steps), ("--prompts", args.prompts)):
+        line += f" {flag} {value}" if value is not None else ""
+    return line
+
+
+def format_table(per_seed, *, command, prompts, k, machine):
     """The markdown table: each seed's stages, their means, and the paired differences.
 
     Args:
       per_seed: ``{seed: summary}`` (`summary`).
-      steps: RL steps per seed; prompts: held-out problems; k: samples of mean@k.
+      command: the command line (`command_line`); prompts: held-out problems; k: the
+        samples of mean@k.
       machine: ``commit``, ``machine`` and ``load`` of the run.
     """
     from grpo_jax.report import stats
     seeds = sorted(per_seed)
     lines = [
-        f"python experiments/code_demo.py --seeds {','.join(map(str, seeds))} --steps {steps}",
+        command,
         "",
         f"Commit {machine['commit']}, {machine['machine']}, load {machine['load']} at the "
         f"start. configs/code.py:runlocal=True (DAPO on code_tasks, the tiny model); "
@@ -136,6 +150,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=20, help="RL steps per seed")
+    parser.add_argument("--sft-steps", type=int, default=None,
+                        help="the warm start's SFT steps (default: the recipe's, 300)")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="held-out problems (default: the recipe's, 100)")
     parser.add_argument("--workdir", default="/tmp/code_demo")
     parser.add_argument("--out", default=None,
                         help="where the table goes (default: WORKDIR/table.md)")
@@ -162,8 +180,8 @@ def main():
         print(f"code_demo: seed {seed} done in {time.time() - begin:.0f} s: pass@1 warm start "
               f"{row['warm']['pass@1']:.3f}, RL {row['rl']['pass@1']:.3f}, SFT control "
               f"{row['sft']['pass@1']:.3f}", flush=True)
-    config = recipe_config(seeds[0], args.steps)
-    table = format_table(per_seed, steps=args.steps, prompts=config.eval.num_prompts,
+    config = recipe_config(seeds[0], args.steps, args.sft_steps, args.prompts)
+    table = format_table(per_seed, command=command_line(args), prompts=config.eval.num_prompts,
                          k=config.eval.samples, machine=machine)
     print(table, end="", flush=True)
     os.makedirs(os.path.dirname(out), exist_ok=True)

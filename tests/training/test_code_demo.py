@@ -1,5 +1,6 @@
 """experiments/code_demo.py's summary and table, on hand-made stage results (no run)."""
 
+import argparse
 import importlib.util
 import json
 import pathlib
@@ -31,6 +32,12 @@ def seed_row(warm, rl, sft):
     return {"warm": stage_row(*warm), "rl": stage_row(*rl), "sft": stage_row(*sft)}
 
 
+def test_command_line(script):
+    args = argparse.Namespace(seeds="0,1", steps=2, sft_steps=20, prompts=None)
+    assert script.command_line(args) == ("python experiments/code_demo.py --seeds 0,1 "
+                                         "--steps 2 --sft-steps 20")
+
+
 def test_summary_reads_each_stage_and_its_last_step(script, tmp_path):
     for directory, last in (("sft", 300), ("rl", 2), ("sft_control", 7)):
         (tmp_path / directory).mkdir()
@@ -52,9 +59,10 @@ def test_summary_reads_each_stage_and_its_last_step(script, tmp_path):
 def test_two_seeds_give_the_range_and_the_exact_sign_flip_p(script):
     per_seed = {0: seed_row((0.2, 0.1), (0.5, 0.4), (0.4, 0.3)),
                 1: seed_row((0.3, 0.2), (0.6, 0.5), (0.3, 0.3))}
-    table = script.format_table(per_seed, steps=20, prompts=100, k=4, machine=MACHINE)
+    table = script.format_table(per_seed, command="python experiments/code_demo.py",
+                                prompts=100, k=4, machine=MACHINE)
     lines = table.splitlines()
-    assert lines[0] == "python experiments/code_demo.py --seeds 0,1 --steps 20"
+    assert lines[0] == "python experiments/code_demo.py"
     assert "| 1 | + DAPO (RL) | 0.600 | 0.500 | 10 | 60 |" in lines
     assert "| mean of 2 | SFT warm start | 0.250 | 0.150 | 10 | 60 |" in lines
     # RL - SFT pass@1: +0.1 and +0.3; of the 4 sign flips, |+-0.1 +-0.3| >= 0.4 for 2.
@@ -69,7 +77,7 @@ def test_two_seeds_give_the_range_and_the_exact_sign_flip_p(script):
 def test_five_seeds_give_the_t_interval(script):
     rl = [0.5, 0.6, 0.7, 0.8, 0.9]
     per_seed = {s: seed_row((0.1, 0.1), (rl[s], rl[s]), (0.4, 0.4)) for s in range(5)}
-    table = script.format_table(per_seed, steps=20, prompts=100, k=4, machine=MACHINE)
+    table = script.format_table(per_seed, command="", prompts=100, k=4, machine=MACHINE)
     d = np.array(rl) - 0.4
     lo, hi = scipy_stats.t.interval(0.95, df=4, loc=d.mean(), scale=scipy_stats.sem(d))
     # All 5 differences positive: 2 of the 32 sign flips reach |sum| = 1.5, p = 0.0625.
