@@ -36,6 +36,7 @@ from grpo_jax.rewards._answers import final_boxed_answer
 from grpo_jax.rewards._answers import final_gsm8k_answer
 from grpo_jax.rewards._code import code_tests_reward
 from grpo_jax.rewards._code import extract_program
+from grpo_jax.rewards._code import program_answer
 from grpo_jax.rewards._code import run_tests
 from grpo_jax.rewards._code import sandbox_lines
 from grpo_jax.rewards._countdown import InvalidExpression

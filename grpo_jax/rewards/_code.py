@@ -21,6 +21,7 @@ running. Tests run under wall-clock limits per case (`case_s`) and per program
 """
 
 import functools
+import hashlib
 import json
 import math
 import pathlib
@@ -65,6 +66,28 @@ def program_format_ok(program: str | None) -> bool:
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return False
     return True
+
+
+def program_answer(completion: str) -> str | None:
+    """What a majority vote over programs compares: a digest of the completion's program
+    with trailing spaces and blank lines dropped, or None when it fails the format checks.
+
+    A digest (hex digits) rather than the text, because the vote's key
+    (``at_k.vote_key``) normalises answers as math, which would merge programs that
+    differ only in ``%``, ``$`` or digit separators.
+
+    Example:
+      >>> a = program_answer("```python\\ndef f():  \\n\\n    return 1\\n```")
+      >>> a == program_answer("```py\\ndef f():\\n    return 1\\n```"), len(a)
+      (True, 64)
+      >>> program_answer("no block") is None
+      True
+    """
+    program = extract_program(completion)
+    if not program_format_ok(program):
+        return None
+    lines = [line.rstrip() for line in program.splitlines() if line.strip()]
+    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
 
 
 def outputs_match(actual: bytes, expected: str) -> bool:

@@ -211,11 +211,25 @@ def benchmark_task(config, name):
         "task.manual_dir": paths.join(config.eval.suite_dir, name)}).task
 
 
+def suite_grading(suite, timeout_s):
+    """`(reward section, answer_of)` of `suite`: its grader as the only reward (the
+    graders' pool bounds each row by `timeout_s`, ``reward.timeout_s``), and what its
+    majority vote compares (a completion -> its answer or None)."""
+    reward = ml_collections.ConfigDict(dict(specs=((suite.grader, 1.0),),
+                                            correct=suite.grader, timeout_s=timeout_s))
+    if suite.grader == "code_tests":
+        return reward, rewards.program_answer
+    if suite.grader == "math":
+        return reward, rewards.final_boxed_answer
+    raise ValueError(f"a suite's grader must be 'math' or 'code_tests', got {suite.grader!r}")
+
+
 def evaluate_suite(config, path):
     """``eval.suite``'s metrics of the saved policy at `path` (``suites``): k =
     ``eval.samples`` answers per problem of each benchmark (its first
     ``eval.suite_problems``, 0: all) at the suite's temperature and top-p, graded by the
-    ``math`` reward; majority votes over each answer's last ``\\boxed{}``. Returns
+    suite's reward (``math``: majority votes over each answer's last ``\\boxed{}``;
+    ``code_tests``: the programs run in the sandbox, votes over the programs). Returns
     ``{benchmark: metrics, ..., "macro": averages}`` and each benchmark's problems'
     counts under ``"per_problem"``."""
     suite = suites.get_suite(config.eval.suite)
@@ -229,8 +243,7 @@ def evaluate_suite(config, path):
     sources = {name: task_lib.data_source(benchmark_task(config, name), "test")
                for name in suite.benchmarks}
     policy = _saved_policy(config, mesh, path)
-    reward = ml_collections.ConfigDict(dict(specs=(("math", 1.0),), correct="math",
-                                            timeout_s=config.reward.timeout_s))
+    reward, answer_of = suite_grading(suite, config.reward.timeout_s)
     scorer = task_lib.Scorer(reward, separate=False, max_new_tokens=config.rollout.max_new_tokens)
     method = sampling.make_method(temperature=suite.temperature, top_p=suite.top_p, top_k=0,
                                   min_p=0.0)
@@ -242,7 +255,7 @@ def evaluate_suite(config, path):
             examples, real = own_examples(source, count)
             correct, _, answers = _correct(
                 policy, mesh, scorer, examples, config, rng=jax.random.fold_in(rng, index),
-                method=method, group_size=k, count=count, answer_of=rewards.final_boxed_answer)
+                method=method, group_size=k, count=count, answer_of=answer_of)
             own = [[int(correct[p * k:(p + 1) * k].sum()),
                     maj_at_k(answers[p * k:(p + 1) * k], correct[p * k:(p + 1) * k])]
                    for p in range(real)]

@@ -1,9 +1,9 @@
 """Named evaluation suites, their per-benchmark metrics, macro average and results table.
 
-A suite names its benchmarks and the sampling its protocol evaluates at; ``mode=eval``
-with ``eval.suite`` draws k = ``eval.samples`` answers per problem of each benchmark
-(``evaluation.evaluate_suite``). Per benchmark, from each problem's count of correct
-samples c (of n = k) and whether its majority answer is correct:
+A suite names its benchmarks, the sampling its protocol evaluates at and the reward that
+grades them; ``mode=eval`` with ``eval.suite`` draws k = ``eval.samples`` answers per
+problem of each benchmark (``evaluation.evaluate_suite``). Per benchmark, from each
+problem's count of correct samples c (of n = k) and whether its majority answer is correct:
 
 * ``avg@n``: the mean correctness of the samples (sampled pass@1);
 * ``pass@j``: the unbiased pass@j (``at_k.pass_at_k``) for j = 1, 2, 4, ... up to n;
@@ -21,12 +21,16 @@ from grpo_jax.training import at_k
 
 @dataclasses.dataclass(frozen=True)
 class Suite:
-    """Benchmarks (``grpo_jax.data`` names, each a ``test`` split) and the sampling of
-    the protocol they are evaluated with."""
+    """Benchmarks (``grpo_jax.data`` names, each a ``test`` split), the sampling of the
+    protocol they are evaluated with, and the reward that grades every answer (``math``:
+    the last ``\\boxed{}``, its majority vote over those answers; ``code_tests``: the
+    last python block run against the problem's tests in the sandbox, its majority vote
+    over the programs, ``rewards.program_answer``)."""
 
     benchmarks: tuple[str, ...]
     temperature: float
     top_p: float
+    grader: str = "math"
 
 
 SUITES = {
@@ -43,6 +47,13 @@ SUITES = {
     # answer per problem (set eval.samples = 1).
     "oat_zero": Suite(("aime24", "amc23", "math500", "minerva_math", "olympiadbench"),
                       temperature=0.0, top_p=1.0),
+    # HumanEval and MBPP's test split graded by running each program against the
+    # problem's tests (code_tests, all-or-nothing), sampled as the code-RL papers report
+    # pass@1: DeepSeek-R1's protocol for its code benchmarks (Guo et al.,
+    # arXiv:2501.12948, sec. 3.1: temperature 0.6, top-p 0.95, pass@1 averaged over k
+    # samples, k from 4 to 64), which DeepCoder's evaluation keeps (Luo et al. 2025,
+    # "DeepCoder: A Fully Open-Source 14B Coder at O3-mini Level", Agentica).
+    "code": Suite(("humaneval", "mbpp"), temperature=0.6, top_p=0.95, grader="code_tests"),
 }
 
 

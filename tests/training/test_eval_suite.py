@@ -6,6 +6,7 @@ import dataclasses
 import fractions
 import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from grpo_jax import data, models, rewards, sampling
 from grpo_jax.training import evaluation, suites, task as task_lib
 from grpo_jax.training.tokenizer import train_char_tokenizer
 from tests import readme_metrics
-from tests.data import release_samples
+from tests.data import code_samples, release_samples
 
 SAMPLE_PROBLEMS = {"aime24": 2, "aime25": 2, "amc23": 2, "math500": 5, "minerva_math": 2,
                    "olympiadbench": 2}
@@ -53,7 +54,8 @@ class TestMetrics:
 
     def test_unknown_suite(self):
         with pytest.raises(ValueError, match=r"eval.suite must be '' or one of "
-                                             r"\['dapo_aime24', 'math_reasoning', 'oat_zero'\]"):
+                                             r"\['code', 'dapo_aime24', 'math_reasoning', "
+                                             r"'oat_zero'\]"):
             suites.get_suite("aime")
 
     def test_the_suite_is_the_six_benchmarks(self):
@@ -104,12 +106,16 @@ def checkpoint(tmp_path_factory, suite_dir):
         source = data.data_source(name, split="test", manual_dir=str(suite_dir / name),
                                   data_dir=str(tmp_path_factory.mktemp("tok_tfds")))
         texts += [data.format_prompt(data.decode_example(r)) for r in source]
+    return tiny_checkpoint(str(tmp_path_factory.mktemp("suite_ckpt")), texts)
+
+
+def tiny_checkpoint(path, texts):
+    """The tiny model, random, saved at `path` with a character tokenizer over `texts`."""
     tokenizer = train_char_tokenizer(texts)
     cfg = dataclasses.replace(models.get_model_config("tiny"), vocab_size=64 * -(-len(tokenizer)
                                                                                   // 64),
                               eos_token_id=tokenizer.eos_token_id,
                               pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    path = str(tmp_path_factory.mktemp("suite_ckpt"))
     models.save_pretrained(models.init_model(cfg, seed=0), path, tokenizer=tokenizer)
     return path
 
@@ -169,3 +175,83 @@ def test_eval_mode_over_the_suite(tmp_path, monkeypatch, checkpoint, suite_dir):
         np.mean([results[name]["avg@4"] for name in data.BENCHMARKS]))
     table = (tmp_path / "eval" / "eval_suite.md").read_text().splitlines()
     assert len(table) == 2 + len(data.BENCHMARKS) + 1 and table[-1].startswith("| macro | 15 |")
+
+
+def test_the_code_suite_is_humaneval_and_mbpp_graded_by_code_tests():
+    suite = suites.SUITES["code"]
+    assert suite.benchmarks == ("humaneval", "mbpp") and suite.grader == "code_tests"
+    assert (suite.temperature, suite.top_p) == (0.6, 0.95)
+    reward, answer_of = evaluation.suite_grading(suite, 12.0)
+    assert reward.to_dict() == {"specs": (("code_tests", 1.0),), "correct": "code_tests",
+                                "timeout_s": 12.0}
+    assert answer_of is rewards.program_answer
+    with pytest.raises(ValueError, match="a suite's grader must be 'math' or 'code_tests', "
+                                         "got 'regex'"):
+        evaluation.suite_grading(dataclasses.replace(suite, grader="regex"), 12.0)
+
+
+# Per problem of the code suite (in order: HumanEval's, then MBPP's test split), its 4
+# samples: R the reference program, R_ the same with trailing spaces (votes with R), W it
+# without its last line (fails its tests), N no python block (no vote). The correct counts
+# and majorities are written by hand.
+CODE_PLAN = [("R", "R", "R", "R"), ("W", "W", "W", "W"), ("N", "R", "W", "R_"),
+             ("R", "W", "W", "N")]
+CODE_COUNTS = [4, 0, 2, 1]
+CODE_MAJORITY = [1.0, 0.0, 1.0, 0.0]
+
+
+def planned_completion(example, kind):
+    program = example["answer"]
+    if kind == "R":
+        return example["solution"]
+    if kind == "R_":
+        return "```python\n" + program.replace("\n", "  \n") + "```"
+    if kind == "W":
+        return "```python\n" + program.rstrip().rsplit("\n", 1)[0] + "\n```"
+    return "I cannot write it."
+
+
+@pytest.mark.slow
+def test_eval_mode_over_the_code_suite_runs_the_programs(tmp_path_factory, tmp_path,
+                                                         monkeypatch):
+    """`eval.suite=code` on HumanEval's and MBPP's rows in their official schemas: every
+    sample's text is replaced by a hand-written program (the random tiny model writes no
+    python), and the real code_tests reward runs them in the sandbox pool."""
+    fixtures = pathlib.Path(__file__).parents[1] / "data" / "fixtures"
+    suite_dir = code_samples.write_all(tmp_path_factory.mktemp("code_suite"),
+                                       fixtures / "humaneval" / "HumanEval.jsonl.gz")
+    config = suite_config(tmp_path, "", suite_dir, **{"eval.suite": "code"})
+    examples = [data.decode_example(row) for name in ("humaneval", "mbpp")
+                for row in task_lib.data_source(evaluation.benchmark_task(config, name), "test")]
+    assert len(examples) == len(CODE_PLAN) == 4   # 3 HumanEval problems, MBPP's task 11
+    config.model.path = tiny_checkpoint(str(tmp_path / "ckpt"), [
+        "0123456789", *(data.format_prompt(e) for e in examples)])
+    # One sampler call per benchmark, its completions decoded twice (graded, then voted).
+    plans = [[planned_completion(e, kind) for e, row in zip(examples, CODE_PLAN) for kind in row
+              if e["task"] == name] for name in ("humaneval", "mbpp")]
+    calls = []
+
+    def planned(tokenizer, tokens, mask):
+        plan = plans[len(calls) // 2]
+        calls.append(len(tokens))
+        return plan + [""] * (len(tokens) - len(plan))   # rows that pad the mesh
+
+    monkeypatch.setattr(task_lib, "decode_completions", planned)
+    results = evaluation.evaluate_to_file(config, str(tmp_path / "eval"))
+
+    assert len(calls) == 4 and calls[0] == calls[1] and calls[2] == calls[3]
+    assert list(results) == ["humaneval", "mbpp", "macro", "per_problem"]
+    assert results["per_problem"] == {
+        "humaneval": {"correct": CODE_COUNTS[:3], "majority_correct": CODE_MAJORITY[:3]},
+        "mbpp": {"correct": CODE_COUNTS[3:], "majority_correct": CODE_MAJORITY[3:]}}
+    assert results["humaneval"] == pytest.approx({
+        "problems": 3, "samples": 4, "avg@4": 6 / 12,
+        "pass@1": 6 / 12, "pass@2": (1 + 0 + exact_pass(4, 2, 2)) / 3, "pass@4": 2 / 3,
+        "maj@4": 2 / 3})
+    assert results["mbpp"] == pytest.approx({
+        "problems": 1, "samples": 4, "avg@4": 1 / 4, "pass@1": 1 / 4,
+        "pass@2": exact_pass(4, 1, 2), "pass@4": 1.0, "maj@4": 0.0})
+    assert results["macro"]["avg@4"] == pytest.approx((6 / 12 + 1 / 4) / 2)
+    table = (tmp_path / "eval" / "eval_suite.md").read_text().splitlines()
+    assert table[2].startswith("| humaneval | 3 | 50.0 | 50.0 |")
+    assert table[-1].startswith("| macro | 4 |")
