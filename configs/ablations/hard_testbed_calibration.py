@@ -21,12 +21,22 @@ mechanism table, per 10-step window):
 Settings (the warm start's teacher drops each carry with probability ``forget_carry_p``
 on 60% of the targets, runlocal's ``teacher_fraction``): (a) 2-6 digits, p 0.15, 600 SFT
 steps, 72 new tokens, lr 3e-5; (b) 2-7 digits, p 0.3, 400 SFT steps, 80 new tokens, lr
-5e-5; (c) (b) at lr 3e-5. GRPO (PPO-clip 0.2/0.2, per-answer mean), 16 updates per batch,
-no KL, `STEPS` steps, one seed each:
+5e-5; (c) 2-8 digits, p 0.5, 200 SFT steps, every solution 0..2 extra columns (so one
+problem's answers differ in length by up to 16 tokens), 80 new tokens (a 7-digit sum with
+2 extra columns, or an 8-digit one with 1, does not fit), lr 5e-5; (d) (b) at lr 3e-5.
+GRPO (PPO-clip 0.2/0.2, per-answer mean), 16 updates per batch, no KL, `STEPS` steps, one seed each:
 
     python -m grpo_jax.sweep --config configs/ablations/hard_testbed_calibration.py \\
         --workdir_root runs/hard_testbed_calibration --seeds 0 --parallel 2
     python -m grpo_jax.report runs/hard_testbed_calibration
+
+Measured (seed 0, an AMD EPYC at 13428fe, per 10-step window): setting (a) fails every
+criterion but the length gap. Held-out greedy accuracy 0.86 at step 0 and 0.88-0.97 after
+(sampled 0.73-0.85); wrong answers 2-6 tokens longer than right ones throughout; the
+72-token budget cuts 0-0.16% of answers; the clips bind on 0.09-0.22% (low) and
+0.04-0.09% (high) of tokens; entropy 0.036 falling to 0.021 nats per token. The tiny
+model adds 6-digit numbers far better than its forgetful teacher: (b)-(d) make the task
+harder, the warm start shorter and the budget binding.
 """
 
 from grpo_jax import config_lib
@@ -42,7 +52,10 @@ SETTINGS = {
           "rollout.max_new_tokens": 72, "optimizer.learning_rate": 3e-5},
     "b": {"task.knobs.digits": 7, "task.knobs.forget_carry_p": 0.3, "sft.steps": 400,
           "rollout.max_new_tokens": 80, "optimizer.learning_rate": 5e-5},
-    "c": {"task.knobs.digits": 7, "task.knobs.forget_carry_p": 0.3, "sft.steps": 400,
+    "c": {"task.knobs.digits": 8, "task.knobs.forget_carry_p": 0.5, "sft.steps": 200,
+          "task.knobs.extra_columns": 2, "rollout.max_new_tokens": 80,
+          "optimizer.learning_rate": 5e-5},
+    "d": {"task.knobs.digits": 7, "task.knobs.forget_carry_p": 0.3, "sft.steps": 400,
           "rollout.max_new_tokens": 80, "optimizer.learning_rate": 3e-5},
 }
 
@@ -51,6 +64,7 @@ def get_config(arg=None):
     arg = tiny.parse(arg, steps=STEPS)
     config = tiny.recipe("grpo", steps=arg.steps)
     config.task.knobs.min_digits = 2
+    config.task.knobs.extra_columns = 0   # the task's default, named so an entry can set it
     config.train.minibatches, config.train.epochs = 16, 1
     config.objective.kl.beta, config.train.ref_reset_every = 0.0, 0
     config.train.eval_at_start = True
