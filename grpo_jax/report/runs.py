@@ -17,6 +17,17 @@ from grpo_jax import paths, run_files, sweep
 from grpo_jax.run_files import read_metrics
 
 
+def recorded_config(record: dict[str, Any]) -> dict[str, Any]:
+    """A run record's config, with ``critic.pretrain_steps`` 0 where the record predates
+    the field: a run recorded before value pre-training existed had none, and the committed
+    ablations' records are read as they were written."""
+    config = dict(record["config"])
+    critic = dict(config.get("critic") or {})
+    critic.setdefault("pretrain_steps", 0)
+    config["critic"] = critic
+    return config
+
+
 @dataclasses.dataclass(frozen=True)
 class RunData:
     """One run's record (``sweep_run.json``) and metric rows, in step order."""
@@ -27,7 +38,7 @@ class RunData:
 
     @functools.cached_property   # building the ConfigDict is most of a report's time
     def final_step(self):
-        return sweep.final_step(ml_collections.ConfigDict(self.record["config"]))
+        return sweep.final_step(ml_collections.ConfigDict(recorded_config(self.record)))
 
     @property
     def finished(self):
