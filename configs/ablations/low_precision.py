@@ -27,6 +27,15 @@ mismatch/k3_kl, mismatch/chi2_token) and how often the correction acts
 is ~1e-3 nats per token (tests/training/test_rollout_dtype.py); read the mismatch columns
 before reading the accuracy as "no effect".
 
+Measured before the seeds (15 of the 64 runs, seeds 0-1, AMD EPYC at 13428fe and
+fa6bed5; the runs are not committed): the mechanism does not act here. bf16 rollouts put
+the sampler's log-probs 1.1-1.5e-3 nats per token from the trainer's (mean absolute
+difference; k3 KL 5e-5 to 1.2e-4), so TIS truncates no token and IcePop masks 9e-6 of
+them; with fp32 rollouts the TIS and IcePop runs are identical to each other. On this
+0.66M-parameter model (a 512-entry vocabulary) the claim is untested; it needs a sampler
+whose gap reaches the corrections' bounds (a larger vocabulary and LM head, as MiniMax-M1
+traced, or a coarser sampler precision) before the seeds below are worth running.
+
 Seeds: 8, the fewest that detect a 0.05 gap with power 0.8 at a pooled paired sd of 0.04
 (`report.stats.seeds_needed`; the committed runlocal ablations' primary outcomes had
 0.02-0.13, 0.38 where runs collapsed):
