@@ -127,7 +127,8 @@ def _recipe(tmp_path, body):
     path.write_text("from ml_collections import config_dict\n"
                     "def get_config(arg=None):\n"
                     "    return config_dict.ConfigDict({'seed': 0, 'mode': 'rl', "
-                    "'train': {'steps': 3, 'lr': 1.0}, 'sft': {'steps': 5}})\n" + body)
+                    "'train': {'steps': 3, 'lr': 1.0}, 'sft': {'steps': 5}, "
+                    "'critic': {'pretrain_steps': 0}})\n" + body)
     return str(path)
 
 
@@ -295,7 +296,8 @@ def _sleeper(tmp_path, index):
             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
             "print('waiting', flush=True)\n"
             "time.sleep(120)\n")
-    config = ml_collections.ConfigDict({"mode": "rl", "train": {"steps": 1}, "seed": 0})
+    config = ml_collections.ConfigDict({"mode": "rl", "train": {"steps": 1}, "seed": 0,
+                                        "critic": {"pretrain_steps": 0}})
     workdir = str(tmp_path / f"run{index}")
     return sweep.Run("sleeper.py", index, f"{index:02d}", {}, 0, workdir,
                      (sys.executable, "-c", code), config)
