@@ -142,7 +142,8 @@ def test_run_overrides_map_the_config_model_section():
     section = config_dict.ConfigDict(dict(dtype="bfloat16", param_dtype="float32", remat="full",
                                           attention="splash", moe="ragged", scan_layers=True,
                                           rules="fsdp",
-                                          lora=dict(rank=8, alpha=16.0, targets=("q",))))
+                                          lora=dict(rank=8, alpha=16.0, targets=("q",), dropout=0.0,
+                                                    quantize="")))
     assert models.run_overrides(section) == dict(
         dtype="bfloat16", param_dtype="float32", remat="full", attention_impl="splash",
         moe_impl="ragged", scan_layers=True, lora=models.LoraSpec(8, 16.0, ("attn.q",)))
@@ -155,7 +156,8 @@ def test_moe_auto_is_dense_on_cpu_devices_and_ragged_on_others():
     from ml_collections import config_dict
     section = config_dict.ConfigDict(dict(dtype="float32", param_dtype="float32", remat="off",
                                           attention="xla", moe="auto", scan_layers=False,
-                                          lora=dict(rank=0, alpha=32.0, targets=())))
+                                          lora=dict(rank=0, alpha=32.0, targets=(), dropout=0.0,
+                                                    quantize="")))
     cpu_mesh = jax.make_mesh((8,), ("data",), axis_types=(AUTO,))
     assert models.run_overrides(section, cpu_mesh)["moe_impl"] == "dense"
     assert models.run_overrides(section)["moe_impl"] == "dense"   # the default backend: cpu
