@@ -226,8 +226,8 @@ def get_config(arg=None):
     config.eval.suite_dir = ""
     config.eval.suite_problems = 0
 
-    # DAPO dynamic sampling: keep only groups whose rewards differ, drawing more prompt
-    # batches until the train batch is full, up to max_gen_batches (which also bounds the
+    # DAPO dynamic sampling: keep only groups with signal (filtering.signal), drawing more
+    # prompt batches until the train batch is full, up to max_gen_batches (which also bounds the
     # draws of a step with partial rollouts, whose groups count once all rows are done).
     config.filtering = config_dict.ConfigDict()
     config.filtering.dynamic_sampling = False
@@ -235,6 +235,11 @@ def get_config(arg=None):
     # When max_gen_batches draws still leave the batch short: "error" stops with a message
     # (DAPO's behaviour: keep drawing until full); "pad" tops it up with masked groups.
     config.filtering.short_batch = "error"
+    # What "a group has signal" is judged on: "correct" (DAPO, arXiv:2503.14476, eq. 11:
+    # keep a prompt while 0 < #correct < G, so shaping terms such as the soft overlong
+    # penalty never make an all-wrong group count) or "reward" (the rewards entering the
+    # advantages differ; for graded rewards, e.g. the fraction of unit tests passed).
+    config.filtering.signal = "correct"
 
     config.objective = _objective()
     # Adaptive entropy control (Skywork-OR1, arXiv:2505.22312; TRL's use_adaptive_entropy):

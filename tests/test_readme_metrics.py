@@ -116,7 +116,8 @@ def test_every_objective_metric_is_documented(kind):
 def test_every_rollout_advantage_and_critic_statistic_is_documented():
     draw = {"rewards": jnp.array([[1.0, 0.5], [0.0, 0.5]]), "correct": jnp.array([True, False]),
             "lengths": jnp.array([3, 5]), "truncated": jnp.array([False, True])}
-    keys = set(rollout.rollout_statistics((draw,), jnp.array([1.0, 0.5]), group_size=2))
+    keys = set(rollout.rollout_statistics((draw,), jnp.array([1.0, 0.5]), group_size=2,
+                                         signal="correct"))
     mask = jnp.ones((4, 8))
     keys |= set(metrics_lib.advantage_statistics(
         jnp.ones((4, 8)), jnp.array([True, True, True, False]), jnp.ones(4, bool), mask,

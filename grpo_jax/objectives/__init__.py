@@ -54,6 +54,8 @@ from grpo_jax.objectives._registry import POLICY_LOSSES
 from grpo_jax.objectives._registry import RANDOM_LOSSES
 from grpo_jax.objectives._registry import register_advantage_estimator
 from grpo_jax.objectives._registry import register_policy_loss
+from grpo_jax.objectives._shaping import SIGNALS
+from grpo_jax.objectives._shaping import dynamic_sampling_signal
 from grpo_jax.objectives._shaping import group_has_signal
 from grpo_jax.objectives._shaping import importance_weights
 from grpo_jax.objectives._shaping import offpolicy_sequence_mask

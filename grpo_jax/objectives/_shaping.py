@@ -99,6 +99,51 @@ def group_has_signal(rewards, group_size):
     return jnp.max(grouped, axis=1) != jnp.min(grouped, axis=1)
 
 
+SIGNALS = ("correct", "reward")
+
+
+def dynamic_sampling_signal(rewards, correct, group_size, signal="correct"):
+    """True for each group DAPO's dynamic sampling keeps.
+
+    DAPO keeps a prompt while ``0 < |{o_i : o_i is correct}| < G`` (eq. 11): the test is
+    on accuracy, so shaping terms added to the reward (the soft overlong penalty, a format
+    bonus) do not make a group of all-wrong or all-right answers count as signal.
+
+    Args:
+      rewards: `[B]` scalar rewards or `[B, K]` reward columns (GDPO), B = P * G.
+      correct: `[B]` bool, each answer's correctness.
+      group_size: G; must divide B.
+      signal: ``"correct"`` (DAPO's test: correctness differs within the group) or
+        ``"reward"`` (the rewards entering the advantages differ; with K columns, any
+        column differs: a group whose columns are all constant has zero advantages).
+
+    Returns:
+      `[P]` bool.
+
+    Example:
+      >>> rewards = jnp.array([0., -0.5, 1., 1.])        # a penalty on one wrong answer
+      >>> correct = jnp.array([False, False, True, True])
+      >>> dynamic_sampling_signal(rewards, correct, 2)
+      Array([False, False], dtype=bool)
+      >>> dynamic_sampling_signal(rewards, correct, 2, signal="reward")
+      Array([ True, False], dtype=bool)
+
+    References:
+      Yu et al., DAPO (2025), arXiv:2503.14476, sec. 3.2, eq. 11.
+    """
+    fn = "dynamic_sampling_signal"
+    _checks.check_choice(f"{fn}: signal", signal, SIGNALS)
+    _checks.check_real(fn, rewards=rewards, correct=correct)
+    rows, *_ = _checks.check_rows(fn, "rewards", rewards, ndim=(1, 2))
+    _checks.check_rows(fn, "correct", correct, rows=rows)
+    _checks.check_group_size(group_size, rows, fn=fn)
+    if signal == "correct":
+        return group_has_signal(jnp.asarray(correct).astype(jnp.float32), group_size)
+    rewards = jnp.asarray(rewards).reshape(rows, -1)
+    grouped = rewards.reshape(-1, group_size, rewards.shape[1])
+    return jnp.any(jnp.max(grouped, axis=1) != jnp.min(grouped, axis=1), axis=1)
+
+
 def importance_weights(old_logp, behaviour_logp, mask, *, level="token", cap=2.0,
                        mode="truncate"):
     r"""Corrects for the sampler and the trainer disagreeing on the behaviour policy.

@@ -88,7 +88,7 @@ def budget(config: Any) -> partial_pool.Budget:
     return partial_pool.Budget(
         tokens_per_step=cfg.tokens_per_step, max_carries=cfg.max_carries,
         num_groups=config.rollout.prompts_per_batch, max_draws=config.filtering.max_gen_batches,
-        dynamic=config.filtering.dynamic_sampling)
+        dynamic=config.filtering.dynamic_sampling, signal=config.filtering.signal)
 
 
 def _row_bucket(rows, ways):
@@ -217,18 +217,18 @@ def collect(policy, mesh, train_iter, carry, *, config, scorer, rng, method, ste
     spend = budget(config)
     result = partial_pool.run_step(
         carry, step=step, budget=spend, draw=sampler.draw, resume=sampler.resume,
-        score=_scorer_of(scorer, policy.tokenizer), reward_columns=sampler.reward_columns,
-        short_batch=config.filtering.short_batch)
+        score=_scorer_of(scorer, policy.tokenizer), short_batch=config.filtering.short_batch)
     pad_id = int(policy.tokenizer.pad_token_id)
     rows = parallel.global_rows(mesh, partial_pool.batch_rows(result.batch))
     batch = rollout.select_groups((rows,), mesh=mesh, group_size=group_size,
-                                  num_groups=num_groups, dynamic=spend.dynamic, pad_id=pad_id)
+                                  num_groups=num_groups, dynamic=spend.dynamic, pad_id=pad_id,
+                                  signal=spend.signal)
     metrics = {}
     if result.completed:
         parts = tuple(parallel.global_rows(mesh, partial_pool.batch_rows(groups))
                       for groups in result.completed)
         stats = rollout.rollout_statistics(parts, jnp.asarray(scorer.weights),
-                                           group_size=group_size)
+                                           group_size=group_size, signal=spend.signal)
         metrics = {k: float(v) for k, v in jax.device_get(stats).items()}
         metrics.update(rollout.combine_reward_metrics(result.reward_metrics,
                                                       rows=result.rows_scored))

@@ -133,27 +133,31 @@ class Pool:
                    examples=tuple(info["examples"]), texts=tuple(info["texts"]))
 
 
-def signal(pool, reward_columns):
-    """`[n]` bool: the group's rewards differ (with several reward columns, its correctness),
-    the test of DAPO's dynamic sampling (`objectives.group_has_signal`)."""
+def signal(pool, judged_on):
+    """`[n]` bool: the pool's groups DAPO's dynamic sampling keeps, judged on `judged_on`
+    (``filtering.signal``: `objectives.dynamic_sampling_signal`)."""
     if not pool.size:
         return np.zeros((0,), bool)
-    values = pool.correct.astype(np.float32) if reward_columns else pool.rewards
-    return np.asarray(objectives.group_has_signal(jnp.asarray(values.reshape(-1)),
-                                                  pool.group_size))
+    rows = pool.size * pool.group_size
+    rewards = pool.rewards.reshape(rows, *pool.rewards.shape[2:])
+    return np.asarray(objectives.dynamic_sampling_signal(
+        jnp.asarray(rewards), jnp.asarray(pool.correct.reshape(rows)), pool.group_size,
+        judged_on))
 
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
     """How a step spends tokens: `tokens_per_step` (D) new tokens per row and step, to its
     end at the step after its group's `max_carries`-th carry; `num_groups` (P) groups per
-    batch; at most `max_draws` new prompt batches per step; `dynamic`: DAPO's test."""
+    batch; at most `max_draws` new prompt batches per step; `dynamic`: DAPO's test, on
+    `signal` (``filtering.signal``)."""
 
     tokens_per_step: int
     max_carries: int
     num_groups: int
     max_draws: int
     dynamic: bool
+    signal: str
 
     @property
     def capacity(self):
@@ -199,7 +203,7 @@ class StepResult:
 
 
 def run_step(pool, *, step, budget, draw: Callable, resume: Callable, score: Callable,
-             reward_columns=(), short_batch="error"):
+             short_batch="error"):
     """One step of partial rollouts over `pool` (module docstring of `partial`).
 
     The rows carried over go on first (`caps`); then, while fewer than P groups are ready,
@@ -216,7 +220,6 @@ def run_step(pool, *, step, budget, draw: Callable, resume: Callable, score: Cal
         is above its length, to that cap.
       score: `score(groups) -> (rewards, correct, metrics)` for done groups
         (`[k, G(, K)]`, `[k, G]`).
-      reward_columns: `()` or `(K,)`, the shape of a row's rewards.
       short_batch: dynamic sampling short of groups with signal: "error" or "pad".
 
     Returns:
@@ -244,7 +247,7 @@ def run_step(pool, *, step, budget, draw: Callable, resume: Callable, score: Cal
         return pool
 
     def ready(pool):
-        return pool.scored & (signal(pool, reward_columns) if budget.dynamic else True)
+        return pool.scored & (signal(pool, budget.signal) if budget.dynamic else True)
 
     def go_on(pool, cap):
         if not (cap > pool.lengths).any():

@@ -45,7 +45,8 @@ SAMPLED_ROUTING = ("sampled_prompt_routing", "sampled_routing")
 def check_sampling_config(config):
     """Raises ValueError naming the field unless the rollouts of an RL run can be drawn:
     prompts and a budget, a temperature > 0 (the ratios and the KL divide log-probs by
-    it; greedy rows have no signal), 0 < top_p <= 1, at least one draw per step."""
+    it; greedy rows have no signal), 0 < top_p <= 1, at least one draw per step, a known
+    ``filtering.signal``."""
     r = config.rollout
     for field, value, meaning in (
             ("rollout.prompts_per_batch", r.prompts_per_batch, "prompts per step"),
@@ -60,6 +61,9 @@ def check_sampling_config(config):
                          f"signal); got {r.temperature}. Use 1.0, or a value like 0.6-1.2")
     if not 0.0 < r.top_p <= 1.0:
         raise ValueError(f"rollout.top_p must be in (0, 1] (1: no nucleus cut), got {r.top_p}")
+    if config.filtering.signal not in objectives.SIGNALS:
+        raise ValueError(f"filtering.signal must be one of {objectives.SIGNALS} (what a group's "
+                         f"signal is judged on), got {config.filtering.signal!r}")
 
 
 def sampling_method(config):
@@ -268,17 +272,18 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
     return rows, metrics
 
 
-def _signal_values(rows):
-    """What "the group's rewards differ" is judged on: the reward, or for several reward
-    columns (GDPO) the correctness."""
-    rewards = rows["rewards"]
-    return rows["correct"].astype(jnp.float32) if rewards.ndim > 1 else rewards
+@functools.partial(jax.jit, static_argnames=("group_size", "signal"))
+def group_signal(rows, group_size, signal):
+    """`[P]` bool: the draw's groups DAPO's dynamic sampling keeps, judged on
+    ``filtering.signal`` (`objectives.dynamic_sampling_signal`: the correctness, or the
+    rewards entering the advantages)."""
+    return objectives.dynamic_sampling_signal(rows["rewards"], rows["correct"], group_size,
+                                              signal)
 
 
-@functools.partial(jax.jit, static_argnames=("group_size",))
-def groups_with_signal(rows, group_size):
-    """`[]` int32: how many of a draw's groups have rewards that differ."""
-    return jnp.sum(objectives.group_has_signal(_signal_values(rows), group_size), dtype=jnp.int32)
+def groups_with_signal(rows, group_size, signal):
+    """`[]` int32: how many of a draw's groups have signal (`group_signal`)."""
+    return jnp.sum(group_signal(rows, group_size, signal), dtype=jnp.int32)
 
 
 def _left_pad(x, width, value):
@@ -289,9 +294,10 @@ def _left_pad(x, width, value):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("mesh", "group_size", "num_groups", "dynamic", "pad_id")
+    jax.jit,
+    static_argnames=("mesh", "group_size", "num_groups", "dynamic", "pad_id", "signal"),
 )
-def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id):
+def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id, signal):
     """The train batch: `num_groups` whole groups from the draws, on the mesh.
 
     With `dynamic` (DAPO's dynamic sampling), groups with signal come first, in draw
@@ -305,6 +311,7 @@ def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id):
       dynamic: filter groups by signal.
       pad_id: the tokenizer's pad id (prompts are left-padded to the widest draw).
       mesh: the batch's rows are split over its row axes.
+      signal: what a group's signal is judged on (``filtering.signal``).
 
     Returns:
       The rows of the batch, with ``row_valid`` `[P G]` bool added.
@@ -315,20 +322,20 @@ def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id):
     padded = [{**d, **{k: _left_pad(d[k], width, fill[k]) for k in fill if k in d}}
               for d in draws]
     rows = {k: jnp.concatenate([d[k] for d in padded]) for k in padded[0]}
-    signal = objectives.group_has_signal(_signal_values(rows), group_size)
-    order = jnp.argsort(~signal, stable=True) if dynamic else jnp.arange(signal.shape[0])
+    has_signal = group_signal(rows, group_size, signal)
+    order = jnp.argsort(~has_signal, stable=True) if dynamic else jnp.arange(has_signal.shape[0])
     groups = order[:num_groups]
     index = (groups[:, None] * group_size + jnp.arange(group_size)).reshape(-1)
     batch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), rows)
-    valid = signal[groups] if dynamic else jnp.ones((num_groups,), bool)
+    valid = has_signal[groups] if dynamic else jnp.ones((num_groups,), bool)
     batch["row_valid"] = jnp.repeat(valid, group_size)
     batch["mask"] = batch["mask"] * batch["row_valid"][:, None]
     return jax.lax.with_sharding_constraint(
         batch, parallel.rows_sharding(mesh, num_groups * group_size))
 
 
-@functools.partial(jax.jit, static_argnames=("group_size",))
-def rollout_statistics(draws, reward_weights, *, group_size):
+@functools.partial(jax.jit, static_argnames=("group_size", "signal"))
+def rollout_statistics(draws, reward_weights, *, group_size, signal):
     """Metrics of every drawn row (all draws of the step), reduced on the mesh.
 
     ``reward_mean`` is the mean of the scalar reward that enters the advantages (with
@@ -340,8 +347,7 @@ def rollout_statistics(draws, reward_weights, *, group_size):
     lengths, truncated = cat("lengths").astype(jnp.float32), cat("truncated")
     replies = jnp.sum(cat("context_mask") - cat("mask")) if "context_mask" in draws[0] else 0
     scalar = rewards @ reward_weights if rewards.ndim > 1 else rewards
-    signal = jnp.concatenate([objectives.group_has_signal(_signal_values(d), group_size)
-                              for d in draws])
+    has_signal = jnp.concatenate([group_signal(d, group_size, signal) for d in draws])
     mean_where = lambda x, w: jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1)
     return {
         "reward_mean": jnp.mean(scalar),
@@ -351,7 +357,7 @@ def rollout_statistics(draws, reward_weights, *, group_size):
         "response_length_correct": mean_where(lengths, correct),
         "response_length_wrong": mean_where(lengths, ~correct),
         "truncation_rate": jnp.mean(truncated.astype(jnp.float32)),
-        "groups_without_signal": 1.0 - jnp.mean(signal.astype(jnp.float32)),
+        "groups_without_signal": 1.0 - jnp.mean(has_signal.astype(jnp.float32)),
         "generated_tokens": jnp.sum(lengths) - replies,
     }
 
@@ -375,7 +381,7 @@ def collect(policy, mesh, train_iter, *, config, scorer, rng, method, episodic=N
         first = examples if first is None else first
         rows, metrics = draw(policy, mesh, examples, config=cfg, scorer=scorer,
                              rng=jax.random.fold_in(rng, index), method=method, episodic=episodic)
-        kept += int(groups_with_signal(rows, group_size))
+        kept += int(groups_with_signal(rows, group_size, cfg.filtering.signal))
         seconds += time.time() - start
         draws.append(rows)
         reward_metrics.append(metrics)
@@ -388,9 +394,10 @@ def collect(policy, mesh, train_iter, *, config, scorer, rng, method, episodic=N
             "(or fails) almost every prompt. Raise filtering.max_gen_batches, use harder prompts, "
             "or set filtering.short_batch='pad' to train on the groups found")
     batch = select_groups(tuple(draws), mesh=mesh, group_size=group_size, num_groups=num_groups,
-                          dynamic=dynamic, pad_id=int(policy.tokenizer.pad_token_id))
+                          dynamic=dynamic, pad_id=int(policy.tokenizer.pad_token_id),
+                          signal=cfg.filtering.signal)
     stats = jax.device_get(rollout_statistics(tuple(draws), jnp.asarray(scorer.weights),
-                                              group_size=group_size))
+                                              group_size=group_size, signal=cfg.filtering.signal))
     metrics = {k: float(v) for k, v in stats.items()}
     metrics.update(combine_reward_metrics(reward_metrics))
     metrics.update(gen_batches=float(len(draws)), time_rollout=seconds,

@@ -344,6 +344,39 @@ class TestGroupHasSignal:
     np.testing.assert_array_equal(np.asarray(got), ref.group_has_signal(rewards, 3))
 
 
+class TestDynamicSamplingSignal:
+  """Hand-computed: G = 2; groups (all wrong, one cut by the overlong penalty), (all right,
+  one penalised), (one right, equal rewards: a graded reward that ties)."""
+
+  REWARDS = f32([0.0, -0.3, 1.0, 0.8, 0.5, 0.5])
+  CORRECT = np.array([False, False, True, True, True, False])
+
+  def test_correctness_is_dapos_test_and_shaping_does_not_count(self):
+    got = jax.jit(obj.dynamic_sampling_signal, static_argnums=(2, 3))(
+        self.REWARDS, self.CORRECT, 2, "correct")
+    np.testing.assert_array_equal(np.asarray(got), [False, False, True])
+
+  def test_reward_counts_any_difference_in_the_advantages_input(self):
+    got = obj.dynamic_sampling_signal(self.REWARDS, self.CORRECT, 2, signal="reward")
+    np.testing.assert_array_equal(np.asarray(got), [True, True, False])
+
+  def test_several_columns_have_signal_when_any_column_differs(self):
+    columns = f32([[1, 0], [1, 0], [0, 1], [0, 0], [1, 1], [0, 0]])
+    got = obj.dynamic_sampling_signal(columns, self.CORRECT, 2, signal="reward")
+    np.testing.assert_array_equal(np.asarray(got), [False, True, True])
+
+  def test_an_unknown_signal_names_the_config_field(self):
+    with pytest.raises(ValueError, match=r"signal must be one of 'correct', 'reward'; "
+                                         r"got 'accuracy'"):
+      obj.dynamic_sampling_signal(self.REWARDS, self.CORRECT, 2, signal="accuracy")
+
+  def test_the_trainer_judges_its_rows_on_filtering_signal(self):
+    from grpo_jax.training import rollout
+    rows = {"rewards": jnp.asarray(self.REWARDS), "correct": jnp.asarray(self.CORRECT)}
+    assert int(rollout.groups_with_signal(rows, 2, "correct")) == 1
+    assert int(rollout.groups_with_signal(rows, 2, "reward")) == 2
+
+
 class TestImportanceWeights:
 
   @pytest.mark.parametrize("level", ["token", "sequence"])

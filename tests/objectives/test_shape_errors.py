@@ -107,6 +107,9 @@ CASES = [case(fn, a, msg, err) for fn in LOSSES for a, msg, err in (
     case(obj.truncated_mask, (m, jnp.zeros(4, bool)), ROWS8("truncated", "4")),
     case(obj.truncated_mask, (flat, r), RANK("mask", "8")),
     case(obj.group_has_signal, (f, 4), r"rewards must be \[B\]; got \[8, 5\]$"),
+    case(obj.dynamic_sampling_signal, (r, jnp.zeros(4, bool), 4), ROWS8("correct", "4")),
+    case(obj.dynamic_sampling_signal, (jnp.zeros((B, 2, 2)), jnp.zeros(B, bool), 4),
+         r"rewards must be \[B\] or \[B, K\]; got \[8, 2, 2\]$"),
     case(obj.importance_weights, (f, wide, m), LIKE("behaviour_logp", "old_logp", "8, 6")),
     case(obj.importance_weights, (f, i, m), FLOAT("behaviour_logp"), TypeError),
     case(obj.importance_weights, (flat, f, m), RANK("old_logp", "8")),
@@ -148,6 +151,7 @@ def test_every_public_function_has_a_case():
               "aggregate", "kl_penalty", "token_logprobs", "completion_logprobs",
               "entropy_from_logits", "pg_loss", "ppo_clip_loss", "gspo_loss", "cispo_loss",
               "sapo_loss", "overlong_penalty", "truncated_mask", "group_has_signal",
+              "dynamic_sampling_signal",
               "importance_weights", "offpolicy_sequence_mask", "value_loss",
               "explained_variance", "reverse_kl_distill_loss", "generalized_jsd"}
     assert public == {_name(c.values[0]) for c in CASES}
@@ -187,6 +191,8 @@ def test_valid_inputs_of_every_kind_pass():
     assert _shape(obj.group_advantages, np.arange(B), group_size=4) == (B,)
     assert _shape(obj.rloo_advantages, jnp.arange(B), group_size=4) == (B,)
     assert _shape(obj.group_has_signal, jnp.arange(B), group_size=4) == (2,)
+    assert _shape(obj.dynamic_sampling_signal, jnp.zeros((B, 3)), jnp.zeros(B, bool),
+                  group_size=4, signal="reward") == (2,)
     gdpo = lambda weights: obj.gdpo_advantages(np.zeros((B, 2), np.int32), 4, weights=weights)
     assert _shape(gdpo, [1.0, jnp.float32(2)]) == (B,)
     assert _shape(obj.length_adaptive_lambda, [10, 100]) == (2,)

@@ -93,7 +93,8 @@ def ids(pool):
     return [e["id"] for e in pool.examples]
 
 
-BUDGET = Budget(tokens_per_step=4, max_carries=2, num_groups=2, max_draws=2, dynamic=False)
+BUDGET = Budget(tokens_per_step=4, max_carries=2, num_groups=2, max_draws=2, dynamic=False,
+                signal="correct")
 
 
 class TestRunStep:
@@ -183,9 +184,9 @@ class TestRunStep:
         dynamic = dataclasses.replace(BUDGET, dynamic=True)
         results = steps(dynamic, 4, short_batch="pad")
         for result in results:
-            signal = partial_pool.signal(result.batch, ())
+            signal = partial_pool.signal(result.batch, "correct")
             np.testing.assert_array_equal(signal, result.valid)
-            assert not (result.pool.scored & ~partial_pool.signal(result.pool, ())).any()
+            assert not (result.pool.scored & ~partial_pool.signal(result.pool, "correct")).any()
         padded = [r for r in results if not r.valid.all()]
         assert padded, "no step ran short of groups with signal"
         assert all(r.batch.size == 2 for r in results)
