@@ -13,15 +13,29 @@ from grpo_jax.training import evaluation, rl, rl_checks, sft
 
 
 def _timed(workdir, fn):
-    """Runs `fn` once per workdir and remembers its wall time there (for the control)."""
+    """Runs `fn(spent)` until it finishes once in `workdir` and returns the wall seconds
+    all its invocations took (for the control's equal time).
+
+    ``wall_time.json`` keeps the seconds spent so far and whether the stage finished: an
+    interrupted stage (an exception, SIGTERM) adds its part before it stops, so a resumed
+    stage's time is the sum of its invocations (a SIGKILL loses the killed invocation's
+    part). `spent` is what earlier invocations took.
+    """
     record = paths.path(workdir) / "wall_time.json"
-    if not record.exists():
-        start = time.time()
-        fn()
+    state = (json.loads(record.read_text()) if record.exists()
+             else {"seconds": 0.0, "finished": False})
+    if state.get("finished", True):   # a record without the key was written once finished
+        return state["seconds"]
+    start, finished = time.time(), False
+    try:
+        fn(state["seconds"])
+        finished = True
+    finally:
+        total = state["seconds"] + time.time() - start
         if parallel.is_main():
-            paths.write_whole(record, json.dumps({"seconds": time.time() - start}))
-        parallel.sync(f"{record} written")
-    return json.loads(record.read_text())["seconds"]
+            paths.write_whole(record, json.dumps({"seconds": total, "finished": finished}))
+    parallel.sync(f"{record} written")
+    return total
 
 
 def run(config: Any, workdir: str) -> list[dict[str, Any]]:
@@ -35,13 +49,14 @@ def run(config: Any, workdir: str) -> list[dict[str, Any]]:
     sft_dir, rl_dir, control_dir = (paths.join(workdir, d) for d in ("sft", "rl", "sft_control"))
     warm = paths.join(sft_dir, run_files.EXPORT)
 
-    sft_seconds = _timed(sft_dir, lambda: sft.train(config, sft_dir))
+    sft_seconds = _timed(sft_dir, lambda spent: sft.train(config, sft_dir))
     rl_config = config_lib.replaced(config, {"model.path": warm, "model.name": "",
                                              "model.sft_warm_start": False})
-    rl_seconds = _timed(rl_dir, lambda: rl.train(rl_config, rl_dir))
+    rl_seconds = _timed(rl_dir, lambda spent: rl.train(rl_config, rl_dir))
     control_config = config_lib.replaced(config, {"model.path": warm, "model.name": "",
                                                   "sft.steps": 10**9, "sft.eval_every": 10**9})
-    _timed(control_dir, lambda: sft.train(control_config, control_dir, seconds=rl_seconds))
+    _timed(control_dir, lambda spent: sft.train(control_config, control_dir,
+                                                seconds=max(rl_seconds - spent, 0.0)))
 
     rows = [("SFT warm start", warm, sft_seconds),
             ("+ DAPO (RL)", paths.join(rl_dir, run_files.EXPORT), rl_seconds),

@@ -44,3 +44,28 @@ def test_demo_pipeline_runs_each_stage_once_and_prints_the_table(data_dir, tmp_p
     again = demo.run(config, str(tmp_path))
     assert [r["eval_accuracy"] for r in again] == [r["eval_accuracy"] for r in results]
     assert mtimes == {s: os.path.getmtime(tmp_path / s / "wall_time.json") for s in mtimes}
+
+
+def test_a_stage_interrupted_and_resumed_is_timed_as_the_sum_of_its_parts(tmp_path, monkeypatch):
+    """The first invocation stops after 30 s (an exception, as SIGTERM's); the resumed one
+    gets spent = 30 (the control's remaining time is computed from it) and takes 10 s: the
+    stage took 40 s. A finished stage, and a record written before the `finished` key, is
+    not run again."""
+    import types
+    clock = iter([100.0, 130.0, 200.0, 210.0])
+    monkeypatch.setattr(demo, "time", types.SimpleNamespace(time=lambda: next(clock)))
+    spent_seen = []
+
+    def stopped(spent):
+        spent_seen.append(spent)
+        raise RuntimeError("stopped by SIGTERM")
+
+    with pytest.raises(RuntimeError, match="SIGTERM"):
+        demo._timed(str(tmp_path), stopped)
+    assert json.loads((tmp_path / "wall_time.json").read_text()) == {"seconds": 30.0,
+                                                                     "finished": False}
+    assert demo._timed(str(tmp_path), spent_seen.append) == 40.0
+    assert spent_seen == [0.0, 30.0]
+    assert demo._timed(str(tmp_path), stopped) == 40.0       # finished: not run again
+    (tmp_path / "wall_time.json").write_text(json.dumps({"seconds": 7.5}))
+    assert demo._timed(str(tmp_path), stopped) == 7.5
