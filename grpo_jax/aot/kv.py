@@ -10,10 +10,14 @@ heads over "tensor", each only where it divides (else that dimension is whole on
   and C slots of S + N columns (each slot copies in its row's prompt, then its ring of the
   N = `rollout.max_new_tokens` budget): ``(P S + C (S + N)) b``;
 - paged engine (`rollout.kv_page_size` = page): one pool of ``P ceil(S / page)`` prompt
-  pages, M completion pages and one trash page, ``(P ceil(S / page) + M + 1) page b``. The
-  engine keeps its pools whole on every chip (`models.paged_kernel` runs the kernel over
-  the replicated pools): `pool_ways` = 1 says so; `pool_ways` = the row ways models a pool
-  per row shard, which the engine does not build.
+  pages, M completion pages and one trash page, ``(P ceil(S / page) + M + 1) page b``,
+  kv heads split as above. The pool lives inside the engine's program and XLA lays it
+  out: `pool_ways` = 1 is the pool whole on each chip (what the TPU kernel reads, one
+  layer at a time: `models.paged_kernel` runs it over replicated pools), `pool_ways` = the
+  row ways the pool's storage split over the chips. Compiled for v5p:2x2x2 (Qwen3-8B,
+  fsdp over 8 chips), the paged call's temporaries grow by 1/8 + 1/12 of the whole pool:
+  stored split 8 ways, plus about three of its 36 layers gathered whole at a time
+  (docs/tpu.md); the fit report counts the compiled program's pool split.
 
 M is sized from each slot's row length L: ``M = C ceil(L / page)`` (at least one full row,
 ``ceil(N / page)``, as `sampling._paged.check_pages` asks), with L the budget N (the
@@ -105,7 +109,7 @@ def paged_kv_bytes(layout: KVLayout, *, prompts: int, prompt_len: int, pages: in
       prompts: P; prompt_len: S.
       pages: M, the pool's completion pages (`pool_pages`).
       page: tokens per page (`rollout.kv_page_size`).
-      pool_ways: ways the pool's pages split over chips.
+      pool_ways: ways the pool's pages split over chips (module docstring).
     """
     total = prompts * -(-prompt_len // page) + pages + 1
     return -(-total // pool_ways) * page * layout.chip_column_bytes
@@ -180,8 +184,8 @@ def report(config, cfg, mesh, *, prompt_len: int, budget: int | None, quantiles=
     at the run's slots and the slots that fit in `budget` bytes per chip, for the
     contiguous engine and the paged one (pages of ``rollout.kv_page_size``, or 16 tokens
     when it is 0), its pool sized at the budget and at each of `quantiles` of the lognormal
-    lengths (`lognormal_length`), kept whole on each chip (as built) and split over the row
-    ways (not built).
+    lengths (`lognormal_length`), whole on each chip and split over the row ways (module
+    docstring).
 
     Returns:
       `{"column_bytes", "head_ways", "row_ways", "budget_bytes", "page", "p99_over_mean",
@@ -223,7 +227,7 @@ def format_report(result) -> str:
              f"{result['slots']} slots | slots that fit in "
              f"{'?' if budget is None else gib(budget)} GiB |", "|" + "---|" * 6]
     for row in result["rows"]:
-        split = f"split {row['pool_ways']} ways (not built)"
+        split = f"split {row['pool_ways']} ways"
         pool = {None: "-", 1: "whole on each chip"}.get(row["pool_ways"], split)
         fit = "?" if row["slots_that_fit"] is None else f"{row['slots_that_fit']:,}"
         pages = "-" if row["pages"] is None else f"{row['pages']:,}"

@@ -375,7 +375,8 @@ def _paged_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_s
     """The paged engine's whole call (``rollout.kv_page_size`` with ``rollout.slots``), as
     "decode": `sampling._paged.generate_paged`, the prompts' prefill and the loop over its
     page pool (``rollout.kv_pages`` completion pages; 0: every slot's budget), which lives
-    inside the program. Its "cache" part is the pool's bytes by arithmetic (`aot.kv`)."""
+    inside the program. Its "cache" part is the pool's bytes by arithmetic (`aot.kv`),
+    split over the row ways as the compiler stores it (docs/tpu.md)."""
     from grpo_jax.aot import kv   # kv reads this module's cache sharding
     from grpo_jax.sampling import _paged
     p, s = prompts.shape
@@ -393,7 +394,7 @@ def _paged_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_s
         scalar, scalar, group_size=g, buffer_len=n, num_slots=c, page_size=page, kv_pages=m,
         rules=config.rollout.rules, record_support=config.rollout.keep_sampling_mask)
     pool = kv.paged_kv_bytes(kv.kv_layout(cfg, mesh), prompts=p, prompt_len=s, pages=m,
-                             page=page)
+                             page=page, pool_ways=parallel.row_ways(mesh))
     return Program("decode", lowered, held,
                    f"{c} paged slots for {p * g} rows, pool of {m} + {p * -(-s // page)} "
                    f"pages of {page} (whole call: prefill and loop)",
