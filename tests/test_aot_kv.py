@@ -3,6 +3,7 @@ that fit, contiguous vs paged, against hand-computed values; the lognormal lengt
 scipy; the layout and the paged decode program against the fit report's own lowering."""
 
 import math
+import re
 
 import jax
 import pytest
@@ -11,7 +12,7 @@ from scipy import stats
 from grpo_jax import aot, config_lib, models, parallel
 from grpo_jax.aot import kv, programs as programs_lib
 
-from tests.test_aot import tiny_config
+from tests.test_aot import tiny_config, tpu_topology
 
 # b = 1,000 bytes a token column, rows split 4 ways; P = 8 prompts of S = 10, N = 30, pages of 4.
 LAYOUT = kv.KVLayout(column_bytes=1000, head_ways=1, row_ways=4)
@@ -145,3 +146,22 @@ def test_the_report_sizes_the_compiled_pool_at_the_first_quantile():
     assert contiguous["slots_that_fit"] == kv.contiguous_slots_that_fit(
         layout, 2**20, prompts=16, prompt_len=16, new_tokens=n)
     assert result["kv"]["budget_bytes"] == 2**20
+
+
+@pytest.mark.slow
+def test_the_paged_decode_program_carries_the_tpu_kernel_for_a_topology():
+    """For v5p:2x2x2 the report's paged decode lowers the Pallas paged-attention kernel
+    (one layer of Qwen3-0.6B: head dim 128, as the kernel needs on TPU), the prefill the
+    splash kernel: a kernel or layout the topology cannot take fails here, without a TPU."""
+    tpu_topology()
+    config = tiny_config(**{"mesh": "data=1,fsdp=-1,tensor=1", "rollout.slots": 8,
+                            "rollout.kv_page_size": 16, "model.attention": "splash",
+                            "model.dtype": "bfloat16", "model.param_dtype": "bfloat16",
+                            "rollout.prompts_per_batch": 8, "model.name": "qwen3_0_6b",
+                            "model.path": ""})
+    mesh, _, _ = aot.meshes(config, aot.topology_devices("v5p:2x2x2"))
+    decode, = [p for p in programs_lib.build(config, mesh, prompt_len=16, layers=1)
+               if p.name == "decode"]
+    kernels = set(re.findall(r'kernel_name = "([^"]+)"', decode.lowered.as_text()))
+    assert "paged_flash_attention_kernel_inline_seq_dim" in kernels
+    assert "pool of 24 + 8 pages of 16" in decode.shape   # 8 x ceil(48 / 16); 8 x ceil(16 / 16)
