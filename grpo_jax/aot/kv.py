@@ -14,7 +14,7 @@ heads over "tensor", each only where it divides (else that dimension is whole on
   kv heads split as above. The pool lives inside the engine's program and XLA lays it
   out: `pool_ways` = 1 is the pool whole on each chip (what the TPU kernel reads, one
   layer at a time: `models.paged_kernel` runs it over replicated pools), `pool_ways` = the
-  row ways the pool's storage split over the chips. Compiled for v5p:2x2x2 (Qwen3-8B,
+  row ways is its storage split over the chips. Compiled for v5p:2x2x2 (Qwen3-8B,
   fsdp over 8 chips), the paged call's temporaries grow by 1/8 + 1/12 of the whole pool:
   stored split 8 ways, plus about three of its 36 layers gathered whole at a time
   (docs/tpu.md); the fit report counts the compiled program's pool split.
@@ -32,6 +32,7 @@ import math
 import statistics
 
 import jax
+import jax.numpy as jnp
 
 from grpo_jax import parallel
 from grpo_jax.aot import programs as programs_lib
@@ -71,7 +72,7 @@ def kv_layout(cfg, mesh) -> KVLayout:
     ways = parallel.row_ways(mesh)
     keys = jax.ShapeDtypeStruct((ways, cfg.n_kv_heads, cfg.head_dim, 1), cfg.dtype)
     shard = programs_lib._cache_sharding(keys, mesh, False).shard_shape(keys.shape)
-    column = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * jax.numpy.dtype(cfg.dtype).itemsize
+    column = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
     return KVLayout(column, head_ways=cfg.n_kv_heads // shard[1], row_ways=ways)
 
 
