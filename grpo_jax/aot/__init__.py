@@ -18,9 +18,10 @@ _extras.require("grpo_jax.aot")   # before the imports it guards
 
 import jax
 
-from grpo_jax import parallel
+from grpo_jax import config_lib, parallel
 from grpo_jax.aot import compiler as compiler_lib
 from grpo_jax.aot import host as host_lib
+from grpo_jax.aot import kv as kv_lib
 from grpo_jax.aot import programs as programs_lib
 from grpo_jax.aot.programs import build
 from grpo_jax.aot.compiler import HBM_BYTES
@@ -79,7 +80,8 @@ def meshes(config, devices):
     return parallel.make_mesh(spec, devices=devices), rollout_mesh, reason
 
 
-def compile_run(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
+def compile_run(config, topology, *, prompt_len, programs=PROGRAMS, log=print,
+                length_quantiles=(), p99_over_mean=4.0, kv_budget=None):
     """Compiles the run's `programs` for `topology`; returns the fit report as a dict.
 
     A program the compiler refuses (for memory or any other reason) is a row of the
@@ -93,12 +95,20 @@ def compile_run(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
       programs: which of `PROGRAMS` to compile (of those the run has: the critic's only
         with ``critic.enabled``).
       log: called with a line as each program compiles.
+      length_quantiles: with ``rollout.slots`` > 0, quantiles of a lognormal length
+        distribution to size the paged engine's pool at (`kv.lognormal_length`); with
+        ``rollout.kv_page_size`` > 0 and ``rollout.kv_pages`` = 0, the first also sizes the
+        pool of the compiled decode program (else the budget does).
+      p99_over_mean: the lognormal's p99 / mean ratio.
+      kv_budget: per-chip bytes for the KV cache when counting the slots that fit (None:
+        the HBM less what the compiled decode program holds beside its cache).
 
     Returns:
       `{"topology", "devices", "device_kind", "versions", "mesh", "mesh_choice",
       "hbm_bytes_per_device", "host_memory_estimate", "fits", "programs": {name:
-      Result.to_json()}, "table", "advice"}`; ``fits`` is None without a known HBM (CPU
-      devices) unless a program does not compile.
+      Result.to_json()}, "table", "advice", "kv"}`; ``fits`` is None without a known HBM (CPU
+      devices) unless a program does not compile; ``kv`` (with ``rollout.slots`` > 0, else
+      None) is `kv.report`'s arithmetic.
     """
     unknown = sorted(set(programs) - set(PROGRAMS))
     if unknown:
@@ -112,6 +122,14 @@ def compile_run(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
     host = host_lib.compile_memory(footprint.model_config(config))
     if host.warning:
         log(host.warning)
+    r = config.rollout
+    if r.slots and r.kv_page_size and not r.kv_pages and length_quantiles:
+        length = kv_lib.lognormal_length(length_quantiles[0], r.max_new_tokens, p99_over_mean)
+        pages = kv_lib.pool_pages(min(r.slots, r.prompts_per_batch * config.objective.group_size),
+                                  length, r.max_new_tokens, r.kv_page_size)
+        log(f"paged pool sized at quantile {length_quantiles[0]:g} of the lognormal lengths "
+            f"(p99/mean {p99_over_mean:g}): {length} tokens a row, rollout.kv_pages={pages}")
+        config = config_lib.replaced(config, {"rollout.kv_pages": pages})
     begin = time.time()
     lowered = [p for p in programs_lib.build(config, mesh, prompt_len=prompt_len,
                                              rollout_mesh=rollout_mesh) if p.name in programs]
@@ -126,6 +144,14 @@ def compile_run(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
         refused = " (refused)" if results[-1].oom or results[-1].failed else ""
         log(f"  {program.name}: compiled in {results[-1].compile_s:.1f} s{refused}")
     too_big = [r for r in results if compiler_lib.does_not_fit(r, hbm)]
+    kv = None
+    if config.rollout.slots:
+        decode = next((r for r in results if r.name == "decode" and r.total is not None), None)
+        if kv_budget is None and hbm is not None and decode is not None:
+            kv_budget = hbm - (decode.total - decode.parts["cache"])
+        kv = kv_lib.report(config, footprint.model_config(config, mesh), rollout_mesh or mesh,
+                           prompt_len=prompt_len, budget=kv_budget,
+                           quantiles=tuple(length_quantiles), p99_over_mean=p99_over_mean)
     return {
         "topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
         "versions": compiler_versions(topology), "mesh": dict(mesh.shape),
@@ -135,5 +161,5 @@ def compile_run(config, topology, *, prompt_len, programs=PROGRAMS, log=print):
         "fits": False if too_big else (None if hbm is None else True),
         "programs": {r.name: r.to_json() for r in results},
         "table": compiler_lib.format_table(results, hbm),
-        "advice": [compiler_lib.advice(r, hbm, config, mesh) for r in too_big],
+        "advice": [compiler_lib.advice(r, hbm, config, mesh) for r in too_big], "kv": kv,
     }

@@ -3,12 +3,15 @@
     python -m grpo_jax.aot --config configs/gspo.py --topology v5p:2x2x2 \\
         [--config.field=value ...] [--prompt_len 1024] [--json FILE]
         [--plan_splits default|2,4,6 [--plan_bandwidth GB/s]] [--plan_cost]
+        [--length_quantile 0.5,0.9 [--length_p99_over_mean 4] [--kv_budget_gib G]]
 
 Prints one table row per program (per-device argument, output, aliased, temporary, held
 and total bytes against the chip's HBM, TFLOPs, the compiler's estimated time, compile
 time), whether the run fits and, if not, what to change. Exits 0 when the run fits (or
 cannot be checked: CPU devices), 1 when a program does not fit or does not compile (the
-report and its advice printed all the same), and 1 with one line on bad input.
+report and its advice printed all the same), and 1 with one line on bad input. With
+``rollout.slots`` > 0 it then prints the decode KV table (`grpo_jax.aot.kv`): KV bytes per
+chip and the slots that fit, contiguous vs paged.
 
 With ``--plan_splits`` it prints the split plan instead (`grpo_jax.aot.plan`): for one mesh
 and for each split of the chips between the sampler and the learner, what each side needs
@@ -50,6 +53,17 @@ _COST = flags.DEFINE_bool("plan_cost", False, "The run's estimated cost instead 
 _COST_TOPOLOGIES = flags.DEFINE_list("plan_cost_topologies", None, "With --plan_cost: the "
                                      "topologies to find the smallest fit among (default: "
                                      "the chip family's list in grpo_jax/aot/cost.py).")
+_QUANTILES = flags.DEFINE_list(
+    "length_quantile", [], "With rollout.slots > 0: quantiles (e.g. 0.5,0.9) of a lognormal "
+    "completion-length distribution (p99 at rollout.max_new_tokens, p99/mean "
+    "--length_p99_over_mean) to size the paged KV pool at in the KV table; with "
+    "rollout.kv_page_size > 0 and rollout.kv_pages=0 the first also sizes the compiled decode "
+    "program's pool (grpo_jax/aot/kv.py).")
+_P99_OVER_MEAN = flags.DEFINE_float("length_p99_over_mean", 4.0, "The lognormal length "
+                                    "distribution's p99 / mean (--length_quantile).")
+_KV_BUDGET = flags.DEFINE_float("kv_budget_gib", None, "Per-chip GiB for the KV cache when "
+                                "counting the slots that fit (default: the HBM less what the "
+                                "compiled decode program holds beside its cache).")
 flags.mark_flags_as_required(["config", "topology"])
 
 
@@ -63,8 +77,15 @@ def main(argv):
     if _PLAN.value is not None:
         return _plan(config)
     try:
+        quantiles = [float(q) for q in _QUANTILES.value]
+    except ValueError:
+        sys.exit(f"error: --length_quantile {','.join(_QUANTILES.value)}: give numbers in (0, 1)")
+    budget = None if _KV_BUDGET.value is None else int(_KV_BUDGET.value * 2**30)
+    try:
         result = aot.compile_run(config, _TOPOLOGY.value, prompt_len=_PROMPT_LEN.value,
-                            programs=tuple(_PROGRAMS.value or aot.PROGRAMS))
+                                 programs=tuple(_PROGRAMS.value or aot.PROGRAMS),
+                                 length_quantiles=quantiles,
+                                 p99_over_mean=_P99_OVER_MEAN.value, kv_budget=budget)
     except ValueError as error:   # bad input: the message names the flag or field and the fix
         sys.exit(f"error: {error}")
     versions = ", ".join(f"{name} {version}" for name, version in result["versions"].items())
@@ -79,6 +100,9 @@ def main(argv):
         print(f"\nfits: {'yes' if result['fits'] else 'NO'}")
     for line in result["advice"]:
         print(f"- {line}")
+    if result["kv"] is not None:
+        print(f"\nDecode KV cache, contiguous vs paged ({config.rollout.slots} slots):\n")
+        print(result["kv"]["table"])
     _write_json(result)
     if result["fits"] is False:
         sys.exit(1)

@@ -297,6 +297,9 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held
             {"weights": weights, "cache": device_bytes(prompt_cache_shapes)}, held_state,
         )
     ]
+    if config.rollout.slots and config.rollout.kv_page_size:
+        return programs + [_paged_program(config, mesh, cfg, graphdef, params, prompts,
+                                          held=held, held_state=held_state)]
     if config.rollout.slots:
         return programs + [_engine_program(config, mesh, cfg, graphdef, params, prompts,
                                            held=held, held_state=held_state)]
@@ -366,6 +369,36 @@ def _engine_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_
                    f"{c} slots for {p * g} rows, cache S={s}+N={n} per slot (continuous batching)",
                    {"weights": device_bytes(params),
                     "cache": device_bytes(slots.cache) + device_bytes(prompt_cache)}, held_state)
+
+
+def _paged_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_state):
+    """The paged engine's whole call (``rollout.kv_page_size`` with ``rollout.slots``), as
+    "decode": `sampling._paged.generate_paged`, the prompts' prefill and the loop over its
+    page pool (``rollout.kv_pages`` completion pages; 0: every slot's budget), which lives
+    inside the program. Its "cache" part is the pool's bytes by arithmetic (`aot.kv`),
+    split over the row ways as the compiler stores it (docs/tpu.md)."""
+    from grpo_jax.aot import kv   # kv reads this module's cache sharding
+    from grpo_jax.sampling import _paged
+    p, s = prompts.shape
+    g, n, c = config.objective.group_size, config.rollout.max_new_tokens, config.rollout.slots
+    page, c = config.rollout.kv_page_size, min(c, p * g)
+    m = _paged.pool_pages(c, n, page, config.rollout.kv_pages)
+    _paged.check_pages(c, n, page, config.rollout.kv_pages)
+    one = jax.NamedSharding(mesh, jax.P())
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=one)
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=one)
+    ids = jax.ShapeDtypeStruct((p,), jnp.int32, sharding=parallel.rows_sharding(mesh, p))
+    stops = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=one)
+    lowered = _paged.generate_paged.lower(
+        graphdef, params, prompts, prompts, key, ids, rollout.sampling_method(config), stops,
+        scalar, scalar, group_size=g, buffer_len=n, num_slots=c, page_size=page, kv_pages=m,
+        rules=config.rollout.rules, record_support=config.rollout.keep_sampling_mask)
+    pool = kv.paged_kv_bytes(kv.kv_layout(cfg, mesh), prompts=p, prompt_len=s, pages=m,
+                             page=page, pool_ways=parallel.row_ways(mesh))
+    return Program("decode", lowered, held,
+                   f"{c} paged slots for {p * g} rows, pool of {m} + {p * -(-s // page)} "
+                   f"pages of {page} (whole call: prefill and loop)",
+                   {"weights": device_bytes(params), "cache": pool}, held_state)
 
 
 def layouts(shardings):
