@@ -56,9 +56,9 @@ def trained_filter(config: ml_collections.ConfigDict) -> type[nnx.Param]:
     return nnx.LoRAParam if config.model.lora.rank > 0 else nnx.Param
 
 
-def policy_loss(objective: objectives.PolicyObjective, temperature: float,
-                ) -> Callable[[nnx.Module, dict[str, jax.Array]],
-                              tuple[jax.Array, dict[str, jax.Array]]]:
+def policy_loss(
+    objective: objectives.PolicyObjective, temperature: float
+) -> Callable[[nnx.Module, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]:
     """The loss of one micro-batch: completion log-probs at the rollout temperature ->
     the recipe's objective (+ the MoE load-balancing loss). Its metrics add the moments
     of the token log-ratio (`log_ratio_moments`) and, for an MoE whose rows carry the
