@@ -16,7 +16,6 @@ PPO's clipped value loss (`objectives.value_loss`), averaged over the batch's to
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -122,7 +121,7 @@ def make_loss(
     return loss_fn
 
 
-def update_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
+def update_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     """The critic's update metrics under their own names (the policy's are unprefixed)."""
     renamed = {"grad_norm": "critic_grad_norm", "grad_norm_std": "critic_grad_norm_std",
                "update_norm": "critic_update_norm"}
