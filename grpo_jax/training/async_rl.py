@@ -25,6 +25,7 @@ processes the sampler is processes of its own instead of a thread, on the fixed 
 import contextlib
 import dataclasses
 import threading
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import jax
@@ -228,7 +229,7 @@ class DeviceTurns:
                 self._lock.release()
 
     @contextlib.contextmanager
-    def given_up(self, outputs=()):
+    def given_up(self, outputs: Any = ()) -> Iterator[None]:
         """The learner's wait for its batch: the turn given up (once `outputs`, every array
         the learner's last programs write, are computed) and taken back after."""
         held = self._learner_holds
@@ -240,7 +241,7 @@ class DeviceTurns:
                 self.take()
 
     @contextlib.contextmanager
-    def held(self):
+    def held(self) -> Iterator[None]:
         """The producer's turn, for a block that waits for its own outputs before it ends."""
         if self._lock is None:
             yield
@@ -256,5 +257,5 @@ class DataPosition:
 
     state: Any
 
-    def get_state(self):
+    def get_state(self) -> Any:
         return self.state

@@ -9,6 +9,7 @@ row axes (`parallel.row_axes`); nothing here moves data to the host.
 """
 
 import functools
+from collections.abc import Mapping, Sequence
 from typing import Callable, NamedTuple
 
 import jax
@@ -18,7 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from grpo_jax import objectives, parallel
-from grpo_jax.models import chunked_token_logprobs, support_token_logprobs
+from grpo_jax.models import Decoder, chunked_token_logprobs, support_token_logprobs
 from grpo_jax.training import packing
 
 # What a forward pass over rows reads: the tokens (and `context_mask`, `packing.read_mask`),
@@ -36,7 +37,7 @@ def _replayed_routing(rows, keys=("prompt_routing", "routing")):
     return jnp.transpose(experts, (2, 0, 1, 3))
 
 
-def sampled_routing(rows):
+def sampled_routing(rows: Mapping[str, jax.Array]) -> jax.Array | None:
     """The sampler's experts of the forward's tokens, `[L_moe, B, S+N-1, k]` (replayed
     with keep routing, or only kept), or None when the rows carry none."""
     for keys in (("prompt_routing", "routing"), SAMPLED_ROUTING_KEYS):
@@ -45,7 +46,7 @@ def sampled_routing(rows):
     return None
 
 
-def changed_layers(experts, recorded):
+def changed_layers(experts: jax.Array, recorded: jax.Array) -> jax.Array:
     """`[b, T]` float32: the share of MoE layers whose top-k expert SET differs between
     two routings of the same tokens (the order within the k is ignored).
 
@@ -56,7 +57,7 @@ def changed_layers(experts, recorded):
     return jnp.mean(differ.astype(jnp.float32), axis=0)
 
 
-def model_inputs(rows):
+def model_inputs(rows: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, int]:
     """`(tokens, attention)`, both `[B, S+N-1]`, and `start`: what a forward pass over the
     rows reads (every token but the last). Its output at column ``start + t`` belongs to
     completion token t: it reads the prompt and the completion's tokens before t."""
@@ -83,7 +84,7 @@ class Forward(NamedTuple):
     to_completion: Callable
 
 
-def forward_layout(rows):
+def forward_layout(rows: Mapping[str, jax.Array]) -> Forward:
     """The `Forward` of the rows: unpacked, `model_inputs` with the completion's columns
     (from ``start`` on) scored; with a packing plan (`packing.KEYS`), the packed rows,
     every position scored (`packing.packed_inputs`). A micro-batch of an update that
@@ -112,7 +113,9 @@ def _routing_churn(layout, rows, experts):
     return layout.scored(changed_layers(experts, recorded))
 
 
-def scored_logprobs(model, rows, *, temperature=1.0, with_stats=False, with_churn=False):
+def scored_logprobs(model: Decoder, rows: Mapping[str, jax.Array], *, temperature: float = 1.0,
+                    with_stats: bool = False,
+                    with_churn: bool = False) -> jax.Array | tuple[jax.Array, ...]:
     """`completion_logprobs` in the forward's scored layout (`forward_layout`): `[B, N]`
     unpacked, `[R, T]` per packed position."""
     layout = forward_layout(rows)
@@ -133,7 +136,9 @@ def scored_logprobs(model, rows, *, temperature=1.0, with_stats=False, with_chur
     return (*out, aux_loss, *churn) if with_stats else out
 
 
-def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False, with_churn=False):
+def completion_logprobs(model: Decoder, rows: Mapping[str, jax.Array], *, temperature: float = 1.0,
+                        with_stats: bool = False,
+                        with_churn: bool = False) -> jax.Array | tuple[jax.Array, ...]:
     """`[B, N]` float32 log-probs of the completion tokens, from logits / temperature.
 
     The temperature is the rollout's, so the log-probs that enter a ratio or a KL belong
@@ -166,7 +171,8 @@ def completion_logprobs(model, rows, *, temperature=1.0, with_stats=False, with_
             *(to_completion(x) for x in out[3:]))
 
 
-def nll_loss(model, micro):
+def nll_loss(model: Decoder,
+             micro: Mapping[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token-mean negative log-likelihood of the targets, over the GLOBAL token count."""
     logp = completion_logprobs(model, micro)
     loss = objectives.aggregate(-logp, micro["mask"], mode="token-mean",
@@ -174,13 +180,14 @@ def nll_loss(model, micro):
     return loss, {"loss": loss}
 
 
-def token_counts(minibatch):
+def token_counts(minibatch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     """Global counts of supervised rows: target tokens and real rows."""
     return {"num_tokens": jnp.sum(minibatch["mask"], dtype=jnp.float32),
             "num_seqs": jnp.sum(minibatch["row_valid"], dtype=jnp.float32)}
 
 
-def pieces(tree, count, mesh):
+def pieces(tree: Mapping[str, jax.Array], count: int,
+           mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
     """`[B, ...]` leaves -> `[count, B / count, ...]`, piece m holding rows m, m + count, ...
 
     Interleaving keeps each piece spread over every device (a device's block of rows
@@ -200,17 +207,20 @@ def pieces(tree, count, mesh):
     return jax.tree.map(split, tree)
 
 
-def piece_rows(rows, count):
+def piece_rows(rows: int, count: int) -> np.ndarray:
     """`[count, rows / count]`: the row numbers `pieces` puts in each piece, in order."""
     return np.arange(rows).reshape(rows // count, count).T
 
 
-def unpieces(x):
+def unpieces(x: jax.Array) -> jax.Array:
     """The inverse of `pieces` for one `[count, b, ...]` array -> `[count * b, ...]`."""
     return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
 
 
-def make_rows_fn(graphdef, mesh, per_piece, *, num_pieces, keys=TOKEN_KEYS + RECORD_KEYS):
+def make_rows_fn(graphdef: nnx.GraphDef, mesh: jax.sharding.Mesh,
+                 per_piece: Callable[[nnx.Module, dict[str, jax.Array]], jax.Array], *,
+                 num_pieces: int,
+                 keys: Sequence[str] = TOKEN_KEYS + RECORD_KEYS) -> Callable[..., jax.Array]:
     """Jitted ``(params, rows, plan=None) -> [B, N, ...]``.
 
     Unpacked, ``per_piece(model, piece)`` runs on `B / num_pieces` rows at a time (the
@@ -234,7 +244,8 @@ def make_rows_fn(graphdef, mesh, per_piece, *, num_pieces, keys=TOKEN_KEYS + REC
     return jax.jit(fn, out_shardings=parallel.row_sharding(mesh))
 
 
-def make_logprob_fn(graphdef, mesh, *, temperature, num_pieces):
+def make_logprob_fn(graphdef: nnx.GraphDef, mesh: jax.sharding.Mesh, *, temperature: float,
+                    num_pieces: int) -> Callable[..., jax.Array]:
     """Jitted ``(params, rows, plan=None) -> [B, N]`` completion log-probs, `B / num_pieces`
     rows (or packed rows) at a time."""
     per_piece = functools.partial(scored_logprobs, temperature=temperature)

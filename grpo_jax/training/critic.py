@@ -15,13 +15,17 @@ PPO's clipped value loss (`objectives.value_loss`), averaged over the batch's to
 
 import dataclasses
 import functools
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import ml_collections
+import transformers
 from flax import nnx
 
 from grpo_jax import models, objectives, parallel
 from grpo_jax.training import batch as batch_lib
+from grpo_jax.training import policy as policy_lib
 
 POSITION_BUCKETS = 4   # advantage statistics per quarter of the completion budget
 
@@ -40,7 +44,8 @@ class Critic:
     opt_state: object = None
 
 
-def start_critic(config, mesh, policy):
+def start_critic(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                 policy: policy_lib.Policy) -> Critic:
     """The run's starting `Critic`: loaded from ``critic.path`` (a value model export, or
     any LM checkpoint for the trunk), or the policy's starting weights with a zero head."""
     model_cfg = config.model
@@ -59,21 +64,24 @@ def start_critic(config, mesh, policy):
     return Critic(graphdef, params)
 
 
-def completion_values(model, rows):
+def completion_values(model: models.ValueModel,
+                      rows: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
     """`([B, N] float32 values, aux_loss [])`: V(s_t) of each completion token's state
     (the prompt and the completion before it), in the layout of the log-probs."""
     values, aux_loss = scored_values(model, rows)
     return batch_lib.forward_layout(rows).to_completion(values), aux_loss
 
 
-def scored_values(model, rows):
+def scored_values(model: models.ValueModel,
+                  rows: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
     """`completion_values` in the forward's scored layout (`batch.forward_layout`)."""
     layout = batch_lib.forward_layout(rows)
     values, aux_loss = model(**layout.inputs)
     return layout.scored(values), aux_loss
 
 
-def make_value_fn(graphdef, mesh, *, num_pieces):
+def make_value_fn(graphdef: nnx.GraphDef, mesh: jax.sharding.Mesh, *,
+                  num_pieces: int) -> Callable[..., jax.Array]:
     """Jitted ``(params, rows, plan=None) -> [B, N]`` values, `B / num_pieces` rows (or
     packed rows) at a time."""
     return batch_lib.make_rows_fn(graphdef, mesh, lambda model, piece: scored_values(
@@ -81,7 +89,8 @@ def make_value_fn(graphdef, mesh, *, num_pieces):
 
 
 @functools.partial(jax.jit, static_argnames=("gamma",))
-def value_targets(rows, lam, *, gamma):
+def value_targets(rows: Mapping[str, jax.Array], lam: float | jax.Array, *,
+                  gamma: float) -> jax.Array:
     """`[B, N]` the critic's regression targets: GAE returns (advantages + values) of the
     outcome reward over ``rows["values"]``, with the critic's `lam` (1: Monte-Carlo)."""
     token_rewards = objectives.outcome_token_rewards(rows["rewards"], rows["mask"])
@@ -90,7 +99,9 @@ def value_targets(rows, lam, *, gamma):
     return returns
 
 
-def make_loss(clip):
+def make_loss(
+    clip: float | None,
+) -> Callable[[models.ValueModel, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]:
     """The critic's loss of one micro-batch: PPO's value loss (clipped by `clip` around the
     batch's values, None for none), token-mean over the GLOBAL token count."""
 
@@ -110,7 +121,7 @@ def make_loss(clip):
     return loss_fn
 
 
-def update_metrics(metrics):
+def update_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     """The critic's update metrics under their own names (the policy's are unprefixed)."""
     renamed = {"grad_norm": "critic_grad_norm", "grad_norm_std": "critic_grad_norm_std",
                "update_norm": "critic_update_norm"}
@@ -122,7 +133,7 @@ def _token_mean(x, weights):
 
 
 @jax.jit
-def batch_statistics(rows):
+def batch_statistics(rows: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     """The critic on the rollout batch, before its updates: ``explained_variance`` of the
     targets by the values, ``value_mean`` and ``return_mean`` (token means), and with
     per-token advantages their mean and std in each quarter of the completion budget
@@ -146,7 +157,7 @@ def batch_statistics(rows):
     return stats
 
 
-def export(critic, tokenizer, path):
+def export(critic: Critic, tokenizer: transformers.PreTrainedTokenizerBase, path: str) -> None:
     """Writes the critic as transformers' ``*ForTokenClassification`` (one label), with the
     policy's tokenizer."""
     models.save_value_model(nnx.merge(critic.graphdef, critic.params), path, tokenizer=tokenizer)

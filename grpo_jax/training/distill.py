@@ -29,31 +29,34 @@ arXiv:2306.13649, sec. 3.1) optimised by the recipe's policy loss.
 import dataclasses
 import math
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import ml_collections
+import transformers
 from flax import nnx
 
 from grpo_jax import models, objectives, paths
 from grpo_jax.training import batch as batch_lib
+from grpo_jax.training import policy as policy_lib
 
 # The rows the teacher reads: the tokens and the sampler's kept support, not the
 # student's recorded MoE routing.
 TEACHER_KEYS = batch_lib.TOKEN_KEYS + ("support_ids", "support_size")
 
 
-def enabled(config) -> bool:
+def enabled(config: ml_collections.ConfigDict) -> bool:
     """Whether the run distils from a teacher (``distill.teacher_path`` set)."""
     return bool(config.distill.teacher_path)
 
 
-def pure(config) -> bool:
+def pure(config: ml_collections.ConfigDict) -> bool:
     """Whether the advantage is the teacher's term alone (estimator "reverse_kl")."""
     return config.objective.advantage.estimator == "reverse_kl"
 
 
-def check_config(config) -> None:
+def check_config(config: ml_collections.ConfigDict) -> None:
     """Raises ValueError naming the ``distill`` field and the fix for a combination the
     loop cannot run (mesh-independent; the teacher's own checks are `check_teacher`)."""
     d = config.distill
@@ -82,8 +85,9 @@ def check_config(config) -> None:
                          "or distill.teacher_path=''")
 
 
-def check_teacher(student_cfg, teacher_cfg, student_tokenizer, teacher_tokenizer,
-                  path: str) -> None:
+def check_teacher(student_cfg: models.ModelConfig, teacher_cfg: models.ModelConfig,
+                  student_tokenizer: transformers.PreTrainedTokenizerBase,
+                  teacher_tokenizer: transformers.PreTrainedTokenizerBase, path: str) -> None:
     """Raises ValueError naming ``distill.teacher_path`` unless the teacher scores the
     student's token ids: the same vocabulary size and tokenizer (token -> id map, eos)."""
     if teacher_cfg.vocab_size != student_cfg.vocab_size:
@@ -110,11 +114,12 @@ class Teacher:
         completion tokens (`batch.make_logprob_fn`'s program, the teacher's rows keys).
     """
 
-    graphdef: Any
-    params: Any
+    graphdef: nnx.GraphDef
+    params: nnx.State
     forward: Callable
 
-    def logp(self, batch, plan=None):
+    def logp(self, batch: Mapping[str, jax.Array],
+             plan: Mapping[str, jax.Array] | None = None) -> jax.Array:
         """`[B, N]` float32: the teacher's log-probs of the batch's completion tokens."""
         return self.forward(self.params, batch, plan)
 
@@ -135,7 +140,8 @@ def _teacher_overrides(config, mesh) -> dict:
     return {**models.run_overrides(config.model, mesh), "lora": None}
 
 
-def teacher_model_config(config, mesh=None):
+def teacher_model_config(config: ml_collections.ConfigDict,
+                         mesh: jax.sharding.Mesh | None = None) -> models.ModelConfig | None:
     """The teacher's `ModelConfig` as `load_teacher` builds it (its config.json, the
     policy's dtypes and run settings, no adapters), no weights read; None without
     ``distill.teacher_path``. The memory footprint and the fit report count its weights
@@ -145,7 +151,8 @@ def teacher_model_config(config, mesh=None):
     return models.load_config(_teacher_dir(config), **_teacher_overrides(config, mesh))
 
 
-def load_teacher(config, mesh, student, num_pieces: int) -> Teacher | None:
+def load_teacher(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                 student: policy_lib.Policy, num_pieces: int) -> Teacher | None:
     """The run's `Teacher` (None without ``distill.teacher_path``): read like the policy's
     ``model.path`` (`models.from_pretrained`, each tensor into its sharding by
     ``model.rules``), with the policy's dtypes and no adapters. `student` is the
@@ -175,7 +182,7 @@ def _scorer(temperature):
     return per_piece
 
 
-def reverse_kl(batch):
+def reverse_kl(batch: Mapping[str, jax.Array]) -> jax.Array:
     """`[B, N]` float32: k_t = log pi_old(y_t) - log pi_T(y_t), clamped as
     `objectives.reverse_kl_distill_loss`, 0 outside ``batch["mask"]``."""
     _, diagnostics = objectives.reverse_kl_distill_loss(batch["old_logp"],
@@ -183,7 +190,9 @@ def reverse_kl(batch):
     return diagnostics["reverse_kl"]
 
 
-def advantages_fn(config, objective) -> Callable:
+def advantages_fn(
+    config: ml_collections.ConfigDict, objective: objectives.PolicyObjective
+) -> Callable[[Mapping[str, jax.Array]], jax.Array]:
     """``batch -> advantages``: the objective's own with pure distillation (or none), else
     the objective's (broadcast to `[B, N]`) plus ``distill.weight`` x (-k_t)."""
     if not enabled(config) or pure(config):
@@ -198,7 +207,9 @@ def advantages_fn(config, objective) -> Callable:
     return mixed
 
 
-def add_teacher_logp(teacher, batch, plan, loss_mask) -> dict:
+def add_teacher_logp(teacher: Teacher | None, batch: dict[str, jax.Array],
+                     plan: Mapping[str, jax.Array] | None,
+                     loss_mask: jax.Array) -> dict[str, float]:
     """Adds ``teacher_logp`` to `batch` (which has ``old_logp``) and returns the metrics
     ({} without a teacher): ``distill_reverse_kl``, the token mean of k_t over
     `loss_mask` (`[B, N]`, the tokens the loss reads), and ``distill_teacher_logp``, the
@@ -220,7 +231,8 @@ def _statistics(old_logp, teacher_logp, mask, loss_mask):
             "distill_teacher_logp": jnp.sum(teacher_logp * weight) / tokens}
 
 
-def layout(config, rows: int, new_tokens: int) -> dict:
+def layout(config: ml_collections.ConfigDict, rows: int,
+           new_tokens: int) -> dict[str, tuple[tuple[int, int], jax.typing.DTypeLike]]:
     """The RL batch's distillation key: ``{"teacher_logp": ([B, N], float32)}`` with a
     teacher, else {} (`programs.batch_layout`)."""
     return {"teacher_logp": ((rows, new_tokens), jnp.float32)} if enabled(config) else {}

@@ -19,18 +19,19 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from grpo_jax import objectives
 
 KEY = "entropy_coef"   # the batch's column: this step's coefficient, one copy per row
 
 
-def enabled(config) -> bool:
+def enabled(config: ml_collections.ConfigDict) -> bool:
     """Whether the run adapts the entropy coefficient (``adaptive_entropy.enabled``)."""
     return bool(config.adaptive_entropy.enabled)
 
 
-def check_config(config) -> None:
+def check_config(config: ml_collections.ConfigDict) -> None:
     """Raises ValueError naming the ``adaptive_entropy`` field and the fix."""
     section = config.adaptive_entropy
     if not isinstance(section.enabled, bool):
@@ -50,7 +51,7 @@ def check_config(config) -> None:
                          f"{section.low} and {section.high}")
 
 
-def initial_state(config, mesh: jax.sharding.Mesh) -> dict | None:
+def initial_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> dict | None:
     """The controller's state before the first RL step, replicated on `mesh` (what a
     checkpoint holds): ``{"coef": c_0 = objective.entropy_coef, "last_entropy": +inf}``
     as float32 scalars; None when the run does not adapt the coefficient."""
@@ -61,7 +62,7 @@ def initial_state(config, mesh: jax.sharding.Mesh) -> dict | None:
             "last_entropy": jax.device_put(jnp.float32(jnp.inf), replicated)}
 
 
-def applied(config, state: dict) -> float:
+def applied(config: ml_collections.ConfigDict, state: dict) -> float:
     """The coefficient RL step k applies: `objectives.entropy_bonus_coef(c_k, H_{k-1})`."""
     return float(objectives.entropy_bonus_coef(state["coef"], state["last_entropy"],
                                                target=config.adaptive_entropy.target))
@@ -81,7 +82,8 @@ def step_coef(micro: dict) -> dict:
     return {**micro, KEY: micro[KEY][0]}
 
 
-def advance(config, state: dict, entropy: float, mesh: jax.sharding.Mesh) -> tuple[dict, dict]:
+def advance(config: ml_collections.ConfigDict, state: dict, entropy: float,
+            mesh: jax.sharding.Mesh) -> tuple[dict, dict]:
     """After RL step k with mean token entropy `entropy` (H_k): the next state
     ``{"coef": c_{k+1}, "last_entropy": H_k}`` and the step's metrics ``entropy_coef``
     (the coefficient the step applied) and ``entropy_coef_next`` (c_{k+1})."""
@@ -97,7 +99,7 @@ def advance(config, state: dict, entropy: float, mesh: jax.sharding.Mesh) -> tup
     return new, {"entropy_coef": used, "entropy_coef_next": float(coef)}
 
 
-def layout(config, rows: int) -> dict[str, Any]:
+def layout(config: ml_collections.ConfigDict, rows: int) -> dict[str, Any]:
     """The RL batch's column ``{"entropy_coef": ([B], float32)}`` when the run adapts the
     coefficient, else {} (`programs.batch_layout`)."""
     return {KEY: ((rows,), jnp.float32)} if enabled(config) else {}

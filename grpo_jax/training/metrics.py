@@ -69,7 +69,8 @@ NEARLY = 0.25   # a group is nearly solved (failed) when at most this share of i
 
 
 @functools.partial(jax.jit, static_argnames=("group_size",))
-def advantage_statistics(advantages, correct, row_valid, loss_mask, *, group_size):
+def advantage_statistics(advantages: jax.Array, correct: jax.Array, row_valid: jax.Array,
+                         loss_mask: jax.Array, *, group_size: int) -> dict[str, jax.Array]:
     """Where the train batch's advantage weight sits, by how well each group was solved.
 
     A row's weight is its |advantage| (the mean |A_t| over its loss tokens for per-token

@@ -30,6 +30,7 @@ The arrays of a plan:
 """
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +43,7 @@ ROW_KEYS = KEYS[:4]   # `[R, T]` per packed position; pack_back is per completio
 BUCKETS = 8   # packed-row counts per piece size: R is a multiple of ceil(b / BUCKETS)
 
 
-def read_mask(rows):
+def read_mask(rows: Mapping[str, jax.Array]) -> jax.Array:
     """`[B, N]`: 1 on every completion token a forward pass reads. The loss's `mask` where
     the two agree; rows with tokens the loss skips but the model reads (a multi-turn
     episode's environment tokens) carry them in ``context_mask``."""
@@ -61,7 +62,7 @@ def _lengths(prompt_mask, mask):
     return jnp.stack([p, c, laid_out.astype(jnp.int32)])
 
 
-def row_lengths(rows):
+def row_lengths(rows: Mapping[str, jax.Array]) -> tuple[np.ndarray, np.ndarray]:
     """`(prompt lengths [B], completion lengths [B])` of the rows, as numpy on every
     process (the rows may be split over processes). Raises ValueError for a row whose
     prompt is not left-padded or whose completion mask has a hole."""
@@ -74,7 +75,7 @@ def row_lengths(rows):
     return prompt, completion
 
 
-def bucket(needed, rows, ways):
+def bucket(needed: int, rows: int, ways: int) -> int:
     """The packed-row count for `needed` rows of a piece of `rows`: the next multiple of
     a step of about `rows / BUCKETS` (itself a multiple of the `ways` row shards), never
     more than `rows`."""
@@ -82,7 +83,8 @@ def bucket(needed, rows, ways):
     return min(rows, max(step, -(-needed // step) * step))
 
 
-def first_fit_decreasing(lengths, capacity):
+def first_fit_decreasing(lengths: Sequence[int] | np.ndarray,
+                         capacity: int) -> tuple[np.ndarray, np.ndarray, int]:
     """`(row [n], offset [n], rows used)`: each length placed in the first packed row with
     room, longest first (Johnson 1973: at most 11/9 OPT + 1 rows). Lengths of 0 are not
     placed (row -1)."""
@@ -126,7 +128,8 @@ def _layout(p, c, placement, rows, *, prompt_len, new_tokens):
     return dict(zip(KEYS, (src, segments, positions, target, back)))
 
 
-def plan_pieces(prompt_lengths, completion_lengths, pieces, *, prompt_len, new_tokens, ways):
+def plan_pieces(prompt_lengths: np.ndarray, completion_lengths: np.ndarray, pieces: np.ndarray,
+                *, prompt_len: int, new_tokens: int, ways: int) -> dict[str, np.ndarray]:
     """Each piece's rows packed on their own (an update's micro-batches).
 
     Args:
@@ -150,7 +153,8 @@ def plan_pieces(prompt_lengths, completion_lengths, pieces, *, prompt_len, new_t
     return {k: np.stack([layout[k] for layout in layouts]) for k in KEYS}
 
 
-def plan_chunks(prompt_lengths, completion_lengths, chunk_rows, *, prompt_len, new_tokens):
+def plan_chunks(prompt_lengths: np.ndarray, completion_lengths: np.ndarray, chunk_rows: int,
+                *, prompt_len: int, new_tokens: int) -> dict[str, np.ndarray]:
     """The whole batch packed, in chunks of `chunk_rows` packed rows (a forward pass's
     pieces). Returns `{key: [C, chunk_rows, T]}` for `ROW_KEYS` and ``pack_back`` `[B, N]`
     into the `[C * chunk_rows * T]` packed positions."""
@@ -162,7 +166,7 @@ def plan_chunks(prompt_lengths, completion_lengths, chunk_rows, *, prompt_len, n
     return {**chunked, "pack_back": arrays["pack_back"]}
 
 
-def plan_sharding(shape, mesh):
+def plan_sharding(shape: tuple[int, ...], mesh: jax.sharding.Mesh) -> jax.NamedSharding:
     """Where a plan array of `shape` lives: its rows (the second-to-last axis: packed rows,
     or the rows `pack_back` maps) split over the mesh's row axes, like the rows they
     index; replicated when they do not split."""
@@ -172,7 +176,7 @@ def plan_sharding(shape, mesh):
     return jax.NamedSharding(mesh, jax.P(*[None] * (len(shape) - 2), axes, None))
 
 
-def place(arrays, mesh):
+def place(arrays: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
     """A host plan's arrays on the mesh (`plan_sharding`), every process reading its own
     slices of the same host arrays: a device holds its share, not the whole plan (a
     whole-batch plan at the papers' scale is ~1 GiB of int32)."""
@@ -191,22 +195,22 @@ class Planner:
       mesh: the device mesh the plans go to (`place`).
     """
 
-    lengths: tuple
+    lengths: tuple[np.ndarray, np.ndarray]
     prompt_len: int
     new_tokens: int
     mesh: jax.sharding.Mesh
 
     @classmethod
-    def of(cls, rows, mesh):
+    def of(cls, rows: Mapping[str, jax.Array], mesh: jax.sharding.Mesh) -> "Planner":
         return cls(row_lengths(rows), rows["prompt_tokens"].shape[1], rows["tokens"].shape[1], mesh)
 
-    def pieces(self, pieces):
+    def pieces(self, pieces: np.ndarray) -> dict[str, jax.Array]:
         """`plan_pieces` of `[n, b]` batch rows (an update's micro-batches), on the mesh."""
         return place(plan_pieces(*self.lengths, pieces, prompt_len=self.prompt_len,
                                  new_tokens=self.new_tokens, ways=parallel.row_ways(self.mesh)),
                      self.mesh)
 
-    def chunks(self, num_pieces):
+    def chunks(self, num_pieces: int) -> tuple[dict[str, jax.Array], dict[str, float]]:
         """`(plan_chunks on the mesh, its statistics)` in chunks of a `num_pieces`-th of
         the batch's rows."""
         rows = len(self.lengths[0])
@@ -215,7 +219,7 @@ class Planner:
         return place(arrays, self.mesh), statistics(arrays, rows)
 
 
-def statistics(arrays, rows):
+def statistics(arrays: Mapping[str, np.ndarray], rows: int) -> dict[str, float]:
     """``{"pack_rows_fraction", "pack_fill"}`` of a plan of `rows` batch rows: packed rows
     per padded row, and the share of packed positions holding a token."""
     segments = arrays["pack_segments"]
@@ -223,7 +227,8 @@ def statistics(arrays, rows):
             "pack_fill": float(np.count_nonzero(segments) / segments.size)}
 
 
-def packed_inputs(rows, routing=None):
+def packed_inputs(rows: Mapping[str, jax.Array],
+                  routing: jax.Array | None = None) -> tuple[dict[str, jax.Array], jax.Array]:
     """What a forward over one piece's packed rows reads, gathered on device.
 
     Args:
@@ -248,6 +253,6 @@ def packed_inputs(rows, routing=None):
     return inputs, flat[src + 1]
 
 
-def unpack(x, back):
+def unpack(x: jax.Array, back: jax.Array) -> jax.Array:
     """`[R, T, ...]` per packed position -> `[b, N, ...]` per completion token."""
     return x.reshape(-1, *x.shape[2:])[back]

@@ -33,14 +33,17 @@ its draw's (rng, prompt index, completion index) as in `sampling.row_keys`.
 
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from grpo_jax import parallel, sampling
 from grpo_jax.training import partial_pool, rollout, task as task_lib
+from grpo_jax.training import policy as policy_lib
 from grpo_jax.training.partial_pool import Pool
 
 
@@ -74,7 +77,7 @@ def check_config(config: Any, process_count: int) -> None:
                          "=False")
 
 
-def empty_pool(config, scorer):
+def empty_pool(config: ml_collections.ConfigDict, scorer: task_lib.Scorer) -> Pool | None:
     """The pool of a run's start: no groups (a run that carries nothing keeps None)."""
     if not config.rollout.partial.enabled:
         return None
@@ -109,7 +112,7 @@ class _Sampler:
         self.buffer_len = config.rollout.max_new_tokens
         self.reward_columns = reward_columns
 
-    def draw(self, index, cap):
+    def draw(self, index: int, cap: int) -> Pool:
         """The step's `index`-th prompt batch, sampled with ``fold_in(rng, index)`` (as
         `rollout.collect`'s draws), each row up to `cap` tokens."""
         config, g, n = self.config, self.group_size, self.buffer_len
@@ -140,7 +143,7 @@ class _Sampler:
             rewards=np.zeros((p, g, *self.reward_columns), np.float32),
             correct=np.zeros((p, g), bool), examples=tuple(examples), texts=tuple(texts))
 
-    def resume(self, pool, cap):
+    def resume(self, pool: Pool, cap: np.ndarray) -> Pool:
         """`pool` with every row whose cap (`[n, G]`) is above its length gone on to it:
         the row's tokens so far fed, then sampled on under this step's parameters; the
         tokens it had keep their log-probs and versions."""
@@ -199,7 +202,11 @@ def _scorer_of(scorer, tokenizer):
     return score
 
 
-def collect(policy, mesh, train_iter, carry, *, config, scorer, rng, method, step, version):
+def collect(
+    policy: policy_lib.Policy, mesh: jax.sharding.Mesh,
+    train_iter: Iterator[list[dict[str, Any]]], carry: Pool, *, config: ml_collections.ConfigDict,
+    scorer: task_lib.Scorer, rng: jax.Array, method: Any, step: int, version: int,
+) -> tuple[dict[str, jax.Array], dict[str, float], list[dict[str, Any]], Pool]:
     """`rollout.collect` with partial rollouts: one train batch of P x G rows on the mesh
     from the groups carried over (`carry`, a `Pool`) and new prompts, with version
     `version` of the parameters (`policy`) sampling at step `step`.

@@ -9,7 +9,8 @@ version it was sampled with, however many steps it took.
 """
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ import numpy as np
 from grpo_jax import objectives
 
 
-def key_words():
+def key_words() -> int:
     """How many uint32 words a PRNG key of the default implementation holds (2: threefry)."""
     return jax.random.key_data(jax.random.key(0)).shape[-1]
 
@@ -64,7 +65,8 @@ class Pool:
               "logp", "version", "lengths", "stopped", "start", "rewards", "correct")
 
     @classmethod
-    def empty(cls, group_size, buffer_len, reward_columns=()):
+    def empty(cls, group_size: int, buffer_len: int,
+              reward_columns: tuple[int, ...] = ()) -> "Pool":
         """No groups; rows of `buffer_len` tokens, rewards of shape `reward_columns` each."""
         g, n = group_size, buffer_len
         zeros = lambda *shape, dtype=np.int32: np.zeros((0, *shape), dtype)
@@ -77,26 +79,26 @@ class Pool:
                    correct=zeros(g, dtype=bool))
 
     @property
-    def size(self):
+    def size(self) -> int:
         return self.drawn.shape[0]
 
     @property
-    def group_size(self):
+    def group_size(self) -> int:
         return self.tokens.shape[1]
 
     @property
-    def buffer_len(self):
+    def buffer_len(self) -> int:
         return self.tokens.shape[2]
 
     @property
-    def done(self):
+    def done(self) -> np.ndarray:
         """`[n, G]` bool: the row sampled a stop token or has the whole buffer."""
         return self.stopped | (self.lengths >= self.buffer_len)
 
-    def replace(self, **fields):
+    def replace(self, **fields: Any) -> "Pool":
         return dataclasses.replace(self, **fields)
 
-    def take(self, index):
+    def take(self, index: Sequence[int] | np.ndarray) -> "Pool":
         """The groups at `index` (ints), in that order."""
         index = np.asarray(index, np.int64)
         return self.replace(**{k: getattr(self, k)[index] for k in self.ARRAYS},
@@ -104,7 +106,7 @@ class Pool:
                             texts=tuple(self.texts[i] for i in index))
 
     @classmethod
-    def concatenate(cls, pools):
+    def concatenate(cls, pools: Sequence["Pool"]) -> "Pool":
         """The groups of `pools` in order; prompts left-padded to the widest."""
         width = max(p.prompt_tokens.shape[1] for p in pools)
         pad = lambda x: np.pad(x, ((0, 0), (width - x.shape[1], 0)))   # pad id 0, mask 0
@@ -115,7 +117,7 @@ class Pool:
         return cls(**fields, examples=sum((p.examples for p in pools), ()),
                    texts=sum((p.texts for p in pools), ()))
 
-    def to_checkpoint(self):
+    def to_checkpoint(self) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
         """`(arrays, info)`: the arrays (None for an empty pool: nothing to write) and the
         JSON-able rest, for `Checkpointer.save_run(extra=...)`."""
         arrays = {k: getattr(self, k) for k in self.ARRAYS} if self.size else None
@@ -125,7 +127,8 @@ class Pool:
         return arrays, info
 
     @classmethod
-    def from_checkpoint(cls, arrays, info):
+    def from_checkpoint(cls, arrays: Mapping[str, np.ndarray] | None,
+                        info: Mapping[str, Any]) -> "Pool":
         """The pool `to_checkpoint` wrote."""
         if not info["groups"]:
             return cls.empty(info["group_size"], info["buffer_len"], tuple(info["reward_columns"]))
@@ -133,7 +136,7 @@ class Pool:
                    examples=tuple(info["examples"]), texts=tuple(info["texts"]))
 
 
-def signal(pool, judged_on):
+def signal(pool: Pool, judged_on: str) -> np.ndarray:
     """`[n]` bool: the pool's groups DAPO's dynamic sampling keeps, judged on `judged_on`
     (``filtering.signal``: `objectives.dynamic_sampling_signal`)."""
     if not pool.size:
@@ -160,14 +163,14 @@ class Budget:
     signal: str
 
     @property
-    def capacity(self):
+    def capacity(self) -> int:
         """The most groups the pool holds after a draw, (m + 1) P: the pipeline's depth
         (APRIL's over-provisioning). A group is then done m steps after its draw and in
         a batch at most m steps after that."""
         return (self.max_carries + 1) * self.num_groups
 
 
-def caps(pool, step, budget):
+def caps(pool: Pool, step: int, budget: Budget) -> np.ndarray:
     """`[n, G]` token caps of this step's resumption: D more than the row's length, or the
     whole buffer once its group was drawn `max_carries` steps ago or earlier; 0 for done rows."""
     n = pool.buffer_len
@@ -202,8 +205,10 @@ class StepResult:
     generated: int
 
 
-def run_step(pool, *, step, budget, draw: Callable, resume: Callable, score: Callable,
-             short_batch="error"):
+def run_step(pool: Pool, *, step: int, budget: Budget, draw: Callable[[int, int], Pool],
+             resume: Callable[[Pool, np.ndarray], Pool],
+             score: Callable[[Pool], tuple[np.ndarray, np.ndarray, dict[str, Any]]],
+             short_batch: str = "error") -> StepResult:
     """One step of partial rollouts over `pool` (module docstring of `partial`).
 
     The rows carried over go on first (`caps`); then, while fewer than P groups are ready,
@@ -291,7 +296,7 @@ def run_step(pool, *, step, budget, draw: Callable, resume: Callable, score: Cal
                       draws=draws, forced=forced, generated=generated, **calls)
 
 
-def token_metrics(batch, valid, step):
+def token_metrics(batch: Pool, valid: np.ndarray, step: int) -> dict[str, float]:
     """The batch's per-token staleness: over the completion tokens of its real rows, the
     mean and max of (step - 1) - v, theta_v the parameters that sampled the token
     (``token_staleness_mean``, ``token_staleness_max``), and the share sampled at an
@@ -307,7 +312,7 @@ def token_metrics(batch, valid, step):
             "carried_token_share": float((carried & tokens).sum() / count)}
 
 
-def batch_rows(batch):
+def batch_rows(batch: Pool) -> dict[str, np.ndarray]:
     """The groups' rows as the sampler's `[B, ...]` row arrays (`rollout.draw`'s keys),
     B = groups x G; prompts cut to the widest group's bucket."""
     g, n = batch.group_size, batch.buffer_len

@@ -8,13 +8,15 @@ trainer checks every batch it builds against it, and the fit report lowers with 
 """
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
-from grpo_jax import config_lib, objectives, parallel, rewards
+from grpo_jax import config_lib, models, objectives, parallel, rewards
 from grpo_jax.training import batch as batch_lib
 from grpo_jax.training import critic as critic_lib, distill, entropy_control, optimizer, steps
 
@@ -42,19 +44,21 @@ class Programs:
     pieces: int
     trained: Any = nnx.Param
 
-    def trained_part(self, params):
+    def trained_part(self, params: nnx.State) -> nnx.State:
         """The part of `params` (an `nnx.State`) the update trains: what the optimizer
         state mirrors and a checkpoint holds."""
         return nnx.filter_state(params, self.trained)
 
 
-def trained_filter(config):
+def trained_filter(config: ml_collections.ConfigDict) -> type[nnx.Param]:
     """`nnx.LoRAParam` (the adapters only) when ``model.lora.rank`` > 0, else every
     `nnx.Param`."""
     return nnx.LoRAParam if config.model.lora.rank > 0 else nnx.Param
 
 
-def policy_loss(objective, temperature):
+def policy_loss(
+    objective: objectives.PolicyObjective, temperature: float
+) -> Callable[[nnx.Module, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]:
     """The loss of one micro-batch: completion log-probs at the rollout temperature ->
     the recipe's objective (+ the MoE load-balancing loss). Its metrics add the moments
     of the token log-ratio (`log_ratio_moments`) and, for an MoE whose rows carry the
@@ -83,7 +87,8 @@ def policy_loss(objective, temperature):
     return loss_fn
 
 
-def log_ratio_moments(logp, old_logp, mask, num_tokens):
+def log_ratio_moments(logp: jax.Array, old_logp: jax.Array, mask: jax.Array,
+                      num_tokens: jax.Array) -> dict[str, jax.Array]:
     """``log_ratio_mean`` and ``log_ratio_sq_mean``: the token means of log(pi_theta /
     pi_old) and of its square over `mask`, divided by the global `num_tokens`, so the
     micro-batches' values add up to the minibatch's (`log_ratio_spread` then takes the
@@ -100,7 +105,7 @@ def log_ratio_moments(logp, old_logp, mask, num_tokens):
             "log_ratio_sq_mean": jnp.sum(d * d) / num_tokens}
 
 
-def log_ratio_spread(metrics):
+def log_ratio_spread(metrics: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     """The summed metrics of an update with ``log_ratio_std``, sqrt(E[(log r)^2] - E[log
     r]^2) over the minibatch's loss tokens, in place of ``log_ratio_sq_mean``."""
     metrics = dict(metrics)
@@ -109,7 +114,7 @@ def log_ratio_spread(metrics):
     return metrics
 
 
-def rl_objective(config):
+def rl_objective(config: ml_collections.ConfigDict) -> objectives.PolicyObjective:
     """The run's objective, its reward weights those of ``reward.specs`` (GDPO's)."""
     weights = rewards.spec_weights(rewards.as_specs(config.reward.specs))
     return objectives.policy_objective(config.objective, reward_weights=weights)
@@ -119,7 +124,7 @@ PACKING = ("auto", "on", "off")
 PACK_FROM_TOKENS = 256   # "auto" packs from this completion budget on (docs/performance.md)
 
 
-def packs(config):
+def packs(config: ml_collections.ConfigDict) -> bool:
     """Whether the run's forward passes (pi_old, pi_ref, values, updates) run packed:
     ``train.packing`` "on", or "auto" with a completion budget of at least
     `PACK_FROM_TOKENS` tokens, where packing measured faster."""
@@ -130,7 +135,7 @@ def packs(config):
     return config.train.packing == "on"
 
 
-def updates_per_step(config):
+def updates_per_step(config: ml_collections.ConfigDict) -> int:
     """Optimizer updates per RL step: train.epochs x train.minibatches."""
     return config.train.epochs * config.train.minibatches
 
@@ -149,7 +154,9 @@ def _programs(tx, graphdef, params, mesh, loss_fn, count_fn, *, micro_batches, f
     return Programs(tx, opt_shardings, update, forward, pieces, trained)
 
 
-def policy_programs(config, mesh, graphdef, params, objective):
+def policy_programs(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                    graphdef: nnx.GraphDef, params: nnx.State,
+                    objective: objectives.PolicyObjective) -> Programs:
     """The RL policy's optimizer, update step and log-prob function.
 
     `params` may be concrete or abstract; only their shardings are read. An asynchronous
@@ -167,7 +174,8 @@ def policy_programs(config, mesh, graphdef, params, objective):
                      finish_metrics=log_ratio_spread)
 
 
-def critic_programs(config, mesh, graphdef, params):
+def critic_programs(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                    graphdef: nnx.GraphDef, params: nnx.State) -> Programs:
     """PPO's critic: its own optimizer (over value pre-training and the RL steps), its
     update on the policy's minibatches and its value function."""
     total = config_lib.last_rl_step(config) * updates_per_step(config)
@@ -178,7 +186,8 @@ def critic_programs(config, mesh, graphdef, params):
                      forward=values, pieces=_pieces(config))
 
 
-def sft_programs(config, mesh, graphdef, params):
+def sft_programs(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, graphdef: nnx.GraphDef,
+                 params: nnx.State) -> Programs:
     """Supervised fine-tuning: token-mean NLL of the reference solutions."""
     tx = optimizer.make_optimizer(config.sft.optimizer, config.sft.steps)
     return _programs(tx, graphdef, params, mesh, batch_lib.nll_loss, batch_lib.token_counts,
@@ -186,7 +195,8 @@ def sft_programs(config, mesh, graphdef, params):
                      trained=trained_filter(config))
 
 
-def batch_layout(config, model_cfg, prompt_len):
+def batch_layout(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig,
+                 prompt_len: int) -> dict[str, tuple[tuple[int, ...], jax.typing.DTypeLike]]:
     """The rollout batch an RL update reads: ``{key: (shape, dtype)}``.
 
     What the sampler returns (`rollout.collect`, with its records when the run keeps
@@ -225,7 +235,8 @@ def batch_layout(config, model_cfg, prompt_len):
     return layout
 
 
-def check_batch(batch, layout_keys, *, pretraining):
+def check_batch(batch: Mapping[str, jax.Array], layout_keys: Iterable[str], *,
+                pretraining: bool) -> None:
     """Raises if the loop's batch has other keys than `batch_layout` names (what the fit
     report compiles for); during value pre-training only the critic's keys are added."""
     expected = set(layout_keys)

@@ -31,8 +31,10 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Callable, Iterator
 
 import jax
+import ml_collections
 from flax import nnx
 
 from grpo_jax import parallel
@@ -44,18 +46,18 @@ from grpo_jax.training import task as task_lib
 CHANNEL = "async_rl"
 
 
-def split(mesh, rollout_mesh):
+def split(mesh: jax.sharding.Mesh, rollout_mesh: jax.sharding.Mesh) -> bool:
     """Whether the two meshes are on different processes (roles), not one process's."""
     return not set(parallel.mesh_processes(mesh)) & set(parallel.mesh_processes(rollout_mesh))
 
 
-def samples(rollout_mesh):
+def samples(rollout_mesh: jax.sharding.Mesh) -> bool:
     """Whether this process is one of the rollout mesh's (a sampler)."""
     return jax.process_index() in parallel.mesh_processes(rollout_mesh)
 
 
 @contextlib.contextmanager
-def acting(mesh, rollout_mesh):
+def acting(mesh: jax.sharding.Mesh, rollout_mesh: jax.sharding.Mesh) -> Iterator[None]:
     """Within it, this process's collectives span its role's processes (those of
     `rollout_mesh` for a sampler, of `mesh` for a learner)."""
     own = rollout_mesh if samples(rollout_mesh) else mesh
@@ -63,13 +65,13 @@ def acting(mesh, rollout_mesh):
         yield
 
 
-def starting_versions(start, k):
+def starting_versions(start: int, k: int) -> list[int]:
     """The versions of the learner's k lagged copies after step `start`, oldest first:
     max(0, start - k + i) for i < k (all theta_0 before step 1)."""
     return [max(0, start - k + i) for i in range(k)]
 
 
-def transfer_order(start, last, k):
+def transfer_order(start: int, last: int, k: int) -> list[tuple[str, int]]:
     """The messages between the roles after the lagged copies, in the order both sides
     issue them: ``("batch", s)`` for each step s in start + 1 .. last, each preceded by
     ``("params", v)`` the first time it needs a version v = max(0, s - 1 - k) that the
@@ -90,7 +92,7 @@ def transfer_order(start, last, k):
 
 
 @contextlib.contextmanager
-def learning(rollout_mesh):
+def learning(rollout_mesh: jax.sharding.Mesh) -> Iterator[Callable[..., "Learner"]]:
     """The learner's side of the roles: yields `Learner` with its first two arguments
     bound; at the exit, an error's included, tells the sampling processes to end (they
     wait for it before exiting, or stop waiting for the learner's messages)."""
@@ -128,11 +130,11 @@ class Learner:
                            [transfer.peer(run.mesh, rollout_mesh)])
         self._channel.send("lagged", run.lagged, run.mesh, rollout_mesh)
 
-    def publish(self, version, trained):
+    def publish(self, version: int, trained: nnx.State) -> None:
         """Makes theta_version available to send (`take` sends it when the order says)."""
         self._versions[version] = trained
 
-    def take(self, step):
+    def take(self, step: int) -> async_rl.Produced:
         """The `async_rl.Produced` of step `step`, received from the sampler; then sends the
         versions the order puts next, so the sampler goes on while this process updates.
         Its metrics gain ``time_rollout_wait``, the seconds this took."""
@@ -168,16 +170,17 @@ class Learner:
                                  {**metrics, "time_batch_transfer": seconds}, examples, position,
                                  sampled)
 
-    def sigterm_passed_on(self):
+    def sigterm_passed_on(self) -> bool:
         """Whether a sampling process passed a SIGTERM on (`preemption.Preemption`'s
         `passed_on`)."""
         return self._channel.posted("sigterm")
 
-    def close(self):
+    def close(self) -> None:
         """Nothing to end here: `learning` tells the sampling processes to end."""
 
 
-def sample(config, workdir, mesh, rollout_mesh, *, last, scorer):
+def sample(config: ml_collections.ConfigDict, workdir: str, mesh: jax.sharding.Mesh,
+           rollout_mesh: jax.sharding.Mesh, *, last: int, scorer: task_lib.Scorer) -> None:
     """The sampler's role: samples steps start + 1 .. `last` on `rollout_mesh` with the
     versions the learner sends and sends each batch to `mesh`, in `transfer_order`, then
     waits for the learner's end. Its policy (the frozen part a LoRA run keeps: the base)

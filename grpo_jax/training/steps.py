@@ -10,6 +10,7 @@ and so are the summed metrics. `update_on_batch` makes a step's ``epochs x minib
 updates on one rollout batch.
 """
 
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -54,9 +55,14 @@ def piece_keys(rng: jax.Array | None, count: int, offset: int = 0) -> jax.Array 
     return jax.vmap(lambda m: jax.random.fold_in(rng, m))(offset + jnp.arange(count))
 
 
-def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shardings,
-                     opt_shardings, micro_batches, sft_weight=0.0, trained=nnx.Param,
-                     donate_params=True, finish_metrics=None):
+def make_update_step(
+    graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
+    loss_fn: Callable[[nnx.Module, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]],
+    count_fn: Callable[[Mapping[str, jax.Array]], dict[str, jax.Array]], *, mesh: jax.sharding.Mesh,
+    param_shardings: nnx.State, opt_shardings: Any, micro_batches: int, sft_weight: float = 0.0,
+    trained: nnx.filterlib.Filter = nnx.Param, donate_params: bool = True,
+    finish_metrics: Callable[[dict[str, jax.Array]], dict[str, jax.Array]] | None = None,
+) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
     """Returns the jitted ``update(params, opt_state, rows, index[, sft_rows, sft_index],
     plan=None, rng=None) -> (params, opt_state, metrics)``.
 
@@ -140,7 +146,8 @@ def make_update_step(graphdef, optimizer, loss_fn, count_fn, *, mesh, param_shar
                    donate_argnums=(0, 1) if donate_params else (1,))
 
 
-def optimizer_state_shardings(optimizer, params, mesh):
+def optimizer_state_shardings(optimizer: optax.GradientTransformation, params: nnx.State,
+                              mesh: jax.sharding.Mesh) -> Any:
     """The `NamedSharding` of every leaf of ``optimizer.init(params)``, computed without memory.
 
     A state leaf that mirrors a parameter (its tree path ends with the parameter's path
@@ -169,7 +176,8 @@ def optimizer_state_shardings(optimizer, params, mesh):
     return jax.tree.map_with_path(sharding_of, jax.eval_shape(optimizer.init, params))
 
 
-def init_optimizer_state(optimizer, params, mesh):
+def init_optimizer_state(optimizer: optax.GradientTransformation, params: nnx.State,
+                         mesh: jax.sharding.Mesh) -> optax.OptState:
     """``optimizer.init(params)`` created on device in `optimizer_state_shardings`.
 
     Without out_shardings, jit places the moments whole on every device, since they
@@ -186,8 +194,14 @@ def loss_seeds(mask: jax.Array, step: int | jax.Array) -> jax.Array:
     return step * rows + jnp.arange(rows, dtype=jnp.int32)
 
 
-def update_on_batch(update, params, opt_state, batch, seed, *, epochs, minibatches,
-                    micro_batches=1, sft_rows=None, plan_for=None, dropout_key=None):
+def update_on_batch(
+    update: Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]],
+    params: nnx.State, opt_state: optax.OptState, batch: Mapping[str, jax.Array],
+    seed: Sequence[int], *, epochs: int, minibatches: int, micro_batches: int = 1,
+    sft_rows: Mapping[str, jax.Array] | None = None,
+    plan_for: Callable[[np.ndarray], dict[str, jax.Array]] | None = None,
+    dropout_key: jax.Array | None = None,
+) -> tuple[nnx.State, optax.OptState, dict[str, float]]:
     """``epochs x minibatches`` optimizer updates on one rollout batch, each epoch in a
     fresh random order of its rows (drawn from `seed`, the same on every process);
     returns (params, opt_state, metrics): the mean over the updates of each metric, and

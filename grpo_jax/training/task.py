@@ -116,7 +116,8 @@ def check_context(config: Any, context: int, examples: list[dict[str, Any]], tok
                     where)
 
 
-def target_rows(examples, task_cfg, tokenizer, completion_len):
+def target_rows(examples: list[dict[str, Any]], task_cfg: Any, tokenizer: Any,
+                completion_len: int) -> tuple[dict[str, np.ndarray], float]:
     """This process's prompt and reference-solution rows (solution + eos) as numpy, the
     layout of the sampler's rows; targets are cut at `completion_len` tokens. Returns
     `(rows, share of targets cut)`: the supervised targets of SFT (and of the RL loop's
