@@ -3,7 +3,7 @@
 Arithmetic from the shapes, not compiler output (the fit report compiles the decode program
 beside it). A token column of one row holds keys and values of every layer:
 ``b = 2 x layers x kv_heads x head_dim x dtype bytes``. On a mesh, as the fit report lays
-out the contiguous cache (`programs._cache_sharding`), rows split over the row axes and kv
+out the contiguous cache (`cache_sharding`), rows split over the row axes and kv
 heads over "tensor", each only where it divides (else that dimension is whole on each chip).
 
 - contiguous engine (`rollout.slots` = C): the P prompts' prefilled cache (S columns each)
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax import parallel
-from grpo_jax.aot import programs as programs_lib
+from grpo_jax.models import sharding as sharding_lib
 
 # Phi^-1(0.99): the lognormal's 99th percentile sits z99 standard deviations above mu.
 Z99 = statistics.NormalDist().inv_cdf(0.99)
@@ -66,12 +66,20 @@ class KVLayout:
         return self.column_bytes // self.head_ways
 
 
+def cache_sharding(x: jax.Array | jax.ShapeDtypeStruct, mesh: jax.sharding.Mesh,
+                   stacked: bool) -> jax.NamedSharding:
+    """A KV cache array's sharding: rows over the row axes, kv heads over "tensor" (keys and
+    values of a scanned model have a leading layer axis)."""
+    axes = ("batch",) if x.ndim <= 2 else (None,) * stacked + ("batch", "kv_heads")
+    return jax.NamedSharding(mesh, sharding_lib.activation_spec(x.shape, axes, mesh))
+
+
 def kv_layout(cfg, mesh) -> KVLayout:
     """The `KVLayout` of model `cfg` (a `models.ModelConfig`) on `mesh`: the kv heads'
-    split read off the fit report's own cache sharding (`programs._cache_sharding`)."""
+    split read off the fit report's own cache sharding (`cache_sharding`)."""
     ways = parallel.row_ways(mesh)
     keys = jax.ShapeDtypeStruct((ways, cfg.n_kv_heads, cfg.head_dim, 1), cfg.dtype)
-    shard = programs_lib._cache_sharding(keys, mesh, False).shard_shape(keys.shape)
+    shard = cache_sharding(keys, mesh, False).shard_shape(keys.shape)
     column = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
     return KVLayout(column, head_ways=cfg.n_kv_heads // shard[1], row_ways=ways)
 

@@ -28,6 +28,7 @@ from flax import nnx
 from jax.experimental.layout import Format, Layout
 
 from grpo_jax import models, parallel, sampling
+from grpo_jax.aot import kv
 from grpo_jax.models import sharding as sharding_lib
 from grpo_jax.training import async_rl, distill, packing, programs as programs_lib, rl_checks
 from grpo_jax.training import rollout
@@ -101,13 +102,6 @@ def sft_rows(config, mesh, prompt_len):
 def _params(state, mesh, rules):
     """The abstract weights in the layout of the sharding `rules`."""
     return abstract(state, sharding_lib.state_shardings(state, mesh, rules))
-
-
-def _cache_sharding(x, mesh, stacked):
-    """A KV cache array's sharding: rows over the row axes, kv heads over "tensor" (keys and
-    values of a scanned model have a leading layer axis)."""
-    axes = ("batch",) if x.ndim <= 2 else (None,) * stacked + ("batch", "kv_heads")
-    return jax.NamedSharding(mesh, sharding_lib.activation_spec(x.shape, axes, mesh))
 
 
 def build(config, mesh, *, prompt_len, rollout_mesh=None, layers=None):
@@ -285,7 +279,8 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held
 
     prompt_cache_shapes = jax.eval_shape(prefill, params, prompts, prompts)[1]
     prompt_cache_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), prompt_cache_shapes)
+        x.shape, x.dtype, sharding=kv.cache_sharding(x, mesh, cfg.scan_layers)),
+        prompt_cache_shapes)
     prompt_cache = jax.tree.map(lambda x: x.sharding, prompt_cache_shapes)
     prefill = jax.jit(
         prefill, out_shardings=(parallel.rows_sharding(mesh, p), layouts(prompt_cache))
@@ -308,7 +303,7 @@ def _sampler_programs(config, mesh, cfg, train_params, prompt_len, *, held, held
     # into that layout and back (`layouts`). Logits: rows over the row axes.
     cache = jax.eval_shape(empty_cache, params)
     cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=_cache_sharding(x, mesh, cfg.scan_layers)), cache)
+        x.shape, x.dtype, sharding=kv.cache_sharding(x, mesh, cfg.scan_layers)), cache)
     tokens = jax.ShapeDtypeStruct((p * g,), jnp.int32, sharding=parallel.rows_sharding(mesh, p * g))
     shardings = parallel.tree_shardings
     decode = jax.jit(decode, donate_argnums=2,
@@ -349,7 +344,7 @@ def _engine_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
     slots, prompt_cache, logits, keys = jax.eval_shape(start, params, prompts)
-    caches = jax.tree.map(lambda x: place(x, _cache_sharding(x, mesh, cfg.scan_layers)),
+    caches = jax.tree.map(lambda x: place(x, kv.cache_sharding(x, mesh, cfg.scan_layers)),
                           (slots.cache, prompt_cache))
     slots = jax.tree.map(place, slots.replace(cache=None)).replace(cache=caches[0])
     prompt_cache, logits, keys = caches[1], place(logits), place(keys)
@@ -377,7 +372,6 @@ def _paged_program(config, mesh, cfg, graphdef, params, prompts, *, held, held_s
     page pool (``rollout.kv_pages`` completion pages; 0: every slot's budget), which lives
     inside the program. Its "cache" part is the pool's bytes by arithmetic (`aot.kv`),
     split over the row ways as the compiler stores it (docs/tpu.md)."""
-    from grpo_jax.aot import kv   # kv reads this module's cache sharding
     from grpo_jax.sampling import _paged
     p, s = prompts.shape
     g, n, c = config.objective.group_size, config.rollout.max_new_tokens, config.rollout.slots

@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import json
 import time
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -273,7 +274,7 @@ def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "signal"))
-def group_signal(rows, group_size, signal):
+def group_signal(rows: Mapping[str, jax.Array], group_size: int, signal: str) -> jax.Array:
     """`[P]` bool: the draw's groups DAPO's dynamic sampling keeps, judged on
     ``filtering.signal`` (`objectives.dynamic_sampling_signal`: the correctness, or the
     rewards entering the advantages)."""
@@ -281,7 +282,8 @@ def group_signal(rows, group_size, signal):
                                               signal)
 
 
-def groups_with_signal(rows, group_size, signal):
+def groups_with_signal(rows: Mapping[str, jax.Array], group_size: int,
+                       signal: str) -> jax.Array:
     """`[]` int32: how many of a draw's groups have signal (`group_signal`)."""
     return jnp.sum(group_signal(rows, group_size, signal), dtype=jnp.int32)
 
