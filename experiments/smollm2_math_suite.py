@@ -64,6 +64,8 @@ def rl_config(args, checkpoint, suite_dir, workdir):
         # and drawing again would only lengthen the check.
         "filtering.max_gen_batches": 1,
         "reward.specs": (("math", 1.0),), "reward.correct": "math",
+        # The sample's test split is one problem; no held-out evaluation runs (eval_every).
+        "eval.num_prompts": 1, "train.log_rollouts_every": 1,
         "train.checkpoint_every": args.steps})
 
 
@@ -99,13 +101,15 @@ def main():
              f"# commit {sweep.source_commit()}, {sweep.machine_description(os.cpu_count())}, "
              f"load average {os.getloadavg()[0]:.1f}", ""]
 
-    start = time.time()
-    config = eval_config(args, checkpoint, suite_dir, workdir)
-    evaluation.evaluate_to_file(config, os.path.join(workdir, "eval"))
-    with open(os.path.join(workdir, "eval", run_files.EVAL_SUITE_TABLE)) as f:
+    eval_dir = os.path.join(workdir, "eval")
+    table_path = os.path.join(eval_dir, run_files.EVAL_SUITE_TABLE)
+    if not os.path.exists(table_path):   # a rerun in the same workdir keeps a finished eval
+        evaluation.evaluate_to_file(eval_config(args, checkpoint, suite_dir, workdir), eval_dir)
+    with open(table_path) as f:
         table = f.read().rstrip("\n")
-    lines += [f"## mode=eval, eval.suite=math_reasoning ({time.time() - start:.0f} s)", "",
-              table, ""]
+    seconds = os.path.getmtime(table_path) - os.path.getmtime(
+        os.path.join(eval_dir, run_files.CONFIG))
+    lines += [f"## mode=eval, eval.suite=math_reasoning ({seconds:.0f} s)", "", table, ""]
 
     start = time.time()
     rl_dir = os.path.join(workdir, "rl")
@@ -123,7 +127,8 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
-    print(json.dumps({"export": os.path.isdir(os.path.join(rl_dir, "export"))}))
+    print(json.dumps({"export": os.path.isdir(os.path.join(rl_dir, "export")),
+                      "rollouts": os.path.join(rl_dir, "rollouts")}))
 
 
 if __name__ == "__main__":
