@@ -30,13 +30,25 @@ GRPO (PPO-clip 0.2/0.2, per-answer mean), 16 updates per batch, no KL, `STEPS` s
         --workdir_root runs/hard_testbed_calibration --seeds 0 --parallel 2
     python -m grpo_jax.report runs/hard_testbed_calibration
 
-Measured (seed 0, an AMD EPYC at 13428fe, per 10-step window): setting (a) fails every
-criterion but the length gap. Held-out greedy accuracy 0.86 at step 0 and 0.88-0.97 after
-(sampled 0.73-0.85); wrong answers 2-6 tokens longer than right ones throughout; the
-72-token budget cuts 0-0.16% of answers; the clips bind on 0.09-0.22% (low) and
-0.04-0.09% (high) of tokens; entropy 0.036 falling to 0.021 nats per token. The tiny
-model adds 6-digit numbers far better than its forgetful teacher: (b)-(d) make the task
-harder, the warm start shorter and the budget binding.
+Measured (seed 0, one run per setting, AMD EPYC 2-core host; (a) at 13428fe, (b)-(d) at
+f7c9fec; per 10-step window, experiments/ablations/hard_testbed_calibration/report.md):
+
+- (a) fails every criterion but the length gap: held-out greedy accuracy 0.88-0.97; wrong
+  answers 2-6 tokens longer than right ones; the 72-token budget cuts 0-0.16% of answers;
+  the clips bind on 0.09-0.22% (low) and 0.04-0.09% (high) of tokens; entropy 0.036 to
+  0.021. The tiny model adds 6-digit numbers far better than its forgetful teacher.
+- (b) collapses: held-out accuracy 0.53 in steps 1-10, 0.12-0.22 from step 11 and 0.04 at
+  step 100 (lr 5e-5 with 16 updates per batch is past this model's stable step size).
+- (c) never learns: 0 accuracy at every evaluation, so no group has signal; the budget
+  cuts 28-43% of answers. The 200-step warm start on 8-digit sums is too short.
+- (d) keeps two mechanisms acting to the end: held-out accuracy 0.61-0.76 in every window,
+  wrong answers 7-12 tokens longer than right ones in every window (6.8 in steps 91-100),
+  entropy 0.10 falling to 0.06. It fails the other two: truncation 0.16-1.4% (not >= 5%)
+  and the upper clip binds on 0.07-0.11% of tokens (not >= 1%).
+
+So (d) is a testbed for the length-gap claims (loss aggregation) and not yet for
+clip-higher or the overlong penalty: those need a budget and an update size that bind
+without (b)'s collapse (e.g. (d) with 64 new tokens, and 32 updates per batch at lr 3e-5).
 """
 
 from grpo_jax import config_lib
