@@ -18,7 +18,8 @@ comparison. Arguments after the colon:
 config.json shape): the trainer reads ``model.path``, and ``python -m grpo_jax.aot
 --plan_cost`` compiles the named shape, so the cost is known before the checkpoint is.
 
-Evaluate a trained run (its export) on the suite with
+Training's evaluation every ``train.eval_every`` steps also measures the suite (so a run
+needs ``suite_dir=DIR``); evaluate a trained run (its export) on the suite with
 ``--config.mode=eval --config.model.path=WORKDIR/export``.
 """
 

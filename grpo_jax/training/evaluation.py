@@ -5,14 +5,18 @@
 
 Each process evaluates its own share of the held-out prompts on the shared mesh and the
 counts are summed over processes, so every process returns the same numbers. The
-trainers evaluate their policy every ``eval_every`` steps (`evaluate`); the "eval" mode
-evaluates a saved policy (`evaluate_to_file`), on the task's held-out split or, with
-``eval.suite``, on every benchmark of a named suite (`evaluate_suite`, `suites`: avg@k,
-pass@k and maj@k). The draws of an evaluation at step s are the seed's "eval" stream at
-s (`steps.step_rng`), whoever evaluates.
+trainers evaluate their policy every ``eval_every`` steps (`evaluate`; RL with
+``eval.suite`` also on the suite, `suite_results`); the "eval" mode evaluates a saved
+policy (`evaluate_to_file`), on the task's held-out split or, with ``eval.suite``, on
+every benchmark of a named suite (`evaluate_suite`, `suites`: avg@k, pass@k and maj@k).
+The draws of an evaluation at step s are the seed's "eval" stream at s
+(`steps.step_rng`), whoever evaluates.
 """
 
+import dataclasses
 import json
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -35,7 +39,8 @@ EVAL_CHUNK = 256   # prompts per sampler call (per process)
 
 def check_config(config):
     """Raises ValueError naming the field unless the ``eval`` section can run: at least one
-    held-out prompt, and ``eval.samples`` >= 0 (0: greedy pass@1 only)."""
+    held-out prompt, ``eval.samples`` >= 0 (0: greedy pass@1 only), and with ``eval.suite``
+    a known suite, ``eval.samples`` >= 1 and ``eval.suite_dir``."""
     if not isinstance(config.eval.num_prompts, int) or config.eval.num_prompts < 1:
         raise ValueError(f"eval.num_prompts must be an int >= 1 (held-out prompts per "
                          f"evaluation; raise train.eval_every to evaluate less often), got "
@@ -43,6 +48,14 @@ def check_config(config):
     if not isinstance(config.eval.samples, int) or config.eval.samples < 0:
         raise ValueError(f"eval.samples must be an int >= 0 (k of mean@k and pass@k; 0: greedy "
                          f"pass@1 only), got {config.eval.samples!r}")
+    if config.eval.suite:
+        suite = suites.get_suite(config.eval.suite)
+        if config.eval.samples < 1 or not config.eval.suite_dir:
+            raise ValueError(
+                f"eval.suite={config.eval.suite!r} needs eval.samples >= 1 (got "
+                f"{config.eval.samples}) and eval.suite_dir, a directory with one subdirectory "
+                f"per benchmark {list(suite.benchmarks)} holding its release file (or "
+                "eval.suite='' to evaluate task.eval_split alone)")
 
 
 def check_num_prompts(num_prompts, source):
@@ -224,48 +237,83 @@ def suite_grading(suite, timeout_s):
     raise ValueError(f"a suite's grader must be 'math' or 'code_tests', got {suite.grader!r}")
 
 
-def evaluate_suite(config, path):
-    """``eval.suite``'s metrics of the saved policy at `path` (``suites``): k =
-    ``eval.samples`` answers per problem of each benchmark (its first
-    ``eval.suite_problems``, 0: all) at the suite's temperature and top-p, graded by the
-    suite's reward (``math``: majority votes over each answer's last ``\\boxed{}``;
-    ``code_tests``: the programs run in the sandbox, votes over the programs). Returns
-    ``{benchmark: metrics, ..., "macro": averages}`` and each benchmark's problems'
-    counts under ``"per_problem"``."""
+@dataclasses.dataclass(frozen=True)
+class OpenSuite:
+    """``eval.suite`` ready to evaluate (`open_suite`): its benchmarks' test splits
+    (`sources`, in the suite's order), the scorer of its grader, what its majority vote
+    compares (`answer_of`: a completion -> its answer or None) and its sampling `method`.
+    `close` stops the scorer's graders."""
+
+    sources: dict[str, Any]
+    scorer: task_lib.Scorer
+    answer_of: Callable[[str], str | None]
+    method: Any
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
+def open_suite(config: Any) -> OpenSuite:
+    """``eval.suite`` (checked by `check_config`) ready to evaluate: every benchmark's
+    release file is read here, so a missing one fails before a model loads."""
     suite = suites.get_suite(config.eval.suite)
-    k = config.eval.samples
-    if k < 1 or not config.eval.suite_dir:
-        raise ValueError(f"eval.suite={config.eval.suite!r} needs eval.samples >= 1 (got {k}) "
-                         "and eval.suite_dir, a directory with one subdirectory per benchmark "
-                         f"{list(suite.benchmarks)} holding its release file")
-    mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "eval"))
-    # Every benchmark's file is read before the model loads: a missing one fails first.
     sources = {name: task_lib.data_source(benchmark_task(config, name), "test")
                for name in suite.benchmarks}
-    policy = _saved_policy(config, mesh, path)
     reward, answer_of = suite_grading(suite, config.reward.timeout_s)
     scorer = task_lib.Scorer(reward, separate=False, max_new_tokens=config.rollout.max_new_tokens)
     method = sampling.make_method(temperature=suite.temperature, top_p=suite.top_p, top_k=0,
                                   min_p=0.0)
-    rng = steps.step_rng(config.seed, "eval", 0)
+    return OpenSuite(sources, scorer, answer_of, method)
+
+
+def suite_results(policy: policy_lib.Policy, mesh: jax.sharding.Mesh, opened: OpenSuite,
+                  config: Any, *, step: int) -> dict[str, Any]:
+    """The suite's metrics of `policy` (``suites``): k = ``eval.samples`` answers per
+    problem of each benchmark (its first ``eval.suite_problems``, 0: all) at the suite's
+    temperature and top-p, graded by the suite's reward (``math``: majority votes over
+    each answer's last ``\\boxed{}``; ``code_tests``: the programs run in the sandbox,
+    votes over the programs). The draws are the ``"eval"`` stream of ``config.seed`` at
+    `step` (0 for a saved policy), benchmark i's folded with i.
+
+    Returns:
+      ``{benchmark: metrics, ..., "macro": averages}`` and each benchmark's problems'
+      counts under ``"per_problem"``, the same on every process.
+    """
+    k = config.eval.samples
+    rng = steps.step_rng(config.seed, "eval", step)
     results, per_problem = {}, {}
-    try:
-        for index, (name, source) in enumerate(sources.items()):
-            count = min(config.eval.suite_problems or len(source), len(source))
-            examples, real = own_examples(source, count)
-            correct, _, answers = _correct(
-                policy, mesh, scorer, examples, config, rng=jax.random.fold_in(rng, index),
-                method=method, group_size=k, count=count, answer_of=answer_of)
-            own = [[int(correct[p * k:(p + 1) * k].sum()),
-                    maj_at_k(answers[p * k:(p + 1) * k], correct[p * k:(p + 1) * k])]
-                   for p in range(real)]
-            every = [row for part in parallel.allgather_json(own) for row in part]
-            counts, majority = [row[0] for row in every], [row[1] for row in every]
-            results[name] = suites.benchmark_metrics(counts, majority, k)
-            per_problem[name] = {"correct": counts, "majority_correct": majority}
-    finally:
-        scorer.close()
+    for index, (name, source) in enumerate(opened.sources.items()):
+        count = min(config.eval.suite_problems or len(source), len(source))
+        examples, real = own_examples(source, count)
+        correct, _, answers = _correct(
+            policy, mesh, opened.scorer, examples, config, rng=jax.random.fold_in(rng, index),
+            method=opened.method, group_size=k, count=count, answer_of=opened.answer_of)
+        own = [[int(correct[p * k:(p + 1) * k].sum()),
+                maj_at_k(answers[p * k:(p + 1) * k], correct[p * k:(p + 1) * k])]
+               for p in range(real)]
+        every = [row for part in parallel.allgather_json(own) for row in part]
+        counts, majority = [row[0] for row in every], [row[1] for row in every]
+        results[name] = suites.benchmark_metrics(counts, majority, k)
+        per_problem[name] = {"correct": counts, "majority_correct": majority}
     return {**results, "macro": suites.macro_average(results), "per_problem": per_problem}
+
+
+def suite_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """`suite_results`' metrics as the trainer logs them: ``eval_suite/<benchmark>/<key>``
+    (``macro`` among the benchmarks), the per-problem counts left out."""
+    return {f"eval_suite/{name}/{key}": value for name, row in results.items()
+            if name != "per_problem" for key, value in row.items()}
+
+
+def evaluate_suite(config, path):
+    """``eval.suite``'s metrics of the saved policy at `path` (`suite_results` at step 0)."""
+    check_config(config)
+    mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "eval"))
+    opened = open_suite(config)   # every benchmark's file read before the model loads
+    try:
+        return suite_results(_saved_policy(config, mesh, path), mesh, opened, config, step=0)
+    finally:
+        opened.close()
 
 
 def evaluate_to_file(config, workdir):

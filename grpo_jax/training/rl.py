@@ -261,10 +261,14 @@ def rl_step(run: rl_run.Run, step: int) -> dict[str, Any]:
 
 
 def _evaluate(run, step):
-    """The held-out evaluation of the policy as it is at `step`, with its time_eval."""
+    """The held-out evaluation of the policy as it is at `step` and, with ``eval.suite``,
+    the suite's metrics (`evaluation.suite_metrics`), with their time_eval."""
     begin = time.time()
     metrics = evaluation.evaluate(run.policy, run.mesh, run.scorer, run.held_out, run.config,
                                   step=step, method=run.method, episodic=run.episodic)
+    if run.suite is not None:
+        metrics.update(evaluation.suite_metrics(evaluation.suite_results(
+            run.policy, run.mesh, run.suite, run.config, step=step)))
     return {**metrics, "time_eval": time.time() - begin}
 
 
@@ -343,6 +347,8 @@ def _learn(config, workdir, mesh, rollout_mesh, seconds, learner=None):
         run.scorer.close()
         if run.episodic is not None:
             run.episodic.close()
+        if run.suite is not None:
+            run.suite.close()
     if config.train.export:
         rl_run.export(run)
     return step

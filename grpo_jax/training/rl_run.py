@@ -58,6 +58,8 @@ class Run:
       episodic: the environment of multi-turn rollouts (`rollout.Episodic`), or None.
       layout: the RL batch's keys (`programs.batch_layout`), checked at every step.
       train_iter: this process's prompt stream; held_out: its held-out examples.
+      suite: with ``eval.suite``, the suite the periodic evaluation also measures
+        (`evaluation.open_suite`); else None.
       checkpointer: the run's `checkpoint.Checkpointer`.
       advantages_fn, mismatch_fn, seeds_fn: jitted functions of the batch: the
         advantages, sampler-vs-trainer log-prob metrics, a random loss's row seeds.
@@ -106,6 +108,7 @@ class Run:
     # distillation hook: the frozen teacher (`distill.Teacher`), never checkpointed
     teacher: distill.Teacher | None = None
     entropy_control: dict | None = None
+    suite: evaluation.OpenSuite | None = None
 
 
 def copy_params(params: Any) -> Any:
@@ -122,6 +125,8 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
     train_source = task_lib.data_source(config.task, "train")
     eval_source = task_lib.data_source(config.task, config.task.eval_split)
     held_out = evaluation.own_examples(eval_source, config.eval.num_prompts)   # checks the count
+    # The suite's files are read before the model loads: a missing one fails first.
+    suite = evaluation.open_suite(config) if config.eval.suite else None
     texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(config, mesh, workdir, texts)
     rl_checks.check_model(config, policy.model_config())
@@ -160,6 +165,7 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
         # distillation hooks: the teacher, and the advantages with its term mixed in
         teacher=distill.load_teacher(config, mesh, policy, policy_run.pieces),
         entropy_control=entropy_control.initial_state(config, mesh),
+        suite=suite,
         advantages_fn=jax.jit(distill.advantages_fn(config, objective)),
         mismatch_fn=jax.jit(objectives.mismatch_metrics),
         seeds_fn=jax.jit(steps.loss_seeds, out_shardings=parallel.row_sharding(mesh)))

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from configs import base
-from grpo_jax import data, models, rewards, sampling
-from grpo_jax.training import evaluation, suites, task as task_lib
+from grpo_jax import data, models, rewards, run_files, sampling
+from grpo_jax.training import evaluation, rl, suites, task as task_lib
 from grpo_jax.training.tokenizer import train_char_tokenizer
 from tests import readme_metrics
 from tests.data import code_samples, release_samples
+from tests.training.training_setups import tiny_config
 
 SAMPLE_PROBLEMS = {"aime24": 2, "aime25": 2, "amc23": 2, "math500": 5, "minerva_math": 2,
                    "olympiadbench": 2}
@@ -120,23 +121,52 @@ def tiny_checkpoint(path, texts):
     return path
 
 
-@pytest.mark.slow
-def test_eval_mode_over_the_suite(tmp_path, monkeypatch, checkpoint, suite_dir):
-    """Each sample's answer is its first character, correct when that character's code
-    is even (the random tiny model writes anything): the counts, majorities and metrics
-    are recomputed here from the completions the sampler drew."""
-    drawn = []
+def even_first_character(completion):
+    return bool(completion) and ord(completion[0]) % 2 == 0
+
+
+def grade_by_first_character(monkeypatch, *, only_math=False):
+    """Each sample's answer becomes its first character, correct when that character's
+    code is even (the random tiny model writes anything); returns the list every
+    completion the suite's majority vote reads is appended to, in order. `only_math`:
+    scorers of other rewards (a training run's) grade as before."""
+    drawn, score = [], task_lib.Scorer.__call__
 
     def first_character(completion):
         drawn.append(completion)
         return completion[:1] or None
 
-    def even_first_character(self, prompts, completions, examples, lengths):
-        correct = np.array([bool(c) and ord(c[0]) % 2 == 0 for c in completions])
+    def graded(self, prompts, completions, examples, lengths):
+        if only_math and [spec.name for spec in self.specs] != ["math"]:
+            return score(self, prompts, completions, examples, lengths)
+        correct = np.array([even_first_character(c) for c in completions])
         return correct.astype(np.float32), correct, {}
 
     monkeypatch.setattr(rewards, "final_boxed_answer", first_character)
-    monkeypatch.setattr(task_lib.Scorer, "__call__", even_first_character)
+    monkeypatch.setattr(task_lib.Scorer, "__call__", graded)
+    return drawn
+
+
+def recomputed(drawn, problems, k):
+    """`(correct counts, majority correct)` of `problems` problems' k samples each (`drawn`
+    in order), by `grade_by_first_character`'s rule."""
+    counts, majority = [], []
+    for p in range(problems):
+        samples = drawn[p * k:(p + 1) * k]
+        counts.append(sum(even_first_character(c) for c in samples))
+        votes = collections.Counter(c[:1] for c in samples if c)
+        # The most frequent first character; a tie goes to the one drawn first.
+        winner = next((c[:1] for c in samples if c and votes[c[:1]] == max(votes.values())),
+                      None)
+        majority.append(winner is not None and even_first_character(winner))
+    return counts, majority
+
+
+@pytest.mark.slow
+def test_eval_mode_over_the_suite(tmp_path, monkeypatch, checkpoint, suite_dir):
+    """`grade_by_first_character`: the counts, majorities and metrics are recomputed here
+    from the completions the sampler drew."""
+    drawn = grade_by_first_character(monkeypatch)
     config = suite_config(tmp_path, checkpoint, suite_dir)
     results = evaluation.evaluate_to_file(config, str(tmp_path / "eval"))
 
@@ -148,18 +178,8 @@ def test_eval_mode_over_the_suite(tmp_path, monkeypatch, checkpoint, suite_dir):
     k, start = 4, 0
     for name in data.BENCHMARKS:
         problems = SAMPLE_PROBLEMS[name]
-        rows = drawn[start:start + problems * k]
+        counts, majority = recomputed(drawn[start:start + problems * k], problems, k)
         start += problems * k
-        counts, majority = [], []
-        for p in range(problems):
-            samples = rows[p * k:(p + 1) * k]
-            ok = [bool(c) and ord(c[0]) % 2 == 0 for c in samples]
-            counts.append(sum(ok))
-            votes = collections.Counter(c[:1] for c in samples if c)
-            # The most frequent first character; a tie goes to the one drawn first.
-            winner = next((c[:1] for c in samples if c and votes[c[:1]] == max(votes.values())),
-                          None)
-            majority.append(winner is not None and ord(winner) % 2 == 0)
         assert results["per_problem"][name] == {"correct": counts,
                                                 "majority_correct": [float(m) for m in majority]}
         metrics = results[name]
@@ -175,6 +195,49 @@ def test_eval_mode_over_the_suite(tmp_path, monkeypatch, checkpoint, suite_dir):
         np.mean([results[name]["avg@4"] for name in data.BENCHMARKS]))
     table = (tmp_path / "eval" / "eval_suite.md").read_text().splitlines()
     assert len(table) == 2 + len(data.BENCHMARKS) + 1 and table[-1].startswith("| macro | 15 |")
+
+
+@pytest.mark.slow
+def test_training_evaluates_the_suite(tmp_path, monkeypatch, data_dir, checkpoint, suite_dir):
+    """A 2-step RL run from the tiny checkpoint with ``eval.suite``: its step-0 row (the
+    starting policy) logs the metrics ``mode=eval`` gives on the same weights, and both of
+    its rows' metrics are recomputed from the completions drawn (the suite graded by
+    `grade_by_first_character`, the training reward as it is)."""
+    drawn = grade_by_first_character(monkeypatch, only_math=True)
+    problems, k = 2, 4
+    config = tiny_config("dapo", data_dir, **{   # the random model fails every prompt:
+        "filtering.dynamic_sampling": False,      # no group has signal to keep
+        "model.path": checkpoint, "model.name": "", "train.eval_at_start": True,
+        "eval.suite": "math_reasoning", "eval.suite_dir": str(suite_dir),
+        "eval.suite_problems": problems, "eval.samples": k, "rollout.max_new_tokens": 6})
+    rl.train(config, str(tmp_path / "rl"))
+    rows = [row for row in run_files.read_metrics(str(tmp_path / "rl"))
+            if "eval_suite/macro/avg@4" in row]
+    assert [row["step"] for row in rows] == [0, 2]
+    logged = [{key: value for key, value in row.items() if key.startswith("eval_suite/")}
+              for row in rows]
+    assert readme_metrics.undocumented(logged[0]) == []
+    per_evaluation = len(data.BENCHMARKS) * problems * k
+    assert len(drawn) == 2 * per_evaluation
+    for row, completions in zip(logged, (drawn[:per_evaluation], drawn[per_evaluation:])):
+        results = {}
+        for index, name in enumerate(data.BENCHMARKS):
+            start = index * problems * k
+            results[name] = suites.benchmark_metrics(
+                *recomputed(completions[start:start + problems * k], problems, k), k)
+        results["macro"] = suites.macro_average(results)
+        assert row == pytest.approx(evaluation.suite_metrics(results))
+        assert len(row) == (len(data.BENCHMARKS) + 1) * 7   # problems .. maj@4
+        assert row["eval_suite/aime24/problems"] == problems
+    assert logged[0] != logged[1]   # the policy moved, or the draws of step 2 differ
+
+    del drawn[:]
+    eval_config = tiny_config("dapo", data_dir, **{
+        "mode": "eval", "model.path": checkpoint, "model.name": "",
+        "eval.suite": "math_reasoning", "eval.suite_dir": str(suite_dir),
+        "eval.suite_problems": problems, "eval.samples": k, "rollout.max_new_tokens": 6})
+    saved = evaluation.evaluate_to_file(eval_config, str(tmp_path / "eval"))
+    assert evaluation.suite_metrics(saved) == logged[0]
 
 
 def test_the_code_suite_is_humaneval_and_mbpp_graded_by_code_tests():
