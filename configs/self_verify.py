@@ -32,6 +32,9 @@ def get_config(arg=None):
     config.reward.specs = (("answer_before_verdict", 0.76, {"grader": grader}),
                            ("self_verify", 0.24, {"grader": grader}))
     config.reward.correct = "answer_before_verdict"
+    # A group of all-wrong answers still has signal when its verdicts differ in honesty
+    # (0.24 vs 0): the reward, not the correctness, says whether advantages differ.
+    config.filtering.signal = "reward"
     if arg.runlocal:
         config.model.name = "tiny"
         config.rollout.keep_routing = False   # a dense model: no experts to replay
