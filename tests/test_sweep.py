@@ -54,7 +54,8 @@ def test_each_ablation_has_a_config_with_a_sweep():
         "loss_aggregation", "advantage_scale", "clip_higher", "dynamic_sampling", "overlong",
         "ratio_level", "baselines", "stability_frontier", "long_loss_aggregation",
         "long_clip_higher", "long_overlong", "long_advantage_scale", "long_vapo_vs_dapo",
-        "low_precision", "moe_ratio", "frontier_edge", "hard_testbed_calibration"}
+        "low_precision", "moe_ratio", "frontier_edge", "hard_testbed_calibration",
+        "hard_testbed_calibration_2"}
 
 
 def test_the_paper_configs_with_a_sweep_are_listed():
