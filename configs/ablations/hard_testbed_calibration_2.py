@@ -16,6 +16,22 @@ collapsed, so the learning rate stays at 3e-5.
     python -m grpo_jax.sweep --config configs/ablations/hard_testbed_calibration_2.py \\
         --workdir_root runs/hard_testbed_calibration_2 --seeds 0 --parallel 2
     python -m grpo_jax.report runs/hard_testbed_calibration_2
+
+Measured (seed 0, AMD EPYC 2-core host at 8e179f2, per 10-step window;
+experiments/ablations/hard_testbed_calibration_2/report.md):
+
+- (e) meets three of the four targets in every window to step 100: held-out accuracy
+  0.31-0.42, wrong answers 10-15 tokens longer than right ones, the budget cuts 14-36% of
+  answers; entropy 0.16 falling to 0.12. The upper clip binds on 0.07-0.15% of tokens,
+  not >= 1%. Its warm start differs from (d)'s (the budget is part of the warm start's
+  settings): 0.32 held-out at step 0, as the 64-token budget makes cut answers wrong.
+- (f) doubles the clip fractions of (d) (upper 0.12-0.20%, lower 0.55-0.82%) and keeps
+  accuracy at 0.57-0.66 and the length gap at 8-12 tokens; truncation stays <= 1.4%.
+- (g) collapses: held-out accuracy 0.10-0.17 in steps 1-50, 0.01 at step 100.
+
+So (e) is the testbed for the length-gap and overlong claims (loss aggregation, the soft
+overlong penalty, overlong masking). The upper clip stays far below 1% in every setting
+that does not collapse: clip-higher's mechanism is still untested here.
 """
 
 from grpo_jax import config_lib
