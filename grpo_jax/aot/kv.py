@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from grpo_jax import parallel
 from grpo_jax.models import sharding as sharding_lib
+from grpo_jax.sampling import _paged
 
 # Phi^-1(0.99): the lognormal's 99th percentile sits z99 standard deviations above mu.
 Z99 = statistics.NormalDist().inv_cdf(0.99)
@@ -103,8 +104,9 @@ def contiguous_kv_bytes(layout: KVLayout, *, prompts: int, prompt_len: int, slot
 
 def pool_pages(slots: int, length: int, new_tokens: int, page: int) -> int:
     """M, completion pages for `slots` rows of `length` tokens each (whole pages), at
-    least one full row of `new_tokens` (what the engine asks of a pool)."""
-    return max(slots * -(-length // page), -(-new_tokens // page))
+    least one full row of `new_tokens` (what the engine asks of a pool): the engine's
+    `pool_pages` for rows of `length` tokens, held to `check_pages`' minimum."""
+    return max(_paged.pool_pages(slots, length, page), _paged.pool_pages(1, new_tokens, page))
 
 
 def paged_kv_bytes(layout: KVLayout, *, prompts: int, prompt_len: int, pages: int, page: int,
