@@ -370,12 +370,6 @@ class TestDynamicSamplingSignal:
                                          r"got 'accuracy'"):
       obj.dynamic_sampling_signal(self.REWARDS, self.CORRECT, 2, signal="accuracy")
 
-  def test_the_trainer_judges_its_rows_on_filtering_signal(self):
-    from grpo_jax.training import rollout
-    rows = {"rewards": jnp.asarray(self.REWARDS), "correct": jnp.asarray(self.CORRECT)}
-    assert int(rollout.groups_with_signal(rows, 2, "correct")) == 1
-    assert int(rollout.groups_with_signal(rows, 2, "reward")) == 2
-
 
 class TestImportanceWeights:
 

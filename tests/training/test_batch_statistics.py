@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import objectives
-from grpo_jax.training import metrics as metrics_lib, steps
+from grpo_jax.training import metrics as metrics_lib, rollout, steps
 
 
 def _numpy_statistics(advantages, correct, row_valid, mask, group_size):
@@ -123,3 +123,13 @@ def test_each_update_of_a_step_gets_its_own_dropout_key():
     expected = [jax.random.key_data(jax.random.fold_in(step_key, u)) for u in range(4)]
     np.testing.assert_array_equal(np.stack(keys), np.stack(expected))
     assert len({tuple(np.asarray(k)) for k in keys}) == 4
+
+
+def test_the_trainer_judges_its_rows_on_filtering_signal():
+  """G = 2, hand-computed: (all wrong, one cut by the overlong penalty), (all right, one
+  penalised), (one right, rewards tied). DAPO's test keeps only the third group; comparing
+  the shaped reward keeps the first two."""
+  rows = {"rewards": jnp.asarray([0.0, -0.3, 1.0, 0.8, 0.5, 0.5], jnp.float32),
+          "correct": jnp.asarray([False, False, True, True, True, False])}
+  assert int(rollout.groups_with_signal(rows, 2, "correct")) == 1
+  assert int(rollout.groups_with_signal(rows, 2, "reward")) == 2
