@@ -55,7 +55,7 @@ def test_each_ablation_has_a_config_with_a_sweep():
         "ratio_level", "baselines", "stability_frontier", "long_loss_aggregation",
         "long_clip_higher", "long_overlong", "long_advantage_scale", "long_vapo_vs_dapo",
         "low_precision", "moe_ratio", "frontier_edge", "hard_testbed_calibration",
-        "hard_testbed_calibration_2", "hard_loss_aggregation"}
+        "hard_testbed_calibration_2", "hard_loss_aggregation", "hard_overlong"}
 
 
 def test_the_paper_configs_with_a_sweep_are_listed():
