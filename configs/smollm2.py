@@ -72,6 +72,18 @@ model calls the tool in ~5% of episodes, and only by echoing the system prompt's
 
     python -m grpo_jax.main --config configs/smollm2.py:path=~/ckpt/smollm2,tool=True \\
       --workdir ~/runs/smollm2_tool
+
+``strict=True`` pays only what strict grading counts: 1 for exactly the right integer
+after the last ``####`` (``integer_answer``) and the overlong penalty, with the ``gsm8k``
+grader and the format logged at weight 0, and a one-shot prompt (``12+30`` answered
+``12+30=42`` then ``#### 42``, an earlier chat turn) so the base model sees the format it
+is paid for. The default's 0.25 format bonus pays ``#### n`` whether n is right, and a
+policy can learn it on wrong answers (measured: one of three seeds ended 91% of its
+greedy answers with a wrong ``####`` number); here no reward is paid for a wrong answer,
+and accuracy is the strict one:
+
+    python -m grpo_jax.main --config configs/smollm2.py:path=~/ckpt/smollm2,strict=True \\
+      --workdir ~/runs/smollm2_strict
 """
 
 from ml_collections import config_dict
@@ -80,7 +92,8 @@ from grpo_jax import config_lib
 
 
 def get_config(arg=None):
-    arg = config_lib.parse_arg(arg, path="", steps=40, lora=False, quantize="", tool=False)
+    arg = config_lib.parse_arg(arg, path="", steps=40, lora=False, quantize="", tool=False,
+                               strict=False)
     config = config_lib.load_sibling(__file__, "dapo").get_config("runlocal=False")
     config_lib.load_sibling(__file__, "base").set_regime(
         config, prompts=8, group_size=8, updates=2, max_new_tokens=96, learning_rate=1e-5,
@@ -114,9 +127,27 @@ def get_config(arg=None):
     config.filtering.short_batch = "pad"
     config.eval.num_prompts = 200
     config.eval.samples = 1
+    if arg.tool and arg.strict:
+        raise ValueError("smollm2: strict=True and tool=True are two different tasks (2-digit "
+                         "addition with a one-shot prompt, 3-digit multiplication with a "
+                         "calculator); give one")
     if arg.tool:
         _with_calculator(config)
+    if arg.strict:
+        _strict(config)
     return config
+
+
+# One worked example as an earlier chat turn: the format strict grading reads.
+ONE_SHOT = (("12+30", "12+30=42\n#### 42"),)
+
+
+def _strict(config):
+    """Strict grading paid and reported, with the one-shot prompt (the docstring)."""
+    config.task.shots = ONE_SHOT
+    config.reward.specs = (("integer_answer", 1.0), ("gsm8k", 0.0), ("integer_format", 0.0),
+                           ("overlong", 1.0, {"cache_fraction": 0.2}))
+    config.reward.correct = "integer_answer"
 
 
 CALCULATOR_PROMPT = (

@@ -45,16 +45,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import smollm2_cpu   # noqa: E402  (held-out answers, stages, summaries)
 
-ONE_SHOT = (("12+30", "12+30=42\n#### 42"),)
 CHILDREN = ("rl", "sft")   # run side by side, one core each
 LABELS = {"rl": "DAPO (RL)", "sft": "SFT control"}
 
 
-def recipe_config(checkpoint, prompts, seed):
-    """The recipe with `prompts` held-out prompts (the test split sized to match)."""
+def recipe_config(checkpoint, prompts, seed, recipe=""):
+    """The recipe (with `recipe`'s arguments, e.g. ``strict=True``) with `prompts` held-out
+    prompts (the test split sized to match)."""
     from grpo_jax import config_lib
+    extra = f",{recipe}" if recipe else ""
     config = config_lib.resolve_paths(config_lib.load_config(
-        f"{os.path.join(ROOT, 'configs', 'smollm2.py')}:path={checkpoint},steps=100000"))
+        f"{os.path.join(ROOT, 'configs', 'smollm2.py')}:path={checkpoint},steps=100000{extra}"))
     return config_lib.replaced(config, {"task.knobs.num_test": prompts,
                                         "eval.num_prompts": prompts, "seed": seed})
 
@@ -89,7 +90,7 @@ def child(args):
     from grpo_jax import parallel
     parallel.use_cpu_cores()
     from grpo_jax.training import rl, sft
-    config = recipe_config(args.checkpoint, args.prompts, args.seed)
+    config = recipe_config(args.checkpoint, args.prompts, args.seed, args.recipe)
     directory = os.path.join(args.workdir, f"seed-{args.seed}", args.child)
     train = (lambda: rl.train(config, directory, seconds=args.minutes * 60)) \
         if args.child == "rl" else \
@@ -114,7 +115,7 @@ def run_pair(args, seed):
         command = [sys.executable, os.path.abspath(__file__), "--child", name,
                    "--core", str(core), "--seed", str(seed), "--checkpoint", args.checkpoint,
                    "--minutes", str(args.minutes), "--prompts", str(args.prompts),
-                   "--workdir", args.workdir]
+                   "--workdir", args.workdir, "--recipe", args.recipe]
         processes.append((name, log, subprocess.Popen(command, stdout=log,
                                                       stderr=subprocess.STDOUT)))
         print(f"seed {seed}: {name} on core {core}, log {log.name}", flush=True)
@@ -160,9 +161,11 @@ def format_table(args, machine, base_rows, per_seed):
         f"{s['truncated']:5.3f}")
     lines = [
         "# python experiments/smollm2_controls.py --checkpoint DIR "
-        f"--minutes {args.minutes:g} --seeds {args.seeds} --prompts {args.prompts}",
+        f"--minutes {args.minutes:g} --seeds {args.seeds} --prompts {args.prompts}"
+        + (f" --recipe {args.recipe}" if args.recipe else ""),
         f"# commit {machine['commit']}, {machine['machine']}, load {machine['load']} at the start",
-        "# SmolLM2-135M-Instruct (Q4_1 GGUF, converted to float32), configs/smollm2.py (DAPO,",
+        "# SmolLM2-135M-Instruct (Q4_1 GGUF, converted to float32), configs/smollm2.py"
+        + (f":{args.recipe}" if args.recipe else "") + " (DAPO,",
         f"# 2-digit addition in chat); greedy answers to the same {args.prompts} held-out prompts.",
         "# accuracy: the recipe's gsm8k grader (number after the last ####, else the last",
         "# number); first line: the same grader on the answer's first non-empty line only;",
@@ -183,7 +186,7 @@ def format_table(args, machine, base_rows, per_seed):
         lines.append(line(f"{LABELS[name]}, mean of {len(per_seed)}", avg, steps))
     lines.append("# RL - SFT control, paired by seed (the 95% t-interval with 5 seeds or more, "
                  "else the range; the exact sign-flip p):")
-    for key in ("accuracy", "first_line", "mean_length"):
+    for key in ("accuracy", "first_line", "strict_accuracy", "mean_length"):
         diffs = [pair["rl"][0][key] - pair["sft"][0][key] for _, pair in sorted(per_seed.items())]
         p = report_stats.sign_flip_p(diffs)
         lines.append(f"#   {key:<11s} {' '.join(f'{d:+.3f}' for d in diffs)}  mean "
@@ -219,6 +222,9 @@ def main():
     parser.add_argument("--minutes", type=float, default=20.0,
                         help="wall-time budget of each run (RL and SFT alike)")
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--recipe", default="",
+                        help="configs/smollm2.py's arguments for every run, e.g. strict=True "
+                             "(strict grading paid, the one-shot prompt)")
     parser.add_argument("--prompts", type=int, default=500, help="held-out prompts")
     parser.add_argument("--workdir", default="/tmp/smollm2_controls")
     parser.add_argument("--out", default=None, help="also write the table here")
@@ -238,7 +244,7 @@ def main():
     from grpo_jax import config_lib, sweep
     os.makedirs(args.workdir, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",")]
-    config = recipe_config(args.checkpoint, args.prompts, seeds[0])
+    config = recipe_config(args.checkpoint, args.prompts, seeds[0], args.recipe)
     machine = smollm2_cpu.stage(os.path.join(args.workdir, "machine.json"), lambda: {
         "commit": sweep.source_commit(), "machine": sweep.machine_description(os.cpu_count()),
         "load": round(os.getloadavg()[0], 1)})
@@ -246,7 +252,8 @@ def main():
     base = smollm2_cpu.stage(os.path.join(args.workdir, "base.json"),
                              lambda: smollm2_cpu.held_out_answers(config, args.checkpoint))
     print("base model, one-shot prompt", flush=True)
-    one_shot = config_lib.replaced(config, {"task.shots": ONE_SHOT})
+    recipe = config_lib.load_module(os.path.join(ROOT, "configs", "smollm2.py"))
+    one_shot = config_lib.replaced(config, {"task.shots": recipe.ONE_SHOT})
     base_one_shot = smollm2_cpu.stage(
         os.path.join(args.workdir, "base_one_shot.json"),
         lambda: smollm2_cpu.held_out_answers(one_shot, args.checkpoint))

@@ -16,7 +16,7 @@ import transformers
 
 from grpo_jax import config_lib, data, models, run_files
 from grpo_jax.data import prompts
-from grpo_jax.training import rl
+from grpo_jax.training import rl, task as task_lib
 from tests.training.training_setups import REPO
 
 CALCULATOR_PROMPT = config_lib.load_module(REPO / "configs" / "smollm2.py").CALCULATOR_PROMPT
@@ -160,7 +160,8 @@ def test_smollm2_controls_grade_first_lines_and_pair_rl_with_sft(monkeypatch):
         "mean_length": length, "truncated": 0.0}
     per_seed = {0: {"rl": (summary(0.5, 10.0), 8), "sft": (summary(0.6, 5.0), 28)},
                 1: {"rl": (summary(0.2, 12.0), 9), "sft": (summary(0.6, 5.0), 30)}}
-    args = type("Args", (), {"minutes": 20.0, "seeds": "0,1", "prompts": 500})()
+    args = type("Args", (), {"minutes": 20.0, "seeds": "0,1", "prompts": 500,
+                             "recipe": "strict=True"})()
     machine = {"commit": "abc1234", "machine": "a CPU", "load": 0.0}
     table = script.format_table(args, machine, [("base", summary(0.1, 50.0))], per_seed)
     lines = table.splitlines()
@@ -174,6 +175,38 @@ def test_smollm2_controls_grade_first_lines_and_pair_rl_with_sft(monkeypatch):
     assert accuracy.endswith("mean -0.250, range [-0.400, -0.100] over 2 seeds, p 0.500: "
                              "no difference detected at 2 seeds")
     assert lines[-1].endswith("binomial standard error of 0.022")
+    assert lines[0].endswith("--prompts 500 --recipe strict=True")
+    assert "configs/smollm2.py:strict=True (DAPO," in lines[2]
+    strict = next(l for l in lines if l.startswith("#   strict_accuracy"))
+    assert strict.split()[2:5] == ["+0.000", "+0.000", "mean"]
+
+
+def default_recipe():
+    return config_lib.load_config(f"{REPO / 'configs' / 'smollm2.py'}:path=/unused")
+
+
+def test_smollm2_strict_pays_only_strict_accuracy_under_the_one_shot_prompt():
+    """``strict=True``: the reward is the exact integer after the last ``####`` and the
+    overlong penalty; gsm8k and the format are logged at weight 0; the one-shot turn."""
+    config = config_lib.load_config(f"{REPO / 'configs' / 'smollm2.py'}:path=/unused,strict=True")
+    assert config.reward.correct == "integer_answer"
+    paid = {spec[0]: spec[1] for spec in config.reward.specs}
+    assert paid == {"integer_answer": 1.0, "gsm8k": 0.0, "integer_format": 0.0, "overlong": 1.0}
+    assert config.task.shots == (("12+30", "12+30=42\n#### 42"),)
+    # "#### 4" for 1+2: the default recipe pays the format 0.25, strict pays nothing;
+    # "#### 3" earns 1 in both (plus the default's format bonus).
+    examples = [{"task": "arithmetic", "question": "1+2", "answer": "3"}] * 2
+    answers = ["1+2=4\n#### 4", "1+2=3\n#### 3"]
+    for recipe, paid in ((config, [0.0, 1.0]), (default_recipe(), [0.25, 1.25])):
+        scorer = task_lib.Scorer(recipe.reward, separate=False, max_new_tokens=96)
+        try:
+            values, correct, _ = scorer(["1+2"] * 2, answers, examples, [5, 5])
+        finally:
+            scorer.close()
+        assert values.tolist() == paid and correct.tolist() == [False, True]
+    with pytest.raises(ValueError, match="strict=True and tool=True"):
+        config_lib.load_config(f"{REPO / 'configs' / 'smollm2.py'}:path=/unused,strict=True,"
+                               "tool=True")
 
 
 def bigram_checkpoint(path, tokenizer, successor):
