@@ -317,10 +317,14 @@ def read_rows(array, rows):
 def whole_on_host(tree):
     """Every array of `tree` whole, as numpy, on every process: gathered from all
     processes where this one holds only part of it (`process_allgather`, a collective of
-    the processes of the array's mesh: each calls it at once), so small arrays (a decode
-    slot's flags) read the same everywhere; an array on this process's devices alone
-    (every array with one process) a plain `jax.device_get`, no other process involved."""
+    the processes of the array's mesh: each calls it at once), so small arrays read the
+    same everywhere; an array replicated on every device (a decode slot's flags, as the
+    engine leaves them) is read from this process's own copy, and one on this process's
+    devices alone (every array with one process) is a plain `jax.device_get`: no other
+    process involved in either."""
     def get(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable and x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return np.asarray(jax.device_get(x))

@@ -31,14 +31,17 @@ row samples the same tokens whatever the schedule and however long the host took
 carried over from another call (a partial rollout) brings its own key (`keys=`) and goes
 on drawing from its stream at the position where it stopped.
 
-On a mesh spanning several processes every process runs the same loop at once (`run`,
-`answer`, `finished` are collectives). The rows' outputs and queues are split over the
+On a mesh spanning several processes every process runs the same loop at once (`run`
+and `answer` are collectives; `finished` and `unfinished` read flags every process holds
+alike). The rows' outputs and queues are split over the
 mesh's row axes like the prompts' rows (`parallel.global_rows`), so each process holds
-the rows of its own prompts (`own_rows`): `run` returns the paused rows it holds (which
-rows paused anywhere is gathered, a few flags per slot), the host reads and answers only
-those (`turn_tokens` reads them from its own devices), and `answer` puts every process's
-replies into the global queue, each process giving its own rows'. With one process it
-holds every row.
+the rows of its own prompts (`own_rows`): `run` returns the paused rows it holds, the host
+reads and answers only those (`turn_tokens` reads them from its own devices), and `answer`
+puts every process's replies into the global queue, each process giving its own rows'.
+Which slots are live or paused, and their rows, are agreed once per call inside the
+program that changed them (`_start`, `_run`, `_resume` return them whole on every
+device, a few flags per slot): the host reads its own copy, so a pause costs no
+collective of its own. With one process it holds every row.
 """
 
 import functools
@@ -71,13 +74,24 @@ def _split_rows(slots, batch_axes, ways):
     return slots.replace(**rows, turns=slots.turns.replace(**turn_rows))
 
 
+def _flags(slots):
+    """`[3 C + 1]` int32, whole on every device: the slots' live and paused flags, their
+    rows, then the next row to admit. Gathered in the program that made the slots (one
+    all-gather per call), so every process reads the same flags from its own devices."""
+    flags = jnp.concatenate([slots.live.astype(jnp.int32), slots.turns.paused.astype(jnp.int32),
+                             slots.row.astype(jnp.int32), slots.next_row.astype(jnp.int32)[None]])
+    if jax.sharding.get_abstract_mesh().empty:
+        return flags
+    return jax.lax.with_sharding_constraint(flags, jax.sharding.PartitionSpec())
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "buffer_len", "num_slots",
                                              "rules", "record_support", "record_routing"))
 def _start(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, queue, queued, pad_id,
            method, turn_budget, *, group_size, buffer_len, num_slots, rules, record_support,
            record_routing):
-    """Prefills the prompts and admits the first rows: `(carry, (prompt cache, prompt
-    logits, row keys), prompt experts or None)`."""
+    """Prefills the prompts and admits the first rows: `(carry, its `_flags`, (prompt
+    cache, prompt logits, row keys), prompt experts or None)`."""
     state, batch_axes, ways = _on_mesh(state, rules)
     p, s = prompt_tokens.shape
     model = nnx.merge(graphdef, state)
@@ -88,16 +102,18 @@ def _start(graphdef, state, prompt_tokens, prompt_mask, rng, prompt_ids, queue, 
     slots = init_slots(model, prompt_logits, rows=b, prompt_len=s, buffer_len=buffer_len,
                        num_slots=num_slots, pad_id=pad_id, queue=queue, queued=queued,
                        turn_budget=turn_budget, **records)
-    slots = _admit(slots, prompt_cache, prompt_logits, group_size=group_size, num_rows=b)
-    return (_split_rows(slots, batch_axes, ways),
-            (prompt_cache, prompt_logits, row_keys(rng, prompt_ids, group_size)), experts)
+    slots = _split_rows(_admit(slots, prompt_cache, prompt_logits, group_size=group_size,
+                               num_rows=b), batch_axes, ways)
+    return (slots, _flags(slots), (prompt_cache, prompt_logits,
+                                   row_keys(rng, prompt_ids, group_size)), experts)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "group_size", "rules"),
                    donate_argnames=("slots",))
 def _run(graphdef, state, slots, prompt_cache, prompt_logits, keys_b, cap_b, method, stop_tokens,
          pause_tokens, pad_id, max_steps, *, group_size, rules):
-    """Decode steps until every row is done, a row pauses, or `max_steps` steps ran."""
+    """Decode steps until every row is done, a row pauses, or `max_steps` steps ran:
+    `(carry, its `_flags`)`."""
     state, batch_axes, ways = _on_mesh(state, rules)
     b = keys_b.shape[0]
     slots = _admit(slots, prompt_cache, prompt_logits, group_size=group_size, num_rows=b)
@@ -113,14 +129,15 @@ def _run(graphdef, state, slots, prompt_cache, prompt_logits, keys_b, cap_b, met
 
     slots, _ = jax.lax.while_loop(cond, lambda carry: (step(carry[0]), carry[1] + 1),
                                   (slots, jnp.zeros((), jnp.int32)))
-    return _split_rows(slots, batch_axes, ways)
+    slots = _split_rows(slots, batch_axes, ways)
+    return slots, _flags(slots)
 
 
 @functools.partial(jax.jit, donate_argnames=("slots",))
 def _resume(slots, action_b, tokens_bq, lengths_b):
     """Answers paused rows: row b resumes with `tokens_bq[b, :lengths_b[b]]` queued where
     `action_b[b]` is RESUME, ends stopped (END_STOPPED) or truncated (END_TRUNCATED), and
-    is left as it is where KEEP."""
+    is left as it is where KEEP. Returns `(carry, its `_flags`)`."""
     turns, b = slots.turns, slots.tokens.shape[0]
     action_c = jnp.where(slots.row < b, action_b[jnp.minimum(slots.row, b - 1)], KEEP)
     resumed_c = turns.paused & (action_c == RESUME)
@@ -137,9 +154,9 @@ def _resume(slots, action_b, tokens_bq, lengths_b):
         ),
     )
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return slots
-    return _split_rows(slots, parallel.row_axes(mesh), parallel.row_ways(mesh))
+    if not mesh.empty:
+        slots = _split_rows(slots, parallel.row_axes(mesh), parallel.row_ways(mesh))
+    return slots, _flags(slots)
 
 
 class Engine:
@@ -201,7 +218,7 @@ class Engine:
         self._cap_b = jnp.broadcast_to(_int32(max_new_tokens), (rows,))
         if keys is not None and np.shape(keys) != (rows,):
             raise ValueError(f"keys has shape {np.shape(keys)}; give one key per row ({rows},)")
-        self._slots, self._prompt_state, self._prompt_experts = _start(
+        self._slots, flags, self._prompt_state, self._prompt_experts = _start(
             graphdef, state, *self._prompts, jax.random.key(0) if rng is None else rng,
             _int32(prompt_ids), queue, lengths, self._pad_id,
             method, _int32(turn_budget or int(max_len_bucket) + 1), group_size=group_size,
@@ -212,7 +229,14 @@ class Engine:
         self._row_sharding = self._slots.lengths.sharding
         self.own_rows = parallel.held_rows(self._row_sharding, rows)   # every row on one process
         self._paused = np.zeros((0,), np.int64)   # this process's paused rows not yet answered
-        self._paused_anywhere = False
+        self._read_flags(flags)
+
+    def _read_flags(self, flags):
+        """Keeps the slots' flags (`_flags`, whole on this process's devices: no collective)
+        as numpy: `_live`, `_paused_c` `[C]` bool, `_row` `[C]`, `_next_row`."""
+        flags, c = parallel.whole_on_host(flags), self.slots
+        self._live, self._paused_c = flags[:c].astype(bool), flags[c:2 * c].astype(bool)
+        self._row, self._next_row = flags[2 * c:3 * c], int(flags[-1])
 
     def _queue(self, token_lists, *, rows, name):
         """`([len(rows), Q] int32, [len(rows)] int32)` from token lists, each <= Q long."""
@@ -238,21 +262,19 @@ class Engine:
             raise ValueError(f"rows {self._paused.tolist()} are paused: give them tokens with "
                              "resume() or finish them with end() before run()")
         budget = np.iinfo(np.int32).max if max_steps is None else int(max_steps)
-        self._slots = _run(self._graphdef, self._state, self._slots, *self._prompt_state,
-                           self._cap_b, self._method, self._stop_tokens, self._pause_tokens,
-                           self._pad_id, _int32(budget), group_size=self._group_size,
-                           rules=self._rules)
-        paused, row = parallel.whole_on_host((self._slots.turns.paused, self._slots.row))
-        self._paused_anywhere = bool(paused.any())
-        self._paused = np.intersect1d(row[paused], self.own_rows).astype(np.int64)
+        self._slots, flags = _run(
+            self._graphdef, self._state, self._slots, *self._prompt_state, self._cap_b,
+            self._method, self._stop_tokens, self._pause_tokens, self._pad_id, _int32(budget),
+            group_size=self._group_size, rules=self._rules)
+        self._read_flags(flags)
+        self._paused = np.intersect1d(self._row[self._paused_c], self.own_rows).astype(np.int64)
         return self._paused.copy()
 
     @property
     def finished(self):
         """Every row is done (no row live, paused or pending), the same on every process."""
-        live, paused, next_row = parallel.whole_on_host(
-            (self._slots.live, self._slots.turns.paused, self._slots.next_row))
-        return not live.any() and not paused.any() and int(next_row) >= self.rows
+        return (not self._live.any() and not self._paused_c.any()
+                and self._next_row >= self.rows)
 
     def row_tokens(self, row):
         """Row `row`'s tokens so far (a list of ids, appended ones included); a row this
@@ -296,18 +318,18 @@ class Engine:
         own = self.own_rows.tolist()
         queue, lengths = self._queue([replies.get(r, []) for r in own], rows=own, name="resume")
         action = np.asarray([actions.get(r, KEEP) for r in own], np.int32)
-        if self._paused_anywhere:   # every process knows it (`run`): all call `_resume` or none
+        if self._paused_c.any():   # the same flags on every process: all call `_resume` or none
             local = dict(action_b=action, tokens_bq=queue, lengths_b=lengths)
-            self._slots = _resume(self._slots, **{k: jax.make_array_from_process_local_data(
-                self._row_sharding, v, (self.rows, *v.shape[1:])) for k, v in local.items()})
+            self._slots, flags = _resume(self._slots, **{
+                k: jax.make_array_from_process_local_data(
+                    self._row_sharding, v, (self.rows, *v.shape[1:])) for k, v in local.items()})
+            self._read_flags(flags)
         self._paused = np.setdiff1d(self._paused, list(actions))
 
     def unfinished(self):
         """Rows not done yet: decoding, paused or not yet admitted (sorted ids)."""
-        live, paused, row, next_row = parallel.whole_on_host((
-            self._slots.live, self._slots.turns.paused, self._slots.row, self._slots.next_row))
-        started = np.union1d(row[live], row[paused])
-        return np.union1d(started, np.arange(int(next_row), self.rows)).astype(np.int64)
+        started = np.union1d(self._row[self._live], self._row[self._paused_c])
+        return np.union1d(started, np.arange(self._next_row, self.rows)).astype(np.int64)
 
     def rollout(self):
         """The `Rollout` so far (with `appended`); rows not done have their tokens so far."""

@@ -1,6 +1,10 @@
 """`sampling.Engine`: continuous batching run from the host, rows that pause on a token and
 resume with appended tokens (a tool's reply), and a step budget that stops and goes on."""
 
+import argparse
+import importlib.util
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +17,7 @@ from tests.sampling.test_engine import PROMPTS, STOPS, assert_same_rows, run
 
 METHOD = sampling.TopP(0.95, temperature=1.0)
 PAUSES = np.arange(3, 512, 8)   # 1 token in 8 pauses a row (a "tool call"), none stops it
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "bench_tool_turns.py"
 
 
 def engine(model, slots, **kwargs):
@@ -214,3 +219,27 @@ def test_a_row_carried_into_another_engine_with_its_key_samples_on_as_before(tin
     with pytest.raises(ValueError, match=r"keys has shape \(3,\); give one key per row \(12,\)"):
         sampling.Engine(*tiny_model, tokens, mask, keys=keys[:3], method=METHOD, group_size=4,
                         max_new_tokens=40, stop_tokens=STOPS, pad_id=0, slots=3)
+
+
+@pytest.mark.slow
+def test_two_processes_answer_their_own_rows_as_one_process_without_a_gather_per_pause(
+        tmp_path):
+    """experiments/bench_tool_turns.py's episodes (8 prompts x 2, rows pausing on 1 token
+    in 16, each pause answered by the process that holds the row) on two processes of 4
+    CPU devices: the same rows token for token, the replies at the same places, as the
+    one-process engine on the same prompts and key (this process's 8 devices); and
+    neither process gathered anything on the host while the episodes ran (the slots'
+    flags come whole with the programs that changed them)."""
+    spec = importlib.util.spec_from_file_location("bench_tool_turns", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sizes = dict(prompts=8, group=2, max_new_tokens=24)
+    two = bench.layout(argparse.Namespace(repeats=0, **sizes), 2, tmp_path)
+    one = bench.rollouts(1, 0, repeats=0, **sizes)
+    assert [p["rows"] for p in two] == [list(range(8)), list(range(8, 16))]
+    assert one["rows"] == list(range(16))
+    for key in ("tokens", "lengths", "appended"):
+        assert bench.merged(two, key) == one[key], key
+    assert one["pauses"] >= 8 and sum(p["pauses"] for p in two) == one["pauses"]
+    assert np.sum(one["appended"]) >= 8
+    assert [p["gathers"] for p in two] == [0, 0]
