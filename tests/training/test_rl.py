@@ -52,7 +52,9 @@ def test_every_recipe_learns_in_its_runlocal_regime(recipe, data_dir, tmp_path):
     (the critic's too, after one step of value pre-training where the recipe has it),
     every metric finite, and (off-policy recipes) the clip, gate or cap acting by the
     last update."""
-    config = runlocal_config(recipe, data_dir, **{"train.steps": 3, "train.eval_every": 3})
+    # The last step's checkpoint alone (the one asserted; a checkpoint changes no number).
+    config = runlocal_config(recipe, data_dir, **{"train.steps": 3, "train.eval_every": 3,
+                                                  "train.checkpoint_every": 100})
     pretrain = config.critic.pretrain_steps = min(config.critic.pretrain_steps, 1)
     assert rl.train(config, str(tmp_path)) == pretrain + 3
     rows = read_metrics(tmp_path)
@@ -285,11 +287,26 @@ class _PatternScorer:
         return values, values >= 1, {}
 
 
-def _collect_with_pattern(data_dir, tmp_path, **overrides):
-    config = tiny_config("dapo", data_dir, **{"model.sft_warm_start": False, **overrides})
+# The dynamic-sampling tests draw from a policy initialised at random (no warm start).
+_PATTERN_RUN = {"model.sft_warm_start": False}
+
+
+@pytest.fixture(scope="module")
+def pattern_policy(data_dir, tmp_path_factory):
+    """`(mesh, source, policy)` of `tiny_config("dapo", **_PATTERN_RUN)`, built once for the
+    dynamic-sampling tests: the filtering settings they vary are read by `rollout.collect`
+    alone, and sampling leaves the policy as it was."""
+    config = tiny_config("dapo", data_dir, **_PATTERN_RUN)
     mesh = parallel.setup_mesh(config)
     source = task_lib.data_source(config.task, "train")
-    policy = policy_lib.start_policy(config, mesh, str(tmp_path), task_lib.tokenizer_corpus(source))
+    policy = policy_lib.start_policy(config, mesh, str(tmp_path_factory.mktemp("pattern")),
+                                     task_lib.tokenizer_corpus(source))
+    return mesh, source, policy
+
+
+def _collect_with_pattern(data_dir, pattern_policy, **overrides):
+    config = tiny_config("dapo", data_dir, **{**_PATTERN_RUN, **overrides})
+    mesh, source, policy = pattern_policy
     train_iter = iter(task_lib.loader(source, config, batch_size=config.rollout.prompts_per_batch))
     batch, metrics, _ = rollout.collect(policy, mesh, train_iter, config=config,
                                         scorer=_PatternScorer(), rng=jax.random.key(0),
@@ -299,10 +316,10 @@ def _collect_with_pattern(data_dir, tmp_path, **overrides):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("max_gen_batches, draws, filled", [(3, 3, 0.75), (5, 4, 1.0)])
-def test_dynamic_sampling_keeps_only_groups_with_signal(data_dir, tmp_path, max_gen_batches,
-                                                        draws, filled):
+def test_dynamic_sampling_keeps_only_groups_with_signal(data_dir, pattern_policy,
+                                                        max_gen_batches, draws, filled):
     batch, metrics = _collect_with_pattern(
-        data_dir, tmp_path, **{"filtering.max_gen_batches": max_gen_batches,
+        data_dir, pattern_policy, **{"filtering.max_gen_batches": max_gen_batches,
                                "filtering.short_batch": "pad"})
     assert metrics["gen_batches"] == draws
     assert metrics["groups_without_signal"] == 0.75   # 3 of every 4 groups drawn
@@ -317,10 +334,11 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(data_dir, tmp_path, max_
 
 
 @pytest.mark.slow
-def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir, tmp_path):
+def test_dynamic_sampling_that_runs_out_of_draws_stops_with_a_message(data_dir,
+                                                                     pattern_policy):
     with pytest.raises(RuntimeError, match=r"dynamic sampling found 3 groups with signal in 3 "
                                             r"draws.*filtering.max_gen_batches"):
-        _collect_with_pattern(data_dir, tmp_path, **{"filtering.max_gen_batches": 3,
+        _collect_with_pattern(data_dir, pattern_policy, **{"filtering.max_gen_batches": 3,
                                                      "filtering.short_batch": "error"})
 
 

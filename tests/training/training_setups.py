@@ -65,8 +65,11 @@ def runlocal_config(recipe, data_dir, **overrides):
     longer = any(config.task.knobs.get(k) for k in ("calculator_fraction", "verdicts",
                                                      "check_fraction"))
     longer = longer or config.task.name == "code_tasks"
+    # The model an override names counts (a tiny_moe run of a dense recipe then shares the
+    # MoE recipes' warm start instead of training its own).
+    model = overrides.get("model.name", config.model.name)
     config.sft.steps = ({"rpt": 40}.get(config.task.name) or
-                        (100 if config.model.name == "tiny_moe" or longer else 200))
+                        (100 if model == "tiny_moe" or longer else 200))
     config.sft.batch_size = 16 if config.task.name == "rpt" else 32
     config.sft.optimizer.learning_rate = 2e-3
     config.sft.eval_every = 10**6   # never: no test reads the warm start's own evaluation
