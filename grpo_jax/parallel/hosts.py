@@ -250,12 +250,14 @@ def allgather_json(obj):
 
 def allgather_rows(value):
     """Every process's `[k_i, ...]` numpy rows (k_i may differ, the trailing shape and
-    dtype may not), as a list in process order (the processes acting together)."""
+    dtype may not), as a list in process order (the processes acting together). The
+    rows cross padded to a power of two, so few shapes compile."""
     value = np.asarray(value)
     if process_count() == 1:
         return [value]
     counts = _gather(np.int64(value.shape[0]))
-    padded = np.zeros((max(1, int(counts.max())), *value.shape[1:]), value.dtype)
+    width = 1 << max(0, int(counts.max()) - 1).bit_length()   # the next power of two
+    padded = np.zeros((width, *value.shape[1:]), value.dtype)
     padded[:value.shape[0]] = value
     return [rows[:count] for rows, count in zip(_gather(padded), counts)]
 
