@@ -4,6 +4,7 @@ and arrays between the processes of split meshes (`transfer`)."""
 from grpo_jax.parallel.hosts import acting_processes
 from grpo_jax.parallel.hosts import agree_max
 from grpo_jax.parallel.hosts import allgather_json
+from grpo_jax.parallel.hosts import allgather_rows
 from grpo_jax.parallel.hosts import device_memory
 from grpo_jax.parallel.hosts import enable_transfers
 from grpo_jax.parallel.hosts import global_rows

@@ -14,6 +14,7 @@ role's processes only, so each role runs its own programs in its own order.
 """
 
 import contextlib
+import functools
 import json
 import os
 import socket
@@ -207,12 +208,19 @@ def _gather(value):
     group = acting_processes()
     if len(group) == 1:
         return value[None]
-    devices = [d for d in jax.devices() if d.process_index in group]
-    mesh = jax.sharding.Mesh(np.array(devices).reshape(len(group), -1), ("processes", "local"))
+    mesh, replicate = _replicator(group)
     stacked = jax.make_array_from_process_local_data(
         NamedSharding(mesh, PartitionSpec("processes")), value[None], (len(group), *value.shape))
-    whole = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, PartitionSpec()))(stacked)
-    return np.asarray(whole.addressable_data(0))
+    return np.asarray(replicate(stacked).addressable_data(0))
+
+
+@functools.lru_cache(maxsize=None)
+def _replicator(group):
+    """`(mesh, copy)`: a mesh over the devices of processes `group`, one row each, and a
+    jitted copy of an array onto all of them (one function, so each shape compiles once)."""
+    devices = [d for d in jax.devices() if d.process_index in group]
+    mesh = jax.sharding.Mesh(np.array(devices).reshape(len(group), -1), ("processes", "local"))
+    return mesh, jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def sync(name):
@@ -238,6 +246,20 @@ def allgather_json(obj):
     padded[0], padded[1:len(data) + 1] = len(data), data
     return [json.loads(bytes(row[1:row[0] + 1].astype(np.uint8)).decode())
             for row in _gather(padded)]
+
+
+def allgather_rows(value):
+    """Every process's `[k_i, ...]` numpy rows (k_i may differ, the trailing shape and
+    dtype may not), as a list in process order (the processes acting together). The
+    rows cross padded to a power of two, so few shapes compile."""
+    value = np.asarray(value)
+    if process_count() == 1:
+        return [value]
+    counts = _gather(np.int64(value.shape[0]))
+    width = 1 << max(0, int(counts.max()) - 1).bit_length()   # the next power of two
+    padded = np.zeros((width, *value.shape[1:]), value.dtype)
+    padded[:value.shape[0]] = value
+    return [rows[:count] for rows, count in zip(_gather(padded), counts)]
 
 
 def _row_sharding(mesh, rows):

@@ -29,8 +29,16 @@ PPO (Hilton et al., arXiv:2110.00641): the parameters that sample step t, for ev
 token, and `objective.importance` / M2PO weigh each token against its own sampler. A
 row draws token t with ``fold_in(its key, t)`` whatever step samples it, its key being
 its draw's (rng, prompt index, completion index) as in `sampling.row_keys`.
+
+On several processes each process carries the groups of its own prompts (the rows it
+holds of each draw) and `partial_pool.run_step` takes every decision (draw, force, which
+groups form the batch and which carry over) on every process's groups in the run's draw
+order, gathered (`parallel.allgather_rows`); a resumption gathers the rows that go on into
+one `sampling.Engine`, in that order, and the batch is put together on the mesh from
+each process's groups of it. A checkpoint saves every process's pool as one.
 """
 
+import functools
 import math
 import time
 from collections.abc import Iterator
@@ -71,10 +79,14 @@ def check_config(config: Any, process_count: int) -> None:
         raise ValueError(f"rollout.partial.enabled with environment.name="
                          f"{config.environment.name!r}: multi-turn episodes run their own engine "
                          "loop, which does not carry rows over; set one of them off")
-    if process_count > 1:
-        raise ValueError(f"rollout.partial.enabled runs on one process (the carried rows live on "
-                         f"its host); this run has {process_count}. Set rollout.partial.enabled"
-                         "=False")
+    if process_count > 1 and config.rollout.mesh:
+        raise ValueError(f"rollout.partial.enabled with rollout.mesh={config.rollout.mesh!r} on "
+                         f"{process_count} processes: process roles do not carry a pool across "
+                         "processes; set rollout.mesh='' or rollout.partial.enabled=False")
+    if process_count > 1 and config.train.sft_weight:
+        raise ValueError(f"rollout.partial.enabled with train.sft_weight={config.train.sft_weight}"
+                         f" on {process_count} processes: each process's share of the batch's "
+                         "prompts varies from step to step; set train.sft_weight=0")
 
 
 def empty_pool(config: ml_collections.ConfigDict, scorer: task_lib.Scorer) -> Pool | None:
@@ -83,6 +95,44 @@ def empty_pool(config: ml_collections.ConfigDict, scorer: task_lib.Scorer) -> Po
         return None
     columns = (len(scorer.weights),) if scorer.separate else ()
     return Pool.empty(config.objective.group_size, config.rollout.max_new_tokens, columns)
+
+
+def gather(value: np.ndarray) -> list[np.ndarray]:
+    """`partial_pool.Gather` over the processes acting together."""
+    return parallel.allgather_rows(value)
+
+
+def to_checkpoint(pool: Pool) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
+    """`Pool.to_checkpoint` of every process's pool as one (in draw order): the same on
+    every process (each calls it at once)."""
+    return whole_pool(pool).to_checkpoint()
+
+
+def whole_pool(pool: Pool) -> Pool:
+    """Every process's groups in one pool, in the run's draw order (`Pool.order`)."""
+    if parallel.process_count() == 1:
+        return pool
+    arrays = {k: np.concatenate(gather(getattr(pool, k))) for k in Pool.ARRAYS
+              if not k.startswith("prompt_") or k == "prompt_width"}
+    width = parallel.agree_max(pool.prompt_tokens.shape[1])
+    for k in ("prompt_tokens", "prompt_mask"):
+        arrays[k] = np.concatenate(gather(_left_pad(getattr(pool, k), width)))
+    examples, texts = (sum(parallel.allgather_json(list(getattr(pool, k))), [])
+                       for k in ("examples", "texts"))
+    whole = Pool(**arrays, examples=tuple(examples), texts=tuple(texts))
+    return whole.take(np.argsort(whole.order, kind="stable"))
+
+
+def own_groups(pool: Pool, num_groups: int) -> Pool:
+    """The groups of `pool` (every process's, `whole_pool`) this process holds: those of
+    its share of each draw's `num_groups` prompts (`Pool.order`)."""
+    share = num_groups // parallel.process_count()
+    return pool.take(np.flatnonzero(pool.order % num_groups // share == parallel.process_index()))
+
+
+def _left_pad(x: np.ndarray, width: int) -> np.ndarray:
+    """`[n, s]` -> `[n, width]`, zeros on the left (`Pool.concatenate`'s padding)."""
+    return np.pad(x, ((0, 0), (width - x.shape[1], 0)))
 
 
 def budget(config: Any) -> partial_pool.Budget:
@@ -127,15 +177,19 @@ class _Sampler:
             self.policy, self.mesh, prompts, rng=rng, method=self.method, group_size=g,
             max_new_tokens=cap, buffer_len=n, rules=config.rollout.rules,
             slots=config.rollout.slots)
-        out = jax.device_get({"tokens": out.tokens, "logp": out.logp, "lengths": out.lengths,
-                              "truncated": out.truncated})
+        out = {k: parallel.local_rows(getattr(out, k))   # this process's prompts' rows
+               for k in ("tokens", "logp", "lengths", "truncated")}
         p = len(examples)
-        keys = jax.random.key_data(sampling.row_keys(rng, jnp.arange(p, dtype=jnp.int32), g))
+        first = parallel.process_index() * p   # the draw's index of this process's first prompt
+        ids = jnp.arange(first, first + p, dtype=jnp.int32)
+        keys = jax.random.key_data(sampling.row_keys(rng, ids, g))
+        draws = self.step * config.filtering.max_gen_batches + index   # the run's draws before
+        order = draws * p * parallel.process_count()
         grouped = lambda x: np.asarray(x).reshape(p, g, *np.shape(x)[1:])
         return Pool(
             prompt_tokens=np.asarray(tokens, np.int32), prompt_mask=np.asarray(mask, np.int32),
             prompt_width=np.full(p, tokens.shape[1], np.int32),
-            drawn=np.full(p, self.step, np.int32),
+            drawn=np.full(p, self.step, np.int32), order=order + np.arange(first, first + p),
             scored=np.zeros(p, bool), keys=grouped(keys).astype(np.uint32),
             tokens=grouped(out["tokens"]), logp=grouped(out["logp"]),
             version=np.full((p, g, n), self.version, np.int32), lengths=grouped(out["lengths"]),
@@ -153,38 +207,53 @@ class _Sampler:
         new = np.arange(pool.buffer_len)[None] >= lengths[:, None]   # this step's tokens
         fields = {k: getattr(pool, k).copy() for k in ("tokens", "logp", "version", "lengths",
                                                        "stopped")}
-        fields["tokens"][group, row] = np.where(new, out.tokens, pool.tokens[group, row])
-        fields["logp"][group, row] = np.where(new, out.logp, pool.logp[group, row])
+        fields["tokens"][group, row] = np.where(new, out["tokens"], pool.tokens[group, row])
+        fields["logp"][group, row] = np.where(new, out["logp"], pool.logp[group, row])
         fields["version"][group, row] = np.where(new, self.version, pool.version[group, row])
-        fields["lengths"][group, row] = out.lengths
-        fields["stopped"][group, row] = ~out.truncated
+        fields["lengths"][group, row] = out["lengths"]
+        fields["stopped"][group, row] = ~out["truncated"]
         return pool.replace(**fields)
 
     def _continue(self, pool, group, row, cap):
-        """The host `Rollout` of rows (`group`, `row`) of `pool` continued to `cap` tokens in
-        one `sampling.Engine` (each row its own prompt, key and queued tokens), padded to
-        `_row_bucket` rows with one-token rows."""
+        """This process's rows (`group`, `row`) of `pool` continued to `cap` tokens (host
+        arrays tokens, logp, lengths, truncated, in that order): every process's rows that
+        go on in one `sampling.Engine` (each row its own prompt, key and queued tokens), in
+        the run's draw order, padded to `_row_bucket` rows with one-token rows."""
         config, policy, n = self.config, self.policy, self.buffer_len
-        count = group.size
+        width = parallel.agree_max(int(pool.prompt_width[group].max()) if group.size else 1)
+        prompt = lambda x: _left_pad(x[group], max(width, x.shape[1]))[:, -width:]
+        own = {"place": np.stack([pool.order[group], row], axis=1), "cap": cap,
+               "prompt_tokens": prompt(pool.prompt_tokens), "prompt_mask": prompt(pool.prompt_mask),
+               "keys": pool.keys[group, row], "tokens": pool.tokens[group, row],
+               "lengths": pool.lengths[group, row]}
+        parts = {k: gather(v) for k, v in own.items()}
+        every = {k: np.concatenate(v) for k, v in parts.items()}
+        owner = np.concatenate([np.full(len(x), i) for i, x in enumerate(parts["cap"])])
+        index = np.concatenate([np.arange(len(x)) for x in parts["cap"]])
+        order = np.lexsort((every["place"][:, 1], every["place"][:, 0]))   # draw order
+        every = {k: v[order] for k, v in every.items()}
+        count = order.size
         total = _row_bucket(count, parallel.row_ways(self.mesh))
         pad = lambda x: np.concatenate([x, np.repeat(x[:1], total - count, axis=0)])
-        width = int(pool.prompt_width[group].max())
-        queued = [pool.tokens[g, r, :pool.lengths[g, r]].tolist() for g, r in zip(group, row)]
+        queued = [t[:length].tolist() for t, length in zip(every["tokens"], every["lengths"])]
         slots = config.rollout.slots if 0 < config.rollout.slots < total else total
         with jax.set_mesh(self.mesh):
             engine = sampling.Engine(
-                policy.graphdef, policy.params, pad(pool.prompt_tokens[group, -width:]),
-                pad(pool.prompt_mask[group, -width:]),
-                keys=jax.random.wrap_key_data(jnp.asarray(pad(pool.keys[group, row]))),
+                policy.graphdef, policy.params, pad(every["prompt_tokens"]),
+                pad(every["prompt_mask"]),
+                keys=jax.random.wrap_key_data(jnp.asarray(pad(every["keys"]))),
                 method=self.method, group_size=1,
-                max_new_tokens=np.concatenate([cap, np.ones(total - count, np.int32)]),
+                max_new_tokens=np.concatenate([every["cap"], np.ones(total - count, np.int32)]),
                 stop_tokens=[policy.tokenizer.eos_token_id], pad_id=policy.tokenizer.pad_token_id,
                 slots=slots, max_append=n, queued=queued + [[]] * (total - count),
                 max_len_bucket=n, rules=config.rollout.rules)
             while not engine.finished:
                 engine.run()
             out = sampling.to_host(engine.rollout())
-        return jax.tree.map(lambda x: x[:count], out)
+        mine = owner[order] == parallel.process_index()
+        back = np.empty(group.size, np.int64)   # this process's rows, in the order they came
+        back[index[order][mine]] = np.flatnonzero(mine)
+        return {k: getattr(out, k)[back] for k in ("tokens", "logp", "lengths", "truncated")}
 
 
 def _scorer_of(scorer, tokenizer):
@@ -197,8 +266,7 @@ def _scorer_of(scorer, tokenizer):
         rewards, correct, metrics = scorer(repeat(groups.texts), completions,
                                            repeat(groups.examples), rows["lengths"])
         grouped = lambda x: x.reshape(groups.size, groups.group_size, *x.shape[1:])
-        return (grouped(rewards), grouped(correct),
-                rollout.combine_reward_metrics(parallel.allgather_json(metrics)))
+        return grouped(rewards), grouped(correct), metrics
     return score
 
 
@@ -224,27 +292,75 @@ def collect(
     spend = budget(config)
     result = partial_pool.run_step(
         carry, step=step, budget=spend, draw=sampler.draw, resume=sampler.resume,
-        score=_scorer_of(scorer, policy.tokenizer), short_batch=config.filtering.short_batch)
+        score=_scorer_of(scorer, policy.tokenizer), short_batch=config.filtering.short_batch,
+        gather=gather, me=parallel.process_index())
     pad_id = int(policy.tokenizer.pad_token_id)
-    rows = parallel.global_rows(mesh, partial_pool.batch_rows(result.batch))
-    batch = rollout.select_groups((rows,), mesh=mesh, group_size=group_size,
-                                  num_groups=num_groups, dynamic=spend.dynamic, pad_id=pad_id,
-                                  signal=spend.signal)
+    batch = rollout.select_groups((_batch_on_mesh(mesh, result),), mesh=mesh,
+                                  group_size=group_size, num_groups=num_groups,
+                                  dynamic=spend.dynamic, pad_id=pad_id, signal=spend.signal)
     metrics = {}
     if result.completed:
-        parts = tuple(parallel.global_rows(mesh, partial_pool.batch_rows(groups))
-                      for groups in result.completed)
-        stats = rollout.rollout_statistics(parts, jnp.asarray(scorer.weights),
-                                           group_size=group_size, signal=spend.signal)
+        stats = rollout.rollout_statistics(_completed_rows(mesh, result.completed),
+                                           jnp.asarray(scorer.weights), group_size=group_size,
+                                           signal=spend.signal)
         metrics = {k: float(v) for k, v in jax.device_get(stats).items()}
-        metrics.update(rollout.combine_reward_metrics(result.reward_metrics,
-                                                      rows=result.rows_scored))
+        pieces = [(m, r) for call in parallel.allgather_json(
+            list(zip(result.reward_metrics, result.rows_scored))) for m, r in call if r]
+        metrics.update(rollout.combine_reward_metrics([m for m, _ in pieces],
+                                                      rows=[r for _, r in pieces]))
     seconds = time.time() - begin
-    metrics.update(partial_pool.token_metrics(result.batch, result.valid, step))
+    generated = partial_pool.total(result.generated, gather)
+    metrics.update(partial_pool.token_metrics(result.batch, result.valid, step, gather))
+    valid = partial_pool.total(result.valid.sum(), gather)
     metrics.update(
-        gen_batches=float(result.draws), time_rollout=seconds,
-        generated_tokens=float(result.generated),
-        rollout_tokens_per_s=result.generated / max(seconds, 1e-9),
-        batch_filled=float(result.valid.sum()) / num_groups if spend.dynamic else 1.0,
-        carried_groups=float(result.pool.size), forced_groups=float(result.forced))
+        gen_batches=float(result.draws), time_rollout=seconds, generated_tokens=generated,
+        rollout_tokens_per_s=generated / max(seconds, 1e-9),
+        batch_filled=valid / num_groups if spend.dynamic else 1.0,
+        carried_groups=partial_pool.total(result.pool.size, gather),
+        forced_groups=float(result.forced))
     return batch, metrics, list(result.batch.examples), result.pool
+
+
+def _completed_rows(mesh, completed):
+    """`rollout.rollout_statistics`' draws: the rows of the groups each sampling call
+    completed, on the mesh; on several processes every process's, whole on each."""
+    if parallel.process_count() == 1:
+        return tuple(parallel.global_rows(mesh, partial_pool.batch_rows(groups))
+                     for groups in completed)
+    groups = Pool.concatenate(completed)
+    rows = {"rewards": groups.rewards.reshape(-1, *groups.rewards.shape[2:]),
+            "correct": groups.correct.reshape(-1), "lengths": groups.lengths.reshape(-1),
+            "truncated": ~groups.stopped.reshape(-1)}
+    return ({k: np.concatenate(gather(v)) for k, v in rows.items()},)
+
+
+def _batch_on_mesh(mesh, result):
+    """The batch's rows (`partial_pool.batch_rows` of every process's groups of it, in batch
+    order) as global arrays on the mesh. On several processes each puts its groups,
+    padded to as many as any holds, and one gather on the mesh orders them."""
+    rows = partial_pool.batch_rows(result.batch)
+    if parallel.process_count() == 1:
+        return parallel.global_rows(mesh, rows)
+    g, ways = result.batch.group_size, parallel.row_ways(mesh)
+    count, processes = parallel.agree_max(result.batch.size), parallel.process_count()
+    while not parallel.rows_divide(processes * count * g, ways):
+        count += 1
+    width = parallel.agree_max(int(result.batch.prompt_width.max()) if result.batch.size else 1)
+    padded = {}
+    for k, x in rows.items():
+        if k in ("prompt_tokens", "prompt_mask"):
+            x = _left_pad(x, max(width, x.shape[1]))[:, -width:]
+        padded[k] = np.concatenate([x, np.zeros((count * g - len(x), *x.shape[1:]), x.dtype)])
+    place = np.zeros(len(result.owners), np.int64)   # each group's place in its process's part
+    for o in range(processes):
+        place[result.owners == o] = np.arange(np.sum(result.owners == o))
+    groups = result.owners * count + place
+    index = (groups[:, None] * g + np.arange(g)).reshape(-1)
+    return _take_rows(parallel.global_rows(mesh, padded), index, mesh=mesh)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh",))
+def _take_rows(rows, index, *, mesh):
+    """Rows `index` of every array of `rows`, split over the mesh's row axes."""
+    taken = jax.tree.map(lambda x: jnp.take(x, index, axis=0), rows)
+    return jax.lax.with_sharding_constraint(taken, parallel.rows_sharding(mesh, index.shape[0]))

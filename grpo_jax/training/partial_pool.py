@@ -6,6 +6,11 @@ A group is one prompt's G rows. A row is *done* when it sampled a stop token or 
 scored (with dynamic sampling, also when its rewards differ: a done group without signal
 is dropped). Every row keeps, per token, the behaviour log-prob and the parameters'
 version it was sampled with, however many steps it took.
+
+On several processes each process holds the groups of its own prompts (those whose rows
+it holds of each draw) and `run_step` takes every decision on all processes' groups in
+the run's draw order (`Pool.order`), gathered at each decision, so every process decides
+the same as one process holding every group would.
 """
 
 import dataclasses
@@ -32,6 +37,8 @@ class Pool:
       prompt_tokens, prompt_mask: `[n, S]` int32, left-padded to the widest group's.
       prompt_width: `[n]` int32, the prompt bucket each group was drawn with.
       drawn: `[n]` int32, the step that drew the group.
+      order: `[n]` int64, the group's place in the run's draw order: (step x the draws a
+        step may make + the draw's index in its step) x P + the prompt's index in its draw.
       scored: `[n]` bool, every row is done and the rewards are in.
       keys: `[n, G, W]` uint32, each row's random stream (`jax.random.key_data`).
       tokens: `[n, G, N]` int32 (pad after the row's length).
@@ -48,6 +55,7 @@ class Pool:
     prompt_mask: np.ndarray
     prompt_width: np.ndarray
     drawn: np.ndarray
+    order: np.ndarray
     scored: np.ndarray
     keys: np.ndarray
     tokens: np.ndarray
@@ -61,8 +69,8 @@ class Pool:
     examples: tuple = ()
     texts: tuple = ()
 
-    ARRAYS = ("prompt_tokens", "prompt_mask", "prompt_width", "drawn", "scored", "keys", "tokens",
-              "logp", "version", "lengths", "stopped", "start", "rewards", "correct")
+    ARRAYS = ("prompt_tokens", "prompt_mask", "prompt_width", "drawn", "order", "scored", "keys",
+              "tokens", "logp", "version", "lengths", "stopped", "start", "rewards", "correct")
 
     @classmethod
     def empty(cls, group_size: int, buffer_len: int,
@@ -71,7 +79,7 @@ class Pool:
         g, n = group_size, buffer_len
         zeros = lambda *shape, dtype=np.int32: np.zeros((0, *shape), dtype)
         return cls(prompt_tokens=zeros(1), prompt_mask=zeros(1), prompt_width=zeros(),
-                   drawn=zeros(), scored=zeros(dtype=bool),
+                   drawn=zeros(), order=zeros(dtype=np.int64), scored=zeros(dtype=bool),
                    keys=zeros(g, key_words(), dtype=np.uint32),
                    tokens=zeros(g, n), logp=zeros(g, n, dtype=np.float32), version=zeros(g, n),
                    lengths=zeros(g), stopped=zeros(g, dtype=bool), start=zeros(g),
@@ -179,23 +187,85 @@ def caps(pool: Pool, step: int, budget: Budget) -> np.ndarray:
     return np.where(pool.done, 0, cap).astype(np.int32)
 
 
-@dataclasses.dataclass
-class StepResult:
-    """One step's rollouts (`run_step`).
+# `gather(x)`: every process's `x` (`[k_i, ...]` numpy, of its own groups), in process
+# order; one process's is itself (`alone`). Every process calls it at once.
+Gather = Callable[[np.ndarray], list[np.ndarray]]
+
+
+def alone(value: np.ndarray) -> list[np.ndarray]:
+    """The `Gather` of one process."""
+    return [value]
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """Every process's groups in the run's draw order (`Pool.order`): what `run_step`
+    decides on, the same on every process.
 
     Attributes:
-      batch: the batch's groups in batch order: the P oldest ready ones, then (dynamic
-        sampling short of groups, ``filtering.short_batch="pad"``) done groups without
-        signal to fill it; `valid`: `[len(batch)]` bool, False on those.
+      owner: `[t]` the process holding each group; local: `[t]` its index in that
+        process's pool (each pool is in draw order).
+      done, ready, dropped: `[t]` bool: every row done; ready for a batch; done without
+        signal (dynamic sampling: never in a batch).
+    """
+
+    owner: np.ndarray
+    local: np.ndarray
+    done: np.ndarray
+    ready: np.ndarray
+    dropped: np.ndarray
+
+    @classmethod
+    def of(cls, pool: Pool, budget: "Budget", gather: Gather) -> "View":
+        ready = pool.scored & (signal(pool, budget.signal) if budget.dynamic else True)
+        flags = np.stack([pool.done.all(axis=1), ready, pool.scored & ~ready], axis=1)
+        parts = gather(np.concatenate([pool.order[:, None], flags.astype(np.int64)], axis=1))
+        rows = np.concatenate(parts)
+        owner = np.concatenate([np.full(len(x), i) for i, x in enumerate(parts)])
+        local = np.concatenate([np.arange(len(x)) for x in parts])
+        order = np.argsort(rows[:, 0], kind="stable")
+        rows, owner, local = rows[order], owner[order], local[order]
+        return cls(owner=owner, local=local, done=rows[:, 1] > 0, ready=rows[:, 2] > 0,
+                   dropped=rows[:, 3] > 0)
+
+    @property
+    def size(self) -> int:
+        return self.owner.size
+
+    def mine(self, index: np.ndarray, me: int) -> np.ndarray:
+        """The local pool indices of the groups at `index` (view positions) held by `me`."""
+        index = np.asarray(index, np.int64)
+        return self.local[index[self.owner[index] == me]]
+
+
+def total(value: float, gather: Gather) -> float:
+    """The sum of every process's `value`."""
+    return float(np.concatenate(gather(np.asarray([value], np.float64))).sum())
+
+
+@dataclasses.dataclass
+class StepResult:
+    """One step's rollouts (`run_step`); with several processes, this process's part.
+
+    Attributes:
+      batch: this process's groups of the batch in batch order: the P oldest ready ones,
+        then (dynamic sampling short of groups, ``filtering.short_batch="pad"``) done
+        groups without signal to fill it; `valid`: `[len(batch)]` bool, False on those.
+      owners: `[P']` the process holding each group of the whole batch, in batch order
+        (all 0 on one process): process o's groups are its `batch` in that order.
       pool: what carries over to the next step (rows not done, ready groups beyond P).
-      completed: per sampling call, the groups it completed (scored in that call).
-      reward_metrics, rows_scored: each call's reward metrics and rows.
-      draws: new prompt batches drawn; forced: groups run to their end to fill the batch.
-      generated: tokens sampled this step (fed ones not counted).
+      completed: per sampling call that completed groups on any process, the groups it
+        completed here (scored in that call; possibly none).
+      reward_metrics, rows_scored: each such call's reward metrics here (None where it
+        completed none here) and rows.
+      draws: new prompt batches drawn; forced: groups run to their end to fill the batch
+        (both of the whole run, the same on every process).
+      generated: tokens sampled this step by this process's rows (fed ones not counted).
     """
 
     batch: Pool
     valid: np.ndarray
+    owners: np.ndarray
     pool: Pool
     completed: list
     reward_metrics: list
@@ -208,24 +278,26 @@ class StepResult:
 def run_step(pool: Pool, *, step: int, budget: Budget, draw: Callable[[int, int], Pool],
              resume: Callable[[Pool, np.ndarray], Pool],
              score: Callable[[Pool], tuple[np.ndarray, np.ndarray, dict[str, Any]]],
-             short_batch: str = "error") -> StepResult:
+             short_batch: str = "error", gather: Gather = alone, me: int = 0) -> StepResult:
     """One step of partial rollouts over `pool` (module docstring of `partial`).
 
     The rows carried over go on first (`caps`); then, while fewer than P groups are ready,
     the step draws a new prompt batch when it may (`budget.max_draws`, the pool within
-    `budget.capacity`), else runs the oldest groups not done to their end.
+    `budget.capacity`), else runs the oldest groups not done to their end. On several
+    processes each decision is taken on the `View` of every process's groups.
 
     Args:
-      pool: the groups carried over from the last step.
+      pool: the groups carried over from the last step (this process's).
       step: this step (the caps count carries from `Pool.drawn`).
       budget: the step's `Budget`.
       draw: `draw(index, cap) -> Pool` samples the step's `index`-th new prompt batch,
-        each row up to `cap` tokens.
+        each row up to `cap` tokens (this process's groups of it; every process at once).
       resume: `resume(pool, caps) -> Pool` goes on with every row whose cap (`[n, G]`)
-        is above its length, to that cap.
+        is above its length, to that cap (every process at once, some with no such row).
       score: `score(groups) -> (rewards, correct, metrics)` for done groups
-        (`[k, G(, K)]`, `[k, G]`).
+        (`[k, G(, K)]`, `[k, G]`), this process's only.
       short_batch: dynamic sampling short of groups with signal: "error" or "pad".
+      gather, me: the processes' `Gather` and this process's place in it.
 
     Returns:
       A `StepResult`.
@@ -239,47 +311,46 @@ def run_step(pool: Pool, *, step: int, budget: Budget, draw: Callable[[int, int]
         nonlocal generated
         generated += int(pool.lengths.sum() - before)
         new = np.flatnonzero(pool.done.all(axis=1) & ~pool.scored)
-        if not new.size:
+        if not total(new.size, gather):
             return pool
-        rewards, correct, metrics = score(pool.take(new))
-        fields = {k: getattr(pool, k).copy() for k in ("rewards", "correct", "scored")}
-        for name, value in (("rewards", rewards), ("correct", correct), ("scored", True)):
-            fields[name][new] = value
-        pool = pool.replace(**fields)
+        metrics = None
+        if new.size:
+            rewards, correct, metrics = score(pool.take(new))
+            fields = {k: getattr(pool, k).copy() for k in ("rewards", "correct", "scored")}
+            for name, value in (("rewards", rewards), ("correct", correct), ("scored", True)):
+                fields[name][new] = value
+            pool = pool.replace(**fields)
         calls["completed"].append(pool.take(new))
         calls["reward_metrics"].append(metrics)
         calls["rows_scored"].append(new.size * pool.group_size)
         return pool
 
-    def ready(pool):
-        return pool.scored & (signal(pool, budget.signal) if budget.dynamic else True)
-
     def go_on(pool, cap):
-        if not (cap > pool.lengths).any():
+        if not total((cap > pool.lengths).any(), gather):
             return pool
         return settle(resume(pool, cap), pool.lengths.sum())
 
-    def dropped(pool):   # done without signal (dynamic sampling): never in a batch
-        return pool.scored & ~ready(pool)
-
     pool = go_on(pool, caps(pool, step, budget))
     draws = forced = 0
-    while ready(pool).sum() < p:
-        if draws < budget.max_draws and pool.size - dropped(pool).sum() + p <= budget.capacity:
+    view = View.of(pool, budget, gather)
+    while view.ready.sum() < p:
+        if draws < budget.max_draws and view.size - view.dropped.sum() + p <= budget.capacity:
             fresh = draw(draws, min(budget.tokens_per_step, pool.buffer_len))
             pool = settle(Pool.concatenate([pool, fresh]), pool.lengths.sum())
             draws += 1
-        elif not pool.done.all():   # the oldest groups not done run to their end
-            unready = np.flatnonzero(~pool.done.all(axis=1))[:p - ready(pool).sum()]
+        elif not view.done.all():   # the oldest groups not done run to their end
+            unready = np.flatnonzero(~view.done)[:p - view.ready.sum()]
+            own = view.mine(unready, me)
             cap = np.zeros_like(pool.lengths)
-            cap[unready] = np.where(pool.done[unready], 0, pool.buffer_len)
+            cap[own] = np.where(pool.done[own], 0, pool.buffer_len)
             pool = go_on(pool, cap)
             forced += unready.size
         else:
             break
-    chosen = np.flatnonzero(ready(pool))[:p]
+        view = View.of(pool, budget, gather)
+    chosen = np.flatnonzero(view.ready)[:p]
+    dropped = np.flatnonzero(view.dropped)
     filler = np.zeros((0,), np.int64)
-    dropped = np.flatnonzero(dropped(pool))
     if chosen.size < p:
         if short_batch == "error":
             raise RuntimeError(
@@ -288,35 +359,41 @@ def run_step(pool: Pool, *, step: int, budget: Budget, draw: Callable[[int, int]
                 "Raise filtering.max_gen_batches, use harder prompts, or set "
                 "filtering.short_batch='pad' to train on the groups found")
         filler = dropped[:p - chosen.size]
-    batch = pool.take(np.concatenate([chosen, filler]))
-    valid = np.arange(batch.size) < chosen.size
+    picked = np.concatenate([chosen, filler])
+    batch = pool.take(view.mine(picked, me))
+    valid = (np.arange(picked.size) < chosen.size)[view.owner[picked] == me]
     leaving = np.zeros(pool.size, bool)
-    leaving[chosen], leaving[dropped] = True, True
-    return StepResult(batch=batch, valid=valid, pool=pool.take(np.flatnonzero(~leaving)),
-                      draws=draws, forced=forced, generated=generated, **calls)
+    leaving[view.mine(chosen, me)], leaving[view.mine(dropped, me)] = True, True
+    return StepResult(batch=batch, valid=valid, owners=view.owner[picked],
+                      pool=pool.take(np.flatnonzero(~leaving)), draws=draws, forced=forced,
+                      generated=generated, **calls)
 
 
-def token_metrics(batch: Pool, valid: np.ndarray, step: int) -> dict[str, float]:
-    """The batch's per-token staleness: over the completion tokens of its real rows, the
-    mean and max of (step - 1) - v, theta_v the parameters that sampled the token
-    (``token_staleness_mean``, ``token_staleness_max``), and the share sampled at an
-    earlier step than this one (``carried_token_share``)."""
+def token_metrics(batch: Pool, valid: np.ndarray, step: int,
+                  gather: Gather = alone) -> dict[str, float]:
+    """The batch's per-token staleness: over the completion tokens of its real rows (every
+    process's), the mean and max of (step - 1) - v, theta_v the parameters that sampled
+    the token (``token_staleness_mean``, ``token_staleness_max``), and the share sampled
+    at an earlier step than this one (``carried_token_share``)."""
     n = batch.buffer_len
     position = np.arange(n)
     tokens = (position < batch.lengths[..., None]) & valid[:, None, None]
-    count = max(int(tokens.sum()), 1)
     stale = (step - 1) - batch.version
     carried = position < batch.start[..., None]
-    return {"token_staleness_mean": float((stale * tokens).sum() / count),
-            "token_staleness_max": float(stale[tokens].max()) if tokens.any() else 0.0,
-            "carried_token_share": float((carried & tokens).sum() / count)}
+    sums = np.asarray([[tokens.sum(), (stale * tokens).sum(), (carried & tokens).sum(),
+                        stale[tokens].max() if tokens.any() else 0]], np.int64)
+    count, stale_sum, carried_sum, stale_max = np.concatenate(gather(sums)).T
+    count_all = max(int(count.sum()), 1)
+    return {"token_staleness_mean": float(stale_sum.sum() / count_all),
+            "token_staleness_max": float(stale_max.max()),
+            "carried_token_share": float(carried_sum.sum() / count_all)}
 
 
 def batch_rows(batch: Pool) -> dict[str, np.ndarray]:
     """The groups' rows as the sampler's `[B, ...]` row arrays (`rollout.draw`'s keys),
     B = groups x G; prompts cut to the widest group's bucket."""
     g, n = batch.group_size, batch.buffer_len
-    width = int(batch.prompt_width.max())
+    width = int(batch.prompt_width.max()) if batch.size else batch.prompt_tokens.shape[1]
     lengths = batch.lengths.reshape(-1)
     repeat = lambda x: np.repeat(x[:, -width:], g, axis=0)
     return {"prompt_tokens": repeat(batch.prompt_tokens), "prompt_mask": repeat(batch.prompt_mask),

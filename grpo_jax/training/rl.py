@@ -59,6 +59,7 @@ from grpo_jax.training import (
     footprint,
     loop,
     packing,
+    partial,
     programs,
     rl_checks,
     rl_run,
@@ -325,7 +326,7 @@ def _learn(config, workdir, mesh, rollout_mesh, seconds, learner=None):
         writer.flush()   # the rows up to the step saved: what a resume keeps
         run.checkpointer.save_run(
             step, rl_run.checkpoint_state(run), run.data_position,
-            extra=None if run.carry is None else run.carry.to_checkpoint(),
+            extra=None if run.carry is None else partial.to_checkpoint(run.carry),
             seed=config.seed, base=checkpoint.base_pointer(config))
 
     # --- the loop: value pre-training, then RL (`schedule`) ------------------------------

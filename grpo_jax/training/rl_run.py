@@ -205,7 +205,8 @@ def restore(run: Run) -> int:
     start, state, (arrays, info) = run.checkpointer.restore_run(
         checkpoint_state(run), run.train_iter, extra=True, expect=base)
     if run.carry is not None and info is not None:   # a pool of partial rollouts
-        run.carry = partial.Pool.from_checkpoint(arrays, info)
+        run.carry = partial.own_groups(partial.Pool.from_checkpoint(arrays, info),
+                                       run.config.rollout.prompts_per_batch)
     run.policy.params = nnx.merge_state(run.policy.params, state["params"])
     run.opt_state = state["opt_state"]
     run.lagged, run.ref_params = list(state["lagged"]), state.get("ref_params", run.ref_params)

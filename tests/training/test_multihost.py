@@ -7,7 +7,8 @@ parameters as the one-process run (the `reference` fixture: the fault tests' 12-
 through kill -9 of both processes and SIGTERM to one of them; with a tool environment,
 each process answering the calls of its own rows, the same episodes. With split meshes
 (process roles), process 1 samples and process 0 trains: the same run as one process
-whose 8 devices split 4/4.
+whose 8 devices split 4/4. With partial rollouts, each process carrying its own groups:
+the same run as one process.
 """
 
 import re
@@ -15,10 +16,11 @@ import signal
 import time
 
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from grpo_jax import run_files
-from grpo_jax.training import preemption, rl
+from grpo_jax.training import checkpoint, partial, preemption, rl
 from tests.training.training_setups import (FAULTS, LAG_RUN, assert_rows_equal,
                                              assert_same_export, cli_config_file,
                                              finished_checkpoints, main_commands, read_metrics,
@@ -221,3 +223,57 @@ def test_a_sampling_process_that_fails_stops_the_learner_with_its_error(data_dir
     assert "RuntimeError: the sampling processes (1,) failed before step 1:" in log0
     found = re.search(r"dynamic sampling found (\d+) groups with signal in 1 draws", log0)
     assert found and int(found.group(1)) < 4, log0[-3000:]   # fewer than the batch's 4
+
+
+# Partial rollouts on two processes: 8 prompts (the rows split over both processes' mesh),
+# 10 tokens a step, dynamic sampling judging each group's signal; 2 steps (the second
+# resumes the rows the first carried), every step's rollouts logged, a checkpoint (with
+# the pool) after each.
+PARTIAL_RUN = {"rollout.prompts_per_batch": 8, "train.steps": 2, "train.eval_every": 100,
+               "train.log_rollouts_every": 1, "train.checkpoint_every": 1,
+               "rollout.partial.enabled": True, "rollout.partial.tokens_per_step": 10,
+               "filtering.max_gen_batches": 4, "filtering.short_batch": "pad"}
+PARTIAL_COUNTS = ("carried_groups", "forced_groups", "gen_batches", "generated_tokens",
+                  "token_staleness_max", "token_staleness_mean", "carried_token_share")
+
+
+def _saved_pool(workdir, step):
+    """The pool a run's checkpoint of `step` saved (`partial.to_checkpoint`)."""
+    reader = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+    items = ocp.args.Composite(meta=ocp.args.JsonRestore(),
+                               **{checkpoint.EXTRA_ITEM: ocp.args.StandardRestore()})
+    saved = reader.restore((workdir / "checkpoints" / str(step)).absolute(), args=items)
+    reader.close()
+    return partial.Pool.from_checkpoint(saved[checkpoint.EXTRA_ITEM], saved.meta["extra"])
+
+
+@pytest.mark.slow
+def test_partial_rollouts_on_two_processes_equal_one_process(data_dir, tmp_path):
+    """Each process carries the groups of its own prompts; which groups a step draws,
+    forces, trains on and carries over is decided on both processes' groups in draw
+    order. The two-process run samples the one-process run's rollouts row for row (text
+    and rewards) at every step, logs the same counts of carried, forced and sampled
+    tokens and groups, exactly, and the same metrics to the rounding of two processes
+    against one (losses, rewards); its checkpoint's pool is the one-process run's."""
+    one = tmp_path / "one"
+    rl.train(tiny_config("dapo", data_dir, **PARTIAL_RUN), str(one))
+    rows = read_metrics(one)
+    assert [r["carried_groups"] > 0 for r in rows] == [True] * 2   # rows do carry over
+    assert sum(r["forced_groups"] for r in rows) > 0 and max(r["gen_batches"] for r in rows) > 1
+    workdir = tmp_path / "two"
+    config_file = cli_config_file(tmp_path, data_dir, PARTIAL_RUN)
+    processes, logs, files = _start(main_commands(config_file, workdir, 2), tmp_path, "partial")
+    codes, (log0, log1) = _wait(processes, logs, files)
+    assert codes == [0, 0], log0[-3000:] + log1[-3000:]
+    assert "over 8 cpu device(s) in 2 processes" in log0
+    for step in range(1, 3):
+        assert (workdir / "rollouts" / f"{step}.jsonl").read_text() == \
+            (one / "rollouts" / f"{step}.jsonl").read_text()
+    assert_rows_equal(workdir, one, range(1, 3), rtol=2e-4, atol=1e-6)
+    for got, want in zip(read_metrics(workdir), rows):
+        assert {k: got[k] for k in PARTIAL_COUNTS} == {k: want[k] for k in PARTIAL_COUNTS}
+    mine, theirs = _saved_pool(workdir, 2), _saved_pool(one, 2)
+    assert mine.size == theirs.size > 0 and mine.examples == theirs.examples
+    for field in partial.Pool.ARRAYS:
+        np.testing.assert_allclose(getattr(mine, field), getattr(theirs, field), rtol=1e-5,
+                                   atol=1e-6, err_msg=field)

@@ -2,6 +2,8 @@
 steps), its checkpoint, the config's errors, and the trainer with it on the tiny model."""
 
 import dataclasses
+import functools
+import threading
 
 import jax
 import numpy as np
@@ -42,6 +44,7 @@ class FakeSampler:
             prompt_tokens=np.full((p, width), 5, np.int32),
             prompt_mask=np.ones((p, width), np.int32),
             prompt_width=np.full(p, width, np.int32), drawn=np.full(p, self.step, np.int32),
+            order=np.asarray(ids, np.int64),
             scored=np.zeros(p, bool), keys=np.zeros((p, G, empty.keys.shape[2]), np.uint32),
             tokens=np.zeros((p, G, N), np.int32), logp=np.zeros((p, G, N), np.float32),
             version=np.zeros((p, G, N), np.int32), lengths=np.zeros((p, G), np.int32),
@@ -195,6 +198,78 @@ class TestRunStep:
             steps(dynamic, 4, short_batch="error")
 
 
+def steps_on_processes(budget, count, processes, short_batch="error"):
+    """`steps` with each draw's P examples split over `processes` threads standing for
+    processes, each carrying its own groups and gathering through a barrier; returns each
+    one's results and its staleness metrics (`token_metrics` over all processes)."""
+    p, share = budget.num_groups, budget.num_groups // processes
+    barrier, slots = threading.Barrier(processes, timeout=30), [None] * processes
+    results = [[] for _ in range(processes)]
+
+    def gather(me, value):
+        slots[me] = value
+        barrier.wait()
+        every = list(slots)
+        barrier.wait()
+        return every
+
+    def run(me):
+        stream = iter([list(range(i + me * share, i + (me + 1) * share))
+                       for i in range(0, 100, p)])
+        pool = Pool.empty(G, N)
+        for step in range(1, count + 1):
+            fake = FakeSampler(stream, step, version=step - 1)
+            mine = functools.partial(gather, me)
+            result = partial_pool.run_step(
+                pool, step=step, budget=budget, draw=fake.draw, resume=fake.resume,
+                score=score_by_parity, short_batch=short_batch, gather=mine, me=me)
+            metrics = partial_pool.token_metrics(result.batch, result.valid, step, mine)
+            results[me].append((result, metrics))
+            pool = result.pool
+
+    threads = [threading.Thread(target=run, args=(me,)) for me in range(processes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_processes_carrying_their_own_groups_decide_as_one(dynamic):
+    """Two processes, each holding the groups of its half of every draw, take one
+    process's decisions over 6 steps (P = 4): the same draws and forced groups, the batch
+    its groups in the same order (each process's part where `owners` says), the same
+    groups carried over (each on the process that drew it), the same staleness metrics."""
+    budget = Budget(tokens_per_step=2, max_carries=2, num_groups=4, max_draws=2,
+                    dynamic=dynamic, signal="correct")
+    one = steps(budget, 6, short_batch="pad")
+    two = steps_on_processes(budget, 6, 2, short_batch="pad")
+    assert sum(r.forced for r in one) > 0 and sum(r.pool.size for r in one) > 0
+    for step, (want, *pairs) in enumerate(zip(one, *two), start=1):
+        got = [result for result, _ in pairs]
+        assert [(r.draws, r.forced) for r in got] == [(want.draws, want.forced)] * 2
+        assert [r.owners.tolist() for r in got] == [got[0].owners.tolist()] * 2
+        parts = [iter(ids(r.batch)) for r in got]
+        valid = [iter(r.valid) for r in got]
+        batch = [(next(parts[o]), bool(next(valid[o]))) for o in got[0].owners]
+        assert batch == list(zip(ids(want.batch), want.valid.tolist())), step
+        for me, r in enumerate(got):   # process me drew examples 2k + me of each 4
+            assert ids(r.pool) == [e for e in ids(want.pool) if e % 4 // 2 == me], step
+        assert sum(r.generated for r in got) == want.generated
+        staleness = partial_pool.token_metrics(want.batch, want.valid, step)
+        assert [metrics for _, metrics in pairs] == [staleness] * 2
+
+
+def test_own_groups_are_those_of_the_process_share_of_each_draw(monkeypatch):
+    """`partial.own_groups` on process 1 of 2, P = 4: the groups of prompts 2 and 3 of each
+    draw (`Pool.order` mod 4), in order."""
+    pool = steps(BUDGET, 1)[0].pool.take([0, 1, 0, 1])
+    pool = pool.replace(order=np.asarray([3, 4, 6, 9], np.int64))
+    monkeypatch.setattr(partial.parallel, "process_count", lambda: 2)
+    monkeypatch.setattr(partial.parallel, "process_index", lambda: 1)
+    assert partial.own_groups(pool, 4).order.tolist() == [3, 6]
+
 def test_the_pool_survives_a_checkpoint(tmp_path):
     """`Pool.to_checkpoint` through `Checkpointer.save_run(extra=...)` and back, bit for bit;
     an empty pool writes no arrays."""
@@ -239,9 +314,20 @@ def test_config_errors_name_the_field(overrides, match):
     config = tiny_config("dapo", "/nonexistent", **{"rollout.partial.enabled": True, **overrides})
     with pytest.raises(ValueError, match=match):
         partial.check_config(config, 1)
-    with pytest.raises(ValueError, match=r"rollout.partial.enabled runs on one process"):
-        partial.check_config(tiny_config("dapo", "/x", **{"rollout.partial.enabled": True}), 2)
-    partial.check_config(tiny_config("dapo", "/x", **{"rollout.partial.enabled": True}), 1)
+    for processes in (1, 2):   # several processes carry their own groups (test_multihost.py)
+        partial.check_config(tiny_config("dapo", "/x", **{"rollout.partial.enabled": True}),
+                             processes)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"rollout.mesh": "data=4"}, r"rollout.mesh='data=4' on 2 processes: .* set rollout.mesh=''"),
+    ({"train.sft_weight": 0.1}, r"train.sft_weight=0.1 on 2 processes: .* set train.sft_weight=0"),
+])
+def test_config_errors_of_several_processes_name_the_field(overrides, match):
+    config = tiny_config("dapo", "/x", **{"rollout.partial.enabled": True, **overrides})
+    partial.check_config(config, 1)
+    with pytest.raises(ValueError, match=match):
+        partial.check_config(config, 2)
 
 
 # The tiny model's runs: 2-digit additions of 15-27 tokens in a 34-token buffer, 4
