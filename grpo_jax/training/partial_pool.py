@@ -140,6 +140,11 @@ class Pool:
         """The pool `to_checkpoint` wrote."""
         if not info["groups"]:
             return cls.empty(info["group_size"], info["buffer_len"], tuple(info["reward_columns"]))
+        arrays = dict(arrays)
+        if "order" not in arrays:
+            # Written by one process before groups recorded their draw order: that pool kept
+            # its groups in draw order, so their places are their indices.
+            arrays["order"] = np.arange(info["groups"], dtype=np.int64)
         return cls(**{k: np.asarray(arrays[k]) for k in cls.ARRAYS},
                    examples=tuple(info["examples"]), texts=tuple(info["texts"]))
 

@@ -299,6 +299,10 @@ def test_the_pool_survives_a_checkpoint(tmp_path):
         np.testing.assert_array_equal(getattr(back, field), getattr(pool, field), err_msg=field)
         assert getattr(back, field).dtype == getattr(pool, field).dtype, field
     assert back.examples == pool.examples and back.texts == pool.texts
+    # A pool written before groups recorded their draw order (one process, kept in draw
+    # order) restores with its indices as the order.
+    older = Pool.from_checkpoint({k: v for k, v in arrays.items() if k != "order"}, info)
+    assert older.order.tolist() == [0, 1] and older.order.dtype == np.int64
 
 
 @pytest.mark.parametrize("overrides, match", [
