@@ -127,6 +127,18 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
     held_out = evaluation.own_examples(eval_source, config.eval.num_prompts)   # checks the count
     # The suite's files are read before the model loads: a missing one fails first.
     suite = evaluation.open_suite(config) if config.eval.suite else None
+    try:
+        return _run_with(config, workdir, mesh, rollout_mesh, train_source, held_out, suite)
+    except BaseException:   # the suite's grader pool is the run's to close; no run, close it
+        if suite is not None:
+            suite.close()
+        raise
+
+
+def _run_with(config: Any, workdir: str, mesh: jax.sharding.Mesh,
+              rollout_mesh: jax.sharding.Mesh | None, train_source: Any,
+              held_out: list[dict], suite: evaluation.OpenSuite | None) -> Run:
+    """`set_up` after the data and the suite are open."""
     texts = None if config.model.path else task_lib.tokenizer_corpus(train_source)
     policy = policy_lib.start_policy(config, mesh, workdir, texts)
     rl_checks.check_model(config, policy.model_config())
@@ -146,29 +158,35 @@ def set_up(config: Any, workdir: str, mesh: jax.sharding.Mesh,
     rollout_frozen = None if rollout_mesh is mesh else parallel.on_mesh(
         frozen if precision is None else precision.params(frozen), rollout_mesh)
     scorer = rollout_source.new_scorer(config)
-    run = Run(
-        config=config, workdir=workdir, mesh=mesh, policy=policy,
-        rollout_mesh=rollout_mesh, rollout_frozen=rollout_frozen, precision=precision,
-        opt_state=steps.init_optimizer_state(policy_run.tx, trained, mesh),
-        lagged=[copy_params(trained) for _ in range(async_rl.lagged_copies(config))],
-        ref_params=copy_params(policy.params) if policy_lib.owns_reference(config) else None,
-        critic=critic, policy_programs=policy_run, critic_programs=critic_run, objective=objective,
-        scorer=scorer, carry=partial.empty_pool(config, scorer),
-        method=rollout.sampling_method(config),
-        episodic=rollout.Episodic.of(config, policy.tokenizer),
-        layout=programs.batch_layout(config, policy.model_config(), prompt_len=1),   # its keys
-        train_iter=iter(task_lib.loader(train_source, config,
-                                        batch_size=config.rollout.prompts_per_batch)),
-        held_out=held_out,
-        checkpointer=checkpoint.Checkpointer(paths.join(workdir, run_files.CHECKPOINTS),
-                                             keep=config.train.keep_checkpoints),
-        # distillation hooks: the teacher, and the advantages with its term mixed in
-        teacher=distill.load_teacher(config, mesh, policy, policy_run.pieces),
-        entropy_control=entropy_control.initial_state(config, mesh),
-        suite=suite,
-        advantages_fn=jax.jit(distill.advantages_fn(config, objective)),
-        mismatch_fn=jax.jit(objectives.mismatch_metrics),
-        seeds_fn=jax.jit(steps.loss_seeds, out_shardings=parallel.row_sharding(mesh)))
+    try:
+        run = Run(
+            config=config, workdir=workdir, mesh=mesh, policy=policy,
+            rollout_mesh=rollout_mesh, rollout_frozen=rollout_frozen, precision=precision,
+            opt_state=steps.init_optimizer_state(policy_run.tx, trained, mesh),
+            lagged=[copy_params(trained) for _ in range(async_rl.lagged_copies(config))],
+            ref_params=(copy_params(policy.params) if policy_lib.owns_reference(config)
+                        else None),
+            critic=critic, policy_programs=policy_run, critic_programs=critic_run,
+            objective=objective,
+            scorer=scorer, carry=partial.empty_pool(config, scorer),
+            method=rollout.sampling_method(config),
+            episodic=rollout.Episodic.of(config, policy.tokenizer),
+            layout=programs.batch_layout(config, policy.model_config(), prompt_len=1),   # keys
+            train_iter=iter(task_lib.loader(train_source, config,
+                                            batch_size=config.rollout.prompts_per_batch)),
+            held_out=held_out,
+            checkpointer=checkpoint.Checkpointer(paths.join(workdir, run_files.CHECKPOINTS),
+                                                 keep=config.train.keep_checkpoints),
+            # distillation hooks: the teacher, and the advantages with its term mixed in
+            teacher=distill.load_teacher(config, mesh, policy, policy_run.pieces),
+            entropy_control=entropy_control.initial_state(config, mesh),
+            suite=suite,
+            advantages_fn=jax.jit(distill.advantages_fn(config, objective)),
+            mismatch_fn=jax.jit(objectives.mismatch_metrics),
+            seeds_fn=jax.jit(steps.loss_seeds, out_shardings=parallel.row_sharding(mesh)))
+    except BaseException:   # no run to own the grader pool: close it
+        scorer.close()
+        raise
     run.source = rollout_source.Synchronous(run)
     return run
 

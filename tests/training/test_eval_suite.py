@@ -240,6 +240,32 @@ def test_training_evaluates_the_suite(tmp_path, monkeypatch, data_dir, checkpoin
     assert evaluation.suite_metrics(saved) == logged[0]
 
 
+@pytest.mark.parametrize("fails_in, closed", [("start_policy", 1), ("load_teacher", 2)])
+def test_a_set_up_that_fails_closes_its_grader_pools(tmp_path, monkeypatch, data_dir, checkpoint,
+                                                      suite_dir, fails_in, closed):
+    """A run whose set-up raises after the suite is open (loading the model) closes the
+    suite's scorer; one that raises after the run's scorer is open too (loading a
+    distillation teacher) closes both: no grader process outlives a failed start."""
+    from grpo_jax.training import distill, policy as policy_lib
+    stopped = []
+    monkeypatch.setattr(task_lib.Scorer, "close", lambda self: stopped.append(self))
+
+    def fail(*args, **kwargs):
+        raise RuntimeError(f"{fails_in} failed")
+
+    monkeypatch.setattr({"start_policy": policy_lib, "load_teacher": distill}[fails_in],
+                        fails_in, fail)
+    config = tiny_config("dapo", data_dir, **{
+        "model.path": checkpoint, "model.name": "", "eval.suite": "math_reasoning",
+        "eval.suite_dir": str(suite_dir), "eval.samples": 1, "rollout.max_new_tokens": 6})
+    with pytest.raises(RuntimeError, match=f"{fails_in} failed"):
+        rl.train(config, str(tmp_path / "rl"))
+    assert len(stopped) == closed and len({id(s) for s in stopped}) == closed
+    for scorer in stopped:   # the real close, so no worker is left behind
+        if scorer.pool is not None:
+            scorer.pool.close()
+
+
 def test_the_code_suite_is_humaneval_and_mbpp_graded_by_code_tests():
     suite = suites.SUITES["code"]
     assert suite.benchmarks == ("humaneval", "mbpp") and suite.grader == "code_tests"
