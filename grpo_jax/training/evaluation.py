@@ -37,7 +37,7 @@ from grpo_jax.training.at_k import pass_at_k  # noqa: F401
 EVAL_CHUNK = 256   # prompts per sampler call (per process)
 
 
-def check_config(config):
+def check_config(config: Any) -> None:
     """Raises ValueError naming the field unless the ``eval`` section can run: at least one
     held-out prompt, ``eval.samples`` >= 0 (0: greedy pass@1 only), and with ``eval.suite``
     a known suite, ``eval.samples`` >= 1 and ``eval.suite_dir``."""
@@ -58,7 +58,7 @@ def check_config(config):
                 "eval.suite='' to evaluate task.eval_split alone)")
 
 
-def check_num_prompts(num_prompts, source):
+def check_num_prompts(num_prompts: int, source: Any) -> None:
     """Raises unless the held-out split `source` holds the ``eval.num_prompts`` asked for
     (an evaluation on fewer prompts than configured would be reported as if on all)."""
     if num_prompts > len(source):
@@ -69,7 +69,7 @@ def check_num_prompts(num_prompts, source):
             "task.knobs.num_test)")
 
 
-def own_examples(source, count):
+def own_examples(source: Any, count: int) -> tuple[list[dict[str, Any]], int]:
     """This process's share of the first `count` held-out examples of `source`.
 
     Returns `(examples, real)`: every process gets the same number of examples (the
@@ -93,7 +93,7 @@ def _padded(examples, mesh):
     return list(examples) + [examples[-1]] * (-len(examples) % multiple)
 
 
-def prompt_ids(count, share, start, width, processes):
+def prompt_ids(count: int, share: int, start: int, width: int, processes: int) -> np.ndarray:
     """`[processes * width]` ids of the random streams of one sampler call's global prompt
     rows (`sampling.row_keys`): process p's `width` rows hold its examples from its
     `start`-th on, and p's share (`own_examples`: `share` examples of the first `count`)
@@ -140,7 +140,9 @@ def _correct(policy, mesh, scorer, examples, config, *, rng, method, group_size,
     return (np.concatenate(correct) if correct else np.zeros(0, bool)), episodes, answers
 
 
-def evaluate(policy, mesh, scorer, own, config, *, step, method, episodic=None):
+def evaluate(policy: policy_lib.Policy, mesh: jax.sharding.Mesh, scorer: task_lib.Scorer,
+             own: tuple[list[dict[str, Any]], int], config: Any, *, step: int, method: Any,
+             episodic: rollout_lib.Episodic | None = None) -> dict[str, float]:
     """Accuracy on held-out examples: ``config.eval.samples`` samples per prompt with the
     rollout's sampling `method`, at most ``config.rollout.max_new_tokens`` tokens.
 
@@ -184,7 +186,8 @@ def evaluate(policy, mesh, scorer, own, config, *, step, method, episodic=None):
     return {name: float(value) for name, value in metrics.items()}
 
 
-def load_for_evaluation(config, path):
+def load_for_evaluation(config: Any,
+                        path: str) -> tuple[jax.sharding.Mesh, policy_lib.Policy, Any]:
     """`(mesh, policy, held-out source)`: the saved policy at `path` on the config's mesh,
     through the same loading code as any checkpoint, and the task's evaluation split."""
     mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "eval"))
@@ -199,7 +202,7 @@ def _saved_policy(config, mesh, path):
     return policy_lib.Policy(graphdef, params, tokenizer)
 
 
-def evaluate_export(config, path):
+def evaluate_export(config: Any, path: str) -> dict[str, float]:
     """Held-out metrics of a saved policy (`load_for_evaluation`), its calls answered by
     ``environment.name``'s environment when one is set."""
     mesh, policy, source = load_for_evaluation(config, path)
@@ -216,7 +219,7 @@ def evaluate_export(config, path):
             episodic.close()
 
 
-def benchmark_task(config, name):
+def benchmark_task(config: Any, name: str) -> Any:
     """A derived ``task`` section that reads benchmark `name`'s release file from
     ``eval.suite_dir/<name>`` (the run's prompt settings kept)."""
     return config_lib.replaced(config, {
@@ -224,7 +227,9 @@ def benchmark_task(config, name):
         "task.manual_dir": paths.join(config.eval.suite_dir, name)}).task
 
 
-def suite_grading(suite, timeout_s):
+def suite_grading(
+    suite: suites.Suite, timeout_s: float,
+) -> tuple[ml_collections.ConfigDict, Callable[[str], str | None]]:
     """`(reward section, answer_of)` of `suite`: its grader as the only reward (the
     graders' pool bounds each row by `timeout_s`, ``reward.timeout_s``), and what its
     majority vote compares (a completion -> its answer or None)."""
@@ -305,7 +310,7 @@ def suite_metrics(results: dict[str, Any]) -> dict[str, float]:
             if name != "per_problem" for key, value in row.items()}
 
 
-def evaluate_suite(config, path):
+def evaluate_suite(config: Any, path: str) -> dict[str, Any]:
     """``eval.suite``'s metrics of the saved policy at `path` (`suite_results` at step 0)."""
     check_config(config)
     mesh = parallel.setup_mesh(config, lambda: footprint.replicated_state_bytes(config, "eval"))
@@ -316,7 +321,7 @@ def evaluate_suite(config, path):
         opened.close()
 
 
-def evaluate_to_file(config, workdir):
+def evaluate_to_file(config: Any, workdir: str) -> dict[str, Any]:
     """The "eval" mode: held-out metrics of ``model.path``, printed and saved as JSON
     (``eval.json``); with ``eval.suite``, the suite's (``eval_suite.json``, and its table
     in ``eval_suite.md``)."""

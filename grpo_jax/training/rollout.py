@@ -26,14 +26,16 @@ import dataclasses
 import functools
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import environments, objectives, parallel, paths, sampling
+from grpo_jax import environments, models, objectives, parallel, paths, sampling
 from grpo_jax import rewards as rewards_lib
+from grpo_jax.training import policy as policy_lib
 from grpo_jax.training import task as task_lib
 
 SHORT_BATCH = ("error", "pad")
@@ -43,7 +45,7 @@ REPLAYED_ROUTING = ("prompt_routing", "routing")
 SAMPLED_ROUTING = ("sampled_prompt_routing", "sampled_routing")
 
 
-def check_sampling_config(config):
+def check_sampling_config(config: Any) -> None:
     """Raises ValueError naming the field unless the rollouts of an RL run can be drawn:
     prompts and a budget, a temperature > 0 (the ratios and the KL divide log-probs by
     it; greedy rows have no signal), 0 < top_p <= 1, at least one draw per step, a known
@@ -67,14 +69,14 @@ def check_sampling_config(config):
                          f"signal is judged on), got {config.filtering.signal!r}")
 
 
-def sampling_method(config):
+def sampling_method(config: Any) -> Any:
     """The rollouts' `sampling` method from the run config's ``rollout`` section."""
     r = config.rollout
     return sampling.make_method(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                 min_p=r.min_p)
 
 
-def routing_keys(config, model_cfg):
+def routing_keys(config: Any, model_cfg: models.ModelConfig) -> tuple[str, ...]:
     """Where a batch keeps the sampler's experts of every token: `REPLAYED_ROUTING` with
     ``rollout.keep_routing``; on an MoE without it `SAMPLED_ROUTING` (the routing churn
     is measured against them, nothing replays them), except with partial rollouts, whose
@@ -88,7 +90,8 @@ def routing_keys(config, model_cfg):
     return ()
 
 
-def record_layout(config, model_cfg, rows, prompt_len, new_tokens):
+def record_layout(config: Any, model_cfg: models.ModelConfig, rows: int, prompt_len: int,
+                  new_tokens: int) -> dict[str, tuple[tuple[int, ...], jax.typing.DTypeLike]]:
     """``{key: (shape, dtype)}`` of the sampler's records a batch carries when the run
     keeps them (`draw`): the support of every sampled position
     (``rollout.keep_sampling_mask``) and, on an MoE, the experts of every token
@@ -109,7 +112,7 @@ def record_layout(config, model_cfg, rows, prompt_len, new_tokens):
     return layout
 
 
-def check_environment_config(config):
+def check_environment_config(config: Any) -> None:
     """Raises ValueError naming the field unless ``environment.*`` can run: a registered
     name ("" for none), budgets in range, no critic."""
     env = config.environment
@@ -149,18 +152,23 @@ class Episodic:
         self.pool = rewards_lib.GraderPool(timeout_s=env_cfg.timeout_s)
 
     @classmethod
-    def of(cls, config, tokenizer):
+    def of(cls, config: Any, tokenizer: Any) -> "Episodic | None":
         """The run's `Episodic`, or None without an environment (single-turn rollouts)."""
         check_environment_config(config)
         return cls(config.environment, tokenizer) if config.environment.name else None
 
-    def close(self):
+    def close(self) -> None:
         self.pool.close()
 
 
-def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_tokens, rules,
-                   record_support=False, record_routing=False, slots=0, episodic=None,
-                   examples=None, prompt_ids=None, buffer_len=None, kv_page_size=0, kv_pages=0):
+def sample_on_mesh(
+    policy: policy_lib.Policy, mesh: jax.sharding.Mesh, prompts: Mapping[str, jax.Array], *,
+    rng: jax.Array, method: Any, group_size: int, max_new_tokens: int, rules: str,
+    record_support: bool = False, record_routing: bool = False, slots: int = 0,
+    episodic: Episodic | None = None, examples: Sequence[dict[str, Any]] | None = None,
+    prompt_ids: np.ndarray | None = None, buffer_len: int | None = None, kv_page_size: int = 0,
+    kv_pages: int = 0,
+) -> tuple[sampling.Rollout, environments.Episodes | None]:
     """`sampling.generate` on global prompt rows (in `slots` decode slots when > 0), or
     with `episodic` the rows as episodes: `sampling.Engine` (all rows at once when
     `slots` is 0) with the environment answering the rows' calls (`run_episodes`;
@@ -192,7 +200,9 @@ def sample_on_mesh(policy, mesh, prompts, *, rng, method, group_size, max_new_to
         return engine.rollout(), episodes
 
 
-def score_own_rows(rollout, texts, examples, scorer, tokenizer, group_size):
+def score_own_rows(rollout: sampling.Rollout, texts: Sequence[str],
+                   examples: Sequence[dict[str, Any]], scorer: task_lib.Scorer, tokenizer: Any,
+                   group_size: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """Decodes and scores the rows of `rollout` this process holds: its own prompts'.
 
     Returns `(rewards [b] or [b, K], correct [b], reward metrics)` as numpy, b = this
@@ -205,7 +215,7 @@ def score_own_rows(rollout, texts, examples, scorer, tokenizer, group_size):
     return scorer(repeat(texts), completions, repeat(examples), lengths)
 
 
-def all_episodes(episodes):
+def all_episodes(episodes: environments.Episodes) -> environments.Episodes:
     """Every process's `Episodes` (each of its own rows) joined in process order: the
     same counts on every process, so their metrics are those of every row."""
     own = {k: v.tolist() for k, v in dataclasses.asdict(episodes).items()}
@@ -215,7 +225,8 @@ def all_episodes(episodes):
         for part in parts])
 
 
-def combine_reward_metrics(per_process, rows=None):
+def combine_reward_metrics(per_process: Sequence[Mapping[str, float]],
+                           rows: Sequence[int] | None = None) -> dict[str, float]:
     """Every process's reward metrics -> one dict: counts summed, means averaged (weighted
     by `rows`, each part's row count, where given and unequal)."""
     keys = per_process[0].keys()
@@ -227,7 +238,9 @@ def combine_reward_metrics(per_process, rows=None):
                      else mean([m[k] for m in per_process])) for k in keys}
 
 
-def draw(policy, mesh, examples, *, config, scorer, rng, method, episodic=None):
+def draw(policy: policy_lib.Policy, mesh: jax.sharding.Mesh, examples: list[dict[str, Any]], *,
+         config: Any, scorer: task_lib.Scorer, rng: jax.Array, method: Any,
+         episodic: Episodic | None = None) -> tuple[dict[str, jax.Array], dict[str, float]]:
     """Samples and scores one prompt batch; returns `(rows, metrics)`: the reward
     metrics and, with `episodic` (multi-turn episodes), the episodes' (`Episodes.metrics`).
 
@@ -299,7 +312,9 @@ def _left_pad(x, width, value):
     jax.jit,
     static_argnames=("mesh", "group_size", "num_groups", "dynamic", "pad_id", "signal"),
 )
-def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id, signal):
+def select_groups(draws: tuple[Mapping[str, jax.Array], ...], *, mesh: jax.sharding.Mesh,
+                  group_size: int, num_groups: int, dynamic: bool, pad_id: int,
+                  signal: str) -> dict[str, jax.Array]:
     """The train batch: `num_groups` whole groups from the draws, on the mesh.
 
     With `dynamic` (DAPO's dynamic sampling), groups with signal come first, in draw
@@ -337,7 +352,9 @@ def select_groups(draws, *, mesh, group_size, num_groups, dynamic, pad_id, signa
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "signal"))
-def rollout_statistics(draws, reward_weights, *, group_size, signal):
+def rollout_statistics(draws: tuple[Mapping[str, jax.typing.ArrayLike], ...],
+                       reward_weights: jax.Array, *, group_size: int,
+                       signal: str) -> dict[str, jax.Array]:
     """Metrics of every drawn row (all draws of the step), reduced on the mesh.
 
     ``reward_mean`` is the mean of the scalar reward that enters the advantages (with
@@ -364,7 +381,11 @@ def rollout_statistics(draws, reward_weights, *, group_size, signal):
     }
 
 
-def collect(policy, mesh, train_iter, *, config, scorer, rng, method, episodic=None):
+def collect(
+    policy: policy_lib.Policy, mesh: jax.sharding.Mesh,
+    train_iter: Iterator[list[dict[str, Any]]], *, config: Any, scorer: task_lib.Scorer,
+    rng: jax.Array, method: Any, episodic: Episodic | None = None,
+) -> tuple[dict[str, jax.Array], dict[str, float], list[dict[str, Any]]]:
     """One train batch of P x G rows on the mesh, the step's rollout metrics, and this
     process's examples of the first draw (for a supervised term on the same prompts).
 
@@ -408,7 +429,7 @@ def collect(policy, mesh, train_iter, *, config, scorer, rng, method, episodic=N
     return batch, metrics, first
 
 
-def write_samples(batch, tokenizer, path):
+def write_samples(batch: Mapping[str, jax.Array], tokenizer: Any, path: str) -> None:
     """Writes every row of a train batch as one JSON line: the prompt, the completion,
     its reward(s), correctness, length and whether the row counts (``row_valid``).
 
