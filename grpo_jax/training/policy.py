@@ -49,8 +49,12 @@ def sampling_policy(graphdef: nnx.GraphDef, frozen: nnx.State, trained: nnx.Stat
     return Policy(graphdef, nnx.merge_state(frozen, trained), tokenizer)
 
 
-# What ``rollout.dtype`` may name ("" also: the trainer's ``model.dtype``).
-ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
+# What ``rollout.dtype`` may name ("" also: the trainer's ``model.dtype``). "float8_e4m3fn"
+# is weight-only FP8 as inference engines serve it: every weight matrix stored in FP8 E4M3
+# with one scale per output channel, the network computing in bfloat16 (`fp8_weights`).
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn")
+FP8 = "float8_e4m3fn"
+FP8_MAX = 448.0   # the largest finite float8_e4m3fn
 
 
 def check_rollout_dtype(config: Any) -> None:
@@ -68,6 +72,26 @@ def cast_floats(params: nnx.State, dtype: str) -> nnx.State:
     sharding."""
     cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
     return jax.tree.map(cast, params)
+
+
+@jax.jit
+def fp8_weights(params: nnx.State) -> nnx.State:
+    """`params` as a weight-only FP8 engine holds them, in bfloat16: every floating leaf
+    of 2 or more dimensions (projections, experts, embeddings) quantised to float8_e4m3fn
+    with one scale per channel of its last axis (``amax / 448`` over the other axes, the
+    per-output-channel scaling of FP8 inference; Micikevicius et al., "FP8 Formats for Deep
+    Learning", arXiv:2209.05433) and multiplied back; 1-d leaves (norms) cast to bfloat16;
+    integer leaves as they are. Each leaf keeps its sharding."""
+    def quantised(x):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        if x.ndim < 2:
+            return x.astype(jnp.bfloat16)
+        x32 = x.astype(jnp.float32)
+        amax = jnp.max(jnp.abs(x32), axis=tuple(range(x.ndim - 1)), keepdims=True)
+        scale = jnp.where(amax > 0, amax / FP8_MAX, 1.0)
+        return ((x32 / scale).astype(FP8).astype(jnp.float32) * scale).astype(jnp.bfloat16)
+    return jax.tree.map(quantised, params)
 
 
 def computing_in(graphdef: nnx.GraphDef, params: nnx.State, dtype: str) -> nnx.GraphDef:
@@ -93,8 +117,8 @@ class RolloutPrecision:
     MiniMax-M1's CISPO, arXiv:2506.13585, sec. 3).
 
     Attributes:
-      dtype: the sampler's dtype ("bfloat16", ...).
-      graphdef: the policy's network computing in it (`computing_in`).
+      dtype: the sampler's dtype ("bfloat16", ...; "float8_e4m3fn": `fp8_weights`).
+      graphdef: the policy's network computing in it (`computing_in`; bfloat16 for FP8).
     """
 
     dtype: str
@@ -108,11 +132,14 @@ class RolloutPrecision:
         dtype = config.rollout.dtype
         if not dtype or dtype == config.model.dtype:
             return None
-        return cls(dtype, computing_in(policy.graphdef, policy.params, dtype))
+        computes = "bfloat16" if dtype == FP8 else dtype
+        return cls(dtype, computing_in(policy.graphdef, policy.params, computes))
 
     def params(self, params: nnx.State) -> nnx.State:
         """`params` (the whole state or a part of it) in the sampler's dtype: one cast, at
         each publish of the parameters to the sampler."""
+        if self.dtype == FP8:
+            return fp8_weights(params)
         return cast_floats(params, self.dtype)
 
     def policy(self, policy: Policy) -> Policy:

@@ -125,3 +125,46 @@ def test_a_bfloat16_rollout_run_logs_the_mismatch(data_dir, tmp_path):
     for row in rows:
         assert row["mismatch/abs_diff_mean"] > 1e-4, row
         assert np.isfinite(row["mismatch/k3_kl"]) and row["mismatch/k3_kl"] >= 0
+
+
+def test_fp8_weights_are_e4m3_values_with_one_scale_per_output_channel():
+    """`fp8_weights` against numpy and ml_dtypes: each column of a matrix scaled by its own
+    amax / 448, rounded to float8_e4m3fn, scaled back and held in bfloat16; a vector (a
+    norm) only cast; an integer leaf untouched."""
+    import ml_dtypes
+    rng = np.random.default_rng(0)
+    matrix = (rng.normal(size=(6, 3)) * np.array([0.02, 1.0, 30.0])).astype(np.float32)
+    vector = rng.normal(size=(5,)).astype(np.float32)
+    state = {"w": jnp.asarray(matrix), "norm": jnp.asarray(vector),
+             "q": jnp.arange(4, dtype=jnp.int8), "zero": jnp.zeros((2, 2), jnp.float32)}
+    got = policy_lib.fp8_weights(state)
+    scale = np.abs(matrix).max(axis=0, keepdims=True) / 448.0
+    codes = (matrix / scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    want = (codes * scale).astype(ml_dtypes.bfloat16)
+    assert got["w"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got["w"]), want)
+    np.testing.assert_array_equal(np.asarray(got["norm"]), vector.astype(ml_dtypes.bfloat16))
+    np.testing.assert_array_equal(np.asarray(got["q"]), np.arange(4, dtype=np.int8))
+    np.testing.assert_array_equal(np.asarray(got["zero"]), np.zeros((2, 2)))
+    # 3 mantissa bits: each weight within 1/16 of itself (relative), the column's largest exact.
+    np.testing.assert_allclose(np.asarray(got["w"], np.float32), matrix, rtol=1 / 16 + 1 / 128)
+    np.testing.assert_allclose(np.abs(np.asarray(got["w"], np.float32)).max(axis=0),
+                               np.abs(matrix).max(axis=0), rtol=1 / 128)
+
+
+@pytest.mark.slow
+def test_an_fp8_sampler_is_further_from_the_trainer_than_a_bf16_one():
+    """Weight-only FP8 rollouts: the network computes in bfloat16 over the FP8-rounded
+    weights, and the sampler/trainer gap is several times the bf16 sampler's (3 mantissa
+    bits in the weights against 8)."""
+    policy = _policy()
+    gaps = {}
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        precision = policy_lib.RolloutPrecision.of(_config(dtype), policy)
+        sampler = precision.policy(policy)
+        assert _float_dtypes(sampler.params) == {"bfloat16"}
+        assert nnx.merge(sampler.graphdef, sampler.params).cfg.dtype == "bfloat16"
+        rollout = _sample(sampler)
+        mask = np.asarray(rollout.mask, bool)
+        gaps[dtype] = np.abs(np.asarray(rollout.logp) - _trainer_logp(policy, rollout))[mask].mean()
+    assert gaps["float8_e4m3fn"] > 4 * gaps["bfloat16"], gaps
