@@ -49,12 +49,18 @@ def sampling_policy(graphdef: nnx.GraphDef, frozen: nnx.State, trained: nnx.Stat
     return Policy(graphdef, nnx.merge_state(frozen, trained), tokenizer)
 
 
-# What ``rollout.dtype`` may name ("" also: the trainer's ``model.dtype``). "float8_e4m3fn"
-# is weight-only FP8 as inference engines serve it: every weight matrix stored in FP8 E4M3
-# with one scale per output channel, the network computing in bfloat16 (`fp8_weights`).
-ROLLOUT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn")
-FP8 = "float8_e4m3fn"
-FP8_MAX = 448.0   # the largest finite float8_e4m3fn
+# What ``rollout.dtype`` may name ("" also: the trainer's ``model.dtype``). The 8- and
+# 4-bit names are weight-only formats as inference engines serve them, computing in
+# bfloat16 (`quantised_weights`, `WEIGHT_FORMATS`).
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float4_e2m1fn")
+# Weight-only formats: (the largest finite value, the scaling block: that many consecutive
+# elements of a weight's last axis share one scale, the whole last axis where it does not
+# divide into blocks). FP8 E4M3 (Micikevicius et al., "FP8 Formats for Deep Learning",
+# arXiv:2209.05433) in groups of 128 as DeepSeek-V3's fine-grained FP8 (arXiv:2412.19437,
+# sec. 3.3); FP4 E2M1 in blocks of 16 as NVFP4 (the rollout format of QeRL, Huang et al.,
+# arXiv:2510.11696), its FP8 block scales kept in float32 here. The blocks run along the
+# stored last axis whatever the weight's role, so no layout is assumed.
+WEIGHT_FORMATS = {"float8_e4m3fn": (448.0, 128), "float4_e2m1fn": (6.0, 16)}
 
 
 def check_rollout_dtype(config: Any) -> None:
@@ -74,24 +80,29 @@ def cast_floats(params: nnx.State, dtype: str) -> nnx.State:
     return jax.tree.map(cast, params)
 
 
-@jax.jit
-def fp8_weights(params: nnx.State) -> nnx.State:
-    """`params` as a weight-only FP8 engine holds them, in bfloat16: every floating leaf
-    of 2 or more dimensions (projections, experts, embeddings) quantised to float8_e4m3fn
-    with one scale per channel of its last axis (``amax / 448`` over the other axes, the
-    per-output-channel scaling of FP8 inference; Micikevicius et al., "FP8 Formats for Deep
-    Learning", arXiv:2209.05433) and multiplied back; 1-d leaves (norms) cast to bfloat16;
-    integer leaves as they are. Each leaf keeps its sharding."""
-    def quantised(x):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            return x
-        if x.ndim < 2:
-            return x.astype(jnp.bfloat16)
-        x32 = x.astype(jnp.float32)
-        amax = jnp.max(jnp.abs(x32), axis=tuple(range(x.ndim - 1)), keepdims=True)
-        scale = jnp.where(amax > 0, amax / FP8_MAX, 1.0)
-        return ((x32 / scale).astype(FP8).astype(jnp.float32) * scale).astype(jnp.bfloat16)
-    return jax.tree.map(quantised, params)
+def _quantised(x: jax.Array, dtype: str) -> jax.Array:
+    """One floating leaf of `quantised_weights`."""
+    largest, block = WEIGHT_FORMATS[dtype]
+    if x.ndim < 2:
+        return x.astype(jnp.bfloat16)
+    last = x.shape[-1]
+    block = block if last % block == 0 else last
+    blocks = x.astype(jnp.float32).reshape(x.shape[:-1] + (last // block, block))
+    amax = jnp.max(jnp.abs(blocks), axis=-1, keepdims=True)
+    scale = jnp.where(amax > 0, amax / largest, 1.0)
+    values = (blocks / scale).astype(dtype).astype(jnp.float32) * scale
+    return values.reshape(x.shape).astype(jnp.bfloat16)
+
+
+@functools.partial(jax.jit, static_argnames="dtype")
+def quantised_weights(params: nnx.State, dtype: str) -> nnx.State:
+    """`params` as a weight-only `dtype` engine (a `WEIGHT_FORMATS` key) holds them, in
+    bfloat16: every floating leaf of 2 or more dimensions (projections, experts,
+    embeddings) rounded to `dtype` with one scale (``amax / largest``) per block of its
+    last axis and multiplied back; 1-d leaves (norms) cast to bfloat16; integer leaves as
+    they are. Each leaf keeps its sharding."""
+    cast = lambda x: _quantised(x, dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    return jax.tree.map(cast, params)
 
 
 def computing_in(graphdef: nnx.GraphDef, params: nnx.State, dtype: str) -> nnx.GraphDef:
@@ -117,8 +128,9 @@ class RolloutPrecision:
     MiniMax-M1's CISPO, arXiv:2506.13585, sec. 3).
 
     Attributes:
-      dtype: the sampler's dtype ("bfloat16", ...; "float8_e4m3fn": `fp8_weights`).
-      graphdef: the policy's network computing in it (`computing_in`; bfloat16 for FP8).
+      dtype: the sampler's dtype ("bfloat16", ...; a `WEIGHT_FORMATS` key: weight-only).
+      graphdef: the policy's network computing in it (`computing_in`; bfloat16 for a
+        weight-only format).
     """
 
     dtype: str
@@ -132,14 +144,14 @@ class RolloutPrecision:
         dtype = config.rollout.dtype
         if not dtype or dtype == config.model.dtype:
             return None
-        computes = "bfloat16" if dtype == FP8 else dtype
+        computes = "bfloat16" if dtype in WEIGHT_FORMATS else dtype
         return cls(dtype, computing_in(policy.graphdef, policy.params, computes))
 
     def params(self, params: nnx.State) -> nnx.State:
         """`params` (the whole state or a part of it) in the sampler's dtype: one cast, at
         each publish of the parameters to the sampler."""
-        if self.dtype == FP8:
-            return fp8_weights(params)
+        if self.dtype in WEIGHT_FORMATS:
+            return quantised_weights(params, self.dtype)
         return cast_floats(params, self.dtype)
 
     def policy(self, policy: Policy) -> Policy:

@@ -127,44 +127,59 @@ def test_a_bfloat16_rollout_run_logs_the_mismatch(data_dir, tmp_path):
         assert np.isfinite(row["mismatch/k3_kl"]) and row["mismatch/k3_kl"] >= 0
 
 
-def test_fp8_weights_are_e4m3_values_with_one_scale_per_output_channel():
-    """`fp8_weights` against numpy and ml_dtypes: each column of a matrix scaled by its own
-    amax / 448, rounded to float8_e4m3fn, scaled back and held in bfloat16; a vector (a
-    norm) only cast; an integer leaf untouched."""
+def _numpy_quantised(x, dtype, block):
+    """`policy.quantised_weights` of one leaf, in numpy with ml_dtypes' formats."""
+    import ml_dtypes
+    largest = {"float8_e4m3fn": 448.0, "float4_e2m1fn": 6.0}[dtype]
+    blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // block, block))
+    scale = np.abs(blocks).max(axis=-1, keepdims=True) / largest
+    scale = np.where(scale > 0, scale, 1.0)
+    codes = (blocks / scale).astype(getattr(ml_dtypes, dtype)).astype(np.float32)
+    return (codes * scale).reshape(x.shape).astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("dtype,block,relative", [("float8_e4m3fn", 128, 1 / 16),
+                                                  ("float4_e2m1fn", 16, 1 / 4)])
+def test_weight_only_formats_round_each_block_of_the_last_axis_to_its_own_scale(
+        dtype, block, relative):
+    """`quantised_weights` against numpy and ml_dtypes: blocks of `block` consecutive
+    elements of the last axis (the whole axis where it does not divide) each scaled by
+    amax / largest, rounded to the format, scaled back and held in bfloat16; a vector (a
+    norm) only cast; an integer leaf and an all-zero matrix as they are."""
     import ml_dtypes
     rng = np.random.default_rng(0)
-    matrix = (rng.normal(size=(6, 3)) * np.array([0.02, 1.0, 30.0])).astype(np.float32)
+    blocked = (rng.normal(size=(3, 2, 2 * block)) *
+               np.repeat([0.02, 30.0], block)).astype(np.float32)   # two blocks, two scales
+    whole = rng.normal(size=(4, 24)).astype(np.float32)   # 24 does not divide into blocks
     vector = rng.normal(size=(5,)).astype(np.float32)
-    state = {"w": jnp.asarray(matrix), "norm": jnp.asarray(vector),
+    state = {"w": jnp.asarray(blocked), "e": jnp.asarray(whole), "norm": jnp.asarray(vector),
              "q": jnp.arange(4, dtype=jnp.int8), "zero": jnp.zeros((2, 2), jnp.float32)}
-    got = policy_lib.fp8_weights(state)
-    scale = np.abs(matrix).max(axis=0, keepdims=True) / 448.0
-    codes = (matrix / scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
-    want = (codes * scale).astype(ml_dtypes.bfloat16)
-    assert got["w"].dtype == jnp.bfloat16
-    np.testing.assert_array_equal(np.asarray(got["w"]), want)
+    got = policy_lib.quantised_weights(state, dtype)
+    assert got["w"].dtype == got["e"].dtype == got["norm"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got["w"]), _numpy_quantised(blocked, dtype, block))
+    np.testing.assert_array_equal(np.asarray(got["e"]), _numpy_quantised(whole, dtype, 24))
     np.testing.assert_array_equal(np.asarray(got["norm"]), vector.astype(ml_dtypes.bfloat16))
     np.testing.assert_array_equal(np.asarray(got["q"]), np.arange(4, dtype=np.int8))
     np.testing.assert_array_equal(np.asarray(got["zero"]), np.zeros((2, 2)))
-    # 3 mantissa bits: each weight within 1/16 of itself (relative), the column's largest exact.
-    np.testing.assert_allclose(np.asarray(got["w"], np.float32), matrix, rtol=1 / 16 + 1 / 128)
-    np.testing.assert_allclose(np.abs(np.asarray(got["w"], np.float32)).max(axis=0),
-                               np.abs(matrix).max(axis=0), rtol=1 / 128)
+    # Each block's largest weight is exact (to bf16); the others within the format's step.
+    w = np.asarray(got["w"], np.float32).reshape(3, 2, 2, block)
+    want = blocked.reshape(3, 2, 2, block)
+    np.testing.assert_allclose(np.abs(w).max(-1), np.abs(want).max(-1), rtol=1 / 128)
+    assert np.all(np.abs(w - want) <= relative * np.abs(want).max(-1, keepdims=True) + 1e-12)
 
 
 @pytest.mark.slow
-def test_an_fp8_sampler_is_further_from_the_trainer_than_a_bf16_one():
-    """Weight-only FP8 rollouts: the network computes in bfloat16 over the FP8-rounded
-    weights, and the sampler/trainer gap is several times the bf16 sampler's (3 mantissa
-    bits in the weights against 8)."""
+def test_weight_only_samplers_move_further_from_the_trainer_as_the_format_narrows():
+    """Weight-only FP8 and FP4 rollouts compute in bfloat16 over the rounded weights; the
+    sampler/trainer gap grows with fewer mantissa bits: bf16 (7 stored) < FP8 E4M3 (3) <
+    FP4 E2M1 (1), each several times the last."""
     policy = _policy()
     gaps = {}
-    for dtype in ("bfloat16", "float8_e4m3fn"):
-        precision = policy_lib.RolloutPrecision.of(_config(dtype), policy)
-        sampler = precision.policy(policy)
+    for dtype in ("bfloat16", "float8_e4m3fn", "float4_e2m1fn"):
+        sampler = policy_lib.RolloutPrecision.of(_config(dtype), policy).policy(policy)
         assert _float_dtypes(sampler.params) == {"bfloat16"}
         assert nnx.merge(sampler.graphdef, sampler.params).cfg.dtype == "bfloat16"
         rollout = _sample(sampler)
         mask = np.asarray(rollout.mask, bool)
         gaps[dtype] = np.abs(np.asarray(rollout.logp) - _trainer_logp(policy, rollout))[mask].mean()
-    assert gaps["float8_e4m3fn"] > 4 * gaps["bfloat16"], gaps
+    assert 3 * gaps["bfloat16"] < gaps["float8_e4m3fn"] < gaps["float4_e2m1fn"] / 2, gaps
