@@ -248,7 +248,8 @@ def get_config(arg=None):
     # the entropy bonus's coefficient becomes run state, starting at objective.entropy_coef.
     # RL step k applies c_k if the previous step's mean token entropy was <= target, else 0;
     # then c_{k+1} = min(c_k + delta, high) if this step's entropy <= target, else
-    # max(c_k - delta, low). Checkpointed (grpo_jax/training/entropy_control.py).
+    # max(c_k - delta, low). Checkpointed (grpo_jax/training/entropy_control.py). With
+    # enabled=False a field changed from its default here is refused (nothing reads it).
     config.adaptive_entropy = config_dict.ConfigDict()
     config.adaptive_entropy.enabled = False
     config.adaptive_entropy.target = 0.2     # nats, the mean token entropy to stay above
