@@ -223,7 +223,9 @@ def get_config(arg=None):
     # per benchmark and macro-averaged. RL's evaluation every train.eval_every steps also
     # logs them (eval_suite/<benchmark>/<metric>, docs/metrics.md). suite_dir holds
     # <benchmark>/<its release file> (docs/data-and-rewards.md); suite_problems > 0 takes
-    # only each benchmark's first n.
+    # only each benchmark's first n. suite_dir, distill.teacher_path and the knob
+    # task.knobs.benchmarks_dir are paths: a run makes them absolute against the current
+    # directory once, at its start (config_lib.resolve_paths), as model.path.
     config.eval.suite = ""
     config.eval.suite_dir = ""
     config.eval.suite_problems = 0
