@@ -8,12 +8,14 @@ import json
 import math
 import pathlib
 
+import jax
+import ml_collections
 import numpy as np
 import pytest
 
 from configs import base
 from grpo_jax import data, models, rewards, run_files, sampling
-from grpo_jax.training import evaluation, rl, suites, task as task_lib
+from grpo_jax.training import evaluation, rl, steps, suites, task as task_lib
 from grpo_jax.training.tokenizer import train_char_tokenizer
 from tests import readme_metrics
 from tests.data import code_samples, release_samples
@@ -85,6 +87,32 @@ def suite_config(tmp_path, checkpoint, suite_dir, **overrides):
         section, field = key.split(".")
         config[section][field] = value
     return config
+
+
+def test_the_suite_draws_with_keys_of_its_own(monkeypatch):
+    """Every call of the sampler (`_correct`) gets its own key: the held-out evaluation's
+    greedy and sampled calls the "eval" stream at the step and its fold_in 1, as without a
+    suite, and each benchmark of the suite a key of the "eval_suite" stream."""
+    keys = []
+
+    def drawn(policy, mesh, scorer, examples, config, *, rng, method, group_size, count,
+              episodic=None, answer_of=None):
+        keys.append(tuple(np.asarray(jax.random.key_data(rng)).tolist()))
+        rows = len(examples) * group_size
+        return np.zeros(rows, bool), None, [None] * rows
+
+    monkeypatch.setattr(evaluation, "_correct", drawn)
+    monkeypatch.setattr(evaluation, "own_examples", lambda source, count: ([{}] * count, count))
+    config = ml_collections.ConfigDict(dict(seed=3, eval=dict(samples=2, num_prompts=1,
+                                                              suite_problems=1)))
+    evaluation.evaluate(None, None, None, ([{}], 1), config, step=5, method=None)
+    held_out = steps.step_rng(3, "eval", 5)
+    assert keys == [tuple(np.asarray(jax.random.key_data(k)).tolist())
+                    for k in (held_out, jax.random.fold_in(held_out, 1))]
+    opened = evaluation.OpenSuite(sources={name: [{}] for name in data.BENCHMARKS},
+                                  scorer=None, answer_of=lambda c: None, method=None)
+    evaluation.suite_results(None, None, opened, config, step=5)
+    assert len(keys) == 2 + len(data.BENCHMARKS) == len(set(keys))
 
 
 def test_a_suite_without_its_directory_fails_before_loading(tmp_path):
