@@ -178,13 +178,16 @@ def grade_by_first_character(monkeypatch, *, only_math=False):
 def recomputed(drawn, problems, k):
     """`(correct counts, majority correct)` of `problems` problems' k samples each (`drawn`
     in order), by `grade_by_first_character`'s rule."""
+    def vote(c):   # the answer's voting form: whitespace, $, % and a period read as blank
+        return c[:1].strip().strip("$%.")
+
     counts, majority = [], []
     for p in range(problems):
         samples = drawn[p * k:(p + 1) * k]
         counts.append(sum(even_first_character(c) for c in samples))
-        votes = collections.Counter(c[:1] for c in samples if c)
-        # The most frequent first character; a tie goes to the one drawn first.
-        winner = next((c[:1] for c in samples if c and votes[c[:1]] == max(votes.values())),
+        votes = collections.Counter(vote(c) for c in samples if c)
+        # The most frequent vote; a tie goes to the one drawn first, its first sample wins.
+        winner = next((c[:1] for c in samples if c and votes[vote(c)] == max(votes.values())),
                       None)
         majority.append(winner is not None and even_first_character(winner))
     return counts, majority
