@@ -220,8 +220,9 @@ def get_config(arg=None):
     # mode=eval over a named suite (grpo_jax.training.suites: "math_reasoning",
     # "dapo_aime24", "oat_zero") instead of task.eval_split: eval.samples answers per
     # problem of each benchmark at the suite's temperature and top-p; avg@k, pass@k, maj@k
-    # per benchmark and macro-averaged. RL's evaluation every train.eval_every steps also
-    # logs them (eval_suite/<benchmark>/<metric>, docs/metrics.md). suite_dir holds
+    # per benchmark and macro-averaged. RL's evaluation every train.eval_every steps, and
+    # SFT's every sft.eval_every (not the warm start's), also logs them
+    # (eval_suite/<benchmark>/<metric>, docs/metrics.md). suite_dir holds
     # <benchmark>/<its release file> (docs/data-and-rewards.md); suite_problems > 0 takes
     # only each benchmark's first n. suite_dir, distill.teacher_path and the knob
     # task.knobs.benchmarks_dir are paths: a run makes them absolute against the current

@@ -5,7 +5,7 @@
 
 Each process evaluates its own share of the held-out prompts on the shared mesh and the
 counts are summed over processes, so every process returns the same numbers. The
-trainers evaluate their policy every ``eval_every`` steps (`evaluate`; RL with
+trainers evaluate their policy every ``eval_every`` steps (`evaluate`; with
 ``eval.suite`` also on the suite, `suite_results`); the "eval" mode evaluates a saved
 policy (`evaluate_to_file`), on the task's held-out split or, with ``eval.suite``, on
 every benchmark of a named suite (`evaluate_suite`, `suites`: avg@k, pass@k and maj@k).

@@ -15,7 +15,7 @@ import pytest
 
 from configs import base
 from grpo_jax import data, models, rewards, run_files, sampling
-from grpo_jax.training import evaluation, rl, steps, suites, task as task_lib
+from grpo_jax.training import evaluation, rl, sft, steps, suites, task as task_lib
 from grpo_jax.training.tokenizer import train_char_tokenizer
 from tests import readme_metrics
 from tests.data import code_samples, release_samples
@@ -269,6 +269,31 @@ def test_training_evaluates_the_suite(tmp_path, monkeypatch, data_dir, checkpoin
         "eval.suite_problems": problems, "eval.samples": k, "rollout.max_new_tokens": 6})
     saved = evaluation.evaluate_to_file(eval_config, str(tmp_path / "eval"))
     assert evaluation.suite_metrics(saved) == logged[0]
+
+
+@pytest.mark.slow
+def test_sft_evaluates_the_suite(tmp_path, monkeypatch, data_dir, checkpoint, suite_dir):
+    """A 1-step SFT run with ``eval.suite``: its evaluation row logs the suite's metrics,
+    recomputed here from the completions drawn (`grade_by_first_character`)."""
+    drawn = grade_by_first_character(monkeypatch, only_math=True)
+    problems, k = 1, 2
+    config = tiny_config("dapo", data_dir, **{
+        "mode": "sft", "model.path": checkpoint, "model.name": "", "sft.steps": 1,
+        "sft.eval_every": 1, "sft.batch_size": 4, "eval.suite": "math_reasoning",
+        "eval.suite_dir": str(suite_dir), "eval.suite_problems": problems, "eval.samples": k,
+        "rollout.max_new_tokens": 6})
+    sft.train(config, str(tmp_path / "sft"))
+    rows = [row for row in run_files.read_metrics(str(tmp_path / "sft"))
+            if "eval_accuracy" in row]
+    assert [row["step"] for row in rows] == [1]
+    logged = {key: value for key, value in rows[0].items() if key.startswith("eval_suite/")}
+    assert len(drawn) == len(data.BENCHMARKS) * problems * k
+    results = {name: suites.benchmark_metrics(
+        *recomputed(drawn[i * problems * k:(i + 1) * problems * k], problems, k), k)
+        for i, name in enumerate(data.BENCHMARKS)}
+    results["macro"] = suites.macro_average(results)
+    assert logged == pytest.approx(evaluation.suite_metrics(results))
+    assert logged["eval_suite/aime24/problems"] == problems
 
 
 @pytest.mark.parametrize("fails_in, closed", [("start_policy", 1), ("load_teacher", 2)])
