@@ -104,7 +104,7 @@ def kernel_attention(q, k_pages, v_pages, lengths, page_indices):
                          check_vma=False)(*args)
 
 
-def target_platform():
+def target_platform() -> str:
     """The platform a program traced now is for: that of the devices of the mesh set by
     `jax.set_mesh` (a fit report compiles for a TPU topology's devices on a CPU host),
     else JAX's default backend."""
