@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import base
-from grpo_jax import data, models, rewards, run_files, sampling
+from grpo_jax import config_lib, data, models, rewards, run_files, sampling
 from grpo_jax.training import evaluation, rl, sft, steps, suites, task as task_lib
 from grpo_jax.training.tokenizer import train_char_tokenizer
 from tests import readme_metrics
@@ -269,6 +269,17 @@ def test_training_evaluates_the_suite(tmp_path, monkeypatch, data_dir, checkpoin
         "eval.suite_problems": problems, "eval.samples": k, "rollout.max_new_tokens": 6})
     saved = evaluation.evaluate_to_file(eval_config, str(tmp_path / "eval"))
     assert evaluation.suite_metrics(saved) == logged[0]
+
+    # The suite draws with keys of its own: the held-out metrics are a run's without it.
+    rl.train(config_lib.replaced(config, {"eval.suite": ""}), str(tmp_path / "no_suite"))
+
+    def held_out(workdir):
+        return [{key: value for key, value in row.items()
+                 if key.startswith("eval_") and not key.startswith("eval_suite/")}
+                for row in run_files.read_metrics(str(workdir)) if "eval_accuracy" in row]
+
+    assert [row["eval_k"] for row in held_out(tmp_path / "rl")] == [4.0, 4.0]
+    assert held_out(tmp_path / "rl") == held_out(tmp_path / "no_suite")
 
 
 @pytest.mark.slow
