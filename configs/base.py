@@ -221,10 +221,13 @@ def get_config(arg=None):
     # mode=eval over a named suite (grpo_jax.training.suites: "math_reasoning",
     # "dapo_aime24", "oat_zero") instead of task.eval_split: eval.samples answers per
     # problem of each benchmark at the suite's temperature and top-p; avg@k, pass@k, maj@k
-    # per benchmark and macro-averaged. RL's evaluation every train.eval_every steps also
-    # logs them (eval_suite/<benchmark>/<metric>, docs/metrics.md). suite_dir holds
+    # per benchmark and macro-averaged. RL's evaluation every train.eval_every steps, and
+    # SFT's every sft.eval_every (not the warm start's), also logs them
+    # (eval_suite/<benchmark>/<metric>, docs/metrics.md). suite_dir holds
     # <benchmark>/<its release file> (docs/data-and-rewards.md); suite_problems > 0 takes
-    # only each benchmark's first n.
+    # only each benchmark's first n. suite_dir, distill.teacher_path and the knob
+    # task.knobs.benchmarks_dir are paths: a run makes them absolute against the current
+    # directory once, at its start (config_lib.resolve_paths), as model.path.
     config.eval.suite = ""
     config.eval.suite_dir = ""
     config.eval.suite_problems = 0
@@ -249,7 +252,8 @@ def get_config(arg=None):
     # the entropy bonus's coefficient becomes run state, starting at objective.entropy_coef.
     # RL step k applies c_k if the previous step's mean token entropy was <= target, else 0;
     # then c_{k+1} = min(c_k + delta, high) if this step's entropy <= target, else
-    # max(c_k - delta, low). Checkpointed (grpo_jax/training/entropy_control.py).
+    # max(c_k - delta, low). Checkpointed (grpo_jax/training/entropy_control.py). With
+    # enabled=False a field changed from its default here is refused (nothing reads it).
     config.adaptive_entropy = config_dict.ConfigDict()
     config.adaptive_entropy.enabled = False
     config.adaptive_entropy.target = 0.2     # nats, the mean token entropy to stay above

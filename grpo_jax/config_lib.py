@@ -168,18 +168,25 @@ def _read_only_items(items):
 
 
 # The config fields that hold paths (a run's workdir is passed beside the config).
-CONFIG_PATH_FIELDS = ("model.path", "critic.path", "task.data_dir", "task.manual_dir")
+CONFIG_PATH_FIELDS = ("model.path", "critic.path", "task.data_dir", "task.manual_dir",
+                      "distill.teacher_path", "eval.suite_dir")
+# The task knobs that hold paths, where the task's builder takes them (``task.knobs``).
+KNOB_PATH_FIELDS = ("benchmarks_dir",)
 
 
 def resolve_paths(config):
-    """A read-only copy of `config` (`frozen`) with its path fields (`CONFIG_PATH_FIELDS`)
-    absolute (`paths.resolve`); `config` is left as is. What a tool that reads a run's
-    config without its workdir (a sweep's look at what a run builds, the fit report) starts
-    with; calling it again on resolved paths changes nothing."""
+    """A read-only copy of `config` (`frozen`) with its path fields (`CONFIG_PATH_FIELDS`,
+    and the `KNOB_PATH_FIELDS` that ``task.knobs`` holds) absolute (`paths.resolve`);
+    `config` is left as is. What a tool that reads a run's config without its workdir (a
+    sweep's look at what a run builds, the fit report) starts with; calling it again on
+    resolved paths changes nothing."""
     changes = {}
     for dotted in CONFIG_PATH_FIELDS:
         section, field = dotted.split(".")
         changes[dotted] = paths.resolve(config[section][field])
+    for knob in KNOB_PATH_FIELDS:
+        if knob in config.task.knobs:
+            changes[f"task.knobs.{knob}"] = paths.resolve(config.task.knobs[knob])
     return replaced(config, changes)
 
 

@@ -36,7 +36,10 @@ def test_resolve_run_paths_returns_a_new_read_only_config_and_is_idempotent(tmp_
     given = ml_collections.ConfigDict({
         "model": {"path": "ckpt/policy", "name": ""},
         "critic": {"path": "~/critic"},
-        "task": {"data_dir": "~/tfds", "manual_dir": "", "name": "gsm8k"}})
+        "task": {"data_dir": "~/tfds", "manual_dir": "", "name": "gsm8k",
+                 "knobs": {"benchmarks_dir": "releases", "digits": 3}},
+        "distill": {"teacher_path": "ckpt/teacher"},
+        "eval": {"suite_dir": "~/suites"}})
     before = given.to_dict()
     config, workdir = config_lib.resolve_run_paths(given, "runs/a")
     assert given.to_dict() == before   # the caller's config is left as it was
@@ -45,11 +48,16 @@ def test_resolve_run_paths_returns_a_new_read_only_config_and_is_idempotent(tmp_
     assert config.critic.path == "/home/someone/critic"
     assert config.task.data_dir == "/home/someone/tfds"
     assert config.task.manual_dir == ""
+    assert config.task.knobs.to_dict() == {"benchmarks_dir": f"{tmp_path}/releases", "digits": 3}
+    assert config.distill.teacher_path == f"{tmp_path}/ckpt/teacher"
+    assert config.eval.suite_dir == "/home/someone/suites"
     with pytest.raises(AttributeError, match="immutable"):
         config.model.path = "elsewhere"
     monkeypatch.chdir("/")
     again, same_workdir = config_lib.resolve_run_paths(config, workdir)
     assert same_workdir == workdir and again.to_dict() == config.to_dict()
+    no_knob = config_lib.replaced(given, {"task.knobs": {}})   # a task without the knob
+    assert config_lib.resolve_paths(no_knob).task.knobs.to_dict() == {}
 
 
 def test_every_path_field_exists_in_the_base_config():

@@ -104,15 +104,24 @@ def kernel_attention(q, k_pages, v_pages, lengths, page_indices):
                          check_vma=False)(*args)
 
 
+def target_platform() -> str:
+    """The platform a program traced now is for: that of the devices of the mesh set by
+    `jax.set_mesh` (a fit report compiles for a TPU topology's devices on a CPU host),
+    else JAX's default backend."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else mesh.abstract_device
+    return jax.default_backend() if device is None else device.platform
+
+
 def selected(cfg):
-    """Whether paged decoding attends through the kernel: on a TPU backend when the head
-    dim is a multiple of `LANES` (the kernel's blocks need it there), or anywhere with
-    `model.attention="splash"` (the Pallas kernels; interpreted on CPU).
+    """Whether paged decoding attends through the kernel: for TPU (`target_platform`) when
+    the head dim is a multiple of `LANES` (the kernel's blocks need it there), or anywhere
+    with `model.attention="splash"` (the Pallas kernels; interpreted on CPU).
 
     Raises:
-      ValueError: with "splash" on a TPU backend and a head dim the kernel cannot take.
+      ValueError: with "splash" for TPU and a head dim the kernel cannot take.
     """
-    on_tpu, fits = jax.default_backend() == "tpu", cfg.head_dim % LANES == 0
+    on_tpu, fits = target_platform() == "tpu", cfg.head_dim % LANES == 0
     if cfg.attention_impl == "splash" and on_tpu and not fits:
         raise ValueError(f"model.attention='splash' decodes the paged cache through the Pallas "
                          f"kernel, which needs head_dim % {LANES} == 0 on TPU, got "

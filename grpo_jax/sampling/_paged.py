@@ -24,8 +24,9 @@ schedule decodes it, so paged, contiguous and static samplers give the same rows
 float rounding in the logits (attention sums over a different column layout).
 
 Attention reads a slot's pages through an XLA gather (`layers.paged_write_and_gather`)
-on CPU and GPU, materialising one layer's gathered keys and values at a time. On a TPU
-backend, or anywhere with `model.attention="splash"` (`models.paged_kernel.selected`), the
+on CPU and GPU, materialising one layer's gathered keys and values at a time. For a TPU
+(the traced-for mesh's platform), or anywhere with `model.attention="splash"`
+(`models.paged_kernel.selected`), the
 pools take the Pallas paged-attention kernel's layout and a slot's own pages are read in
 place by the kernel, its prompt's pages through XLA (`models.paged_kernel`). The tail does
 not narrow (`_engine`'s `tail_widths`): the pages already free what a stopped row held.

@@ -125,9 +125,9 @@ class Teacher:
 
 
 def _teacher_dir(config) -> str:
-    """``distill.teacher_path`` resolved; raises FileNotFoundError naming the field
-    unless it is a directory."""
-    path = paths.resolve(config.distill.teacher_path)
+    """``distill.teacher_path`` (absolute: `config_lib.resolve_paths`); raises
+    FileNotFoundError naming the field unless it is a directory."""
+    path = config.distill.teacher_path
     if not paths.path(path).is_dir():
         raise FileNotFoundError(f"distill.teacher_path {config.distill.teacher_path!r} is not a "
                                 "directory; point it at a Hugging Face checkpoint (config.json, "

@@ -24,6 +24,9 @@ import ml_collections
 from grpo_jax import objectives
 
 KEY = "entropy_coef"   # the batch's column: this step's coefficient, one copy per row
+# configs/base.py's values of the controller's fields: a disabled section that differs
+# from them was set for nothing (tests/training/test_entropy_control.py checks they match).
+DEFAULTS = {"target": 0.2, "delta": 0.005, "low": 0.0, "high": 1.0}
 
 
 def enabled(config: ml_collections.ConfigDict) -> bool:
@@ -32,7 +35,9 @@ def enabled(config: ml_collections.ConfigDict) -> bool:
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-    """Raises ValueError naming the ``adaptive_entropy`` field and the fix."""
+    """Raises ValueError naming the ``adaptive_entropy`` field and the fix: a field that is
+    not a finite number, impossible bounds, or, with the section disabled, a field changed
+    from its default (`DEFAULTS`), which nothing would read."""
     section = config.adaptive_entropy
     if not isinstance(section.enabled, bool):
         raise ValueError(f"adaptive_entropy.enabled must be a bool, got {section.enabled!r}")
@@ -42,6 +47,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                 or not math.isfinite(value)):
             raise ValueError(f"adaptive_entropy.{field} must be a finite number, got {value!r}")
     if not enabled(config):
+        changed = [f"adaptive_entropy.{field}={section[field]!r}"
+                   for field, default in DEFAULTS.items() if section[field] != default]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} has no effect while adaptive_entropy.enabled "
+                             "is False: set adaptive_entropy.enabled=True, or leave the field at "
+                             f"its configs/base.py default {DEFAULTS}")
         return
     if section.delta < 0 or section.low < 0:
         raise ValueError(f"adaptive_entropy.delta and .low must be >= 0, got {section.delta} "

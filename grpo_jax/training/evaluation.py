@@ -5,12 +5,12 @@
 
 Each process evaluates its own share of the held-out prompts on the shared mesh and the
 counts are summed over processes, so every process returns the same numbers. The
-trainers evaluate their policy every ``eval_every`` steps (`evaluate`; RL with
+trainers evaluate their policy every ``eval_every`` steps (`evaluate`; with
 ``eval.suite`` also on the suite, `suite_results`); the "eval" mode evaluates a saved
 policy (`evaluate_to_file`), on the task's held-out split or, with ``eval.suite``, on
 every benchmark of a named suite (`evaluate_suite`, `suites`: avg@k, pass@k and maj@k).
-The draws of an evaluation at step s are the seed's "eval" stream at s
-(`steps.step_rng`), whoever evaluates.
+The draws of an evaluation at step s are the seed's "eval" stream at s, the suite's its
+"eval_suite" stream at s (`steps.step_rng`), whoever evaluates.
 """
 
 import dataclasses
@@ -277,15 +277,17 @@ def suite_results(policy: policy_lib.Policy, mesh: jax.sharding.Mesh, opened: Op
     problem of each benchmark (its first ``eval.suite_problems``, 0: all) at the suite's
     temperature and top-p, graded by the suite's reward (``math``: majority votes over
     each answer's last ``\\boxed{}``; ``code_tests``: the programs run in the sandbox,
-    votes over the programs). The draws are the ``"eval"`` stream of ``config.seed`` at
-    `step` (0 for a saved policy), benchmark i's folded with i.
+    votes over the programs). The draws are the ``"eval_suite"`` stream of ``config.seed``
+    at `step` (0 for a saved policy), benchmark i's folded with i: none is a key of the
+    held-out evaluation (`evaluate`, the ``"eval"`` stream), whose draws a suite leaves as
+    they are.
 
     Returns:
       ``{benchmark: metrics, ..., "macro": averages}`` and each benchmark's problems'
       counts under ``"per_problem"``, the same on every process.
     """
     k = config.eval.samples
-    rng = steps.step_rng(config.seed, "eval", step)
+    rng = steps.step_rng(config.seed, "eval_suite", step)
     results, per_problem = {}, {}
     for index, (name, source) in enumerate(opened.sources.items()):
         count = min(config.eval.suite_problems or len(source), len(source))

@@ -440,7 +440,7 @@ def write_samples(batch: Mapping[str, jax.Array], tokenizer: Any, path: str) -> 
     rows = parallel.whole_on_host({k: batch[k] for k in keys})
     if not parallel.is_main():
         return
-    prompts = task_lib.decode_completions(tokenizer, rows["prompt_tokens"], rows["prompt_mask"])
+    prompts = task_lib.decode_prompts(tokenizer, rows["prompt_tokens"], rows["prompt_mask"])
     generated = np.arange(rows["tokens"].shape[1])[None] < rows["lengths"][:, None]
     completions = task_lib.decode_completions(tokenizer, rows["tokens"], generated)
     paths.write_whole(path, "".join(

@@ -5,7 +5,9 @@
 
 Rows have the RL layout (prompt left-padded, target right-padded), so the SFT and RL
 losses read the same log-probs. The run ends by exporting a Hugging Face checkpoint to
-``workdir/export``, which an RL run loads with ``--config.model.path``.
+``workdir/export``, which an RL run loads with ``--config.model.path``. Every
+``sft.eval_every`` steps it evaluates the policy on the held-out split and, with
+``eval.suite``, on the suite, as RL does (`evaluation.evaluate`, `evaluation.suite_results`).
 """
 
 from typing import Any
@@ -79,6 +81,9 @@ def train(config: Any, workdir: str, *, seconds: float | None = None) -> int:
             step, {"params": run.trained_part(policy.params), "opt_state": opt_state},
             train_iter, seed=config.seed, base=checkpoint.base_pointer(config))
 
+    # With eval.suite each evaluation also measures the suite, as RL's does.
+    suite = evaluation.open_suite(config) if config.eval.suite else None
+
     # --- the loop ------------------------------------------------------------------------
     tail = loop.Tail(last_step=config.sft.steps, seconds=seconds,
                      checkpoint_every=config.sft.checkpoint_every, save=save,
@@ -98,6 +103,9 @@ def train(config: Any, workdir: str, *, seconds: float | None = None) -> int:
             if step % config.sft.eval_every == 0:
                 metrics.update(evaluation.evaluate(policy, mesh, scorer, held_out, config,
                                                    step=step, method=method))
+                if suite is not None:
+                    metrics.update(evaluation.suite_metrics(evaluation.suite_results(
+                        policy, mesh, suite, config, step=step)))
             if step % config.sft.log_every == 0 or last or "eval_accuracy" in metrics:
                 writer.write(step, metrics)
             if tail.end(step, last):
@@ -107,5 +115,7 @@ def train(config: Any, workdir: str, *, seconds: float | None = None) -> int:
         writer.close()
         checkpointer.close()
         scorer.close()
+        if suite is not None:
+            suite.close()
     policy_lib.export(policy, paths.join(workdir, run_files.EXPORT))
     return step

@@ -23,11 +23,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from grpo_jax.training import batch as batch_lib
 
 
-RNG_STREAMS = ("rollout", "eval", "dropout")
+RNG_STREAMS = ("rollout", "eval", "dropout", "eval_suite")
 
 
 def step_rng(seed: int, stream: str, step: int) -> jax.Array:
-    """The key of `stream` ("rollout", "eval", "dropout") at `step`: fold_in(seed, ...)."""
+    """The key of `stream` (one of `RNG_STREAMS`) at `step`: fold_in(seed, ...)."""
     key = jax.random.fold_in(jax.random.key(seed), RNG_STREAMS.index(stream))
     return jax.random.fold_in(key, step)
 

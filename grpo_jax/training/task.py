@@ -149,6 +149,13 @@ def decode_completions(tokenizer: Any, tokens_bn: np.ndarray, mask_bn: np.ndarra
             for row, mrow in zip(np.asarray(tokens_bn).tolist(), np.asarray(mask_bn).tolist())]
 
 
+def decode_prompts(tokenizer: Any, tokens_bs: np.ndarray, mask_bs: np.ndarray) -> list[str]:
+    """Prompt strings as the model read them: every token under `mask_bs` (`[B, S]`),
+    special ones included (a chat template's end-of-turn marker is the tokenizer's eos)."""
+    return [tokenizer.decode([t for t, m in zip(row, mrow) if m])
+            for row, mrow in zip(np.asarray(tokens_bs).tolist(), np.asarray(mask_bs).tolist())]
+
+
 class Scorer:
     """Scores completions with the config's rewards; slow graders run in a process pool.
 

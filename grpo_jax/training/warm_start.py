@@ -71,10 +71,12 @@ def prepared(config: Any) -> Any:
             if parallel.is_main():
                 print(f"building the SFT warm start ({config.sft.steps} steps) in {directory}",
                       flush=True)
-            # the warm start trains every weight: it is the base a LoRA run adapts
+            # the warm start trains every weight: it is the base a LoRA run adapts; the RL
+            # run measures eval.suite, its warm start the held-out split alone
             sft.train(config_lib.replaced(config, {
                 "mode": "sft", "model.sft_warm_start": False, "model.lora.rank": 0,
-                "model.lora.dropout": 0.0, "model.lora.quantize": ""}), directory)
+                "model.lora.dropout": 0.0, "model.lora.quantize": "", "eval.suite": ""}),
+                directory)
         elif parallel.is_main():
             print(f"starting from the cached SFT warm start {export}", flush=True)
     return config_lib.replaced(config, {"model.path": export, "model.name": ""})

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src import mesh as mesh_lib   # AbstractDevice: a TPU mesh without TPUs
 
 from grpo_jax import models
 from grpo_jax.models import layers, paged_kernel
@@ -82,6 +83,24 @@ def test_the_kernel_is_chosen_by_model_attention_off_tpu():
     assert jax.default_backend() == "cpu"
     assert paged_kernel.selected(dataclasses.replace(tiny, attention_impl="splash"))
     assert not paged_kernel.selected(tiny)
+    with jax.set_mesh(jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])):
+        assert paged_kernel.target_platform() == "cpu"
+        assert not paged_kernel.selected(dataclasses.replace(tiny, head_dim=128))
+
+
+def test_the_kernel_follows_the_mesh_a_program_is_traced_for():
+    """Under a TPU mesh (what the fit report compiles for on a CPU host) the kernel is
+    chosen for the TPU: taken at a head dim of 128, refused for "splash" at 16."""
+    tiny = models.get_model_config("tiny")
+    tpu = mesh_lib.AbstractDevice(device_kind="TPU v5p", num_cores=None, platform="tpu")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("data",),
+                                                                  abstract_device=tpu)):
+        assert paged_kernel.target_platform() == "tpu"
+        assert paged_kernel.selected(dataclasses.replace(tiny, head_dim=128))
+        assert not paged_kernel.selected(dataclasses.replace(tiny, head_dim=64))
+        with pytest.raises(ValueError, match=r"needs head_dim % 128 == 0 on TPU, got 16"):
+            paged_kernel.selected(dataclasses.replace(tiny, head_dim=16,
+                                                      attention_impl="splash"))
 
 
 def test_pages_per_block_divides_the_row():

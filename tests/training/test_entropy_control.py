@@ -38,6 +38,24 @@ def test_impossible_settings_name_the_field(overrides, message):
     rl_checks.check_settings(_config(**ADAPTIVE))
 
 
+@pytest.mark.parametrize("field, value", [("target", 0.3), ("delta", 0.01), ("low", 0.001),
+                                          ("high", 0.5)])
+def test_a_field_set_while_disabled_names_it_and_the_fix(field, value):
+    with pytest.raises(ValueError, match=rf"adaptive_entropy.{field}={value} has no effect while "
+                                         r"adaptive_entropy.enabled is False: set adaptive_"
+                                         r"entropy.enabled=True"):
+        rl_checks.check_settings(_config(**{f"adaptive_entropy.{field}": value}))
+    rl_checks.check_settings(_config(**{"adaptive_entropy.enabled": True,
+                                        f"adaptive_entropy.{field}": value}))
+
+
+def test_defaults_are_the_base_configs():
+    section = config_lib.load_config("configs/base.py").adaptive_entropy
+    assert entropy_control.DEFAULTS == {field: section[field] for field in section
+                                        if field != "enabled"}
+    rl_checks.check_settings(_config())   # the disabled defaults pass
+
+
 def test_the_layout_carries_one_coefficient_per_row():
     model_cfg = models.get_model_config("tiny", vocab_size=32)
     layout = programs.batch_layout(_config(**ADAPTIVE), model_cfg, prompt_len=5)

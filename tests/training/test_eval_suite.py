@@ -8,12 +8,14 @@ import json
 import math
 import pathlib
 
+import jax
+import ml_collections
 import numpy as np
 import pytest
 
 from configs import base
-from grpo_jax import data, models, rewards, run_files, sampling
-from grpo_jax.training import evaluation, rl, suites, task as task_lib
+from grpo_jax import config_lib, data, models, rewards, run_files, sampling
+from grpo_jax.training import evaluation, rl, sft, steps, suites, task as task_lib
 from grpo_jax.training.tokenizer import train_char_tokenizer
 from tests import readme_metrics
 from tests.data import code_samples, release_samples
@@ -87,6 +89,32 @@ def suite_config(tmp_path, checkpoint, suite_dir, **overrides):
     return config
 
 
+def test_the_suite_draws_with_keys_of_its_own(monkeypatch):
+    """Every call of the sampler (`_correct`) gets its own key: the held-out evaluation's
+    greedy and sampled calls the "eval" stream at the step and its fold_in 1, as without a
+    suite, and each benchmark of the suite a key of the "eval_suite" stream."""
+    keys = []
+
+    def drawn(policy, mesh, scorer, examples, config, *, rng, method, group_size, count,
+              episodic=None, answer_of=None):
+        keys.append(tuple(np.asarray(jax.random.key_data(rng)).tolist()))
+        rows = len(examples) * group_size
+        return np.zeros(rows, bool), None, [None] * rows
+
+    monkeypatch.setattr(evaluation, "_correct", drawn)
+    monkeypatch.setattr(evaluation, "own_examples", lambda source, count: ([{}] * count, count))
+    config = ml_collections.ConfigDict(dict(seed=3, eval=dict(samples=2, num_prompts=1,
+                                                              suite_problems=1)))
+    evaluation.evaluate(None, None, None, ([{}], 1), config, step=5, method=None)
+    held_out = steps.step_rng(3, "eval", 5)
+    assert keys == [tuple(np.asarray(jax.random.key_data(k)).tolist())
+                    for k in (held_out, jax.random.fold_in(held_out, 1))]
+    opened = evaluation.OpenSuite(sources={name: [{}] for name in data.BENCHMARKS},
+                                  scorer=None, answer_of=lambda c: None, method=None)
+    evaluation.suite_results(None, None, opened, config, step=5)
+    assert len(keys) == 2 + len(data.BENCHMARKS) == len(set(keys))
+
+
 def test_a_suite_without_its_directory_fails_before_loading(tmp_path):
     config = suite_config(tmp_path, str(tmp_path / "no_model"), "")
     with pytest.raises(ValueError, match=r"eval.suite='math_reasoning' needs eval.samples >= 1 "
@@ -150,13 +178,16 @@ def grade_by_first_character(monkeypatch, *, only_math=False):
 def recomputed(drawn, problems, k):
     """`(correct counts, majority correct)` of `problems` problems' k samples each (`drawn`
     in order), by `grade_by_first_character`'s rule."""
+    def vote(c):   # the answer's voting form: whitespace, $, % and a period read as blank
+        return c[:1].strip().strip("$%.")
+
     counts, majority = [], []
     for p in range(problems):
         samples = drawn[p * k:(p + 1) * k]
         counts.append(sum(even_first_character(c) for c in samples))
-        votes = collections.Counter(c[:1] for c in samples if c)
-        # The most frequent first character; a tie goes to the one drawn first.
-        winner = next((c[:1] for c in samples if c and votes[c[:1]] == max(votes.values())),
+        votes = collections.Counter(vote(c) for c in samples if c)
+        # The most frequent vote; a tie goes to the one drawn first, its first sample wins.
+        winner = next((c[:1] for c in samples if c and votes[vote(c)] == max(votes.values())),
                       None)
         majority.append(winner is not None and even_first_character(winner))
     return counts, majority
@@ -238,6 +269,42 @@ def test_training_evaluates_the_suite(tmp_path, monkeypatch, data_dir, checkpoin
         "eval.suite_problems": problems, "eval.samples": k, "rollout.max_new_tokens": 6})
     saved = evaluation.evaluate_to_file(eval_config, str(tmp_path / "eval"))
     assert evaluation.suite_metrics(saved) == logged[0]
+
+    # The suite draws with keys of its own: the held-out metrics are a run's without it.
+    rl.train(config_lib.replaced(config, {"eval.suite": ""}), str(tmp_path / "no_suite"))
+
+    def held_out(workdir):
+        return [{key: value for key, value in row.items()
+                 if key.startswith("eval_") and not key.startswith("eval_suite/")}
+                for row in run_files.read_metrics(str(workdir)) if "eval_accuracy" in row]
+
+    assert [row["eval_k"] for row in held_out(tmp_path / "rl")] == [4.0, 4.0]
+    assert held_out(tmp_path / "rl") == held_out(tmp_path / "no_suite")
+
+
+@pytest.mark.slow
+def test_sft_evaluates_the_suite(tmp_path, monkeypatch, data_dir, checkpoint, suite_dir):
+    """A 1-step SFT run with ``eval.suite``: its evaluation row logs the suite's metrics,
+    recomputed here from the completions drawn (`grade_by_first_character`)."""
+    drawn = grade_by_first_character(monkeypatch, only_math=True)
+    problems, k = 1, 2
+    config = tiny_config("dapo", data_dir, **{
+        "mode": "sft", "model.path": checkpoint, "model.name": "", "sft.steps": 1,
+        "sft.eval_every": 1, "sft.batch_size": 4, "eval.suite": "math_reasoning",
+        "eval.suite_dir": str(suite_dir), "eval.suite_problems": problems, "eval.samples": k,
+        "rollout.max_new_tokens": 6})
+    sft.train(config, str(tmp_path / "sft"))
+    rows = [row for row in run_files.read_metrics(str(tmp_path / "sft"))
+            if "eval_accuracy" in row]
+    assert [row["step"] for row in rows] == [1]
+    logged = {key: value for key, value in rows[0].items() if key.startswith("eval_suite/")}
+    assert len(drawn) == len(data.BENCHMARKS) * problems * k
+    results = {name: suites.benchmark_metrics(
+        *recomputed(drawn[i * problems * k:(i + 1) * problems * k], problems, k), k)
+        for i, name in enumerate(data.BENCHMARKS)}
+    results["macro"] = suites.macro_average(results)
+    assert logged == pytest.approx(evaluation.suite_metrics(results))
+    assert logged["eval_suite/aime24/problems"] == problems
 
 
 @pytest.mark.parametrize("fails_in, closed", [("start_policy", 1), ("load_teacher", 2)])
