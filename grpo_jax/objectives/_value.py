@@ -31,8 +31,8 @@ def value_loss(values, old_values, returns, mask, *, clip=None):
 
     Returns:
       `(loss [B, T], {"value_clipped": [B, T]})`, both 0 at masked positions;
-      ``value_clipped`` is 1.0 where the clipped term is the larger one (its gradient
-      is then 0: the value has moved past the clip).
+      ``value_clipped`` is 1.0 where the value has moved past the clip and the clipped
+      term is the larger one (its gradient is then 0).
 
     Example:
       >>> loss, d = value_loss(jnp.array([[0.5, 0.9]]), jnp.array([[0.0, 0.8]]),
@@ -65,7 +65,10 @@ def value_loss(values, old_values, returns, mask, *, clip=None):
     clipped = old_values + jnp.clip(values - old_values, -clip, clip)
     squared_clipped = jnp.square(clipped - returns)
     loss = 0.5 * jnp.maximum(squared, squared_clipped)
-    binds = jax.lax.stop_gradient(squared_clipped > squared) & valid
+    # Only a value past the clip can bind: inside it `clipped` is `values` up to the rounding
+    # of old + (values - old), which would make the comparison a coin flip.
+    moved = jnp.abs(values - old_values) > clip
+    binds = jax.lax.stop_gradient(moved & (squared_clipped > squared)) & valid
     return jnp.where(valid, loss, 0.0), {"value_clipped": binds.astype(jnp.float32)}
 
 

@@ -170,7 +170,24 @@ class TestValueLoss:
         clipped = (old + np.clip(values - old, -0.3, 0.3) - returns) ** 2
         np.testing.assert_allclose(loss, 0.5 * np.maximum(plain, clipped) * mask, rtol=1e-5,
                                    atol=1e-6)
-        np.testing.assert_array_equal(diagnostics["value_clipped"], (clipped > plain) * mask)
+        moved = np.abs(values - old) > 0.3
+        np.testing.assert_array_equal(diagnostics["value_clipped"],
+                                      (moved & (clipped > plain)) * mask)
+
+    def test_a_value_inside_the_clip_never_binds(self):
+        """Values near 0 of opposite signs: old + (V - old) rounds to a float other than V,
+        so the clipped squared error may come out larger than V's own (here by rounding).
+        V moved 0.00094, well inside eps 0.2: the clip does not bind and the loss is
+        V's own 1/2 (V - R)^2."""
+        values = np.array([[0.00035342577]], np.float32)
+        old = np.array([[-0.0005884017]], np.float32)
+        returns, mask = np.array([[0.89918226]], np.float32), np.ones((1, 1), np.float32)
+        clipped = old + np.clip(values - old, -0.2, 0.2)
+        assert (clipped - returns) ** 2 > (values - returns) ** 2   # the rounding at stake
+        loss, diagnostics = jax.jit(functools.partial(objectives.value_loss, clip=0.2))(
+            values, old, returns, mask)
+        np.testing.assert_array_equal(diagnostics["value_clipped"], [[0.0]])
+        np.testing.assert_allclose(loss, 0.5 * (values - returns) ** 2, rtol=1e-6)
 
     def test_bad_clip_is_named(self):
         with pytest.raises(ValueError, match=r"clip must be > 0.0, got -0.1"):

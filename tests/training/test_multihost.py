@@ -7,7 +7,8 @@ parameters as the one-process run (the `reference` fixture: the fault tests' 12-
 through kill -9 of both processes and SIGTERM to one of them; with a tool environment,
 each process answering the calls of its own rows, the same episodes. With split meshes
 (process roles), process 1 samples and process 0 trains: the same run as one process
-whose 8 devices split 4/4. With partial rollouts, each process carrying its own groups:
+whose 8 devices split 4/4; so does a run with a critic and the supervised term on 4
+processes, two a role. With partial rollouts, each process carrying its own groups:
 the same run as one process.
 """
 
@@ -18,6 +19,7 @@ import time
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import safetensors.numpy
 
 from grpo_jax import run_files
 from grpo_jax.training import checkpoint, partial, preemption, rl
@@ -277,3 +279,54 @@ def test_partial_rollouts_on_two_processes_equal_one_process(data_dir, tmp_path)
     for field in partial.Pool.ARRAYS:
         np.testing.assert_allclose(getattr(mine, field), getattr(theirs, field), rtol=1e-5,
                                    atol=1e-6, err_msg=field)
+
+
+# Process roles with a critic, the supervised term and two processes a role: VAPO's tiny
+# run (GAE over its critic's values) with one step of value pre-training and 2 RL steps,
+# sft_weight 0.5, asynchronous with every batch 1 step stale, on 4 processes of 2 devices:
+# processes 2 and 3 sample (rollout.mesh=data=4: their 4 devices), 0 and 1 train.
+CRITIC_ROLES_RUN = {"critic.pretrain_steps": 1, "train.steps": 2, "train.eval_every": 2,
+                    "train.sft_weight": 0.5, "train.export": True,
+                    "train.log_rollouts_every": 1, "rollout.mesh": "data=4",
+                    "async_rl.enabled": True, "async_rl.max_staleness": 1,
+                    "async_rl.fixed": True}
+
+
+@pytest.mark.slow
+def test_process_roles_with_a_critic_and_sft_on_two_processes_a_role_equal_one_process(
+        data_dir, tmp_path):
+    """`CRITIC_ROLES_RUN` on 4 processes (2 sampling, 2 training, each role's rows split
+    between its two processes) is the same run as on one process whose 8 devices split 4/4: the same
+    rollouts row for row (each sampling process drawing its half of the prompts, each
+    training process taking its peer's half and those prompts' reference solutions), the
+    same metrics at every step to the rounding of the gloo all-reduce (the value
+    pre-training step's, the critic's and the supervised term's among them) and the same
+    exported policy and critic."""
+    one = tmp_path / "one"
+    rl.train(tiny_config("vapo", data_dir, **CRITIC_ROLES_RUN), str(one))
+    rows = read_metrics(one)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert "value_loss" in rows[0] and "sft_loss" not in rows[0]   # pre-training: critic only
+    assert all(k in r for r in rows[1:] for k in ("value_loss", "explained_variance",
+                                                   "critic_grad_norm", "sft_loss"))
+    workdir = tmp_path / "four"
+    config_file = cli_config_file(tmp_path, data_dir, CRITIC_ROLES_RUN, "vapo")
+    processes, logs, files = _start(main_commands(config_file, workdir, 4), tmp_path, "critic")
+    codes, texts = _wait(processes, logs, files)
+    assert codes == [0] * 4, [t[-3000:] for t in texts]
+    for step in range(1, 4):
+        assert (workdir / "rollouts" / f"{step}.jsonl").read_text() == \
+            (one / "rollouts" / f"{step}.jsonl").read_text()
+    assert_rows_equal(workdir, one, range(1, 4), rtol=5e-5, atol=1e-6)
+    assert [r["staleness"] for r in read_metrics(workdir)] == [0.0, 1.0, 1.0]
+    assert_same_export(workdir, one, rtol=1e-5, atol=5e-7)
+    critic = [safetensors.numpy.load((w / "export_critic" / "model.safetensors").read_bytes())
+              for w in (workdir, one)]
+    assert critic[0].keys() == critic[1].keys()
+    for name in critic[1]:
+        np.testing.assert_allclose(critic[0][name], critic[1][name], rtol=1e-5, atol=5e-7,
+                                   err_msg=name)
+    assert "training mesh {'data': 4, 'fsdp': 1, 'tensor': 1} over 4 cpu device(s) in 4 " \
+           "processes" in texts[0] and "step     3/3" in texts[0]
+    assert all("step " not in text for text in texts[1:])
+    assert len(list(workdir.glob(run_files.METRICS + "*"))) == 1
