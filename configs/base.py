@@ -114,7 +114,7 @@ def get_config(arg=None):
     # a bf16 inference engine for an fp32 trainer), cast once each time the parameters are
     # published to the sampler. behaviour_logp is then the low-precision policy's, so the
     # mismatch/* metrics measure the gap and objective.importance can correct it.
-    # "float8_e4m3fn": weight-only FP8 (one scale per output channel), computing in bf16.
+    # "float8_e4m3fn" / "float4_e2m1fn": weight-only FP8 / FP4 (block scales), bf16 compute.
     config.rollout.dtype = ""
     # Simulated staleness in the synchronous loop: the rollouts of step t come from the
     # parameters of step t - policy_lag (0: the current ones). The lagged copies are kept
