@@ -303,7 +303,7 @@ def collect(
         stats = rollout.rollout_statistics(_completed_rows(mesh, result.completed),
                                            jnp.asarray(scorer.weights), group_size=group_size,
                                            signal=spend.signal)
-        metrics = {k: float(v) for k, v in jax.device_get(stats).items()}
+        metrics = rollout.host_statistics(stats)
         pieces = [(m, r) for call in parallel.allgather_json(
             list(zip(result.reward_metrics, result.rows_scored))) for m, r in call if r]
         metrics.update(rollout.combine_reward_metrics([m for m, _ in pieces],

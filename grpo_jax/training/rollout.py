@@ -25,6 +25,7 @@ environment for its own rows only, and the episodes' counts are gathered.
 import dataclasses
 import functools
 import json
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -368,17 +369,27 @@ def rollout_statistics(draws: tuple[Mapping[str, jax.typing.ArrayLike], ...],
     scalar = rewards @ reward_weights if rewards.ndim > 1 else rewards
     has_signal = jnp.concatenate([group_signal(d, group_size, signal) for d in draws])
     mean_where = lambda x, w: jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1)
+    # NaN where no row is in the class: `host_statistics` leaves the key out of the row.
+    class_mean = lambda x, w: jnp.where(jnp.any(w), mean_where(x, w), jnp.nan)
     return {
         "reward_mean": jnp.mean(scalar),
         "accuracy": jnp.mean(correct.astype(jnp.float32)),
         "response_length_mean": jnp.mean(lengths),
         "response_length_max": jnp.max(lengths),
-        "response_length_correct": mean_where(lengths, correct),
-        "response_length_wrong": mean_where(lengths, ~correct),
+        "response_length_correct": class_mean(lengths, correct),
+        "response_length_wrong": class_mean(lengths, ~correct),
         "truncation_rate": jnp.mean(truncated.astype(jnp.float32)),
         "groups_without_signal": 1.0 - jnp.mean(has_signal.astype(jnp.float32)),
         "generated_tokens": jnp.sum(lengths) - replies,
     }
+
+
+def host_statistics(stats: Mapping[str, jax.typing.ArrayLike]) -> dict[str, float]:
+    """`rollout_statistics` as the metrics row's floats: a mean over an empty class (the
+    lengths of the correct answers in a step that drew none) is left out, not logged as a
+    number it is not."""
+    values = {k: float(v) for k, v in jax.device_get(stats).items()}
+    return {k: v for k, v in values.items() if not math.isnan(v)}
 
 
 def collect(
@@ -419,9 +430,9 @@ def collect(
     batch = select_groups(tuple(draws), mesh=mesh, group_size=group_size, num_groups=num_groups,
                           dynamic=dynamic, pad_id=int(policy.tokenizer.pad_token_id),
                           signal=cfg.filtering.signal)
-    stats = jax.device_get(rollout_statistics(tuple(draws), jnp.asarray(scorer.weights),
-                                              group_size=group_size, signal=cfg.filtering.signal))
-    metrics = {k: float(v) for k, v in stats.items()}
+    metrics = host_statistics(rollout_statistics(tuple(draws), jnp.asarray(scorer.weights),
+                                                 group_size=group_size,
+                                                 signal=cfg.filtering.signal))
     metrics.update(combine_reward_metrics(reward_metrics))
     metrics.update(gen_batches=float(len(draws)), time_rollout=seconds,
                    batch_filled=min(kept, num_groups) / num_groups if dynamic else 1.0,

@@ -133,3 +133,25 @@ def test_the_trainer_judges_its_rows_on_filtering_signal():
           "correct": jnp.asarray([False, False, True, True, True, False])}
   assert int(rollout.groups_with_signal(rows, 2, "correct")) == 1
   assert int(rollout.groups_with_signal(rows, 2, "reward")) == 2
+
+
+def test_the_length_of_a_class_no_row_is_in_is_left_out_of_the_row():
+    """`response_length_correct` / `_wrong` are means over the rows of their class (by
+    hand: lengths 3, 5, 9 with the first correct: 3 and 7); a step that drew no correct
+    answer leaves `response_length_correct` out instead of logging 0, so the
+    wrong-minus-right difference the ablations report is never a wrong answer's length
+    minus 0."""
+    def statistics(correct, lengths):
+        n = len(lengths)
+        draw = {"rewards": jnp.asarray(correct, jnp.float32), "correct": jnp.asarray(correct),
+                "lengths": jnp.asarray(lengths), "truncated": jnp.zeros(n, bool)}
+        return rollout.host_statistics(rollout.rollout_statistics(
+            (draw,), jnp.ones(()), group_size=n, signal="correct"))
+    mixed = statistics([True, False, False], [3, 5, 9])
+    assert mixed["response_length_correct"] == 3.0 and mixed["response_length_wrong"] == 7.0
+    none_right = statistics([False, False], [4, 6])
+    assert "response_length_correct" not in none_right
+    assert none_right["response_length_wrong"] == 5.0 and none_right["accuracy"] == 0.0
+    all_right = statistics([True, True], [4, 6])
+    assert "response_length_wrong" not in all_right and all_right["response_length_correct"] == 5
+    assert all(isinstance(v, float) for v in mixed.values())
