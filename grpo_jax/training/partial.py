@@ -70,11 +70,11 @@ def check_config(config: Any, process_count: int) -> None:
         raise ValueError(f"rollout.partial.enabled needs filtering.max_gen_batches >= 2, got "
                          f"{config.filtering.max_gen_batches}: with one draw a step runs every "
                          "group it drew to its end to fill the batch, and nothing carries over")
-    for field in ("keep_sampling_mask", "keep_routing"):
-        if config.rollout[field]:
-            raise ValueError(f"rollout.partial.enabled with rollout.{field}: the sampler's records "
-                             "of a carried row are not kept across steps yet; set "
-                             f"rollout.{field}=False")
+    if config.rollout.keep_routing:
+        raise ValueError("rollout.partial.enabled with rollout.keep_routing: a carried row's "
+                         "experts are not kept across steps (a resumption routes its prompt "
+                         "and earlier tokens again, under new parameters); set "
+                         "rollout.keep_routing=False")
     if config.environment.name:
         raise ValueError(f"rollout.partial.enabled with environment.name="
                          f"{config.environment.name!r}: multi-turn episodes run their own engine "
@@ -89,12 +89,29 @@ def check_config(config: Any, process_count: int) -> None:
                          "prompts varies from step to step; set train.sft_weight=0")
 
 
-def empty_pool(config: ml_collections.ConfigDict, scorer: task_lib.Scorer) -> Pool | None:
-    """The pool of a run's start: no groups (a run that carries nothing keeps None)."""
+def empty_pool(config: ml_collections.ConfigDict, scorer: task_lib.Scorer,
+               model_cfg: Any) -> Pool | None:
+    """The pool of a run's start: no groups (a run that carries nothing keeps None), with
+    support records where the run keeps them (`support_k`)."""
     if not config.rollout.partial.enabled:
         return None
     columns = (len(scorer.weights),) if scorer.separate else ()
-    return Pool.empty(config.objective.group_size, config.rollout.max_new_tokens, columns)
+    return Pool.empty(config.objective.group_size, config.rollout.max_new_tokens, columns,
+                      support_k(config, model_cfg))
+
+
+def support_k(config: Any, model_cfg: Any) -> int:
+    """K, the support ids the run's sampler records per position (`rollout.record_layout`);
+    0 without ``rollout.keep_sampling_mask``."""
+    layout = rollout.record_layout(config, model_cfg, 1, 1, 1)
+    return layout["support_ids"][0][-1] if "support_ids" in layout else 0
+
+
+def restored_pool(arrays: Any, info: Any, config: Any, model_cfg: Any) -> Pool:
+    """This process's groups of the pool a checkpoint holds (`to_checkpoint`), with the
+    support records the run keeps (`Pool.with_support`)."""
+    pool = Pool.from_checkpoint(arrays, info).with_support(support_k(config, model_cfg))
+    return own_groups(pool, config.rollout.prompts_per_batch)
 
 
 def gather(value: np.ndarray) -> list[np.ndarray]:
@@ -112,7 +129,7 @@ def whole_pool(pool: Pool) -> Pool:
     """Every process's groups in one pool, in the run's draw order (`Pool.order`)."""
     if parallel.process_count() == 1:
         return pool
-    arrays = {k: np.concatenate(gather(getattr(pool, k))) for k in Pool.ARRAYS
+    arrays = {k: np.concatenate(gather(getattr(pool, k))) for k in pool.fields
               if not k.startswith("prompt_") or k == "prompt_width"}
     width = parallel.agree_max(pool.prompt_tokens.shape[1])
     for k in ("prompt_tokens", "prompt_mask"):
@@ -144,6 +161,10 @@ def budget(config: Any) -> partial_pool.Budget:
         dynamic=config.filtering.dynamic_sampling, signal=config.filtering.signal)
 
 
+# The sampler's outputs a pool keeps (`_Sampler`), besides the support records.
+_OUT = ("tokens", "logp", "sample_logp", "lengths", "truncated")
+
+
 def _row_bucket(rows, ways):
     """Rows of a resumption, padded: `ways` times a power of two (few compiled shapes)."""
     return ways * 2 ** math.ceil(math.log2(max(1, math.ceil(rows / ways))))
@@ -161,6 +182,9 @@ class _Sampler:
         self.group_size = config.objective.group_size
         self.buffer_len = config.rollout.max_new_tokens
         self.reward_columns = reward_columns
+        self.keep_support = config.rollout.keep_sampling_mask
+        # The behaviour log-prob (`rollout.draw`): of the cut distribution with keep mask.
+        self.logp_key = "sample_logp" if self.keep_support else "logp"
 
     def draw(self, index: int, cap: int) -> Pool:
         """The step's `index`-th prompt batch, sampled with ``fold_in(rng, index)`` (as
@@ -176,9 +200,9 @@ class _Sampler:
         out, _ = rollout.sample_on_mesh(
             self.policy, self.mesh, prompts, rng=rng, method=self.method, group_size=g,
             max_new_tokens=cap, buffer_len=n, rules=config.rollout.rules,
-            slots=config.rollout.slots)
+            slots=config.rollout.slots, record_support=self.keep_support)
         out = {k: parallel.local_rows(getattr(out, k))   # this process's prompts' rows
-               for k in ("tokens", "logp", "lengths", "truncated")}
+               for k in _OUT + (Pool.RECORDS if self.keep_support else ())}
         p = len(examples)
         first = parallel.process_index() * p   # the draw's index of this process's first prompt
         ids = jnp.arange(first, first + p, dtype=jnp.int32)
@@ -191,24 +215,29 @@ class _Sampler:
             prompt_width=np.full(p, tokens.shape[1], np.int32),
             drawn=np.full(p, self.step, np.int32), order=order + np.arange(first, first + p),
             scored=np.zeros(p, bool), keys=grouped(keys).astype(np.uint32),
-            tokens=grouped(out["tokens"]), logp=grouped(out["logp"]),
+            tokens=grouped(out["tokens"]), logp=grouped(out[self.logp_key]),
             version=np.full((p, g, n), self.version, np.int32), lengths=grouped(out["lengths"]),
             stopped=~grouped(out["truncated"]), start=np.zeros((p, g), np.int32),
             rewards=np.zeros((p, g, *self.reward_columns), np.float32),
-            correct=np.zeros((p, g), bool), examples=tuple(examples), texts=tuple(texts))
+            correct=np.zeros((p, g), bool), examples=tuple(examples), texts=tuple(texts),
+            **{k: grouped(out[k]) for k in Pool.RECORDS if k in out})
 
     def resume(self, pool: Pool, cap: np.ndarray) -> Pool:
         """`pool` with every row whose cap (`[n, G]`) is above its length gone on to it:
         the row's tokens so far fed, then sampled on under this step's parameters; the
-        tokens it had keep their log-probs and versions."""
+        tokens it had keep their log-probs, versions and supports."""
         group, row = np.nonzero(cap > pool.lengths)
         lengths = pool.lengths[group, row]
         out = self._continue(pool, group, row, cap[group, row])
         new = np.arange(pool.buffer_len)[None] >= lengths[:, None]   # this step's tokens
+        records = Pool.RECORDS if self.keep_support else ()
         fields = {k: getattr(pool, k).copy() for k in ("tokens", "logp", "version", "lengths",
-                                                       "stopped")}
+                                                       "stopped") + records}
         fields["tokens"][group, row] = np.where(new, out["tokens"], pool.tokens[group, row])
-        fields["logp"][group, row] = np.where(new, out["logp"], pool.logp[group, row])
+        fields["logp"][group, row] = np.where(new, out[self.logp_key], pool.logp[group, row])
+        for k in records:   # the fed tokens recorded none this time: the pool's stay
+            fresh = new.reshape(*new.shape, *[1] * (out[k].ndim - 2))
+            fields[k][group, row] = np.where(fresh, out[k], getattr(pool, k)[group, row])
         fields["version"][group, row] = np.where(new, self.version, pool.version[group, row])
         fields["lengths"][group, row] = out["lengths"]
         fields["stopped"][group, row] = ~out["truncated"]
@@ -216,7 +245,7 @@ class _Sampler:
 
     def _continue(self, pool, group, row, cap):
         """This process's rows (`group`, `row`) of `pool` continued to `cap` tokens (host
-        arrays tokens, logp, lengths, truncated, in that order): every process's rows that
+        arrays `_OUT`, and the support records with keep mask): every process's rows that
         go on in one `sampling.Engine` (each row its own prompt, key and queued tokens), in
         the run's draw order, padded to `_row_bucket` rows with one-token rows."""
         config, policy, n = self.config, self.policy, self.buffer_len
@@ -246,14 +275,16 @@ class _Sampler:
                 max_new_tokens=np.concatenate([every["cap"], np.ones(total - count, np.int32)]),
                 stop_tokens=[policy.tokenizer.eos_token_id], pad_id=policy.tokenizer.pad_token_id,
                 slots=slots, max_append=n, queued=queued + [[]] * (total - count),
-                max_len_bucket=n, rules=config.rollout.rules)
+                max_len_bucket=n, rules=config.rollout.rules,
+                record_support=self.keep_support)
             while not engine.finished:
                 engine.run()
             out = sampling.to_host(engine.rollout())
         mine = owner[order] == parallel.process_index()
         back = np.empty(group.size, np.int64)   # this process's rows, in the order they came
         back[index[order][mine]] = np.flatnonzero(mine)
-        return {k: getattr(out, k)[back] for k in ("tokens", "logp", "lengths", "truncated")}
+        keys = _OUT + (Pool.RECORDS if self.keep_support else ())
+        return {k: getattr(out, k)[back] for k in keys}
 
 
 def _scorer_of(scorer, tokenizer):

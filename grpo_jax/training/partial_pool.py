@@ -5,7 +5,8 @@ A group is one prompt's G rows. A row is *done* when it sampled a stop token or 
 ``rollout.max_new_tokens`` tokens; a group is *ready* when all its rows are done and
 scored (with dynamic sampling, also when its rewards differ: a done group without signal
 is dropped). Every row keeps, per token, the behaviour log-prob and the parameters'
-version it was sampled with, however many steps it took.
+version it was sampled with, however many steps it took, and with
+``rollout.keep_sampling_mask`` the support the sampler's cut kept (`Pool.RECORDS`).
 
 On several processes each process holds the groups of its own prompts (those whose rows
 it holds of each draw) and `run_step` takes every decision on all processes' groups in
@@ -49,6 +50,11 @@ class Pool:
       rewards: `[n, G]` (or `[n, G, K]` for several reward columns) float32, once scored.
       correct: `[n, G]` bool, once scored.
       examples, texts: n dataset examples and prompt texts.
+      support_ids: `[n, G, N, K]` int32, the ids the sampler's cut kept at each sampled
+        position (-1 past them); support_size: `[n, G, N]` int32, how many it kept (0
+        past the length): with ``rollout.keep_sampling_mask`` (`rollout.draw`'s records),
+        else None. K + 1 marks a token whose support was not recorded (the trainer then
+        takes the whole tempered softmax, `batch.scored_logprobs`).
     """
 
     prompt_tokens: np.ndarray
@@ -68,23 +74,40 @@ class Pool:
     correct: np.ndarray
     examples: tuple = ()
     texts: tuple = ()
+    support_ids: np.ndarray | None = None
+    support_size: np.ndarray | None = None
 
     ARRAYS = ("prompt_tokens", "prompt_mask", "prompt_width", "drawn", "order", "scored", "keys",
               "tokens", "logp", "version", "lengths", "stopped", "start", "rewards", "correct")
+    RECORDS = ("support_ids", "support_size")   # the sampler's, where the run keeps them
 
     @classmethod
-    def empty(cls, group_size: int, buffer_len: int,
-              reward_columns: tuple[int, ...] = ()) -> "Pool":
-        """No groups; rows of `buffer_len` tokens, rewards of shape `reward_columns` each."""
+    def empty(cls, group_size: int, buffer_len: int, reward_columns: tuple[int, ...] = (),
+              support_k: int = 0) -> "Pool":
+        """No groups; rows of `buffer_len` tokens, rewards of shape `reward_columns` each,
+        supports of `support_k` ids (0: no support records)."""
         g, n = group_size, buffer_len
         zeros = lambda *shape, dtype=np.int32: np.zeros((0, *shape), dtype)
+        records = {}
+        if support_k:
+            records = {"support_ids": zeros(g, n, support_k), "support_size": zeros(g, n)}
         return cls(prompt_tokens=zeros(1), prompt_mask=zeros(1), prompt_width=zeros(),
                    drawn=zeros(), order=zeros(dtype=np.int64), scored=zeros(dtype=bool),
                    keys=zeros(g, key_words(), dtype=np.uint32),
                    tokens=zeros(g, n), logp=zeros(g, n, dtype=np.float32), version=zeros(g, n),
                    lengths=zeros(g), stopped=zeros(g, dtype=bool), start=zeros(g),
                    rewards=zeros(g, *reward_columns, dtype=np.float32),
-                   correct=zeros(g, dtype=bool))
+                   correct=zeros(g, dtype=bool), **records)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The names of the pool's per-group arrays: `ARRAYS` and the `RECORDS` it keeps."""
+        return self.ARRAYS + tuple(k for k in self.RECORDS if getattr(self, k) is not None)
+
+    @property
+    def support_k(self) -> int:
+        """K, the support ids recorded per position; 0 without support records."""
+        return 0 if self.support_ids is None else self.support_ids.shape[-1]
 
     @property
     def size(self) -> int:
@@ -109,16 +132,17 @@ class Pool:
     def take(self, index: Sequence[int] | np.ndarray) -> "Pool":
         """The groups at `index` (ints), in that order."""
         index = np.asarray(index, np.int64)
-        return self.replace(**{k: getattr(self, k)[index] for k in self.ARRAYS},
+        return self.replace(**{k: getattr(self, k)[index] for k in self.fields},
                             examples=tuple(self.examples[i] for i in index),
                             texts=tuple(self.texts[i] for i in index))
 
     @classmethod
     def concatenate(cls, pools: Sequence["Pool"]) -> "Pool":
-        """The groups of `pools` in order; prompts left-padded to the widest."""
+        """The groups of `pools` in order (all with the same records); prompts
+        left-padded to the widest."""
         width = max(p.prompt_tokens.shape[1] for p in pools)
         pad = lambda x: np.pad(x, ((0, 0), (width - x.shape[1], 0)))   # pad id 0, mask 0
-        fields = {k: np.concatenate([getattr(p, k) for p in pools]) for k in cls.ARRAYS
+        fields = {k: np.concatenate([getattr(p, k) for p in pools]) for k in pools[0].fields
                   if not k.startswith("prompt_") or k == "prompt_width"}
         for k in ("prompt_tokens", "prompt_mask"):
             fields[k] = np.concatenate([pad(getattr(p, k)) for p in pools])
@@ -128,25 +152,54 @@ class Pool:
     def to_checkpoint(self) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
         """`(arrays, info)`: the arrays (None for an empty pool: nothing to write) and the
         JSON-able rest, for `Checkpointer.save_run(extra=...)`."""
-        arrays = {k: getattr(self, k) for k in self.ARRAYS} if self.size else None
+        arrays = {k: getattr(self, k) for k in self.fields} if self.size else None
         info = {"groups": self.size, "group_size": self.group_size, "buffer_len": self.buffer_len,
-                "reward_columns": list(self.rewards.shape[3:]),
+                "reward_columns": list(self.rewards.shape[3:]), "support_k": self.support_k,
                 "examples": list(self.examples), "texts": list(self.texts)}
         return arrays, info
 
     @classmethod
     def from_checkpoint(cls, arrays: Mapping[str, np.ndarray] | None,
                         info: Mapping[str, Any]) -> "Pool":
-        """The pool `to_checkpoint` wrote."""
+        """The pool `to_checkpoint` wrote (one written before pools kept support records
+        has none: `with_support` gives it some)."""
+        support_k = info.get("support_k", 0)   # absent: written before pools kept records
         if not info["groups"]:
-            return cls.empty(info["group_size"], info["buffer_len"], tuple(info["reward_columns"]))
+            return cls.empty(info["group_size"], info["buffer_len"], tuple(info["reward_columns"]),
+                             support_k)
         arrays = dict(arrays)
         if "order" not in arrays:
             # Written by one process before groups recorded their draw order: that pool kept
             # its groups in draw order, so their places are their indices.
             arrays["order"] = np.arange(info["groups"], dtype=np.int64)
-        return cls(**{k: np.asarray(arrays[k]) for k in cls.ARRAYS},
+        records = cls.RECORDS if support_k else ()
+        return cls(**{k: np.asarray(arrays[k]) for k in cls.ARRAYS + records},
                    examples=tuple(info["examples"]), texts=tuple(info["texts"]))
+
+    def with_support(self, support_k: int) -> "Pool":
+        """The pool with support records of `support_k` ids (0: none), for a run that
+        keeps them (``rollout.keep_sampling_mask``) restoring a pool written without them:
+        its tokens' supports are marked not recorded (size K + 1), so the trainer scores
+        them over the whole tempered softmax, the distribution their behaviour log-probs
+        (`logp`) were taken over.
+
+        Raises:
+          ValueError: the pool's records cannot serve the run: it has records of another
+            K, or records (log-probs of the cut distribution) and the run keeps none.
+        """
+        if support_k == self.support_k:
+            return self
+        if self.support_k:
+            raise ValueError(
+                f"the checkpoint's pool of partial rollouts records supports of "
+                f"{self.support_k} ids and their behaviour log-probs are of the cut "
+                f"distribution; this run keeps {support_k} (0: rollout.keep_sampling_mask="
+                "False). Resume with the rollout.keep_sampling_mask, top_k, top_p and min_p "
+                "it was written with")
+        taken = np.arange(self.buffer_len) < self.lengths[..., None]
+        ids = np.full((*self.tokens.shape, support_k), -1, np.int32)
+        size = np.where(taken, support_k + 1, 0).astype(np.int32)
+        return self.replace(support_ids=ids, support_size=size)
 
 
 def signal(pool: Pool, judged_on: str) -> np.ndarray:
@@ -407,5 +460,7 @@ def batch_rows(batch: Pool) -> dict[str, np.ndarray]:
             "behaviour_logp": batch.logp.reshape(-1, n), "lengths": lengths,
             "truncated": ~batch.stopped.reshape(-1),
             "rewards": batch.rewards.reshape(-1, *batch.rewards.shape[2:]),
-            "correct": batch.correct.reshape(-1)}
+            "correct": batch.correct.reshape(-1),
+            **{k: getattr(batch, k).reshape(-1, n, *getattr(batch, k).shape[3:])
+               for k in batch.fields if k in batch.RECORDS}}
 

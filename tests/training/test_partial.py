@@ -27,19 +27,34 @@ def logp_of(version, position):
     return -(version + 1.0) - position / 100.0
 
 
+def support_of(token, version):
+    """The fake sampler's support of a token (`[K]` ids, its size): the token and 1000 +
+    the version that sampled it, then -1 (K = `K`)."""
+    return [token, 1000 + version] + [-1] * (K - 2), 2
+
+
+K = 3   # support ids the fake sampler records per position, with `support_k`
+
+
 class FakeSampler:
     """`run_step`'s draw and resume over rows of set lengths (`LENGTHS`): token t of
-    example e's row g is 100 e + 10 g + t, sampled by version `version` at step `step`."""
+    example e's row g is 100 e + 10 g + t, sampled by version `version` at step `step`;
+    with `support_k` each sampled token's support is `support_of` it."""
 
-    def __init__(self, stream, step, version, reward_columns=()):
+    def __init__(self, stream, step, version, reward_columns=(), support_k=0):
         self.stream, self.step, self.version = stream, step, version
         self.reward_columns = reward_columns
+        self.support_k = support_k
 
     def draw(self, index, cap):
         ids = next(self.stream)
         width = 8 * (1 + ids[0] % 2)   # prompt buckets of 8 and 16
         p = len(ids)
-        empty = Pool.empty(G, N, self.reward_columns)
+        empty = Pool.empty(G, N, self.reward_columns, self.support_k)
+        records = {}
+        if self.support_k:   # nothing sampled yet: the sampler's blank records
+            records = {"support_ids": np.full((p, G, N, self.support_k), -1, np.int32),
+                       "support_size": np.zeros((p, G, N), np.int32)}
         pool = Pool(
             prompt_tokens=np.full((p, width), 5, np.int32),
             prompt_mask=np.ones((p, width), np.int32),
@@ -51,12 +66,13 @@ class FakeSampler:
             stopped=np.zeros((p, G), bool), start=np.zeros((p, G), np.int32),
             rewards=np.zeros((p, G, *self.reward_columns), np.float32),
             correct=np.zeros((p, G), bool), examples=tuple({"id": e} for e in ids),
-            texts=tuple(f"prompt {e}" for e in ids))
+            texts=tuple(f"prompt {e}" for e in ids), **records)
         return self.resume(pool, np.full((p, G), cap, np.int32))
 
     def resume(self, pool, cap):
         tokens, logp, version = pool.tokens.copy(), pool.logp.copy(), pool.version.copy()
         lengths, stopped = pool.lengths.copy(), pool.stopped.copy()
+        records = {k: getattr(pool, k).copy() for k in pool.fields if k in Pool.RECORDS}
         for i, example in enumerate(pool.examples):
             for g in range(G):
                 natural, have = LENGTHS[example["id"]][g], lengths[i, g]
@@ -66,9 +82,13 @@ class FakeSampler:
                 for t in range(have, end):
                     tokens[i, g, t] = 100 * example["id"] + 10 * g + t
                     logp[i, g, t], version[i, g, t] = logp_of(self.version, t), self.version
+                    if records:
+                        ids, size = support_of(tokens[i, g, t], self.version)
+                        records["support_ids"][i, g, t], records["support_size"][i, g, t] = (
+                            ids, size)
                 lengths[i, g], stopped[i, g] = end, end == natural
         return pool.replace(tokens=tokens, logp=logp, version=version, lengths=lengths,
-                            stopped=stopped)
+                            stopped=stopped, **records)
 
 
 def score_by_parity(groups):
@@ -77,13 +97,14 @@ def score_by_parity(groups):
     return rewards, rewards > 0, {"rewards/parity": float(rewards.mean())}
 
 
-def steps(budget, count, short_batch="error"):
-    """`count` steps from an empty pool over examples 0, 1, 2, ... (P per draw)."""
+def steps(budget, count, short_batch="error", support_k=0):
+    """`count` steps from an empty pool over examples 0, 1, 2, ... (P per draw), with
+    support records of `support_k` ids (0: none)."""
     p = budget.num_groups
     stream = iter([list(range(i, i + p)) for i in range(0, 100, p)])
-    pool, results = Pool.empty(G, N), []
+    pool, results = Pool.empty(G, N, support_k=support_k), []
     for step in range(1, count + 1):
-        fake = FakeSampler(stream, step, version=step - 1)
+        fake = FakeSampler(stream, step, version=step - 1, support_k=support_k)
         result = partial_pool.run_step(pool, step=step, budget=budget, draw=fake.draw,
                                        resume=fake.resume, score=score_by_parity,
                                        short_batch=short_batch)
@@ -148,6 +169,33 @@ class TestRunStep:
                     positions = np.arange(N)[new]
                     np.testing.assert_allclose(after.batch.logp[i, g, new], logp_of(
                         after.batch.version[i, g, new], positions))
+
+    def test_carried_rows_keep_the_supports_they_were_sampled_with(self):
+        """With support records (keep sampling mask), the four steps of
+        `test_four_steps_by_hand` take the same decisions, and every token of a batch row
+        has the support the step that sampled it recorded, however many steps the row
+        took: step 3's group 3 long row (tokens 300-309) holds version 0's supports at 0-3,
+        1's at 4-7, 2's at 8-9; blank (-1, size 0) past a row's length. `batch_rows`
+        gives them as `[B, N, K]` and `[B, N]`."""
+        results, plain = steps(BUDGET, 4, support_k=K), steps(BUDGET, 4)
+        for result, want in zip(results, plain):
+            assert (ids(result.batch), ids(result.pool)) == (ids(want.batch), ids(want.pool))
+            batch = result.batch
+            assert batch.support_k == K and result.pool.support_k == K
+            taken = np.arange(N) < batch.lengths[..., None]
+            supports = np.stack([batch.tokens, 1000 + batch.version,
+                                 np.full_like(batch.tokens, -1)], axis=-1)
+            np.testing.assert_array_equal(batch.support_ids,
+                                          np.where(taken[..., None], supports, -1))
+            np.testing.assert_array_equal(batch.support_size, np.where(taken, 2, 0))
+        long_row = results[2].batch.support_ids[0, 0]
+        np.testing.assert_array_equal(long_row[:, 0], np.arange(300, 310))
+        np.testing.assert_array_equal(long_row[:, 1], [1000] * 4 + [1001] * 4 + [1002] * 2)
+        rows = partial_pool.batch_rows(results[2].batch)
+        assert rows["support_ids"].shape == (2 * G, N, K) and rows["support_size"].shape == (
+            2 * G, N)
+        np.testing.assert_array_equal(rows["support_ids"][0], long_row)
+        assert "support_ids" not in partial_pool.batch_rows(plain[2].batch)
 
     def test_token_staleness_is_counted_per_token(self):
         """Step 3's batch: group 3's long row holds 4 tokens of version 0, 4 of 1 and 2
@@ -270,11 +318,12 @@ def test_own_groups_are_those_of_the_process_share_of_each_draw(monkeypatch):
     monkeypatch.setattr(partial.parallel, "process_index", lambda: 1)
     assert partial.own_groups(pool, 4).order.tolist() == [3, 6]
 
-def test_the_pool_survives_a_checkpoint(tmp_path):
-    """`Pool.to_checkpoint` through `Checkpointer.save_run(extra=...)` and back, bit for bit;
-    an empty pool writes no arrays."""
-    pool = steps(BUDGET, 2)[-1].pool
-    assert pool.size == 2
+@pytest.mark.parametrize("support_k", [0, K])
+def test_the_pool_survives_a_checkpoint(tmp_path, support_k):
+    """`Pool.to_checkpoint` through `Checkpointer.save_run(extra=...)` and back, bit for bit
+    (with support records too); an empty pool writes no arrays."""
+    pool = steps(BUDGET, 2, support_k=support_k)[-1].pool
+    assert pool.size == 2 and pool.support_k == support_k
 
     class Position:
         def get_state(self):
@@ -285,17 +334,19 @@ def test_the_pool_survives_a_checkpoint(tmp_path):
 
     saver = checkpoint.Checkpointer(str(tmp_path / "ckpt"), asynchronous=False)
     state = {"w": jax.numpy.ones(3)}
-    saver.save_run(1, state, Position(), extra=Pool.empty(G, N).to_checkpoint())
+    empty = Pool.empty(G, N, support_k=support_k)
+    saver.save_run(1, state, Position(), extra=empty.to_checkpoint())
     saver.save_run(2, state, Position(), extra=pool.to_checkpoint())
     saver.close()
     assert not (tmp_path / "ckpt" / "1" / checkpoint.EXTRA_ITEM).exists()
-    assert Pool.from_checkpoint(*Pool.empty(G, N).to_checkpoint()).size == 0
+    back_empty = Pool.from_checkpoint(*empty.to_checkpoint())
+    assert back_empty.size == 0 and back_empty.support_k == support_k
     reader = checkpoint.Checkpointer(str(tmp_path / "ckpt"))
     step, _, (arrays, info) = reader.restore_run(state, Position(), extra=True)
     reader.close()
     back = Pool.from_checkpoint(arrays, info)
-    assert step == 2
-    for field in Pool.ARRAYS:
+    assert step == 2 and back.fields == pool.fields
+    for field in pool.fields:
         np.testing.assert_array_equal(getattr(back, field), getattr(pool, field), err_msg=field)
         assert getattr(back, field).dtype == getattr(pool, field).dtype, field
     assert back.examples == pool.examples and back.texts == pool.texts
@@ -305,13 +356,43 @@ def test_the_pool_survives_a_checkpoint(tmp_path):
     assert older.order.tolist() == [0, 1] and older.order.dtype == np.int64
 
 
+def test_a_pool_without_support_records_restores_with_its_supports_marked_not_recorded():
+    """A pool written without support records (before pools kept them, or by a run
+    without keep sampling mask) restores with none; a run that keeps them marks each of
+    its tokens' supports not recorded (size K + 1, ids -1: the trainer then scores the
+    token over the whole tempered softmax, which its log-prob was taken over). Step 2's
+    pool holds groups 3 (rows of 8 and 3 tokens) and 5 (4 and 4). Records of another K,
+    or records in a run that keeps none, are an error naming the fields."""
+    pool = steps(BUDGET, 2, support_k=K)[-1].pool
+    arrays, info = pool.to_checkpoint()
+    arrays = {k: v for k, v in arrays.items() if k not in Pool.RECORDS}
+    info = {k: v for k, v in info.items() if k != "support_k"}
+    old = Pool.from_checkpoint(arrays, info)
+    assert old.support_ids is None and old.support_size is None and old.fields == Pool.ARRAYS
+    assert old.with_support(0) is old
+    marked = old.with_support(K)
+    np.testing.assert_array_equal(marked.lengths, [[8, 3], [4, 4]])
+    want = np.zeros((2, G, N), np.int32)
+    for (i, g), length in np.ndenumerate(marked.lengths):
+        want[i, g, :length] = K + 1
+    np.testing.assert_array_equal(marked.support_size, want)
+    assert marked.support_ids.shape == (2, G, N, K) and (marked.support_ids == -1).all()
+    assert marked.support_ids.dtype == marked.support_size.dtype == np.int32
+    empty = Pool.from_checkpoint(None, {**info, "groups": 0}).with_support(K)
+    assert empty.support_ids.shape == (0, G, N, K) and empty.support_size.shape == (0, G, N)
+    for k in (0, K + 1):
+        with pytest.raises(ValueError, match=rf"records supports of {K} ids .* this run keeps "
+                                             rf"{k} .* rollout.keep_sampling_mask, top_k"):
+            pool.with_support(k)
+
+
 @pytest.mark.parametrize("overrides, match", [
     ({"rollout.partial.tokens_per_step": 0},
      r"rollout.partial.tokens_per_step must be an int >= 1"),
     ({"rollout.partial.max_carries": 0}, r"rollout.partial.max_carries must be an int >= 1"),
     ({"filtering.max_gen_batches": 1}, r"needs filtering.max_gen_batches >= 2"),
-    ({"rollout.keep_sampling_mask": True, "rollout.top_p": 0.9},
-     r"with rollout.keep_sampling_mask: .* set rollout.keep_sampling_mask=False"),
+    ({"rollout.keep_routing": True},
+     r"with rollout.keep_routing: .* set rollout.keep_routing=False"),
     ({"environment.name": "calculator"}, r"environment.name='calculator': multi-turn"),
 ])
 def test_config_errors_name_the_field(overrides, match):
@@ -321,6 +402,9 @@ def test_config_errors_name_the_field(overrides, match):
     for processes in (1, 2):   # several processes carry their own groups (test_multihost.py)
         partial.check_config(tiny_config("dapo", "/x", **{"rollout.partial.enabled": True}),
                              processes)
+        partial.check_config(tiny_config("dapo", "/x", **{   # a carried row keeps its supports
+            "rollout.partial.enabled": True, "rollout.keep_sampling_mask": True,
+            "rollout.top_p": 0.9}), processes)
 
 
 @pytest.mark.parametrize("overrides, match", [
