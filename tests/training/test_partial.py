@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from grpo_jax import config_lib, parallel
 from grpo_jax.objectives import token_logprobs
-from grpo_jax.training import checkpoint, partial, partial_pool, rl
+from grpo_jax.training import checkpoint, footprint, partial, partial_pool, rl, rl_run, rollout
 from grpo_jax.training.partial_pool import Budget, Pool
 from tests.training.training_setups import (assert_rows_equal, assert_same_export, read_metrics,
                                             tiny_config)
@@ -552,3 +553,53 @@ def test_fixed_async_partial_rollouts_equal_the_synchronous_loop_with_policy_lag
     assert_same_export(tmp_path / "async", tmp_path / "sync")
     rows = read_metrics(tmp_path / "async")
     assert [r["token_staleness_max"] for r in rows] == [0.0, 1.0, 2.0]
+
+
+def _sample_in_steps(run, examples, tokens_per_step):
+    """`examples`' groups sampled by `partial._Sampler` with `run`'s policy (one version,
+    rng key 7): drawn up to `tokens_per_step` tokens a row, then resumed D more at a time
+    until every row is done; returns the `Pool` and how many steps it took."""
+    sampler = partial._Sampler(run.policy, run.mesh, iter([examples]), config=run.config,
+                               method=run.method, rng=jax.random.key(7), step=1, version=0,
+                               reward_columns=())
+    n = run.config.rollout.max_new_tokens
+    pool, count = sampler.draw(0, min(tokens_per_step, n)), 1
+    while not pool.done.all():
+        pool = sampler.resume(pool, np.where(pool.done, 0, np.minimum(
+            n, pool.lengths + tokens_per_step)).astype(np.int32))
+        count += 1
+    return pool, count
+
+
+@pytest.mark.slow
+def test_supports_assembled_over_partial_steps_equal_the_row_sampled_in_one_go(data_dir,
+                                                                               tmp_path):
+    """Keep sampling mask on the tiny model (at random, top-p 0.8: nuclei of ~47 tokens,
+    within the K = 64 recorded): the rows a resumption carries on 10 tokens at a time (4
+    steps for 34 tokens) have the tokens, behaviour log-probs (of the cut distribution)
+    and support records of the same rows sampled in one go by `rollout.draw` (the run's
+    sampler without partial rollouts), since a row draws its token t with its own key
+    whatever the step."""
+    config = tiny_config("dapo", data_dir, **{
+        **PARTIAL, "rollout.keep_sampling_mask": True, "rollout.top_p": 0.8})
+    partial.check_config(config, 1)
+    config, workdir = config_lib.resolve_run_paths(config, str(tmp_path))
+    mesh, _ = parallel.setup_meshes(config, lambda: footprint.replicated_state_bytes(config, "rl"))
+    run = rl_run.set_up(config, workdir, mesh)
+    try:
+        assert run.carry.size == 0 and run.carry.support_k == 64
+        examples = next(run.train_iter)
+        pieces, count = _sample_in_steps(run, examples, 10)
+        whole, _ = rollout.draw(run.policy, mesh, examples, config=config, scorer=run.scorer,
+                                rng=jax.random.fold_in(jax.random.key(7), 0), method=run.method)
+        whole = jax.device_get(whole)
+    finally:
+        run.checkpointer.close()
+        run.scorer.close()
+    rows = partial_pool.batch_rows(pieces)
+    assert count == 4 and (rows["lengths"] > 20).any()
+    for key in ("tokens", "mask", "lengths", "truncated", "support_size", "support_ids"):
+        np.testing.assert_array_equal(rows[key], whole[key], err_msg=key)
+    np.testing.assert_allclose(rows["behaviour_logp"], whole["behaviour_logp"], atol=2e-5)
+    sizes = rows["support_size"][rows["mask"] > 0]
+    assert sizes.min() > 1 and sizes.max() <= 64
