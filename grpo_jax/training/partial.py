@@ -28,7 +28,10 @@ it; the new tokens of a resumed row get the new parameters'. With
 PPO (Hilton et al., arXiv:2110.00641): the parameters that sample step t, for every
 token, and `objective.importance` / M2PO weigh each token against its own sampler. A
 row draws token t with ``fold_in(its key, t)`` whatever step samples it, its key being
-its draw's (rng, prompt index, completion index) as in `sampling.row_keys`.
+its draw's (rng, prompt index, completion index) as in `sampling.row_keys`. With
+``rollout.keep_sampling_mask`` a token also keeps the support its sampler's cut kept and
+its behaviour log-prob is the cut distribution's (`rollout.draw`'s), so a row finished
+over several steps has the records of the row sampled in one go under the same parameters.
 
 On several processes each process carries the groups of its own prompts (the rows it
 holds of each draw) and `partial_pool.run_step` takes every decision (draw, force, which
