@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from grpo_jax import config_lib, parallel
+from grpo_jax import config_lib, models, parallel
 from grpo_jax.objectives import token_logprobs
 from grpo_jax.training import checkpoint, footprint, partial, partial_pool, rl, rl_run, rollout
 from grpo_jax.training.partial_pool import Budget, Pool
@@ -385,6 +385,26 @@ def test_a_pool_without_support_records_restores_with_its_supports_marked_not_re
         with pytest.raises(ValueError, match=rf"records supports of {K} ids .* this run keeps "
                                              rf"{k} .* rollout.keep_sampling_mask, top_k"):
             pool.with_support(k)
+
+
+def test_a_run_restores_the_pool_with_the_supports_it_keeps():
+    """`partial.restored_pool`: the tiny model's K (64 candidates with keep sampling mask,
+    0 without); a pool written without supports restored by a run that keeps them has
+    each token's marked not recorded (65), one restored by a run that keeps none is as
+    written."""
+    model_cfg = models.get_model_config("tiny")
+    keep = tiny_config("dapo", "/x", **{"rollout.partial.enabled": True, "rollout.top_p": 0.9,
+                                        "rollout.keep_sampling_mask": True,
+                                        "rollout.prompts_per_batch": 2})
+    plain = tiny_config("dapo", "/x", **{"rollout.partial.enabled": True,
+                                         "rollout.prompts_per_batch": 2})
+    assert (partial.support_k(keep, model_cfg), partial.support_k(plain, model_cfg)) == (64, 0)
+    pool = steps(BUDGET, 2)[-1].pool
+    back = partial.restored_pool(*pool.to_checkpoint(), keep, model_cfg)
+    assert ids(back) == [3, 5] and back.support_ids.shape == (2, G, N, 64)
+    np.testing.assert_array_equal(back.support_size[0, 0], [65] * 8 + [0] * 2)
+    same = partial.restored_pool(*pool.to_checkpoint(), plain, model_cfg)
+    assert same.fields == Pool.ARRAYS and ids(same) == [3, 5]
 
 
 @pytest.mark.parametrize("overrides, match", [
