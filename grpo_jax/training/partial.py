@@ -32,6 +32,10 @@ its draw's (rng, prompt index, completion index) as in `sampling.row_keys`. With
 ``rollout.keep_sampling_mask`` a token also keeps the support its sampler's cut kept and
 its behaviour log-prob is the cut distribution's (`rollout.draw`'s), so a row finished
 over several steps has the records of the row sampled in one go under the same parameters.
+With ``rollout.keep_routing`` a row keeps the experts of its prompt and tokens as the step
+that last ran it routed them: a resumption feeds the prompt and the earlier tokens through
+the model again, so one routing per token holds for the tokens it sampled (and, under the
+same parameters, for every token).
 
 On several processes each process carries the groups of its own prompts (the rows it
 holds of each draw) and `partial_pool.run_step` takes every decision (draw, force, which
@@ -73,11 +77,6 @@ def check_config(config: Any, process_count: int) -> None:
         raise ValueError(f"rollout.partial.enabled needs filtering.max_gen_batches >= 2, got "
                          f"{config.filtering.max_gen_batches}: with one draw a step runs every "
                          "group it drew to its end to fill the batch, and nothing carries over")
-    if config.rollout.keep_routing:
-        raise ValueError("rollout.partial.enabled with rollout.keep_routing: a carried row's "
-                         "experts are not kept across steps (a resumption routes its prompt "
-                         "and earlier tokens again, under new parameters); set "
-                         "rollout.keep_routing=False")
     if config.environment.name:
         raise ValueError(f"rollout.partial.enabled with environment.name="
                          f"{config.environment.name!r}: multi-turn episodes run their own engine "
@@ -100,7 +99,7 @@ def empty_pool(config: ml_collections.ConfigDict, scorer: task_lib.Scorer,
         return None
     columns = (len(scorer.weights),) if scorer.separate else ()
     return Pool.empty(config.objective.group_size, config.rollout.max_new_tokens, columns,
-                      support_k(config, model_cfg))
+                      support_k(config, model_cfg), routing_shape(config, model_cfg))
 
 
 def support_k(config: Any, model_cfg: Any) -> int:
@@ -110,10 +109,19 @@ def support_k(config: Any, model_cfg: Any) -> int:
     return layout["support_ids"][0][-1] if "support_ids" in layout else 0
 
 
+def routing_shape(config: Any, model_cfg: Any) -> tuple[int, ...]:
+    """`(L_moe, k)` of the experts the run's sampler records per token with
+    ``rollout.keep_routing`` (`rollout.record_layout`); () without."""
+    if not config.rollout.keep_routing:
+        return ()
+    return tuple(rollout.record_layout(config, model_cfg, 1, 1, 1)["routing"][0][2:])
+
+
 def restored_pool(arrays: Any, info: Any, config: Any, model_cfg: Any) -> Pool:
     """This process's groups of the pool a checkpoint holds (`to_checkpoint`), with the
-    support records the run keeps (`Pool.with_support`)."""
+    records the run keeps (`Pool.with_support`, `Pool.with_routing`)."""
     pool = Pool.from_checkpoint(arrays, info).with_support(support_k(config, model_cfg))
+    pool = pool.with_routing(routing_shape(config, model_cfg))
     return own_groups(pool, config.rollout.prompts_per_batch)
 
 
@@ -133,10 +141,12 @@ def whole_pool(pool: Pool) -> Pool:
     if parallel.process_count() == 1:
         return pool
     arrays = {k: np.concatenate(gather(getattr(pool, k))) for k in pool.fields
-              if not k.startswith("prompt_") or k == "prompt_width"}
+              if k not in partial_pool.PROMPT_AXIS}
     width = parallel.agree_max(pool.prompt_tokens.shape[1])
-    for k in ("prompt_tokens", "prompt_mask"):
-        arrays[k] = np.concatenate(gather(_left_pad(getattr(pool, k), width)))
+    for k, axis in partial_pool.PROMPT_AXIS.items():
+        if k in pool.fields:
+            arrays[k] = np.concatenate(gather(partial_pool.left_pad(getattr(pool, k), width,
+                                                                    axis)))
     examples, texts = (sum(parallel.allgather_json(list(getattr(pool, k))), [])
                        for k in ("examples", "texts"))
     whole = Pool(**arrays, examples=tuple(examples), texts=tuple(texts))
@@ -148,11 +158,6 @@ def own_groups(pool: Pool, num_groups: int) -> Pool:
     its share of each draw's `num_groups` prompts (`Pool.order`)."""
     share = num_groups // parallel.process_count()
     return pool.take(np.flatnonzero(pool.order % num_groups // share == parallel.process_index()))
-
-
-def _left_pad(x: np.ndarray, width: int) -> np.ndarray:
-    """`[n, s]` -> `[n, width]`, zeros on the left (`Pool.concatenate`'s padding)."""
-    return np.pad(x, ((0, 0), (width - x.shape[1], 0)))
 
 
 def budget(config: Any) -> partial_pool.Budget:
@@ -186,6 +191,9 @@ class _Sampler:
         self.buffer_len = config.rollout.max_new_tokens
         self.reward_columns = reward_columns
         self.keep_support = config.rollout.keep_sampling_mask
+        self.keep_routing = config.rollout.keep_routing
+        self.records = (Pool.RECORDS[:2] if self.keep_support else ()) + (
+            Pool.RECORDS[2:] if self.keep_routing else ())
         # The behaviour log-prob (`rollout.draw`): of the cut distribution with keep mask.
         self.logp_key = "sample_logp" if self.keep_support else "logp"
 
@@ -203,9 +211,10 @@ class _Sampler:
         out, _ = rollout.sample_on_mesh(
             self.policy, self.mesh, prompts, rng=rng, method=self.method, group_size=g,
             max_new_tokens=cap, buffer_len=n, rules=config.rollout.rules,
-            slots=config.rollout.slots, record_support=self.keep_support)
+            slots=config.rollout.slots, record_support=self.keep_support,
+            record_routing=self.keep_routing)
         out = {k: parallel.local_rows(getattr(out, k))   # this process's prompts' rows
-               for k in _OUT + (Pool.RECORDS if self.keep_support else ())}
+               for k in _OUT + self.records}
         p = len(examples)
         first = parallel.process_index() * p   # the draw's index of this process's first prompt
         ids = jnp.arange(first, first + p, dtype=jnp.int32)
@@ -233,14 +242,17 @@ class _Sampler:
         lengths = pool.lengths[group, row]
         out = self._continue(pool, group, row, cap[group, row])
         new = np.arange(pool.buffer_len)[None] >= lengths[:, None]   # this step's tokens
-        records = Pool.RECORDS if self.keep_support else ()
         fields = {k: getattr(pool, k).copy() for k in ("tokens", "logp", "version", "lengths",
-                                                       "stopped") + records}
+                                                       "stopped") + self.records}
         fields["tokens"][group, row] = np.where(new, out["tokens"], pool.tokens[group, row])
         fields["logp"][group, row] = np.where(new, out[self.logp_key], pool.logp[group, row])
-        for k in records:   # the fed tokens recorded none this time: the pool's stay
+        for k in Pool.RECORDS[:2] if self.keep_support else ():   # fed tokens record none
             fresh = new.reshape(*new.shape, *[1] * (out[k].ndim - 2))
             fields[k][group, row] = np.where(fresh, out[k], getattr(pool, k)[group, row])
+        if self.keep_routing:   # this step routed the prompt and every token again
+            fields["routing"][group, row] = out["routing"]
+            fields["prompt_routing"][group, row] = partial_pool.left_pad(
+                out["prompt_routing"], pool.prompt_tokens.shape[1])
         fields["version"][group, row] = np.where(new, self.version, pool.version[group, row])
         fields["lengths"][group, row] = out["lengths"]
         fields["stopped"][group, row] = ~out["truncated"]
@@ -248,12 +260,12 @@ class _Sampler:
 
     def _continue(self, pool, group, row, cap):
         """This process's rows (`group`, `row`) of `pool` continued to `cap` tokens (host
-        arrays `_OUT`, and the support records with keep mask): every process's rows that
+        arrays `_OUT`, and the records the run keeps): every process's rows that
         go on in one `sampling.Engine` (each row its own prompt, key and queued tokens), in
         the run's draw order, padded to `_row_bucket` rows with one-token rows."""
         config, policy, n = self.config, self.policy, self.buffer_len
         width = parallel.agree_max(int(pool.prompt_width[group].max()) if group.size else 1)
-        prompt = lambda x: _left_pad(x[group], max(width, x.shape[1]))[:, -width:]
+        prompt = lambda x: partial_pool.left_pad(x[group], width)
         own = {"place": np.stack([pool.order[group], row], axis=1), "cap": cap,
                "prompt_tokens": prompt(pool.prompt_tokens), "prompt_mask": prompt(pool.prompt_mask),
                "keys": pool.keys[group, row], "tokens": pool.tokens[group, row],
@@ -279,15 +291,14 @@ class _Sampler:
                 stop_tokens=[policy.tokenizer.eos_token_id], pad_id=policy.tokenizer.pad_token_id,
                 slots=slots, max_append=n, queued=queued + [[]] * (total - count),
                 max_len_bucket=n, rules=config.rollout.rules,
-                record_support=self.keep_support)
+                record_support=self.keep_support, record_routing=self.keep_routing)
             while not engine.finished:
                 engine.run()
             out = sampling.to_host(engine.rollout())
         mine = owner[order] == parallel.process_index()
         back = np.empty(group.size, np.int64)   # this process's rows, in the order they came
         back[index[order][mine]] = np.flatnonzero(mine)
-        keys = _OUT + (Pool.RECORDS if self.keep_support else ())
-        return {k: getattr(out, k)[back] for k in keys}
+        return {k: getattr(out, k)[back] for k in _OUT + self.records}
 
 
 def _scorer_of(scorer, tokenizer):
@@ -382,8 +393,8 @@ def _batch_on_mesh(mesh, result):
     width = parallel.agree_max(int(result.batch.prompt_width.max()) if result.batch.size else 1)
     padded = {}
     for k, x in rows.items():
-        if k in ("prompt_tokens", "prompt_mask"):
-            x = _left_pad(x, max(width, x.shape[1]))[:, -width:]
+        if k in partial_pool.PROMPT_AXIS:   # rows: the prompt is axis 1
+            x = partial_pool.left_pad(x, width)
         padded[k] = np.concatenate([x, np.zeros((count * g - len(x), *x.shape[1:]), x.dtype)])
     place = np.zeros(len(result.owners), np.int64)   # each group's place in its process's part
     for o in range(processes):

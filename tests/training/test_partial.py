@@ -35,17 +35,21 @@ def support_of(token, version):
 
 
 K = 3   # support ids the fake sampler records per position, with `support_k`
+ROUTING = (1, 2)   # (L_moe, k) of the fake sampler's experts, with `routing_shape`
 
 
 class FakeSampler:
     """`run_step`'s draw and resume over rows of set lengths (`LENGTHS`): token t of
     example e's row g is 100 e + 10 g + t, sampled by version `version` at step `step`;
-    with `support_k` each sampled token's support is `support_of` it."""
+    with `support_k` each sampled token's support is `support_of` it; with
+    `routing_shape` a row it runs routes prompt column s to experts (s, version) and token
+    t to (t's id, version), as a resumption routes the prompt and every token again."""
 
-    def __init__(self, stream, step, version, reward_columns=(), support_k=0):
+    def __init__(self, stream, step, version, reward_columns=(), support_k=0,
+                 routing_shape=()):
         self.stream, self.step, self.version = stream, step, version
         self.reward_columns = reward_columns
-        self.support_k = support_k
+        self.support_k, self.routing_shape = support_k, routing_shape
 
     def draw(self, index, cap):
         ids = next(self.stream)
@@ -54,8 +58,11 @@ class FakeSampler:
         empty = Pool.empty(G, N, self.reward_columns, self.support_k)
         records = {}
         if self.support_k:   # nothing sampled yet: the sampler's blank records
-            records = {"support_ids": np.full((p, G, N, self.support_k), -1, np.int32),
-                       "support_size": np.zeros((p, G, N), np.int32)}
+            records.update(support_ids=np.full((p, G, N, self.support_k), -1, np.int32),
+                           support_size=np.zeros((p, G, N), np.int32))
+        if self.routing_shape:
+            records.update(prompt_routing=np.zeros((p, G, width, *self.routing_shape), np.int32),
+                           routing=np.zeros((p, G, N, *self.routing_shape), np.int32))
         pool = Pool(
             prompt_tokens=np.full((p, width), 5, np.int32),
             prompt_mask=np.ones((p, width), np.int32),
@@ -80,10 +87,16 @@ class FakeSampler:
                 if cap[i, g] <= have:
                     continue
                 end = min(natural, cap[i, g], N)
+                if "routing" in records:
+                    width = pool.prompt_width[i]
+                    records["prompt_routing"][i, g, -width:, 0] = [
+                        (s, self.version) for s in range(width)]
+                    records["routing"][i, g, :end, 0] = [
+                        (100 * example["id"] + 10 * g + t, self.version) for t in range(end)]
                 for t in range(have, end):
                     tokens[i, g, t] = 100 * example["id"] + 10 * g + t
                     logp[i, g, t], version[i, g, t] = logp_of(self.version, t), self.version
-                    if records:
+                    if "support_ids" in records:
                         ids, size = support_of(tokens[i, g, t], self.version)
                         records["support_ids"][i, g, t], records["support_size"][i, g, t] = (
                             ids, size)
@@ -98,14 +111,15 @@ def score_by_parity(groups):
     return rewards, rewards > 0, {"rewards/parity": float(rewards.mean())}
 
 
-def steps(budget, count, short_batch="error", support_k=0):
+def steps(budget, count, short_batch="error", support_k=0, routing_shape=()):
     """`count` steps from an empty pool over examples 0, 1, 2, ... (P per draw), with
-    support records of `support_k` ids (0: none)."""
+    support records of `support_k` ids (0: none), routing of `routing_shape` (): none)."""
     p = budget.num_groups
     stream = iter([list(range(i, i + p)) for i in range(0, 100, p)])
-    pool, results = Pool.empty(G, N, support_k=support_k), []
+    pool, results = Pool.empty(G, N, support_k=support_k, routing_shape=routing_shape), []
     for step in range(1, count + 1):
-        fake = FakeSampler(stream, step, version=step - 1, support_k=support_k)
+        fake = FakeSampler(stream, step, version=step - 1, support_k=support_k,
+                           routing_shape=routing_shape)
         result = partial_pool.run_step(pool, step=step, budget=budget, draw=fake.draw,
                                        resume=fake.resume, score=score_by_parity,
                                        short_batch=short_batch)
@@ -197,6 +211,39 @@ class TestRunStep:
             2 * G, N)
         np.testing.assert_array_equal(rows["support_ids"][0], long_row)
         assert "support_ids" not in partial_pool.batch_rows(plain[2].batch)
+
+    def test_carried_rows_keep_the_routing_of_the_step_that_last_ran_them(self):
+        """With routing records (keep routing), the same decisions; every row of a batch
+        holds the experts of the step that last ran it, for its prompt and every token
+        (a resumption routes them again): step 3's group 3 long row, run at steps 1-3,
+        version 2's; its short row, done at step 1 and waiting, version 0's. `batch_rows`
+        gives them as `[B, S, L_moe, k]` and `[B, N, L_moe, k]`."""
+        results, plain = steps(BUDGET, 4, routing_shape=ROUTING), steps(BUDGET, 4)
+        for result, want in zip(results, plain):
+            assert (ids(result.batch), ids(result.pool)) == (ids(want.batch), ids(want.pool))
+            batch = result.batch
+            assert batch.routing_shape == ROUTING and batch.fields[-2:] == Pool.RECORDS[2:]
+            last = batch.version.max(axis=2, initial=0)   # the version that last ran the row
+            taken = np.arange(N) < batch.lengths[..., None]
+            np.testing.assert_array_equal(batch.routing[..., 0, 0],
+                                          np.where(taken, batch.tokens, 0))
+            np.testing.assert_array_equal(batch.routing[..., 0, 1],
+                                          np.where(taken, last[..., None], 0))
+            width = batch.prompt_width[:, None, None]
+            column = np.arange(batch.prompt_tokens.shape[1]) - (
+                batch.prompt_tokens.shape[1] - width)
+            np.testing.assert_array_equal(batch.prompt_routing[..., 0, 0],
+                                          np.broadcast_to(np.maximum(column, 0), (2, G, 8)))
+            np.testing.assert_array_equal(batch.prompt_routing[..., 0, 1],
+                                          np.broadcast_to(last[..., None], (2, G, 8)))
+        group3 = results[2].batch
+        assert ids(group3)[0] == 3
+        np.testing.assert_array_equal(group3.routing[0, 0, :, 0], [(300 + t, 2) for t in range(10)])
+        np.testing.assert_array_equal(group3.routing[0, 1, :4, 0], [(310, 0), (311, 0), (312, 0),
+                                                                    (0, 0)])
+        rows = partial_pool.batch_rows(group3)
+        assert rows["prompt_routing"].shape == (2 * G, 8, *ROUTING)
+        assert rows["routing"].shape == (2 * G, N, *ROUTING)
 
     def test_token_staleness_is_counted_per_token(self):
         """Step 3's batch: group 3's long row holds 4 tokens of version 0, 4 of 1 and 2
@@ -310,6 +357,15 @@ def test_processes_carrying_their_own_groups_decide_as_one(dynamic):
         assert [metrics for _, metrics in pairs] == [staleness] * 2
 
 
+def test_left_pad_widens_or_cuts_the_prompt_axis():
+    """`partial_pool.left_pad`: zeros on the left up to the width, or the last columns."""
+    x = np.arange(1, 7).reshape(1, 1, 3, 2)
+    np.testing.assert_array_equal(partial_pool.left_pad(x, 5, axis=2)[0, 0],
+                                  [[0, 0], [0, 0], [1, 2], [3, 4], [5, 6]])
+    np.testing.assert_array_equal(partial_pool.left_pad(x, 2, axis=2)[0, 0], [[3, 4], [5, 6]])
+    np.testing.assert_array_equal(partial_pool.left_pad(np.asarray([[7, 8]]), 3), [[0, 7, 8]])
+
+
 def test_own_groups_are_those_of_the_process_share_of_each_draw(monkeypatch):
     """`partial.own_groups` on process 1 of 2, P = 4: the groups of prompts 2 and 3 of each
     draw (`Pool.order` mod 4), in order."""
@@ -319,12 +375,12 @@ def test_own_groups_are_those_of_the_process_share_of_each_draw(monkeypatch):
     monkeypatch.setattr(partial.parallel, "process_index", lambda: 1)
     assert partial.own_groups(pool, 4).order.tolist() == [3, 6]
 
-@pytest.mark.parametrize("support_k", [0, K])
-def test_the_pool_survives_a_checkpoint(tmp_path, support_k):
+@pytest.mark.parametrize("support_k, routing_shape", [(0, ()), (K, ROUTING)])
+def test_the_pool_survives_a_checkpoint(tmp_path, support_k, routing_shape):
     """`Pool.to_checkpoint` through `Checkpointer.save_run(extra=...)` and back, bit for bit
-    (with support records too); an empty pool writes no arrays."""
-    pool = steps(BUDGET, 2, support_k=support_k)[-1].pool
-    assert pool.size == 2 and pool.support_k == support_k
+    (with support and routing records too); an empty pool writes no arrays."""
+    pool = steps(BUDGET, 2, support_k=support_k, routing_shape=routing_shape)[-1].pool
+    assert pool.size == 2 and (pool.support_k, pool.routing_shape) == (support_k, routing_shape)
 
     class Position:
         def get_state(self):
@@ -335,13 +391,13 @@ def test_the_pool_survives_a_checkpoint(tmp_path, support_k):
 
     saver = checkpoint.Checkpointer(str(tmp_path / "ckpt"), asynchronous=False)
     state = {"w": jax.numpy.ones(3)}
-    empty = Pool.empty(G, N, support_k=support_k)
+    empty = Pool.empty(G, N, support_k=support_k, routing_shape=routing_shape)
     saver.save_run(1, state, Position(), extra=empty.to_checkpoint())
     saver.save_run(2, state, Position(), extra=pool.to_checkpoint())
     saver.close()
     assert not (tmp_path / "ckpt" / "1" / checkpoint.EXTRA_ITEM).exists()
     back_empty = Pool.from_checkpoint(*empty.to_checkpoint())
-    assert back_empty.size == 0 and back_empty.support_k == support_k
+    assert back_empty.size == 0 and back_empty.fields == empty.fields
     reader = checkpoint.Checkpointer(str(tmp_path / "ckpt"))
     step, _, (arrays, info) = reader.restore_run(state, Position(), extra=True)
     reader.close()
@@ -387,6 +443,23 @@ def test_a_pool_without_support_records_restores_with_its_supports_marked_not_re
             pool.with_support(k)
 
 
+def test_a_pool_restores_with_the_routing_the_run_replays():
+    """`Pool.with_routing`: a run without keep routing drops the records (they change no
+    log-prob); an empty pool takes the run's; groups without records (or of another
+    shape) in a run that replays experts are an error naming the field."""
+    pool = steps(BUDGET, 2, routing_shape=ROUTING)[-1].pool
+    assert pool.with_routing(ROUTING) is pool
+    dropped = pool.with_routing(())
+    assert dropped.fields == Pool.ARRAYS and dropped.prompt_routing is None
+    empty = Pool.empty(G, N).with_routing(ROUTING)
+    assert empty.routing.shape == (0, G, N, *ROUTING) and empty.prompt_routing.shape == (
+        0, G, 1, *ROUTING)
+    for old, shape in ((dropped, ROUTING), (pool, (2, 2))):
+        with pytest.raises(ValueError, match=r"holds 2 groups with routing records of shape .* "
+                                             r"rollout.keep_routing and model"):
+            old.with_routing(shape)
+
+
 def test_a_run_restores_the_pool_with_the_supports_it_keeps():
     """`partial.restored_pool`: the tiny model's K (64 candidates with keep sampling mask,
     0 without); a pool written without supports restored by a run that keeps them has
@@ -412,8 +485,6 @@ def test_a_run_restores_the_pool_with_the_supports_it_keeps():
      r"rollout.partial.tokens_per_step must be an int >= 1"),
     ({"rollout.partial.max_carries": 0}, r"rollout.partial.max_carries must be an int >= 1"),
     ({"filtering.max_gen_batches": 1}, r"needs filtering.max_gen_batches >= 2"),
-    ({"rollout.keep_routing": True},
-     r"with rollout.keep_routing: .* set rollout.keep_routing=False"),
     ({"environment.name": "calculator"}, r"environment.name='calculator': multi-turn"),
 ])
 def test_config_errors_name_the_field(overrides, match):
@@ -423,9 +494,10 @@ def test_config_errors_name_the_field(overrides, match):
     for processes in (1, 2):   # several processes carry their own groups (test_multihost.py)
         partial.check_config(tiny_config("dapo", "/x", **{"rollout.partial.enabled": True}),
                              processes)
-        partial.check_config(tiny_config("dapo", "/x", **{   # a carried row keeps its supports
+        partial.check_config(tiny_config("dapo", "/x", **{   # a carried row keeps its records
             "rollout.partial.enabled": True, "rollout.keep_sampling_mask": True,
-            "rollout.top_p": 0.9}), processes)
+            "rollout.top_p": 0.9, "rollout.keep_routing": True, "model.name": "tiny_moe"}),
+            processes)
 
 
 @pytest.mark.parametrize("overrides, match", [
@@ -592,22 +664,27 @@ def _sample_in_steps(run, examples, tokens_per_step):
 
 
 @pytest.mark.slow
-def test_supports_assembled_over_partial_steps_equal_the_row_sampled_in_one_go(data_dir,
-                                                                               tmp_path):
+@pytest.mark.parametrize("model, keep_routing", [("tiny", False), ("tiny_moe", True)])
+def test_records_assembled_over_partial_steps_equal_the_row_sampled_in_one_go(
+        data_dir, tmp_path, model, keep_routing):
     """Keep sampling mask on the tiny model (at random, top-p 0.8: nuclei of ~47 tokens,
-    within the K = 64 recorded): the rows a resumption carries on 10 tokens at a time (4
-    steps for 34 tokens) have the tokens, behaviour log-probs (of the cut distribution)
-    and support records of the same rows sampled in one go by `rollout.draw` (the run's
-    sampler without partial rollouts), since a row draws its token t with its own key
-    whatever the step."""
+    within the K = 64 recorded), and keep routing besides on the tiny MoE: the rows a
+    resumption carries on 10 tokens at a time (4 steps for 34 tokens) have the tokens,
+    behaviour log-probs (of the cut distribution), support records and experts (the
+    prompt's and every token's) of the same rows sampled in one go by `rollout.draw`
+    (the run's sampler without partial rollouts): a row draws its token t with its own
+    key whatever the step, and under the same parameters a resumption routes the prompt
+    and the earlier tokens as the first step did."""
     config = tiny_config("dapo", data_dir, **{
-        **PARTIAL, "rollout.keep_sampling_mask": True, "rollout.top_p": 0.8})
+        **PARTIAL, "rollout.keep_sampling_mask": True, "rollout.top_p": 0.8,
+        "rollout.keep_routing": keep_routing, "model.name": model})
     partial.check_config(config, 1)
     config, workdir = config_lib.resolve_run_paths(config, str(tmp_path))
     mesh, _ = parallel.setup_meshes(config, lambda: footprint.replicated_state_bytes(config, "rl"))
     run = rl_run.set_up(config, workdir, mesh)
     try:
         assert run.carry.size == 0 and run.carry.support_k == 64
+        assert bool(run.carry.routing_shape) == keep_routing
         examples = next(run.train_iter)
         pieces, count = _sample_in_steps(run, examples, 10)
         whole, _ = rollout.draw(run.policy, mesh, examples, config=config, scorer=run.scorer,
@@ -618,8 +695,14 @@ def test_supports_assembled_over_partial_steps_equal_the_row_sampled_in_one_go(d
         run.scorer.close()
     rows = partial_pool.batch_rows(pieces)
     assert count == 4 and (rows["lengths"] > 20).any()
-    for key in ("tokens", "mask", "lengths", "truncated", "support_size", "support_ids"):
+    for key in ("tokens", "mask", "lengths", "truncated", "support_size", "support_ids",
+                "prompt_tokens", "prompt_mask") + (("prompt_routing",) if keep_routing else ()):
         np.testing.assert_array_equal(rows[key], whole[key], err_msg=key)
+    if keep_routing:   # the experts of every token a later token's log-prob depends on (the
+        # static sampler also writes past them: it decodes done rows in lockstep)
+        before_last = np.arange(34) < rows["lengths"][:, None] - 1
+        np.testing.assert_array_equal(rows["routing"][before_last], whole["routing"][before_last])
+        assert (rows["routing"][before_last] > 0).any()
     np.testing.assert_allclose(rows["behaviour_logp"], whole["behaviour_logp"], atol=2e-5)
     sizes = rows["support_size"][rows["mask"] > 0]
     assert sizes.min() > 1 and sizes.max() <= 64
