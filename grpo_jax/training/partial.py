@@ -94,7 +94,7 @@ def check_config(config: Any, process_count: int) -> None:
 def empty_pool(config: ml_collections.ConfigDict, scorer: task_lib.Scorer,
                model_cfg: Any) -> Pool | None:
     """The pool of a run's start: no groups (a run that carries nothing keeps None), with
-    support records where the run keeps them (`support_k`)."""
+    the records the run keeps (`support_k`, `routing_shape`)."""
     if not config.rollout.partial.enabled:
         return None
     columns = (len(scorer.weights),) if scorer.separate else ()
@@ -169,7 +169,7 @@ def budget(config: Any) -> partial_pool.Budget:
         dynamic=config.filtering.dynamic_sampling, signal=config.filtering.signal)
 
 
-# The sampler's outputs a pool keeps (`_Sampler`), besides the support records.
+# The sampler's outputs a pool keeps (`_Sampler`), besides its records (`Pool.RECORDS`).
 _OUT = ("tokens", "logp", "sample_logp", "lengths", "truncated")
 
 
@@ -237,7 +237,8 @@ class _Sampler:
     def resume(self, pool: Pool, cap: np.ndarray) -> Pool:
         """`pool` with every row whose cap (`[n, G]`) is above its length gone on to it:
         the row's tokens so far fed, then sampled on under this step's parameters; the
-        tokens it had keep their log-probs, versions and supports."""
+        tokens it had keep their log-probs, versions and supports; with keep routing the
+        row takes this step's experts (of its prompt and of every token: all routed again)."""
         group, row = np.nonzero(cap > pool.lengths)
         lengths = pool.lengths[group, row]
         out = self._continue(pool, group, row, cap[group, row])

@@ -464,7 +464,8 @@ def test_a_run_restores_the_pool_with_the_supports_it_keeps():
     """`partial.restored_pool`: the tiny model's K (64 candidates with keep sampling mask,
     0 without); a pool written without supports restored by a run that keeps them has
     each token's marked not recorded (65), one restored by a run that keeps none is as
-    written."""
+    written. Keep routing on the tiny MoE records (3 MoE layers, 2 experts) a token: a
+    pool of groups without experts is refused, an empty one takes the run's records."""
     model_cfg = models.get_model_config("tiny")
     keep = tiny_config("dapo", "/x", **{"rollout.partial.enabled": True, "rollout.top_p": 0.9,
                                         "rollout.keep_sampling_mask": True,
@@ -478,6 +479,16 @@ def test_a_run_restores_the_pool_with_the_supports_it_keeps():
     np.testing.assert_array_equal(back.support_size[0, 0], [65] * 8 + [0] * 2)
     same = partial.restored_pool(*pool.to_checkpoint(), plain, model_cfg)
     assert same.fields == Pool.ARRAYS and ids(same) == [3, 5]
+    # keep routing on the tiny MoE: its 3 MoE layers' 2 experts a token
+    moe_cfg = models.get_model_config("tiny_moe")
+    routed = tiny_config("dapo", "/x", **{"rollout.partial.enabled": True,
+                                          "rollout.keep_routing": True, "model.name": "tiny_moe"})
+    assert partial.routing_shape(routed, moe_cfg) == (3, 2)
+    assert partial.routing_shape(plain, moe_cfg) == ()
+    with pytest.raises(ValueError, match=r"rollout.keep_routing"):
+        partial.restored_pool(*pool.to_checkpoint(), routed, moe_cfg)
+    empty = partial.restored_pool(*Pool.empty(G, N).to_checkpoint(), routed, moe_cfg)
+    assert empty.routing.shape == (0, G, N, 3, 2)
 
 
 @pytest.mark.parametrize("overrides, match", [
