@@ -180,8 +180,8 @@ class Pool:
     @classmethod
     def from_checkpoint(cls, arrays: Mapping[str, np.ndarray] | None,
                         info: Mapping[str, Any]) -> "Pool":
-        """The pool `to_checkpoint` wrote (one written before pools kept support records
-        has none: `with_support` gives it some)."""
+        """The pool `to_checkpoint` wrote (one written before pools kept the sampler's
+        records has none: `with_support` and `with_routing` fit it to the run)."""
         support_k = info.get("support_k", 0)   # absent: written before pools kept records
         routing_shape = tuple(info.get("routing_shape", ()))
         if not info["groups"]:
