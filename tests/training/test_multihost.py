@@ -276,7 +276,7 @@ def test_partial_rollouts_on_two_processes_equal_one_process(data_dir, tmp_path)
         assert {k: got[k] for k in PARTIAL_COUNTS} == {k: want[k] for k in PARTIAL_COUNTS}
     mine, theirs = _saved_pool(workdir, 2), _saved_pool(one, 2)
     assert mine.size == theirs.size > 0 and mine.examples == theirs.examples
-    assert mine.fields == theirs.fields == partial.Pool.ARRAYS + partial.Pool.RECORDS
+    assert mine.fields == theirs.fields == partial.Pool.ARRAYS + partial.Pool.RECORDS[:2]
     for field in mine.fields:
         np.testing.assert_allclose(getattr(mine, field), getattr(theirs, field), rtol=1e-5,
                                    atol=1e-6, err_msg=field)
