@@ -28,7 +28,14 @@ it; the new tokens of a resumed row get the new parameters'. With
 PPO (Hilton et al., arXiv:2110.00641): the parameters that sample step t, for every
 token, and `objective.importance` / M2PO weigh each token against its own sampler. A
 row draws token t with ``fold_in(its key, t)`` whatever step samples it, its key being
-its draw's (rng, prompt index, completion index) as in `sampling.row_keys`.
+its draw's (rng, prompt index, completion index) as in `sampling.row_keys`. With
+``rollout.keep_sampling_mask`` a token also keeps the support its sampler's cut kept and
+its behaviour log-prob is the cut distribution's (`rollout.draw`'s), so a row finished
+over several steps has the records of the row sampled in one go under the same parameters.
+With ``rollout.keep_routing`` a row keeps the experts of its prompt and tokens as the step
+that last ran it routed them: a resumption feeds the prompt and the earlier tokens through
+the model again, so one routing per token holds for the tokens it sampled (and, under the
+same parameters, for every token).
 
 On several processes each process carries the groups of its own prompts (the rows it
 holds of each draw) and `partial_pool.run_step` takes every decision (draw, force, which
@@ -70,11 +77,6 @@ def check_config(config: Any, process_count: int) -> None:
         raise ValueError(f"rollout.partial.enabled needs filtering.max_gen_batches >= 2, got "
                          f"{config.filtering.max_gen_batches}: with one draw a step runs every "
                          "group it drew to its end to fill the batch, and nothing carries over")
-    for field in ("keep_sampling_mask", "keep_routing"):
-        if config.rollout[field]:
-            raise ValueError(f"rollout.partial.enabled with rollout.{field}: the sampler's records "
-                             "of a carried row are not kept across steps yet; set "
-                             f"rollout.{field}=False")
     if config.environment.name:
         raise ValueError(f"rollout.partial.enabled with environment.name="
                          f"{config.environment.name!r}: multi-turn episodes run their own engine "
@@ -89,12 +91,38 @@ def check_config(config: Any, process_count: int) -> None:
                          "prompts varies from step to step; set train.sft_weight=0")
 
 
-def empty_pool(config: ml_collections.ConfigDict, scorer: task_lib.Scorer) -> Pool | None:
-    """The pool of a run's start: no groups (a run that carries nothing keeps None)."""
+def empty_pool(config: ml_collections.ConfigDict, scorer: task_lib.Scorer,
+               model_cfg: Any) -> Pool | None:
+    """The pool of a run's start: no groups (a run that carries nothing keeps None), with
+    the records the run keeps (`support_k`, `routing_shape`)."""
     if not config.rollout.partial.enabled:
         return None
     columns = (len(scorer.weights),) if scorer.separate else ()
-    return Pool.empty(config.objective.group_size, config.rollout.max_new_tokens, columns)
+    return Pool.empty(config.objective.group_size, config.rollout.max_new_tokens, columns,
+                      support_k(config, model_cfg), routing_shape(config, model_cfg))
+
+
+def support_k(config: Any, model_cfg: Any) -> int:
+    """K, the support ids the run's sampler records per position (`rollout.record_layout`);
+    0 without ``rollout.keep_sampling_mask``."""
+    layout = rollout.record_layout(config, model_cfg, 1, 1, 1)
+    return layout["support_ids"][0][-1] if "support_ids" in layout else 0
+
+
+def routing_shape(config: Any, model_cfg: Any) -> tuple[int, ...]:
+    """`(L_moe, k)` of the experts the run's sampler records per token with
+    ``rollout.keep_routing`` (`rollout.record_layout`); () without."""
+    if not config.rollout.keep_routing:
+        return ()
+    return tuple(rollout.record_layout(config, model_cfg, 1, 1, 1)["routing"][0][2:])
+
+
+def restored_pool(arrays: Any, info: Any, config: Any, model_cfg: Any) -> Pool:
+    """This process's groups of the pool a checkpoint holds (`to_checkpoint`), with the
+    records the run keeps (`Pool.with_support`, `Pool.with_routing`)."""
+    pool = Pool.from_checkpoint(arrays, info).with_support(support_k(config, model_cfg))
+    pool = pool.with_routing(routing_shape(config, model_cfg))
+    return own_groups(pool, config.rollout.prompts_per_batch)
 
 
 def gather(value: np.ndarray) -> list[np.ndarray]:
@@ -112,11 +140,13 @@ def whole_pool(pool: Pool) -> Pool:
     """Every process's groups in one pool, in the run's draw order (`Pool.order`)."""
     if parallel.process_count() == 1:
         return pool
-    arrays = {k: np.concatenate(gather(getattr(pool, k))) for k in Pool.ARRAYS
-              if not k.startswith("prompt_") or k == "prompt_width"}
+    arrays = {k: np.concatenate(gather(getattr(pool, k))) for k in pool.fields
+              if k not in partial_pool.PROMPT_AXIS}
     width = parallel.agree_max(pool.prompt_tokens.shape[1])
-    for k in ("prompt_tokens", "prompt_mask"):
-        arrays[k] = np.concatenate(gather(_left_pad(getattr(pool, k), width)))
+    for k, axis in partial_pool.PROMPT_AXIS.items():
+        if k in pool.fields:
+            arrays[k] = np.concatenate(gather(partial_pool.left_pad(getattr(pool, k), width,
+                                                                    axis)))
     examples, texts = (sum(parallel.allgather_json(list(getattr(pool, k))), [])
                        for k in ("examples", "texts"))
     whole = Pool(**arrays, examples=tuple(examples), texts=tuple(texts))
@@ -130,11 +160,6 @@ def own_groups(pool: Pool, num_groups: int) -> Pool:
     return pool.take(np.flatnonzero(pool.order % num_groups // share == parallel.process_index()))
 
 
-def _left_pad(x: np.ndarray, width: int) -> np.ndarray:
-    """`[n, s]` -> `[n, width]`, zeros on the left (`Pool.concatenate`'s padding)."""
-    return np.pad(x, ((0, 0), (width - x.shape[1], 0)))
-
-
 def budget(config: Any) -> partial_pool.Budget:
     """The run's `partial_pool.Budget`."""
     cfg = config.rollout.partial
@@ -142,6 +167,10 @@ def budget(config: Any) -> partial_pool.Budget:
         tokens_per_step=cfg.tokens_per_step, max_carries=cfg.max_carries,
         num_groups=config.rollout.prompts_per_batch, max_draws=config.filtering.max_gen_batches,
         dynamic=config.filtering.dynamic_sampling, signal=config.filtering.signal)
+
+
+# The sampler's outputs a pool keeps (`_Sampler`), besides its records (`Pool.RECORDS`).
+_OUT = ("tokens", "logp", "sample_logp", "lengths", "truncated")
 
 
 def _row_bucket(rows, ways):
@@ -161,6 +190,12 @@ class _Sampler:
         self.group_size = config.objective.group_size
         self.buffer_len = config.rollout.max_new_tokens
         self.reward_columns = reward_columns
+        self.keep_support = config.rollout.keep_sampling_mask
+        self.keep_routing = config.rollout.keep_routing
+        self.records = (Pool.RECORDS[:2] if self.keep_support else ()) + (
+            Pool.RECORDS[2:] if self.keep_routing else ())
+        # The behaviour log-prob (`rollout.draw`): of the cut distribution with keep mask.
+        self.logp_key = "sample_logp" if self.keep_support else "logp"
 
     def draw(self, index: int, cap: int) -> Pool:
         """The step's `index`-th prompt batch, sampled with ``fold_in(rng, index)`` (as
@@ -176,9 +211,10 @@ class _Sampler:
         out, _ = rollout.sample_on_mesh(
             self.policy, self.mesh, prompts, rng=rng, method=self.method, group_size=g,
             max_new_tokens=cap, buffer_len=n, rules=config.rollout.rules,
-            slots=config.rollout.slots)
+            slots=config.rollout.slots, record_support=self.keep_support,
+            record_routing=self.keep_routing)
         out = {k: parallel.local_rows(getattr(out, k))   # this process's prompts' rows
-               for k in ("tokens", "logp", "lengths", "truncated")}
+               for k in _OUT + self.records}
         p = len(examples)
         first = parallel.process_index() * p   # the draw's index of this process's first prompt
         ids = jnp.arange(first, first + p, dtype=jnp.int32)
@@ -191,24 +227,33 @@ class _Sampler:
             prompt_width=np.full(p, tokens.shape[1], np.int32),
             drawn=np.full(p, self.step, np.int32), order=order + np.arange(first, first + p),
             scored=np.zeros(p, bool), keys=grouped(keys).astype(np.uint32),
-            tokens=grouped(out["tokens"]), logp=grouped(out["logp"]),
+            tokens=grouped(out["tokens"]), logp=grouped(out[self.logp_key]),
             version=np.full((p, g, n), self.version, np.int32), lengths=grouped(out["lengths"]),
             stopped=~grouped(out["truncated"]), start=np.zeros((p, g), np.int32),
             rewards=np.zeros((p, g, *self.reward_columns), np.float32),
-            correct=np.zeros((p, g), bool), examples=tuple(examples), texts=tuple(texts))
+            correct=np.zeros((p, g), bool), examples=tuple(examples), texts=tuple(texts),
+            **{k: grouped(out[k]) for k in Pool.RECORDS if k in out})
 
     def resume(self, pool: Pool, cap: np.ndarray) -> Pool:
         """`pool` with every row whose cap (`[n, G]`) is above its length gone on to it:
         the row's tokens so far fed, then sampled on under this step's parameters; the
-        tokens it had keep their log-probs and versions."""
+        tokens it had keep their log-probs, versions and supports; with keep routing the
+        row takes this step's experts (of its prompt and of every token: all routed again)."""
         group, row = np.nonzero(cap > pool.lengths)
         lengths = pool.lengths[group, row]
         out = self._continue(pool, group, row, cap[group, row])
         new = np.arange(pool.buffer_len)[None] >= lengths[:, None]   # this step's tokens
         fields = {k: getattr(pool, k).copy() for k in ("tokens", "logp", "version", "lengths",
-                                                       "stopped")}
+                                                       "stopped") + self.records}
         fields["tokens"][group, row] = np.where(new, out["tokens"], pool.tokens[group, row])
-        fields["logp"][group, row] = np.where(new, out["logp"], pool.logp[group, row])
+        fields["logp"][group, row] = np.where(new, out[self.logp_key], pool.logp[group, row])
+        for k in Pool.RECORDS[:2] if self.keep_support else ():   # fed tokens record none
+            fresh = new.reshape(*new.shape, *[1] * (out[k].ndim - 2))
+            fields[k][group, row] = np.where(fresh, out[k], getattr(pool, k)[group, row])
+        if self.keep_routing:   # this step routed the prompt and every token again
+            fields["routing"][group, row] = out["routing"]
+            fields["prompt_routing"][group, row] = partial_pool.left_pad(
+                out["prompt_routing"], pool.prompt_tokens.shape[1])
         fields["version"][group, row] = np.where(new, self.version, pool.version[group, row])
         fields["lengths"][group, row] = out["lengths"]
         fields["stopped"][group, row] = ~out["truncated"]
@@ -216,12 +261,12 @@ class _Sampler:
 
     def _continue(self, pool, group, row, cap):
         """This process's rows (`group`, `row`) of `pool` continued to `cap` tokens (host
-        arrays tokens, logp, lengths, truncated, in that order): every process's rows that
+        arrays `_OUT`, and the records the run keeps): every process's rows that
         go on in one `sampling.Engine` (each row its own prompt, key and queued tokens), in
         the run's draw order, padded to `_row_bucket` rows with one-token rows."""
         config, policy, n = self.config, self.policy, self.buffer_len
         width = parallel.agree_max(int(pool.prompt_width[group].max()) if group.size else 1)
-        prompt = lambda x: _left_pad(x[group], max(width, x.shape[1]))[:, -width:]
+        prompt = lambda x: partial_pool.left_pad(x[group], width)
         own = {"place": np.stack([pool.order[group], row], axis=1), "cap": cap,
                "prompt_tokens": prompt(pool.prompt_tokens), "prompt_mask": prompt(pool.prompt_mask),
                "keys": pool.keys[group, row], "tokens": pool.tokens[group, row],
@@ -246,14 +291,15 @@ class _Sampler:
                 max_new_tokens=np.concatenate([every["cap"], np.ones(total - count, np.int32)]),
                 stop_tokens=[policy.tokenizer.eos_token_id], pad_id=policy.tokenizer.pad_token_id,
                 slots=slots, max_append=n, queued=queued + [[]] * (total - count),
-                max_len_bucket=n, rules=config.rollout.rules)
+                max_len_bucket=n, rules=config.rollout.rules,
+                record_support=self.keep_support, record_routing=self.keep_routing)
             while not engine.finished:
                 engine.run()
             out = sampling.to_host(engine.rollout())
         mine = owner[order] == parallel.process_index()
         back = np.empty(group.size, np.int64)   # this process's rows, in the order they came
         back[index[order][mine]] = np.flatnonzero(mine)
-        return {k: getattr(out, k)[back] for k in ("tokens", "logp", "lengths", "truncated")}
+        return {k: getattr(out, k)[back] for k in _OUT + self.records}
 
 
 def _scorer_of(scorer, tokenizer):
@@ -348,8 +394,8 @@ def _batch_on_mesh(mesh, result):
     width = parallel.agree_max(int(result.batch.prompt_width.max()) if result.batch.size else 1)
     padded = {}
     for k, x in rows.items():
-        if k in ("prompt_tokens", "prompt_mask"):
-            x = _left_pad(x, max(width, x.shape[1]))[:, -width:]
+        if k in partial_pool.PROMPT_AXIS:   # rows: the prompt is axis 1
+            x = partial_pool.left_pad(x, width)
         padded[k] = np.concatenate([x, np.zeros((count * g - len(x), *x.shape[1:]), x.dtype)])
     place = np.zeros(len(result.owners), np.int64)   # each group's place in its process's part
     for o in range(processes):

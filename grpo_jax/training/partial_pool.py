@@ -5,7 +5,9 @@ A group is one prompt's G rows. A row is *done* when it sampled a stop token or 
 ``rollout.max_new_tokens`` tokens; a group is *ready* when all its rows are done and
 scored (with dynamic sampling, also when its rewards differ: a done group without signal
 is dropped). Every row keeps, per token, the behaviour log-prob and the parameters'
-version it was sampled with, however many steps it took.
+version it was sampled with, however many steps it took, and the sampler's records where
+the run keeps them (`Pool.RECORDS`): with ``rollout.keep_sampling_mask`` the support its
+cut kept, with ``rollout.keep_routing`` the experts of the step that last ran the row.
 
 On several processes each process holds the groups of its own prompts (those whose rows
 it holds of each draw) and `run_step` takes every decision on all processes' groups in
@@ -49,6 +51,15 @@ class Pool:
       rewards: `[n, G]` (or `[n, G, K]` for several reward columns) float32, once scored.
       correct: `[n, G]` bool, once scored.
       examples, texts: n dataset examples and prompt texts.
+      support_ids: `[n, G, N, K]` int32, the ids the sampler's cut kept at each sampled
+        position (-1 past them); support_size: `[n, G, N]` int32, how many it kept (0
+        past the length): with ``rollout.keep_sampling_mask`` (`rollout.draw`'s records),
+        else None. K + 1 marks a token whose support was not recorded (the trainer then
+        takes the whole tempered softmax, `batch.scored_logprobs`).
+      prompt_routing: `[n, G, S, L_moe, k]` int32, the experts of each row's prompt
+        tokens; routing: `[n, G, N, L_moe, k]` int32, of its tokens: with
+        ``rollout.keep_routing``, else None; both those of the step that last ran the
+        row (a resumption routes the prompt and the earlier tokens again).
     """
 
     prompt_tokens: np.ndarray
@@ -68,23 +79,52 @@ class Pool:
     correct: np.ndarray
     examples: tuple = ()
     texts: tuple = ()
+    support_ids: np.ndarray | None = None
+    support_size: np.ndarray | None = None
+    prompt_routing: np.ndarray | None = None
+    routing: np.ndarray | None = None
 
     ARRAYS = ("prompt_tokens", "prompt_mask", "prompt_width", "drawn", "order", "scored", "keys",
               "tokens", "logp", "version", "lengths", "stopped", "start", "rewards", "correct")
+    # The sampler's, where the run keeps them.
+    RECORDS = ("support_ids", "support_size", "prompt_routing", "routing")
 
     @classmethod
-    def empty(cls, group_size: int, buffer_len: int,
-              reward_columns: tuple[int, ...] = ()) -> "Pool":
-        """No groups; rows of `buffer_len` tokens, rewards of shape `reward_columns` each."""
+    def empty(cls, group_size: int, buffer_len: int, reward_columns: tuple[int, ...] = (),
+              support_k: int = 0, routing_shape: tuple[int, ...] = ()) -> "Pool":
+        """No groups; rows of `buffer_len` tokens, rewards of shape `reward_columns` each,
+        supports of `support_k` ids (0: no support records), experts of shape
+        `routing_shape` (`(L_moe, k)`; (): no routing records)."""
         g, n = group_size, buffer_len
         zeros = lambda *shape, dtype=np.int32: np.zeros((0, *shape), dtype)
+        records = {}
+        if support_k:
+            records.update(support_ids=zeros(g, n, support_k), support_size=zeros(g, n))
+        if routing_shape:
+            records.update(prompt_routing=zeros(g, 1, *routing_shape),
+                           routing=zeros(g, n, *routing_shape))
         return cls(prompt_tokens=zeros(1), prompt_mask=zeros(1), prompt_width=zeros(),
                    drawn=zeros(), order=zeros(dtype=np.int64), scored=zeros(dtype=bool),
                    keys=zeros(g, key_words(), dtype=np.uint32),
                    tokens=zeros(g, n), logp=zeros(g, n, dtype=np.float32), version=zeros(g, n),
                    lengths=zeros(g), stopped=zeros(g, dtype=bool), start=zeros(g),
                    rewards=zeros(g, *reward_columns, dtype=np.float32),
-                   correct=zeros(g, dtype=bool))
+                   correct=zeros(g, dtype=bool), **records)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The names of the pool's per-group arrays: `ARRAYS` and the `RECORDS` it keeps."""
+        return self.ARRAYS + tuple(k for k in self.RECORDS if getattr(self, k) is not None)
+
+    @property
+    def support_k(self) -> int:
+        """K, the support ids recorded per position; 0 without support records."""
+        return 0 if self.support_ids is None else self.support_ids.shape[-1]
+
+    @property
+    def routing_shape(self) -> tuple[int, ...]:
+        """`(L_moe, k)` of the routing records; () without them."""
+        return () if self.routing is None else self.routing.shape[3:]
 
     @property
     def size(self) -> int:
@@ -109,44 +149,115 @@ class Pool:
     def take(self, index: Sequence[int] | np.ndarray) -> "Pool":
         """The groups at `index` (ints), in that order."""
         index = np.asarray(index, np.int64)
-        return self.replace(**{k: getattr(self, k)[index] for k in self.ARRAYS},
+        return self.replace(**{k: getattr(self, k)[index] for k in self.fields},
                             examples=tuple(self.examples[i] for i in index),
                             texts=tuple(self.texts[i] for i in index))
 
     @classmethod
     def concatenate(cls, pools: Sequence["Pool"]) -> "Pool":
-        """The groups of `pools` in order; prompts left-padded to the widest."""
+        """The groups of `pools` in order (all with the same records); prompts
+        left-padded to the widest."""
         width = max(p.prompt_tokens.shape[1] for p in pools)
-        pad = lambda x: np.pad(x, ((0, 0), (width - x.shape[1], 0)))   # pad id 0, mask 0
-        fields = {k: np.concatenate([getattr(p, k) for p in pools]) for k in cls.ARRAYS
-                  if not k.startswith("prompt_") or k == "prompt_width"}
-        for k in ("prompt_tokens", "prompt_mask"):
-            fields[k] = np.concatenate([pad(getattr(p, k)) for p in pools])
+        fields = {k: np.concatenate([getattr(p, k) for p in pools]) for k in pools[0].fields
+                  if k not in PROMPT_AXIS}
+        for k in PROMPT_AXIS:   # pad id 0, mask 0, experts 0
+            if k in pools[0].fields:
+                fields[k] = np.concatenate([left_pad(getattr(p, k), width, PROMPT_AXIS[k])
+                                            for p in pools])
         return cls(**fields, examples=sum((p.examples for p in pools), ()),
                    texts=sum((p.texts for p in pools), ()))
 
     def to_checkpoint(self) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
         """`(arrays, info)`: the arrays (None for an empty pool: nothing to write) and the
         JSON-able rest, for `Checkpointer.save_run(extra=...)`."""
-        arrays = {k: getattr(self, k) for k in self.ARRAYS} if self.size else None
+        arrays = {k: getattr(self, k) for k in self.fields} if self.size else None
         info = {"groups": self.size, "group_size": self.group_size, "buffer_len": self.buffer_len,
-                "reward_columns": list(self.rewards.shape[3:]),
+                "reward_columns": list(self.rewards.shape[3:]), "support_k": self.support_k,
+                "routing_shape": list(self.routing_shape),
                 "examples": list(self.examples), "texts": list(self.texts)}
         return arrays, info
 
     @classmethod
     def from_checkpoint(cls, arrays: Mapping[str, np.ndarray] | None,
                         info: Mapping[str, Any]) -> "Pool":
-        """The pool `to_checkpoint` wrote."""
+        """The pool `to_checkpoint` wrote (one written before pools kept the sampler's
+        records has none: `with_support` and `with_routing` fit it to the run)."""
+        support_k = info.get("support_k", 0)   # absent: written before pools kept records
+        routing_shape = tuple(info.get("routing_shape", ()))
         if not info["groups"]:
-            return cls.empty(info["group_size"], info["buffer_len"], tuple(info["reward_columns"]))
+            return cls.empty(info["group_size"], info["buffer_len"], tuple(info["reward_columns"]),
+                             support_k, routing_shape)
         arrays = dict(arrays)
         if "order" not in arrays:
             # Written by one process before groups recorded their draw order: that pool kept
             # its groups in draw order, so their places are their indices.
             arrays["order"] = np.arange(info["groups"], dtype=np.int64)
-        return cls(**{k: np.asarray(arrays[k]) for k in cls.ARRAYS},
+        records = cls.RECORDS[:2] if support_k else ()
+        records += cls.RECORDS[2:] if routing_shape else ()
+        return cls(**{k: np.asarray(arrays[k]) for k in cls.ARRAYS + records},
                    examples=tuple(info["examples"]), texts=tuple(info["texts"]))
+
+    def with_support(self, support_k: int) -> "Pool":
+        """The pool with support records of `support_k` ids (0: none), for a run that
+        keeps them (``rollout.keep_sampling_mask``) restoring a pool written without them:
+        its tokens' supports are marked not recorded (size K + 1), so the trainer scores
+        them over the whole tempered softmax, the distribution their behaviour log-probs
+        (`logp`) were taken over.
+
+        Raises:
+          ValueError: the pool's records cannot serve the run: it has records of another
+            K, or records (log-probs of the cut distribution) and the run keeps none.
+        """
+        if support_k == self.support_k:
+            return self
+        if self.support_k:
+            raise ValueError(
+                f"the checkpoint's pool of partial rollouts records supports of "
+                f"{self.support_k} ids and their behaviour log-probs are of the cut "
+                f"distribution; this run keeps {support_k} (0: rollout.keep_sampling_mask="
+                "False). Resume with the rollout.keep_sampling_mask, top_k, top_p and min_p "
+                "it was written with")
+        taken = np.arange(self.buffer_len) < self.lengths[..., None]
+        ids = np.full((*self.tokens.shape, support_k), -1, np.int32)
+        size = np.where(taken, support_k + 1, 0).astype(np.int32)
+        return self.replace(support_ids=ids, support_size=size)
+
+    def with_routing(self, routing_shape: tuple[int, ...]) -> "Pool":
+        """The pool with routing records of `routing_shape` (`(L_moe, k)`; (): none), for
+        the run restoring it: records a run without ``rollout.keep_routing`` does not
+        replay are dropped.
+
+        Raises:
+          ValueError: a run that keeps routing restores groups without routing records
+            (no experts to replay), or records of another shape.
+        """
+        routing_shape = tuple(routing_shape)
+        if routing_shape == self.routing_shape:
+            return self
+        if not routing_shape:
+            return self.replace(prompt_routing=None, routing=None)
+        if not self.size:
+            empty = Pool.empty(self.group_size, self.buffer_len, routing_shape=routing_shape)
+            return self.replace(prompt_routing=empty.prompt_routing, routing=empty.routing)
+        raise ValueError(
+            f"the checkpoint's pool of partial rollouts holds {self.size} groups with routing "
+            f"records of shape {self.routing_shape} ((): none), and this run replays experts of "
+            f"shape {routing_shape} (rollout.keep_routing): resume with the "
+            "rollout.keep_routing and model it was written with")
+
+
+# The prompt arrays (left-padded to the widest prompt) and their prompt axis.
+PROMPT_AXIS = {"prompt_tokens": 1, "prompt_mask": 1, "prompt_routing": 2}
+
+
+def left_pad(x: np.ndarray, width: int, axis: int = 1) -> np.ndarray:
+    """`x` with zeros on the left of `axis` up to `width`, or its last `width` there
+    (`Pool.concatenate`'s padding; cut columns are padding the prompts left of their
+    width)."""
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (max(0, width - x.shape[axis]), 0)
+    x = np.pad(x, widths)
+    return np.take(x, np.arange(x.shape[axis] - width, x.shape[axis]), axis=axis)
 
 
 def signal(pool: Pool, judged_on: str) -> np.ndarray:
@@ -401,11 +512,16 @@ def batch_rows(batch: Pool) -> dict[str, np.ndarray]:
     width = int(batch.prompt_width.max()) if batch.size else batch.prompt_tokens.shape[1]
     lengths = batch.lengths.reshape(-1)
     repeat = lambda x: np.repeat(x[:, -width:], g, axis=0)
-    return {"prompt_tokens": repeat(batch.prompt_tokens), "prompt_mask": repeat(batch.prompt_mask),
+    rows = {"prompt_tokens": repeat(batch.prompt_tokens), "prompt_mask": repeat(batch.prompt_mask),
             "tokens": batch.tokens.reshape(-1, n),
             "mask": (np.arange(n)[None] < lengths[:, None]).astype(np.int32),
             "behaviour_logp": batch.logp.reshape(-1, n), "lengths": lengths,
             "truncated": ~batch.stopped.reshape(-1),
             "rewards": batch.rewards.reshape(-1, *batch.rewards.shape[2:]),
-            "correct": batch.correct.reshape(-1)}
+            "correct": batch.correct.reshape(-1),
+            **{k: getattr(batch, k).reshape(-1, *getattr(batch, k).shape[2:])
+               for k in batch.fields if k in batch.RECORDS}}
+    if "prompt_routing" in rows:
+        rows["prompt_routing"] = rows["prompt_routing"][:, -width:]
+    return rows
 

@@ -168,7 +168,7 @@ def _run_with(config: Any, workdir: str, mesh: jax.sharding.Mesh,
                         else None),
             critic=critic, policy_programs=policy_run, critic_programs=critic_run,
             objective=objective,
-            scorer=scorer, carry=partial.empty_pool(config, scorer),
+            scorer=scorer, carry=partial.empty_pool(config, scorer, policy.model_config()),
             method=rollout.sampling_method(config),
             episodic=rollout.Episodic.of(config, policy.tokenizer),
             layout=programs.batch_layout(config, policy.model_config(), prompt_len=1),   # keys
@@ -223,8 +223,7 @@ def restore(run: Run) -> int:
     start, state, (arrays, info) = run.checkpointer.restore_run(
         checkpoint_state(run), run.train_iter, extra=True, expect=base)
     if run.carry is not None and info is not None:   # a pool of partial rollouts
-        run.carry = partial.own_groups(partial.Pool.from_checkpoint(arrays, info),
-                                       run.config.rollout.prompts_per_batch)
+        run.carry = partial.restored_pool(arrays, info, run.config, run.policy.model_config())
     run.policy.params = nnx.merge_state(run.policy.params, state["params"])
     run.opt_state = state["opt_state"]
     run.lagged, run.ref_params = list(state["lagged"]), state.get("ref_params", run.ref_params)

@@ -81,8 +81,8 @@ def routing_keys(config: Any, model_cfg: models.ModelConfig) -> tuple[str, ...]:
     """Where a batch keeps the sampler's experts of every token: `REPLAYED_ROUTING` with
     ``rollout.keep_routing``; on an MoE without it `SAMPLED_ROUTING` (the routing churn
     is measured against them, nothing replays them), except with partial rollouts, whose
-    carried rows keep no records, and with a paged KV cache, which records none (there the
-    churn goes unmeasured); () for a dense model."""
+    carried rows keep experts only to replay them, and with a paged KV cache, which
+    records none (there the churn goes unmeasured); () for a dense model."""
     if config.rollout.keep_routing:
         return REPLAYED_ROUTING
     r = config.rollout

@@ -230,11 +230,12 @@ def test_a_sampling_process_that_fails_stops_the_learner_with_its_error(data_dir
 # Partial rollouts on two processes: 8 prompts (the rows split over both processes' mesh),
 # 10 tokens a step, dynamic sampling judging each group's signal; 2 steps (the second
 # resumes the rows the first carried), every step's rollouts logged, a checkpoint (with
-# the pool) after each.
+# the pool) after each; a top-p 0.9 cut whose supports the rows keep (keep sampling mask).
 PARTIAL_RUN = {"rollout.prompts_per_batch": 8, "train.steps": 2, "train.eval_every": 100,
                "train.log_rollouts_every": 1, "train.checkpoint_every": 1,
                "rollout.partial.enabled": True, "rollout.partial.tokens_per_step": 10,
-               "filtering.max_gen_batches": 4, "filtering.short_batch": "pad"}
+               "filtering.max_gen_batches": 4, "filtering.short_batch": "pad",
+               "rollout.top_p": 0.9, "rollout.keep_sampling_mask": True}
 PARTIAL_COUNTS = ("carried_groups", "forced_groups", "gen_batches", "generated_tokens",
                   "token_staleness_max", "token_staleness_mean", "carried_token_share")
 
@@ -256,7 +257,8 @@ def test_partial_rollouts_on_two_processes_equal_one_process(data_dir, tmp_path)
     order. The two-process run samples the one-process run's rollouts row for row (text
     and rewards) at every step, logs the same counts of carried, forced and sampled
     tokens and groups, exactly, and the same metrics to the rounding of two processes
-    against one (losses, rewards); its checkpoint's pool is the one-process run's."""
+    against one (losses, rewards); its checkpoint's pool is the one-process run's, with
+    the carried rows' support records."""
     one = tmp_path / "one"
     rl.train(tiny_config("dapo", data_dir, **PARTIAL_RUN), str(one))
     rows = read_metrics(one)
@@ -276,7 +278,8 @@ def test_partial_rollouts_on_two_processes_equal_one_process(data_dir, tmp_path)
         assert {k: got[k] for k in PARTIAL_COUNTS} == {k: want[k] for k in PARTIAL_COUNTS}
     mine, theirs = _saved_pool(workdir, 2), _saved_pool(one, 2)
     assert mine.size == theirs.size > 0 and mine.examples == theirs.examples
-    for field in partial.Pool.ARRAYS:
+    assert mine.fields == theirs.fields == partial.Pool.ARRAYS + partial.Pool.RECORDS[:2]
+    for field in mine.fields:
         np.testing.assert_allclose(getattr(mine, field), getattr(theirs, field), rtol=1e-5,
                                    atol=1e-6, err_msg=field)
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from grpo_jax import config_lib, models, parallel
 from grpo_jax.objectives import token_logprobs
-from grpo_jax.training import checkpoint, partial, partial_pool, rl
+from grpo_jax.training import checkpoint, footprint, partial, partial_pool, rl, rl_run, rollout
 from grpo_jax.training.partial_pool import Budget, Pool
 from tests.training.training_setups import (assert_rows_equal, assert_same_export, read_metrics,
                                             tiny_config)
@@ -27,19 +28,41 @@ def logp_of(version, position):
     return -(version + 1.0) - position / 100.0
 
 
+def support_of(token, version):
+    """The fake sampler's support of a token (`[K]` ids, its size): the token and 1000 +
+    the version that sampled it, then -1 (K = `K`)."""
+    return [token, 1000 + version] + [-1] * (K - 2), 2
+
+
+K = 3   # support ids the fake sampler records per position, with `support_k`
+ROUTING = (1, 2)   # (L_moe, k) of the fake sampler's experts, with `routing_shape`
+
+
 class FakeSampler:
     """`run_step`'s draw and resume over rows of set lengths (`LENGTHS`): token t of
-    example e's row g is 100 e + 10 g + t, sampled by version `version` at step `step`."""
+    example e's row g is 100 e + 10 g + t, sampled by version `version` at step `step`;
+    with `support_k` each sampled token's support is `support_of` it; with
+    `routing_shape` a row it runs routes prompt column s to experts (s, version) and token
+    t to (t's id, version), as a resumption routes the prompt and every token again."""
 
-    def __init__(self, stream, step, version, reward_columns=()):
+    def __init__(self, stream, step, version, reward_columns=(), support_k=0,
+                 routing_shape=()):
         self.stream, self.step, self.version = stream, step, version
         self.reward_columns = reward_columns
+        self.support_k, self.routing_shape = support_k, routing_shape
 
     def draw(self, index, cap):
         ids = next(self.stream)
         width = 8 * (1 + ids[0] % 2)   # prompt buckets of 8 and 16
         p = len(ids)
-        empty = Pool.empty(G, N, self.reward_columns)
+        empty = Pool.empty(G, N, self.reward_columns, self.support_k)
+        records = {}
+        if self.support_k:   # nothing sampled yet: the sampler's blank records
+            records.update(support_ids=np.full((p, G, N, self.support_k), -1, np.int32),
+                           support_size=np.zeros((p, G, N), np.int32))
+        if self.routing_shape:
+            records.update(prompt_routing=np.zeros((p, G, width, *self.routing_shape), np.int32),
+                           routing=np.zeros((p, G, N, *self.routing_shape), np.int32))
         pool = Pool(
             prompt_tokens=np.full((p, width), 5, np.int32),
             prompt_mask=np.ones((p, width), np.int32),
@@ -51,24 +74,35 @@ class FakeSampler:
             stopped=np.zeros((p, G), bool), start=np.zeros((p, G), np.int32),
             rewards=np.zeros((p, G, *self.reward_columns), np.float32),
             correct=np.zeros((p, G), bool), examples=tuple({"id": e} for e in ids),
-            texts=tuple(f"prompt {e}" for e in ids))
+            texts=tuple(f"prompt {e}" for e in ids), **records)
         return self.resume(pool, np.full((p, G), cap, np.int32))
 
     def resume(self, pool, cap):
         tokens, logp, version = pool.tokens.copy(), pool.logp.copy(), pool.version.copy()
         lengths, stopped = pool.lengths.copy(), pool.stopped.copy()
+        records = {k: getattr(pool, k).copy() for k in pool.fields if k in Pool.RECORDS}
         for i, example in enumerate(pool.examples):
             for g in range(G):
                 natural, have = LENGTHS[example["id"]][g], lengths[i, g]
                 if cap[i, g] <= have:
                     continue
                 end = min(natural, cap[i, g], N)
+                if "routing" in records:
+                    width = pool.prompt_width[i]
+                    records["prompt_routing"][i, g, -width:, 0] = [
+                        (s, self.version) for s in range(width)]
+                    records["routing"][i, g, :end, 0] = [
+                        (100 * example["id"] + 10 * g + t, self.version) for t in range(end)]
                 for t in range(have, end):
                     tokens[i, g, t] = 100 * example["id"] + 10 * g + t
                     logp[i, g, t], version[i, g, t] = logp_of(self.version, t), self.version
+                    if "support_ids" in records:
+                        ids, size = support_of(tokens[i, g, t], self.version)
+                        records["support_ids"][i, g, t], records["support_size"][i, g, t] = (
+                            ids, size)
                 lengths[i, g], stopped[i, g] = end, end == natural
         return pool.replace(tokens=tokens, logp=logp, version=version, lengths=lengths,
-                            stopped=stopped)
+                            stopped=stopped, **records)
 
 
 def score_by_parity(groups):
@@ -77,13 +111,15 @@ def score_by_parity(groups):
     return rewards, rewards > 0, {"rewards/parity": float(rewards.mean())}
 
 
-def steps(budget, count, short_batch="error"):
-    """`count` steps from an empty pool over examples 0, 1, 2, ... (P per draw)."""
+def steps(budget, count, short_batch="error", support_k=0, routing_shape=()):
+    """`count` steps from an empty pool over examples 0, 1, 2, ... (P per draw), with
+    support records of `support_k` ids (0: none), routing of `routing_shape` (): none)."""
     p = budget.num_groups
     stream = iter([list(range(i, i + p)) for i in range(0, 100, p)])
-    pool, results = Pool.empty(G, N), []
+    pool, results = Pool.empty(G, N, support_k=support_k, routing_shape=routing_shape), []
     for step in range(1, count + 1):
-        fake = FakeSampler(stream, step, version=step - 1)
+        fake = FakeSampler(stream, step, version=step - 1, support_k=support_k,
+                           routing_shape=routing_shape)
         result = partial_pool.run_step(pool, step=step, budget=budget, draw=fake.draw,
                                        resume=fake.resume, score=score_by_parity,
                                        short_batch=short_batch)
@@ -148,6 +184,66 @@ class TestRunStep:
                     positions = np.arange(N)[new]
                     np.testing.assert_allclose(after.batch.logp[i, g, new], logp_of(
                         after.batch.version[i, g, new], positions))
+
+    def test_carried_rows_keep_the_supports_they_were_sampled_with(self):
+        """With support records (keep sampling mask), the four steps of
+        `test_four_steps_by_hand` take the same decisions, and every token of a batch row
+        has the support the step that sampled it recorded, however many steps the row
+        took: step 3's group 3 long row (tokens 300-309) holds version 0's supports at 0-3,
+        1's at 4-7, 2's at 8-9; blank (-1, size 0) past a row's length. `batch_rows`
+        gives them as `[B, N, K]` and `[B, N]`."""
+        results, plain = steps(BUDGET, 4, support_k=K), steps(BUDGET, 4)
+        for result, want in zip(results, plain):
+            assert (ids(result.batch), ids(result.pool)) == (ids(want.batch), ids(want.pool))
+            batch = result.batch
+            assert batch.support_k == K and result.pool.support_k == K
+            taken = np.arange(N) < batch.lengths[..., None]
+            supports = np.stack([batch.tokens, 1000 + batch.version,
+                                 np.full_like(batch.tokens, -1)], axis=-1)
+            np.testing.assert_array_equal(batch.support_ids,
+                                          np.where(taken[..., None], supports, -1))
+            np.testing.assert_array_equal(batch.support_size, np.where(taken, 2, 0))
+        long_row = results[2].batch.support_ids[0, 0]
+        np.testing.assert_array_equal(long_row[:, 0], np.arange(300, 310))
+        np.testing.assert_array_equal(long_row[:, 1], [1000] * 4 + [1001] * 4 + [1002] * 2)
+        rows = partial_pool.batch_rows(results[2].batch)
+        assert rows["support_ids"].shape == (2 * G, N, K) and rows["support_size"].shape == (
+            2 * G, N)
+        np.testing.assert_array_equal(rows["support_ids"][0], long_row)
+        assert "support_ids" not in partial_pool.batch_rows(plain[2].batch)
+
+    def test_carried_rows_keep_the_routing_of_the_step_that_last_ran_them(self):
+        """With routing records (keep routing), the same decisions; every row of a batch
+        holds the experts of the step that last ran it, for its prompt and every token
+        (a resumption routes them again): step 3's group 3 long row, run at steps 1-3,
+        version 2's; its short row, done at step 1 and waiting, version 0's. `batch_rows`
+        gives them as `[B, S, L_moe, k]` and `[B, N, L_moe, k]`."""
+        results, plain = steps(BUDGET, 4, routing_shape=ROUTING), steps(BUDGET, 4)
+        for result, want in zip(results, plain):
+            assert (ids(result.batch), ids(result.pool)) == (ids(want.batch), ids(want.pool))
+            batch = result.batch
+            assert batch.routing_shape == ROUTING and batch.fields[-2:] == Pool.RECORDS[2:]
+            last = batch.version.max(axis=2, initial=0)   # the version that last ran the row
+            taken = np.arange(N) < batch.lengths[..., None]
+            np.testing.assert_array_equal(batch.routing[..., 0, 0],
+                                          np.where(taken, batch.tokens, 0))
+            np.testing.assert_array_equal(batch.routing[..., 0, 1],
+                                          np.where(taken, last[..., None], 0))
+            width = batch.prompt_width[:, None, None]
+            column = np.arange(batch.prompt_tokens.shape[1]) - (
+                batch.prompt_tokens.shape[1] - width)
+            np.testing.assert_array_equal(batch.prompt_routing[..., 0, 0],
+                                          np.broadcast_to(np.maximum(column, 0), (2, G, 8)))
+            np.testing.assert_array_equal(batch.prompt_routing[..., 0, 1],
+                                          np.broadcast_to(last[..., None], (2, G, 8)))
+        group3 = results[2].batch
+        assert ids(group3)[0] == 3
+        np.testing.assert_array_equal(group3.routing[0, 0, :, 0], [(300 + t, 2) for t in range(10)])
+        np.testing.assert_array_equal(group3.routing[0, 1, :4, 0], [(310, 0), (311, 0), (312, 0),
+                                                                    (0, 0)])
+        rows = partial_pool.batch_rows(group3)
+        assert rows["prompt_routing"].shape == (2 * G, 8, *ROUTING)
+        assert rows["routing"].shape == (2 * G, N, *ROUTING)
 
     def test_token_staleness_is_counted_per_token(self):
         """Step 3's batch: group 3's long row holds 4 tokens of version 0, 4 of 1 and 2
@@ -261,6 +357,15 @@ def test_processes_carrying_their_own_groups_decide_as_one(dynamic):
         assert [metrics for _, metrics in pairs] == [staleness] * 2
 
 
+def test_left_pad_widens_or_cuts_the_prompt_axis():
+    """`partial_pool.left_pad`: zeros on the left up to the width, or the last columns."""
+    x = np.arange(1, 7).reshape(1, 1, 3, 2)
+    np.testing.assert_array_equal(partial_pool.left_pad(x, 5, axis=2)[0, 0],
+                                  [[0, 0], [0, 0], [1, 2], [3, 4], [5, 6]])
+    np.testing.assert_array_equal(partial_pool.left_pad(x, 2, axis=2)[0, 0], [[3, 4], [5, 6]])
+    np.testing.assert_array_equal(partial_pool.left_pad(np.asarray([[7, 8]]), 3), [[0, 7, 8]])
+
+
 def test_own_groups_are_those_of_the_process_share_of_each_draw(monkeypatch):
     """`partial.own_groups` on process 1 of 2, P = 4: the groups of prompts 2 and 3 of each
     draw (`Pool.order` mod 4), in order."""
@@ -270,11 +375,12 @@ def test_own_groups_are_those_of_the_process_share_of_each_draw(monkeypatch):
     monkeypatch.setattr(partial.parallel, "process_index", lambda: 1)
     assert partial.own_groups(pool, 4).order.tolist() == [3, 6]
 
-def test_the_pool_survives_a_checkpoint(tmp_path):
-    """`Pool.to_checkpoint` through `Checkpointer.save_run(extra=...)` and back, bit for bit;
-    an empty pool writes no arrays."""
-    pool = steps(BUDGET, 2)[-1].pool
-    assert pool.size == 2
+@pytest.mark.parametrize("support_k, routing_shape", [(0, ()), (K, ROUTING)])
+def test_the_pool_survives_a_checkpoint(tmp_path, support_k, routing_shape):
+    """`Pool.to_checkpoint` through `Checkpointer.save_run(extra=...)` and back, bit for bit
+    (with support and routing records too); an empty pool writes no arrays."""
+    pool = steps(BUDGET, 2, support_k=support_k, routing_shape=routing_shape)[-1].pool
+    assert pool.size == 2 and (pool.support_k, pool.routing_shape) == (support_k, routing_shape)
 
     class Position:
         def get_state(self):
@@ -285,17 +391,19 @@ def test_the_pool_survives_a_checkpoint(tmp_path):
 
     saver = checkpoint.Checkpointer(str(tmp_path / "ckpt"), asynchronous=False)
     state = {"w": jax.numpy.ones(3)}
-    saver.save_run(1, state, Position(), extra=Pool.empty(G, N).to_checkpoint())
+    empty = Pool.empty(G, N, support_k=support_k, routing_shape=routing_shape)
+    saver.save_run(1, state, Position(), extra=empty.to_checkpoint())
     saver.save_run(2, state, Position(), extra=pool.to_checkpoint())
     saver.close()
     assert not (tmp_path / "ckpt" / "1" / checkpoint.EXTRA_ITEM).exists()
-    assert Pool.from_checkpoint(*Pool.empty(G, N).to_checkpoint()).size == 0
+    back_empty = Pool.from_checkpoint(*empty.to_checkpoint())
+    assert back_empty.size == 0 and back_empty.fields == empty.fields
     reader = checkpoint.Checkpointer(str(tmp_path / "ckpt"))
     step, _, (arrays, info) = reader.restore_run(state, Position(), extra=True)
     reader.close()
     back = Pool.from_checkpoint(arrays, info)
-    assert step == 2
-    for field in Pool.ARRAYS:
+    assert step == 2 and back.fields == pool.fields
+    for field in pool.fields:
         np.testing.assert_array_equal(getattr(back, field), getattr(pool, field), err_msg=field)
         assert getattr(back, field).dtype == getattr(pool, field).dtype, field
     assert back.examples == pool.examples and back.texts == pool.texts
@@ -305,13 +413,89 @@ def test_the_pool_survives_a_checkpoint(tmp_path):
     assert older.order.tolist() == [0, 1] and older.order.dtype == np.int64
 
 
+def test_a_pool_without_support_records_restores_with_its_supports_marked_not_recorded():
+    """A pool written without support records (before pools kept them, or by a run
+    without keep sampling mask) restores with none; a run that keeps them marks each of
+    its tokens' supports not recorded (size K + 1, ids -1: the trainer then scores the
+    token over the whole tempered softmax, which its log-prob was taken over). Step 2's
+    pool holds groups 3 (rows of 8 and 3 tokens) and 5 (4 and 4). Records of another K,
+    or records in a run that keeps none, are an error naming the fields."""
+    pool = steps(BUDGET, 2, support_k=K)[-1].pool
+    arrays, info = pool.to_checkpoint()
+    arrays = {k: v for k, v in arrays.items() if k not in Pool.RECORDS}
+    info = {k: v for k, v in info.items() if k != "support_k"}
+    old = Pool.from_checkpoint(arrays, info)
+    assert old.support_ids is None and old.support_size is None and old.fields == Pool.ARRAYS
+    assert old.with_support(0) is old
+    marked = old.with_support(K)
+    np.testing.assert_array_equal(marked.lengths, [[8, 3], [4, 4]])
+    want = np.zeros((2, G, N), np.int32)
+    for (i, g), length in np.ndenumerate(marked.lengths):
+        want[i, g, :length] = K + 1
+    np.testing.assert_array_equal(marked.support_size, want)
+    assert marked.support_ids.shape == (2, G, N, K) and (marked.support_ids == -1).all()
+    assert marked.support_ids.dtype == marked.support_size.dtype == np.int32
+    empty = Pool.from_checkpoint(None, {**info, "groups": 0}).with_support(K)
+    assert empty.support_ids.shape == (0, G, N, K) and empty.support_size.shape == (0, G, N)
+    for k in (0, K + 1):
+        with pytest.raises(ValueError, match=rf"records supports of {K} ids .* this run keeps "
+                                             rf"{k} .* rollout.keep_sampling_mask, top_k"):
+            pool.with_support(k)
+
+
+def test_a_pool_restores_with_the_routing_the_run_replays():
+    """`Pool.with_routing`: a run without keep routing drops the records (they change no
+    log-prob); an empty pool takes the run's; groups without records (or of another
+    shape) in a run that replays experts are an error naming the field."""
+    pool = steps(BUDGET, 2, routing_shape=ROUTING)[-1].pool
+    assert pool.with_routing(ROUTING) is pool
+    dropped = pool.with_routing(())
+    assert dropped.fields == Pool.ARRAYS and dropped.prompt_routing is None
+    empty = Pool.empty(G, N).with_routing(ROUTING)
+    assert empty.routing.shape == (0, G, N, *ROUTING) and empty.prompt_routing.shape == (
+        0, G, 1, *ROUTING)
+    for old, shape in ((dropped, ROUTING), (pool, (2, 2))):
+        with pytest.raises(ValueError, match=r"holds 2 groups with routing records of shape .* "
+                                             r"rollout.keep_routing and model"):
+            old.with_routing(shape)
+
+
+def test_a_run_restores_the_pool_with_the_supports_it_keeps():
+    """`partial.restored_pool`: the tiny model's K (64 candidates with keep sampling mask,
+    0 without); a pool written without supports restored by a run that keeps them has
+    each token's marked not recorded (65), one restored by a run that keeps none is as
+    written. Keep routing on the tiny MoE records (3 MoE layers, 2 experts) a token: a
+    pool of groups without experts is refused, an empty one takes the run's records."""
+    model_cfg = models.get_model_config("tiny")
+    keep = tiny_config("dapo", "/x", **{"rollout.partial.enabled": True, "rollout.top_p": 0.9,
+                                        "rollout.keep_sampling_mask": True,
+                                        "rollout.prompts_per_batch": 2})
+    plain = tiny_config("dapo", "/x", **{"rollout.partial.enabled": True,
+                                         "rollout.prompts_per_batch": 2})
+    assert (partial.support_k(keep, model_cfg), partial.support_k(plain, model_cfg)) == (64, 0)
+    pool = steps(BUDGET, 2)[-1].pool
+    back = partial.restored_pool(*pool.to_checkpoint(), keep, model_cfg)
+    assert ids(back) == [3, 5] and back.support_ids.shape == (2, G, N, 64)
+    np.testing.assert_array_equal(back.support_size[0, 0], [65] * 8 + [0] * 2)
+    same = partial.restored_pool(*pool.to_checkpoint(), plain, model_cfg)
+    assert same.fields == Pool.ARRAYS and ids(same) == [3, 5]
+    # keep routing on the tiny MoE: its 3 MoE layers' 2 experts a token
+    moe_cfg = models.get_model_config("tiny_moe")
+    routed = tiny_config("dapo", "/x", **{"rollout.partial.enabled": True,
+                                          "rollout.keep_routing": True, "model.name": "tiny_moe"})
+    assert partial.routing_shape(routed, moe_cfg) == (3, 2)
+    assert partial.routing_shape(plain, moe_cfg) == ()
+    with pytest.raises(ValueError, match=r"rollout.keep_routing"):
+        partial.restored_pool(*pool.to_checkpoint(), routed, moe_cfg)
+    empty = partial.restored_pool(*Pool.empty(G, N).to_checkpoint(), routed, moe_cfg)
+    assert empty.routing.shape == (0, G, N, 3, 2)
+
+
 @pytest.mark.parametrize("overrides, match", [
     ({"rollout.partial.tokens_per_step": 0},
      r"rollout.partial.tokens_per_step must be an int >= 1"),
     ({"rollout.partial.max_carries": 0}, r"rollout.partial.max_carries must be an int >= 1"),
     ({"filtering.max_gen_batches": 1}, r"needs filtering.max_gen_batches >= 2"),
-    ({"rollout.keep_sampling_mask": True, "rollout.top_p": 0.9},
-     r"with rollout.keep_sampling_mask: .* set rollout.keep_sampling_mask=False"),
     ({"environment.name": "calculator"}, r"environment.name='calculator': multi-turn"),
 ])
 def test_config_errors_name_the_field(overrides, match):
@@ -321,6 +505,10 @@ def test_config_errors_name_the_field(overrides, match):
     for processes in (1, 2):   # several processes carry their own groups (test_multihost.py)
         partial.check_config(tiny_config("dapo", "/x", **{"rollout.partial.enabled": True}),
                              processes)
+        partial.check_config(tiny_config("dapo", "/x", **{   # a carried row keeps its records
+            "rollout.partial.enabled": True, "rollout.keep_sampling_mask": True,
+            "rollout.top_p": 0.9, "rollout.keep_routing": True, "model.name": "tiny_moe"}),
+            processes)
 
 
 @pytest.mark.parametrize("overrides, match", [
@@ -468,3 +656,64 @@ def test_fixed_async_partial_rollouts_equal_the_synchronous_loop_with_policy_lag
     assert_same_export(tmp_path / "async", tmp_path / "sync")
     rows = read_metrics(tmp_path / "async")
     assert [r["token_staleness_max"] for r in rows] == [0.0, 1.0, 2.0]
+
+
+def _sample_in_steps(run, examples, tokens_per_step):
+    """`examples`' groups sampled by `partial._Sampler` with `run`'s policy (one version,
+    rng key 7): drawn up to `tokens_per_step` tokens a row, then resumed D more at a time
+    until every row is done; returns the `Pool` and how many steps it took."""
+    sampler = partial._Sampler(run.policy, run.mesh, iter([examples]), config=run.config,
+                               method=run.method, rng=jax.random.key(7), step=1, version=0,
+                               reward_columns=())
+    n = run.config.rollout.max_new_tokens
+    pool, count = sampler.draw(0, min(tokens_per_step, n)), 1
+    while not pool.done.all():
+        pool = sampler.resume(pool, np.where(pool.done, 0, np.minimum(
+            n, pool.lengths + tokens_per_step)).astype(np.int32))
+        count += 1
+    return pool, count
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, keep_routing", [("tiny", False), ("tiny_moe", True)])
+def test_records_assembled_over_partial_steps_equal_the_row_sampled_in_one_go(
+        data_dir, tmp_path, model, keep_routing):
+    """Keep sampling mask on the tiny model (at random, top-p 0.8: nuclei of ~47 tokens,
+    within the K = 64 recorded), and keep routing besides on the tiny MoE: the rows a
+    resumption carries on 10 tokens at a time (4 steps for 34 tokens) have the tokens,
+    behaviour log-probs (of the cut distribution), support records and experts (the
+    prompt's and every token's) of the same rows sampled in one go by `rollout.draw`
+    (the run's sampler without partial rollouts): a row draws its token t with its own
+    key whatever the step, and under the same parameters a resumption routes the prompt
+    and the earlier tokens as the first step did."""
+    config = tiny_config("dapo", data_dir, **{
+        **PARTIAL, "rollout.keep_sampling_mask": True, "rollout.top_p": 0.8,
+        "rollout.keep_routing": keep_routing, "model.name": model})
+    partial.check_config(config, 1)
+    config, workdir = config_lib.resolve_run_paths(config, str(tmp_path))
+    mesh, _ = parallel.setup_meshes(config, lambda: footprint.replicated_state_bytes(config, "rl"))
+    run = rl_run.set_up(config, workdir, mesh)
+    try:
+        assert run.carry.size == 0 and run.carry.support_k == 64
+        assert bool(run.carry.routing_shape) == keep_routing
+        examples = next(run.train_iter)
+        pieces, count = _sample_in_steps(run, examples, 10)
+        whole, _ = rollout.draw(run.policy, mesh, examples, config=config, scorer=run.scorer,
+                                rng=jax.random.fold_in(jax.random.key(7), 0), method=run.method)
+        whole = jax.device_get(whole)
+    finally:
+        run.checkpointer.close()
+        run.scorer.close()
+    rows = partial_pool.batch_rows(pieces)
+    assert count == 4 and (rows["lengths"] > 20).any()
+    for key in ("tokens", "mask", "lengths", "truncated", "support_size", "support_ids",
+                "prompt_tokens", "prompt_mask") + (("prompt_routing",) if keep_routing else ()):
+        np.testing.assert_array_equal(rows[key], whole[key], err_msg=key)
+    if keep_routing:   # the experts of every token a later token's log-prob depends on (the
+        # static sampler also writes past them: it decodes done rows in lockstep)
+        before_last = np.arange(34) < rows["lengths"][:, None] - 1
+        np.testing.assert_array_equal(rows["routing"][before_last], whole["routing"][before_last])
+        assert (rows["routing"][before_last] > 0).any()
+    np.testing.assert_allclose(rows["behaviour_logp"], whole["behaviour_logp"], atol=2e-5)
+    sizes = rows["support_size"][rows["mask"] > 0]
+    assert sizes.min() > 1 and sizes.max() <= 64
