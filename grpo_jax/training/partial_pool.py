@@ -172,7 +172,7 @@ class Pool:
         JSON-able rest, for `Checkpointer.save_run(extra=...)`."""
         arrays = {k: getattr(self, k) for k in self.fields} if self.size else None
         info = {"groups": self.size, "group_size": self.group_size, "buffer_len": self.buffer_len,
-                "reward_columns": list(self.rewards.shape[3:]), "support_k": self.support_k,
+                "reward_columns": list(self.rewards.shape[2:]), "support_k": self.support_k,
                 "routing_shape": list(self.routing_shape),
                 "examples": list(self.examples), "texts": list(self.texts)}
         return arrays, info

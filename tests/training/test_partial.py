@@ -413,6 +413,16 @@ def test_the_pool_survives_a_checkpoint(tmp_path, support_k, routing_shape):
     assert older.order.tolist() == [0, 1] and older.order.dtype == np.int64
 
 
+def test_an_empty_pool_keeps_its_reward_columns_through_a_checkpoint():
+    """A run with several reward columns (GDPO's separate rewards) saves an empty pool
+    whose rewards are [0, G, columns]; it restores with that shape, so the next groups
+    concatenate onto it."""
+    empty = Pool.empty(G, N, reward_columns=(3,))
+    arrays, info = empty.to_checkpoint()
+    assert arrays is None and info["reward_columns"] == [3]
+    assert Pool.from_checkpoint(arrays, info).rewards.shape == (0, G, 3)
+
+
 def test_a_pool_without_support_records_restores_with_its_supports_marked_not_recorded():
     """A pool written without support records (before pools kept them, or by a run
     without keep sampling mask) restores with none; a run that keeps them marks each of
