@@ -27,11 +27,13 @@ mechanism: the sampler/trainer gap (mismatch/abs_diff_mean, mismatch/k3_kl,
 mismatch/chi2_token) and how often the correction acts (importance_truncated,
 importance_masked, clip_low / clip_high).
 
-Why FP4 (measured before the seeds, 20-step runs of seed 0 with IcePop, AMD EPYC at
-this file's commit; not committed): a bf16 sampler is 1.1-1.5e-3 nats per token from the
-fp32 trainer on this 0.66M-parameter model and IcePop masks 9e-6 of the tokens (the
-mechanism idle); FP8 E4M3 weights (groups of 128) move it to 4e-3 to 1e-2 nats, the
-largest gap 0.4-1.1 nats, IcePop masking 0 to 1e-3; FP4 E2M1 to 1.3-4.4e-2 nats (k3 KL
+Why FP4 (measured before the seeds on an AMD EPYC; the runs are not committed): with a
+bf16 sampler (15 runs of seeds 0-1 at 13428fe and fa6bed5) the sampler is 1.1-1.5e-3
+nats per token from the fp32 trainer on this 0.66M-parameter model and IcePop masks 9e-6
+of the tokens (the mechanism idle). 20-step runs of seed 0 with IcePop: FP8 E4M3 weights
+(at 08e8e1d, one scale per channel of the last axis, before the groups of 128) move it to
+4e-3 to 1e-2 nats, the largest gap 0.4-1.1 nats, IcePop masking 0 to 1e-3; FP4 E2M1 (at
+628b873, blocks of 16 as run here) to 1.3-4.4e-2 nats (k3 KL
 4e-3 to 1.8e-2, 50-100x bf16's), the largest gap 1.5-3.5 nats, and IcePop masks 0.3-1.3%
 of the tokens in every step: the corrections act.
 

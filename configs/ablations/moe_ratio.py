@@ -25,7 +25,7 @@ log-ratios), the clip activity, and collapse: held-out accuracy below half the s
 value at 2 consecutive evaluations (read from the accuracy curves).
 
 Measured before the seeds (a 20-step GRPO run of seed 0, evaluated every 2 steps; AMD
-EPYC at this file's commit; not committed): the mechanism acts. The trainer's router picks
+EPYC at df28e6f; not committed): the mechanism acts. The trainer's router picks
 other experts than the sampler's for 1.5-5% of (token, MoE layer) pairs in every step, the
 token log-ratios spread by 0.05-0.25 (std), and the clips bind on 0.1-1.6% (lower) and
 0-0.4% (upper) of tokens. Held-out accuracy moves 0.36 -> 0.68-0.91, swinging by up to
